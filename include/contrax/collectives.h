@@ -1,0 +1,61 @@
+// Collectives with autograd: the gathers every distributed loss is built on.
+//
+// `gather_with_grad` is the differentiable all-gather. Its backward is a
+// reduce-scatter with SUM: every rank's loss depends on every gathered row, so
+// the gradient of rank s's rows is the sum over ranks of the incoming gradient
+// slice s. That moves (W-1)/W of the gathered gradient per rank, half of the
+// all-reduce-then-slice found in common implementations. Row counts may differ
+// between ranks (a short last batch, even an empty rank): sizes, widths and
+// dtypes are exchanged first and checked on every rank, so a mismatch is an
+// error everywhere instead of a hang or garbage.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "contrax/communicator.h"
+
+namespace contrax {
+
+/// Result of a gather: the rows of all ranks in rank order, plus where each
+/// rank's rows sit.
+struct Gathered {
+  torch::Tensor all;            // [B, ...]
+  std::vector<int64_t> counts;  // counts[s] = b_s
+  int64_t offset = 0;           // off_r: first global row of this rank
+  int64_t total() const;        // B
+};
+
+/// Differentiable all-gather of rows. `local`: [b_r, ...] on every rank, same
+/// trailing shape and dtype everywhere (checked). Backward: reduce-scatter-sum.
+/// A null or world-1 `comm` returns `local` itself.
+///
+///   auto g = contrax::gather_with_grad(features, comm);   // g.all: [B, d]
+Gathered gather_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
+                          const char* caller = "gather_with_grad");
+
+/// All-gather of rows without gradient (for momentum keys and evaluation):
+/// the result is detached. Same checks and uneven-size support.
+Gathered gather_no_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
+                        const char* caller = "gather_no_grad");
+
+namespace detail {
+/// Exchanges row count, trailing shape and dtype of `local`; throws on every
+/// rank (same message) if trailing shape, dtype or device type differ between
+/// ranks. Returns per-rank row counts.
+std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm,
+                                         const char* caller, const char* arg);
+/// Same, but `local_error` (non-empty when this rank's arguments failed a local
+/// check) is shared with all ranks first: the failing rank throws it, the
+/// others throw an error naming that rank. Nobody waits on a dead collective.
+std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm,
+                                         const char* caller, const char* arg, const std::string& local_error);
+
+/// The differentiable gather itself, for callers that already exchanged (and
+/// agreed on) the row counts: no metadata round trip.
+torch::Tensor gather_rows_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
+                                    const std::vector<int64_t>& counts);
+}  // namespace detail
+
+}  // namespace contrax

@@ -1,0 +1,191 @@
+// The communicator: the one place in Contrax that sees c10d types.
+//
+// Everything distributed in Contrax (gathers, ring exchanges, the data-parallel
+// reducer) talks to a `Communicator`, never to a c10d `ProcessGroup` directly, so
+// that a new LibTorch release with a moved c10d API means adapting one file
+// (src/communicator.cpp). A communicator of world size 1 holds no process group
+// and does no rendezvous: every collective is a local no-op, which is how the
+// losses become plain single-device losses.
+//
+// Every collective records the bytes this rank sends under a bandwidth-optimal
+// schedule (see `CommStats`), so benchmarks can report communication volume.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace contrax {
+
+/// Options for building a communicator explicitly.
+///
+/// Defaults: rank 0 of a world of 1, rendezvous over TCP at 127.0.0.1:29500
+/// (or over a shared file when `file_store` is set), backend chosen from the
+/// device, 5-minute timeout.
+///
+///   auto comm = contrax::Communicator::create(
+///       contrax::CommunicatorOptions().rank(1).world_size(4).master_port(29511));
+struct CommunicatorOptions {
+  /// This process's rank in [0, world_size).
+  TORCH_ARG(int64_t, rank) = 0;
+  /// Number of ranks. 1 means no process group at all.
+  TORCH_ARG(int64_t, world_size) = 1;
+  /// Host of the rank-0 TCP store (torchrun's MASTER_ADDR).
+  TORCH_ARG(std::string, master_addr) = "127.0.0.1";
+  /// Port of the rank-0 TCP store (torchrun's MASTER_PORT).
+  TORCH_ARG(int64_t, master_port) = 29500;
+  /// When non-empty, rendezvous through this file instead of TCP (all ranks on
+  /// one machine or a shared filesystem; what the thread-rank tests use).
+  TORCH_ARG(std::string, file_store) = "";
+  /// "auto" (NCCL for CUDA `device`, Gloo otherwise), "gloo", "nccl" or "mpi".
+  TORCH_ARG(std::string, backend) = "auto";
+  /// The device the collectives will see tensors on; picks the "auto" backend.
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// How long any collective or the rendezvous may wait for a peer.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+};
+
+/// What one kind of collective has cost this rank so far.
+///
+/// `bytes_sent` counts what this rank sends under a bandwidth-optimal
+/// algorithm: an all-gather of `n_r` bytes from each rank sends `(W-1) * n_r`;
+/// a reduce-scatter of an `n`-byte buffer sends `n - n_r` (everything but its own
+/// slice); an all-reduce of `n` bytes sends `2 (W-1)/W * n` (ring: reduce-scatter
+/// then all-gather); point-to-point sends count their payload.
+struct OpStats {
+  int64_t calls = 0;
+  int64_t bytes_sent = 0;
+};
+
+/// Per-collective statistics keyed by operation name ("all_gather",
+/// "reduce_scatter", "all_reduce", "all_to_all", "send", "broadcast",
+/// "metadata", ...).
+struct CommStats {
+  std::map<std::string, OpStats> ops;
+  /// Sum of `bytes_sent` over all operations.
+  int64_t total_bytes_sent() const;
+  /// Sum of `calls` over all operations.
+  int64_t total_calls() const;
+  /// Statistics of one operation (zeros when it never ran).
+  OpStats op(const std::string& name) const;
+};
+
+namespace detail {
+struct CommunicatorImpl;
+}  // namespace detail
+
+/// A rank's handle on a group of processes.
+///
+/// All collectives are blocking and must be called by every rank in the same
+/// order (as with c10d). Tensors stay on whatever device the caller uses.
+class Communicator {
+ public:
+  /// Builds a communicator from explicit options. World size 1 builds nothing.
+  static std::shared_ptr<Communicator> create(const CommunicatorOptions& options);
+
+  /// Builds a communicator from torchrun's environment (`RANK`, `WORLD_SIZE`,
+  /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); a process without `WORLD_SIZE`
+  /// gets a world of size 1. Fields of `base` other than rank, world size,
+  /// address and port (timeout, backend, device) are kept.
+  static std::shared_ptr<Communicator> from_env(
+      const CommunicatorOptions& base = CommunicatorOptions());
+
+  /// A world of size 1: no process group, every collective a local no-op.
+  static std::shared_ptr<Communicator> single();
+
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int64_t rank() const;
+  int64_t world_size() const;
+  /// `LOCAL_RANK` when built from the environment, otherwise `rank()`.
+  int64_t local_rank() const;
+  /// Name of the c10d backend ("gloo", "nccl", "mpi"), or "none" for world 1.
+  std::string backend() const;
+  std::chrono::milliseconds timeout() const;
+
+  // ---- collectives (no autograd; see collectives.h for the differentiable ones)
+
+  /// All-gathers rows: `local` is `[b_r, ...]` on every rank, `counts[s]` is rank
+  /// s's row count (known to all ranks), result is `[sum(counts), ...]` in rank
+  /// order. Even counts use a native all-gather; uneven ones an all-to-all with
+  /// per-rank splits (never padding), so the volume is exact either way.
+  torch::Tensor all_gather_rows(const torch::Tensor& local,
+                                const std::vector<int64_t>& counts,
+                                const std::string& stat_name = "all_gather");
+
+  /// Reduce-scatter with SUM over rows: `full` is `[sum(counts), ...]` on every
+  /// rank; returns this rank's `[counts[rank], ...]` slice of the sum over ranks.
+  /// Native reduce-scatter where the backend has it and counts are even;
+  /// otherwise all-to-all plus a local sum (Gloo) — reduce-scatter's volume.
+  torch::Tensor reduce_scatter_rows(const torch::Tensor& full,
+                                    const std::vector<int64_t>& counts,
+                                    const std::string& stat_name = "reduce_scatter");
+
+  /// In-place all-reduce with SUM.
+  void all_reduce_sum(torch::Tensor& tensor, const std::string& stat_name = "all_reduce");
+
+  /// All-gathers one int64 vector of the same length from every rank:
+  /// result[s] is rank s's vector. Used to exchange sizes and to check that
+  /// all ranks agree before a collective whose mismatch would hang or corrupt.
+  std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values,
+                                                    const std::string& stat_name = "metadata");
+
+  /// Broadcasts `tensor` in place from `root`.
+  void broadcast(torch::Tensor& tensor, int64_t root = 0,
+                 const std::string& stat_name = "broadcast");
+
+  /// Sends `send` to rank `(rank + shift) mod W` and receives, into a new
+  /// tensor of `recv_shape`, what rank `(rank - shift) mod W` sent. The two
+  /// transfers run concurrently. Building block of the ring losses.
+  torch::Tensor ring_exchange(const torch::Tensor& send, at::IntArrayRef recv_shape,
+                              int64_t shift = 1, const std::string& stat_name = "ring");
+
+  /// Starts `ring_exchange` without waiting; `wait()` on the handle returns the
+  /// received tensor. Lets a caller overlap the transfer with compute.
+  class Pending {
+   public:
+    Pending() = default;
+    torch::Tensor wait();
+    bool valid() const { return static_cast<bool>(state_); }
+
+   private:
+    friend class Communicator;
+    struct State;
+    std::shared_ptr<State> state_;
+  };
+  Pending ring_exchange_async(const torch::Tensor& send, at::IntArrayRef recv_shape,
+                              int64_t shift = 1, const std::string& stat_name = "ring");
+
+  /// Blocks until every rank arrives (or the timeout passes).
+  void barrier();
+
+  /// Statistics since construction or the last `reset_stats()`.
+  CommStats stats() const;
+  void reset_stats();
+  /// Adds to the statistics; for components built on the process group
+  /// directly (the data-parallel reducer) so their traffic is counted too.
+  void record(const std::string& name, int64_t bytes_sent, int64_t calls = 1);
+
+  /// The implementation (c10d types). Only src/ and bindings include the header
+  /// that defines it: contrax/detail/c10d.h.
+  detail::CommunicatorImpl& impl() const { return *impl_; }
+
+ private:
+  explicit Communicator(std::unique_ptr<detail::CommunicatorImpl> impl);
+  std::unique_ptr<detail::CommunicatorImpl> impl_;
+  mutable std::mutex stats_mutex_;
+  CommStats stats_;
+  int64_t ring_tag_ = 0;  // matching send/recv tags: all ranks exchange in the same order
+};
+
+using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+}  // namespace contrax

@@ -1,0 +1,41 @@
+// Argument checks shared by the losses. They *return* the error text instead of
+// throwing so that a distributed loss can tell every rank about a bad argument
+// before any data collective (see detail::exchange_row_counts), instead of
+// letting the healthy ranks hang in a gather the failing rank never joins.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace contrax::detail {
+
+/// Collects the first failed check's message.
+class ArgChecker {
+ public:
+  explicit ArgChecker(const char* caller) : caller_(caller) {}
+
+  /// `name` must be a defined 2-D floating-point tensor: [rows, width].
+  ArgChecker& features(const torch::Tensor& t, const char* name);
+  /// `name` must have the same shape, dtype and device as `ref_name`.
+  ArgChecker& same_as(const torch::Tensor& t, const char* name, const torch::Tensor& ref, const char* ref_name);
+  /// `name` must be a 0-dim floating tensor (a learnable scalar).
+  ArgChecker& scalar(const torch::Tensor& t, const char* name);
+  /// `name` must be > 0 (and finite).
+  ArgChecker& positive(double v, const char* name);
+  /// Free-form condition.
+  template <typename... Args>
+  ArgChecker& require(bool ok, const Args&... msg) {
+    if (!ok && error_.empty()) error_ = c10::str(caller_, "(): ", msg...);
+    return *this;
+  }
+  const std::string& error() const { return error_; }
+  /// Throws the collected error (for code paths with no peer to tell).
+  void throw_if_failed() const { TORCH_CHECK(error_.empty(), error_); }
+
+ private:
+  const char* caller_;
+  std::string error_;
+};
+
+}  // namespace contrax::detail

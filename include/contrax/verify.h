@@ -1,0 +1,76 @@
+// Exactness verification: every distributed loss against the single-device
+// reference on the concatenated batch.
+//
+// Each rank draws the same global fp64 inputs from a seed, keeps its (uneven)
+// share of rows, computes its loss and backward, and gathers every gradient.
+// The global loss is the mean of the per-rank losses; the global feature
+// gradient is the concatenation of per-rank gradients divided by W (each rank's
+// local gradient is the sum over ranks of dL_s/dx_r = W dL/dx_r); a scalar
+// parameter's gradient is the mean over ranks (what data-parallel averaging
+// computes). All of this is compared with reference:: on one device.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "contrax/communicator.h"
+
+namespace contrax {
+
+/// Options for `verify`. Defaults: width 16, seed 0, tolerance 1e-10, the
+/// default uneven row pattern (see `default_row_counts`), every case.
+struct VerifyOptions {
+  TORCH_ARG(int64_t, width) = 16;
+  TORCH_ARG(uint64_t, seed) = 0;
+  TORCH_ARG(double, tolerance) = 1e-10;
+  /// Rows per rank; empty means default_row_counts(W).
+  TORCH_ARG(std::vector<int64_t>, rows) = {};
+  /// Case names to run; empty means all registered cases.
+  TORCH_ARG(std::vector<std::string>, cases) = {};
+};
+
+/// The outcome of one case on this world.
+struct VerifyResult {
+  std::string loss;
+  int64_t world_size = 1;
+  std::vector<int64_t> rows;
+  double loss_rel_err = 0;  // |mean_r L_r - L_ref| / |L_ref|
+  double max_rel_err = 0;   // max over the loss value and every gradient
+  std::string worst;        // which quantity had max_rel_err
+  bool passed = false;
+};
+
+/// A verification case: a distributed loss and its reference.
+struct VerifyCase {
+  std::string name;
+  int64_t num_features = 2;             // [B, d] inputs drawn per case
+  std::vector<bool> feature_grad;       // which features require grad (default all)
+  std::vector<double> scalars;          // initial values of 0-dim parameters
+  /// Distributed: local features, scalars, communicator -> L_r.
+  std::function<torch::Tensor(const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
+                              const CommunicatorPtr&)>
+      distributed;
+  /// Reference on the full batch -> L.
+  std::function<torch::Tensor(const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&)> reference;
+};
+
+/// The built-in cases (clip, clip_bias, clip_clamped, infonce, nt_xent, moco_v3,
+/// and whatever other components register).
+std::vector<VerifyCase>& verify_cases();
+
+/// Default per-rank rows: uneven, with an empty rank from W = 3 on.
+std::vector<int64_t> default_row_counts(int64_t world_size);
+
+/// Runs on every rank (collectively); results are identical on every rank.
+std::vector<VerifyResult> verify(const CommunicatorPtr& comm, const VerifyOptions& options = {});
+
+/// Runs one case (used by verify and by tests that bring their own case).
+VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm, const VerifyOptions& options);
+
+/// One JSON object for a result: {"loss":..., "world_size":..., "rows":[...], "max_rel_err":..., ...}.
+std::string to_json(const VerifyResult& r);
+
+}  // namespace contrax

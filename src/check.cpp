@@ -1,0 +1,59 @@
+// Argument checks that report instead of throw (see contrax/detail/check.h).
+#include "contrax/detail/check.h"
+
+#include <cmath>
+
+namespace contrax::detail {
+
+ArgChecker& ArgChecker::features(const torch::Tensor& t, const char* name) {
+  if (!error_.empty()) return *this;
+  if (!t.defined()) {
+    error_ = c10::str(caller_, "(): argument '", name, "' is undefined");
+  } else if (t.dim() != 2) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must be a 2-D tensor [rows, width], but got shape ",
+                      t.sizes());
+  } else if (!c10::isFloatingType(t.scalar_type())) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must be a floating-point tensor, but got dtype ",
+                      t.scalar_type());
+  }
+  return *this;
+}
+
+ArgChecker& ArgChecker::same_as(const torch::Tensor& t, const char* name, const torch::Tensor& ref,
+                                const char* ref_name) {
+  if (!error_.empty()) return *this;
+  if (t.sizes() != ref.sizes()) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must have the same shape as '", ref_name, "' (",
+                      ref.sizes(), "), but got ", t.sizes());
+  } else if (t.scalar_type() != ref.scalar_type()) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must have the same dtype as '", ref_name, "' (",
+                      ref.scalar_type(), "), but got ", t.scalar_type());
+  } else if (t.device() != ref.device()) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must be on the same device as '", ref_name, "' (",
+                      ref.device(), "), but got ", t.device());
+  }
+  return *this;
+}
+
+ArgChecker& ArgChecker::scalar(const torch::Tensor& t, const char* name) {
+  if (!error_.empty()) return *this;
+  if (!t.defined()) {
+    error_ = c10::str(caller_, "(): argument '", name, "' is undefined");
+  } else if (t.dim() != 0) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must be a 0-dim tensor, but got shape ", t.sizes());
+  } else if (!c10::isFloatingType(t.scalar_type())) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must be a floating-point tensor, but got dtype ",
+                      t.scalar_type());
+  }
+  return *this;
+}
+
+ArgChecker& ArgChecker::positive(double v, const char* name) {
+  if (!error_.empty()) return *this;
+  if (!(v > 0.0) || !std::isfinite(v)) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must be a positive finite number, but got ", v);
+  }
+  return *this;
+}
+
+}  // namespace contrax::detail

@@ -1,0 +1,169 @@
+// Differentiable and plain row gathers over a Communicator, with the
+// cross-rank agreement check that keeps a bad argument on one rank from
+// hanging the others.
+#include "contrax/collectives.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "contrax/detail/check.h"
+
+namespace contrax {
+
+int64_t Gathered::total() const {
+  int64_t n = 0;
+  for (auto c : counts) n += c;
+  return n;
+}
+
+namespace detail {
+
+namespace {
+// Metadata layout exchanged before any data collective.
+constexpr int64_t kMaxTrailingDims = 6;
+enum Field : int64_t { kError = 0, kRows, kDim, kDtype, kDevice, kTrailing, kFields = kTrailing + kMaxTrailingDims };
+
+std::string shape_str(const std::vector<int64_t>& m) {
+  std::ostringstream os;
+  os << "[b";
+  for (int64_t i = 1; i < m[kDim]; ++i) os << ", " << m[kTrailing + i - 1];
+  os << "]";
+  return os.str();
+}
+}  // namespace
+
+std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller,
+                                         const char* arg, const std::string& local_error) {
+  std::string error = local_error;
+  if (error.empty() && !local.defined()) error = c10::str(caller, "(): argument '", arg, "' is undefined");
+  if (error.empty() && local.dim() < 1) {
+    error = c10::str(caller, "(): argument '", arg, "' must have at least 1 dimension (rows), but got a 0-dim tensor");
+  }
+  if (error.empty() && local.dim() - 1 > kMaxTrailingDims) {
+    error = c10::str(caller, "(): argument '", arg, "' has ", local.dim(), " dimensions; at most ",
+                     kMaxTrailingDims + 1, " are supported");
+  }
+  const bool distributed = comm && comm->world_size() > 1;
+  if (!distributed) {
+    TORCH_CHECK(error.empty(), error);
+    return {local.size(0)};
+  }
+  std::vector<int64_t> meta(kFields, 0);
+  if (!error.empty()) {
+    meta[kError] = 1;
+  } else {
+    meta[kRows] = local.size(0);
+    meta[kDim] = local.dim();
+    meta[kDtype] = static_cast<int64_t>(local.scalar_type());
+    meta[kDevice] = static_cast<int64_t>(local.device().type());
+    for (int64_t i = 1; i < local.dim(); ++i) meta[kTrailing + i - 1] = local.size(i);
+  }
+  auto all = comm->all_gather_ints(meta);
+  // Every rank sees the same table, so every rank raises (the same) error.
+  TORCH_CHECK(error.empty(), error);
+  const int64_t W = comm->world_size();
+  for (int64_t s = 0; s < W; ++s) {
+    TORCH_CHECK(all[s][kError] == 0, caller, "(): rank ", s, " passed an invalid argument (its own error says which); ",
+                "no data was exchanged");
+  }
+  std::vector<int64_t> counts(W);
+  const auto& ref = all[0];
+  for (int64_t s = 0; s < W; ++s) {
+    const auto& m = all[s];
+    bool same_shape = m[kDim] == ref[kDim];
+    for (int64_t i = kTrailing; i < kFields && same_shape; ++i) same_shape = m[i] == ref[i];
+    TORCH_CHECK(same_shape, caller, "(): argument '", arg, "' must have the same trailing shape on every rank, but it is ",
+                shape_str(m), " on rank ", s, " and ", shape_str(ref), " on rank 0");
+    TORCH_CHECK(m[kDtype] == ref[kDtype], caller, "(): argument '", arg,
+                "' must have the same dtype on every rank, but it is ", c10::ScalarType(m[kDtype]), " on rank ", s,
+                " and ", c10::ScalarType(ref[kDtype]), " on rank 0");
+    TORCH_CHECK(m[kDevice] == ref[kDevice], caller, "(): argument '", arg,
+                "' must be on the same device type on every rank, but it is on ", c10::DeviceType(m[kDevice]),
+                " on rank ", s, " and on ", c10::DeviceType(ref[kDevice]), " on rank 0");
+    counts[s] = m[kRows];
+  }
+  return counts;
+}
+
+std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller,
+                                         const char* arg) {
+  return exchange_row_counts(local, comm, caller, arg, std::string());
+}
+
+}  // namespace detail
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Keeps the communicator alive inside the autograd graph until backward runs.
+struct CommCapsule : torch::CustomClassHolder {
+  explicit CommCapsule(CommunicatorPtr c) : comm(std::move(c)) {}
+  CommunicatorPtr comm;
+};
+
+struct GatherRowsFunction : public torch::autograd::Function<GatherRowsFunction> {
+  // local: [b_r, ...]  ->  [B, ...]
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& local, const CommunicatorPtr& comm,
+                               const std::vector<int64_t>& counts) {
+    ctx->saved_data["comm"] = c10::IValue::make_capsule(c10::make_intrusive<CommCapsule>(comm));
+    ctx->saved_data["counts"] = counts;
+    auto out = comm->all_gather_rows(local.detach(), counts, "all_gather");
+    ctx->saved_data["shape"] = out.sizes().vec();
+    ctx->saved_data["zeros_like"] = torch::empty({0}, out.options());
+    return out;
+  }
+
+  // Output row block s is rank s's input, and every rank's loss may depend on
+  // every gathered row. So dL/d(local_r) = sum over ranks q of (grad_q)[rows of r]:
+  // a reduce-scatter with SUM of the incoming [B, ...] gradient, each rank
+  // keeping its own slice — (W-1)/W of the buffer sent per rank, where an
+  // all-reduce followed by slicing would send twice that.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "gather_with_grad(): double backward is not supported (the backward is a collective)");
+    auto comm = static_cast<CommCapsule*>(ctx->saved_data["comm"].toCapsule().get())->comm;
+    auto counts = ctx->saved_data["counts"].toIntVector();
+    auto grad = grads[0];
+    if (!grad.defined()) {
+      // Our gathered copy fed nothing, but the other ranks' may have: we must
+      // still take part in the collective, contributing zeros.
+      grad = torch::zeros(ctx->saved_data["shape"].toIntVector(), ctx->saved_data["zeros_like"].toTensor().options());
+    }
+    return {comm->reduce_scatter_rows(grad, counts, "reduce_scatter"), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+Gathered make_gathered(torch::Tensor all, std::vector<int64_t> counts, int64_t rank) {
+  Gathered g;
+  g.all = std::move(all);
+  g.counts = std::move(counts);
+  for (int64_t s = 0; s < rank; ++s) g.offset += g.counts[s];
+  return g;
+}
+
+}  // namespace
+
+namespace detail {
+torch::Tensor gather_rows_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
+                                    const std::vector<int64_t>& counts) {
+  if (!comm || comm->world_size() == 1) return local;
+  return GatherRowsFunction::apply(local, comm, counts);
+}
+}  // namespace detail
+
+Gathered gather_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller) {
+  auto counts = detail::exchange_row_counts(local, comm, caller, "local");
+  if (!comm || comm->world_size() == 1) return make_gathered(local, counts, 0);
+  return make_gathered(detail::gather_rows_with_grad(local, comm, counts), counts, comm->rank());
+}
+
+Gathered gather_no_grad(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller) {
+  auto counts = detail::exchange_row_counts(local, comm, caller, "local");
+  if (!comm || comm->world_size() == 1) return make_gathered(local.detach(), counts, 0);
+  torch::NoGradGuard no_grad;
+  auto all = comm->all_gather_rows(local.detach(), counts, "all_gather_no_grad");
+  return make_gathered(all, counts, comm->rank());
+}
+
+}  // namespace contrax

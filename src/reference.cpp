@@ -1,0 +1,51 @@
+// Textbook single-device losses, used as the ground truth for exactness checks.
+// Deliberately naive: full [B x B] (or [2B x 2B]) logits and mean reductions.
+#include "contrax/reference.h"
+
+#include <limits>
+
+namespace contrax::reference {
+namespace F = torch::nn::functional;
+
+namespace {
+torch::Tensor unit(const torch::Tensor& x, bool normalize) {
+  return normalize ? x / x.norm(2, 1, true).clamp_min(1e-12) : x;
+}
+torch::Tensor diag_labels(int64_t n, const torch::Tensor& like) {
+  return torch::arange(n, torch::TensorOptions().dtype(torch::kLong).device(like.device()));
+}
+}  // namespace
+
+torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+                        const c10::optional<torch::Tensor>& logit_bias, bool symmetric, double max_scale,
+                        bool normalize) {
+  auto an = unit(a, normalize), bn = unit(b, normalize);
+  auto logits = torch::matmul(an, bn.t()) * torch::clamp_max(torch::exp(logit_scale), max_scale);
+  if (logit_bias.has_value()) logits = logits + *logit_bias;
+  auto labels = diag_labels(a.size(0), a);
+  auto l_ab = F::cross_entropy(logits, labels);
+  if (!symmetric) return l_ab;
+  return (l_ab + F::cross_entropy(logits.t(), labels)) / 2;
+}
+
+torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize) {
+  const int64_t B = z1.size(0);
+  auto z = torch::cat({unit(z1, normalize), unit(z2, normalize)}, 0);  // [2B, d]
+  auto sim = torch::matmul(z, z.t()) / temperature;                     // [2B, 2B]
+  auto eye = torch::eye(2 * B, torch::TensorOptions().dtype(torch::kBool).device(z.device()));
+  sim = sim.masked_fill(eye, -std::numeric_limits<double>::infinity());
+  auto idx = diag_labels(2 * B, z);
+  auto labels = torch::where(idx < B, idx + B, idx - B);
+  return F::cross_entropy(sim, labels);
+}
+
+torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
+                           const torch::Tensor& k2, double temperature, bool normalize) {
+  auto ctr = [&](const torch::Tensor& q, const torch::Tensor& k) {
+    auto logits = torch::matmul(unit(q, normalize), unit(k.detach(), normalize).t()) / temperature;
+    return F::cross_entropy(logits, diag_labels(q.size(0), q)) * (2 * temperature);
+  };
+  return ctr(q1, k2) + ctr(q2, k1);
+}
+
+}  // namespace contrax::reference

@@ -1,0 +1,191 @@
+// Exactness verification of the distributed losses (see contrax/verify.h).
+#include "contrax/verify.h"
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "contrax/collectives.h"
+#include "contrax/losses.h"
+#include "contrax/reference.h"
+
+namespace contrax {
+
+namespace {
+
+double rel(const torch::Tensor& got, const torch::Tensor& want) {
+  if (want.numel() == 0) return 0.0;
+  auto g = got.detach().to(torch::kDouble), w = want.detach().to(torch::kDouble);
+  const double scale = std::max(w.abs().max().item<double>(), 1e-300);
+  return (g - w).abs().max().item<double>() / scale;
+}
+
+std::vector<VerifyCase> builtin_cases() {
+  using V = std::vector<torch::Tensor>;
+  std::vector<VerifyCase> cases;
+  auto clip_case = [&](std::string name, bool symmetric, bool bias, double log_scale, bool normalize) {
+    VerifyCase c;
+    c.name = std::move(name);
+    c.num_features = 2;
+    c.scalars = bias ? std::vector<double>{log_scale, -0.3} : std::vector<double>{log_scale};
+    c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
+      c10::optional<torch::Tensor> b;
+      if (bias) b = s[1];
+      return clip_loss(x[0], x[1], s[0], b,
+                       ClipLossOptions().symmetric(symmetric).normalize(normalize).comm(comm));
+    };
+    c.reference = [=](const V& x, const V& s) {
+      c10::optional<torch::Tensor> b;
+      if (bias) b = s[1];
+      return reference::clip_loss(x[0], x[1], s[0], b, symmetric, 100.0, normalize);
+    };
+    cases.push_back(std::move(c));
+  };
+  clip_case("clip", true, false, std::log(1 / 0.07), true);
+  clip_case("clip_bias", true, true, std::log(10.0), false);
+  clip_case("clip_clamped", true, false, std::log(200.0), true);
+  clip_case("infonce", false, false, std::log(5.0), false);
+
+  VerifyCase nt;
+  nt.name = "nt_xent";
+  nt.num_features = 2;
+  nt.distributed = [](const V& x, const V&, const CommunicatorPtr& comm) {
+    return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.2).comm(comm));
+  };
+  nt.reference = [](const V& x, const V&) { return reference::nt_xent_loss(x[0], x[1], 0.2); };
+  cases.push_back(nt);
+
+  VerifyCase moco;
+  moco.name = "moco_v3";
+  moco.num_features = 4;
+  moco.feature_grad = {true, true, false, false};
+  moco.distributed = [](const V& x, const V&, const CommunicatorPtr& comm) {
+    return moco_v3_loss(x[0], x[1], x[2], x[3], MocoV3LossOptions().temperature(0.2).comm(comm));
+  };
+  moco.reference = [](const V& x, const V&) { return reference::moco_v3_loss(x[0], x[1], x[2], x[3], 0.2); };
+  cases.push_back(moco);
+  return cases;
+}
+
+}  // namespace
+
+std::vector<VerifyCase>& verify_cases() {
+  static std::vector<VerifyCase> cases = builtin_cases();
+  return cases;
+}
+
+std::vector<int64_t> default_row_counts(int64_t world_size) {
+  static const int64_t pattern[] = {6, 3, 0, 5, 2, 7, 1, 4};
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < world_size; ++r) rows.push_back(world_size == 1 ? 7 : pattern[r % 8]);
+  return rows;
+}
+
+VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, const VerifyOptions& o) {
+  auto comm = comm_in ? comm_in : Communicator::single();
+  const int64_t W = comm->world_size(), r = comm->rank();
+  auto rows = o.rows().empty() ? default_row_counts(W) : o.rows();
+  TORCH_CHECK(static_cast<int64_t>(rows.size()) == W, "verify(): option 'rows' must have one entry per rank (", W,
+              "), but got ", rows.size());
+  int64_t B = 0, off = 0;
+  for (int64_t s = 0; s < W; ++s) {
+    TORCH_CHECK(rows[s] >= 0, "verify(): option 'rows' must be non-negative, but got ", rows[s], " for rank ", s);
+    if (s < r) off += rows[s];
+    B += rows[s];
+  }
+  TORCH_CHECK(B > 0, "verify(): option 'rows' must sum to a positive batch");
+  TORCH_CHECK(o.width() > 0, "verify(): option 'width' must be positive, but got ", o.width());
+
+  // Same global inputs on every rank.
+  auto gen = at::detail::createCPUGenerator(o.seed());
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  std::vector<torch::Tensor> global;
+  for (int64_t k = 0; k < c.num_features; ++k) global.push_back(torch::randn({B, o.width()}, gen, f64));
+  auto needs_grad = [&](int64_t k) { return c.feature_grad.empty() || c.feature_grad[k]; };
+
+  // Reference on one device.
+  std::vector<torch::Tensor> ref_x, ref_s;
+  for (int64_t k = 0; k < c.num_features; ++k) ref_x.push_back(global[k].clone().requires_grad_(needs_grad(k)));
+  for (double v : c.scalars) ref_s.push_back(torch::tensor(v, f64).requires_grad_(true));
+  auto ref_loss = c.reference(ref_x, ref_s);
+  ref_loss.backward();
+
+  // This rank's share.
+  std::vector<torch::Tensor> loc_x, loc_s;
+  for (int64_t k = 0; k < c.num_features; ++k) {
+    loc_x.push_back(global[k].narrow(0, off, rows[r]).clone().requires_grad_(needs_grad(k)));
+  }
+  for (double v : c.scalars) loc_s.push_back(torch::tensor(v, f64).requires_grad_(true));
+  auto loss = c.distributed(loc_x, loc_s, comm);
+  loss.backward();
+
+  VerifyResult res;
+  res.loss = c.name;
+  res.world_size = W;
+  res.rows = rows;
+  auto note = [&](double e, const std::string& what) {
+    if (std::isnan(e)) e = INFINITY;
+    if (res.worst.empty() || e > res.max_rel_err) {
+      res.max_rel_err = e;
+      res.worst = what;
+    }
+  };
+  // Scalars to average over ranks: the loss and every scalar gradient.
+  std::vector<torch::Tensor> to_sum{loss.detach().reshape({1})};
+  for (auto& s : loc_s) to_sum.push_back(s.grad().defined() ? s.grad().reshape({1}) : torch::zeros({1}, f64));
+  auto packed = torch::cat(to_sum).contiguous();
+  comm->all_reduce_sum(packed, "verify");
+  packed = packed / static_cast<double>(W);
+  res.loss_rel_err = rel(packed[0], ref_loss);
+  note(res.loss_rel_err, "loss");
+  for (size_t k = 0; k < loc_s.size(); ++k) {
+    auto want = ref_s[k].grad().defined() ? ref_s[k].grad() : torch::zeros({}, f64);
+    double e = rel(packed[k + 1], want);
+    // Some scalar gradients are zero by structure: a clamped scale, or a bias
+    // under a softmax (shift-invariant). The reference then holds round-off
+    // (~1e-17) and a relative error means nothing, so compare absolutely.
+    if (want.abs().item<double>() < 1e-12) e = (packed[k + 1] - want).abs().item<double>();
+    note(e, "grad scalar " + std::to_string(k));
+  }
+  for (int64_t k = 0; k < c.num_features; ++k) {
+    auto local_grad = loc_x[k].grad().defined() ? loc_x[k].grad() : torch::zeros_like(loc_x[k]);
+    auto all = gather_no_grad(local_grad, comm, "verify").all / static_cast<double>(W);
+    if (!needs_grad(k)) {
+      note(all.abs().max().item<double>(), "grad of constant input " + std::to_string(k));
+      continue;
+    }
+    note(rel(all, ref_x[k].grad()), "grad input " + std::to_string(k));
+  }
+  res.passed = res.max_rel_err <= o.tolerance();
+  return res;
+}
+
+std::vector<VerifyResult> verify(const CommunicatorPtr& comm, const VerifyOptions& o) {
+  std::vector<VerifyResult> out;
+  const auto& cases = verify_cases();
+  for (const auto& name : o.cases()) {
+    bool known = false;
+    for (const auto& c : cases) known = known || c.name == name;
+    std::string names;
+    for (const auto& c : cases) names += (names.empty() ? "" : ", ") + c.name;
+    TORCH_CHECK(known, "verify(): unknown case '", name, "'; known cases: ", names);
+  }
+  for (const auto& c : cases) {
+    if (!o.cases().empty() && std::find(o.cases().begin(), o.cases().end(), c.name) == o.cases().end()) continue;
+    out.push_back(verify_case(c, comm, o));
+  }
+  return out;
+}
+
+std::string to_json(const VerifyResult& r) {
+  std::ostringstream os;
+  os << std::setprecision(6) << "{\"loss\": \"" << r.loss << "\", \"world_size\": " << r.world_size << ", \"rows\": [";
+  for (size_t i = 0; i < r.rows.size(); ++i) os << (i ? ", " : "") << r.rows[i];
+    // JSON has no infinity; a non-finite error is reported as the largest double.
+  auto num = [](double x) { return std::isfinite(x) ? x : 1.7976931348623157e308; };
+  os << "], \"max_rel_err\": " << num(r.max_rel_err) << ", \"loss_rel_err\": " << num(r.loss_rel_err) << ", \"worst\": \""
+     << r.worst << "\", \"passed\": " << (r.passed ? "true" : "false") << "}";
+  return os.str();
+}
+
+}  // namespace contrax
