@@ -37,7 +37,8 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts);
 torch::Tensor shard(const torch::Tensor& global, const std::vector<int64_t>& counts, int64_t rank);
 
 /// Central finite-difference check of d(sum(f(x) * w))/dx against autograd for
-/// every input that requires grad; fp64 inputs. Returns the largest relative error.
+/// every input that requires grad; fp64 inputs. Returns the largest error
+/// max|analytic - numeric| / max(1, max|numeric|).
 double finite_difference_error(const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& f,
                                const std::vector<torch::Tensor>& inputs, double eps = 1e-6);
 

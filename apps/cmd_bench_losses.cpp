@@ -1,0 +1,255 @@
+// `contrax bench-losses`: one CLIP loss forward+backward over W local
+// processes, three ways side by side in one run:
+//   (a) "global": gather without gradient, local slot replaced by the local
+//       tensor, [B x B] logits, loss scaled by W (seed 003, GradCache helper);
+//   (b) "allreduce": [local x global] logits, gather whose backward all-reduces
+//       the full [B x d] gradient and slices (seed 000);
+//   (c) "contrax": contrax::clip_loss ([local x global], reduce-scatter backward).
+// Reports median time, bytes this rank sent in backward, and peak tensor memory
+// per rank, as ratios to (a), plus the agreement of the feature gradients.
+//
+//   contrax bench-losses --nproc 2,4 --batch 1024,4096 --width 256
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <unistd.h>
+
+#include "cli.h"
+#include "contrax/collectives.h"
+#include "contrax/communicator.h"
+#include "contrax/launcher.h"
+#include "contrax/losses.h"
+#include "contrax/memory.h"
+
+namespace {
+
+namespace F = torch::nn::functional;
+using contrax::CommunicatorPtr;
+
+std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      out.push_back(std::stoll(item));
+    } catch (...) {
+      TORCH_CHECK(false, "flag '--", flag, "' must be comma-separated integers, but got '", s, "'");
+    }
+  }
+  TORCH_CHECK(!out.empty(), "flag '--", flag, "' must not be empty");
+  return out;
+}
+
+// Seed 000's gather: all-gather forward; backward all-reduces the whole
+// gathered gradient and keeps this rank's rows (2(W-1)/W of it sent per rank).
+struct AllReduceGather : torch::autograd::Function<AllReduceGather> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, CommunicatorPtr comm) {
+    ctx->saved_data["rank"] = comm->rank();
+    ctx->saved_data["rows"] = x.size(0);
+    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm.get());
+    std::vector<int64_t> counts(comm->world_size(), x.size(0));
+    return comm->all_gather_rows(x.detach(), counts, "all_gather");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    auto* comm = reinterpret_cast<contrax::Communicator*>(ctx->saved_data["comm"].toInt());
+    auto grad = g[0].contiguous();
+    comm->all_reduce_sum(grad, "all_reduce");
+    const int64_t b = ctx->saved_data["rows"].toInt();
+    return {grad.narrow(0, ctx->saved_data["rank"].toInt() * b, b), torch::Tensor()};
+  }
+};
+
+torch::Tensor ce_sum(const torch::Tensor& logits, int64_t offset) {
+  auto labels = torch::arange(offset, offset + logits.size(0), torch::kLong);
+  return F::cross_entropy(logits, labels, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+}
+
+torch::Tensor loss_global(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& ls,
+                          const CommunicatorPtr& comm) {
+  const int64_t W = comm->world_size(), r = comm->rank(), n = a.size(0);
+  auto ga = contrax::gather_no_grad(a, comm).all, gb = contrax::gather_no_grad(b, comm).all;
+  // Put the local (differentiable) rows back into their slot.
+  std::vector<torch::Tensor> pa, pb;
+  for (int64_t s = 0; s < W; ++s) {
+    pa.push_back(s == r ? a : ga.narrow(0, s * n, n));
+    pb.push_back(s == r ? b : gb.narrow(0, s * n, n));
+  }
+  auto A = torch::cat(pa), Bm = torch::cat(pb);
+  auto logits = torch::mm(A * ls.exp().clamp_max(100.0), Bm.t());  // [B, B]
+  auto labels = torch::arange(W * n, torch::kLong);
+  return (F::cross_entropy(logits, labels) + F::cross_entropy(logits.t(), labels)) * 0.5 * static_cast<double>(W);
+}
+
+torch::Tensor loss_allreduce(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& ls,
+                             const CommunicatorPtr& comm) {
+  const int64_t W = comm->world_size(), n = a.size(0), off = comm->rank() * n;
+  auto all = AllReduceGather::apply(torch::cat({a, b}, 1), comm);
+  const int64_t d = a.size(1);
+  auto a_all = all.narrow(1, 0, d), b_all = all.narrow(1, d, d);
+  auto s = ls.exp().clamp_max(100.0);
+  auto total = (ce_sum(torch::mm(a * s, b_all.t()), off) + ce_sum(torch::mm(b * s, a_all.t()), off)) * 0.5;
+  return total * (static_cast<double>(W) / static_cast<double>(W * n));
+}
+
+torch::Tensor loss_contrax(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& ls,
+                           const CommunicatorPtr& comm) {
+  return contrax::clip_loss(a, b, ls, c10::nullopt, contrax::ClipLossOptions().comm(comm));
+}
+
+std::string blas_name() {
+  char buf[512];
+  ssize_t n = ::readlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", buf, sizeof(buf) - 1);
+  if (n <= 0) return "unknown";
+  buf[n] = 0;
+  std::string p(buf);
+  if (p.find("openblas") != std::string::npos) return "OpenBLAS (" + p + ")";
+  return "reference BLAS (" + p + ")";
+}
+
+struct Measure {
+  std::vector<double> ms;
+  int64_t bwd_bytes = 0, fwd_bytes = 0, peak = 0;
+  torch::Tensor grad_a;
+  double scale_grad = 0;
+};
+
+int worker(int64_t batch, int64_t width, int64_t iters, const std::string& modes_s, const std::string& out_path) {
+  auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::minutes(10)));
+  contrax::MemoryTracker::install();
+  const int64_t W = comm->world_size();
+  std::vector<std::string> modes;
+  {
+    std::stringstream ss(modes_s);
+    std::string m;
+    while (std::getline(ss, m, ',')) {
+      TORCH_CHECK(m == "global" || m == "allreduce" || m == "contrax",
+                  "flag '--modes' takes global, allreduce, contrax; got '", m, "'");
+      modes.push_back(m);
+    }
+  }
+  auto gen = at::detail::createCPUGenerator(1000 + comm->rank());
+  auto a0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1));
+  auto b0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1));
+  std::map<std::string, Measure> res;
+  for (int64_t it = -1; it < iters; ++it) {  // it = -1 warms up
+    for (const auto& m : modes) {
+      auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      auto ls = torch::tensor(std::log(1 / 0.07), torch::kFloat).requires_grad_(true);
+      comm->barrier();
+      comm->reset_stats();
+      contrax::PeakScope peak;
+      auto t0 = std::chrono::steady_clock::now();
+      torch::Tensor loss = m == "global" ? loss_global(a, b, ls, comm)
+                           : m == "allreduce" ? loss_allreduce(a, b, ls, comm)
+                                              : loss_contrax(a, b, ls, comm);
+      const int64_t fwd = comm->stats().total_bytes_sent();
+      loss.backward();
+      auto t1 = std::chrono::steady_clock::now();
+      auto& r = res[m];
+      if (it >= 0) r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      r.fwd_bytes = fwd - comm->stats().op("barrier").bytes_sent;
+      r.bwd_bytes = comm->stats().total_bytes_sent() - fwd;
+      r.peak = std::max(r.peak, peak.peak_above_start());
+      r.grad_a = a.grad();
+      r.scale_grad = ls.grad().item<double>();
+    }
+  }
+  // Feature gradients must agree across modes (they are the same gradient).
+  std::map<std::string, double> grad_err;
+  for (const auto& m : modes) {
+    const auto& ref = res[modes.back()].grad_a;
+    grad_err[m] = (res[m].grad_a - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+  }
+  // Report the slowest rank's median time and rank 0's bytes/memory (ranks are symmetric).
+  std::vector<double> med;
+  for (const auto& m : modes) {
+    auto v = res[m].ms;
+    std::sort(v.begin(), v.end());
+    med.push_back(v[v.size() / 2]);
+  }
+  auto t = torch::tensor(med, torch::kDouble);
+  auto tmax = t.clone();
+  {
+    // max over ranks through all-gather of the small vector
+    auto all = contrax::gather_no_grad(t.unsqueeze(0), comm).all;
+    tmax = std::get<0>(all.max(0));
+  }
+  if (comm->rank() == 0) {
+    std::ofstream out(out_path, std::ios::app);
+    const auto& base = res[modes.front()];
+    const double base_ms = tmax[0].item<double>();
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const auto& r = res[modes[i]];
+      out << "| " << W << " | " << batch << " | " << modes[i] << " | " << std::fixed << std::setprecision(1)
+          << tmax[i].item<double>() << " | " << std::setprecision(2) << tmax[i].item<double>() / base_ms << " | "
+          << std::setprecision(1) << r.bwd_bytes / 1048576.0 << " | "
+          << (base.bwd_bytes > 0 ? std::to_string(static_cast<double>(r.bwd_bytes) / base.bwd_bytes).substr(0, 4)
+                                 : std::string("-"))
+          << " | " << std::setprecision(1) << r.peak / 1048576.0 << " | " << std::setprecision(3)
+          << static_cast<double>(r.peak) / base.peak << " | " << std::scientific << std::setprecision(1)
+          << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
+          << r.scale_grad / res[modes.back()].scale_grad << " |\n";
+    }
+  }
+  return 0;
+}
+
+int run_bench(const std::vector<std::string>& args) {
+  contrax::cli::Args a("bench-losses", args);
+  const std::string nprocs = a.get("nproc", "2,4", "comma-separated world sizes (each a separate launch)");
+  const std::string batches = a.get("batch", "1024,4096", "comma-separated per-rank batch sizes");
+  const int64_t width = a.get_int("width", 256, "feature width");
+  const int64_t iters = a.get_int("iters", 3, "timed iterations per mode (after one warm-up)");
+  const int64_t threads = a.get_int("threads", 0, "intra-op threads per rank (0: cores / W, at least 1)");
+  const std::string modes = a.get("modes", "global,allreduce,contrax", "which of global, allreduce, contrax");
+  const std::string out = a.get("out", "", "append the table rows to this file (default: stdout)");
+  if (a.finish()) return 0;
+  TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
+  TORCH_CHECK(iters > 0, "flag '--iters' must be positive, but got ", iters);
+
+  if (contrax::in_launched_worker()) {
+    int64_t W = std::stoll(std::getenv("WORLD_SIZE"));
+    int64_t nt = threads > 0 ? threads : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / W);
+    at::set_num_threads(static_cast<int>(nt));
+    for (int64_t b : parse_list(batches, "batch")) worker(b, width, iters, modes, out);
+    return 0;
+  }
+  std::string path = out.empty() ? "/tmp/contrax_bench_losses_" + std::to_string(::getpid()) + ".md" : out;
+  std::cout << "BLAS: " << blas_name() << "; cores: " << std::thread::hardware_concurrency() << "; fp32, width "
+            << width << ", median of " << iters << " iterations (slowest rank)\n\n";
+  std::cout << "| W | batch/rank | mode | fwd+bwd ms | time vs (a) | bwd MiB sent/rank | bwd bytes vs (a) | peak MiB/rank "
+               "| peak vs (a) | grad rel diff vs contrax | scale grad vs contrax |\n";
+  std::cout << "|---|---|---|---|---|---|---|---|---|---|---|\n" << std::flush;
+  int rc = 0;
+  for (int64_t W : parse_list(nprocs, "nproc")) {
+    std::ofstream(path, std::ios::trunc).close();
+    std::vector<std::string> argv{contrax::self_executable(), "bench-losses"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back("--out");
+    argv.push_back(path);
+    contrax::LaunchOptions lo;
+    lo.nproc = W;
+    auto r = contrax::launch(argv, lo);
+    std::ifstream in(path);
+    std::cout << in.rdbuf() << std::flush;
+    if (r.exit_code != 0) {
+      std::cerr << "contrax bench-losses: " << r.message << "\n";
+      rc = r.exit_code;
+    }
+  }
+  if (out.empty()) std::remove(path.c_str());
+  return rc;
+}
+
+contrax::cli::Command bench_cmd("bench-losses",
+                                "benchmark the CLIP loss: seed patterns (global logits, all-reduce backward) vs contrax",
+                                run_bench);
+
+}  // namespace

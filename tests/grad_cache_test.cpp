@@ -1,0 +1,466 @@
+// Tests of contrax::GradCache: after one gradient-cache step every parameter
+// gradient equals that of one ordinary full-batch step (fp64, rel err <= 1e-10)
+// for an MLP encoder with dropout and the CLIP loss with a learnable logit
+// scale.
+//
+// What is checkable about dropout, and how:
+//  * The exactness of the chunked two-pass scheme, on one rank and across
+//    ranks, needs the reference to see the same masks as the gradient cache.
+//    The list/named-input encoders use a dropout whose mask is a fixed
+//    function of (example id, feature): any chunking, any rank split and the
+//    full batch see the same masks, and the rank threads share no generator.
+//  * The random-state replay itself is checked on one rank with torch's own
+//    dropout (global generator): the reference runs the chunks in the same
+//    order with one graph (so it draws the masks pass 1 drew), the gradient
+//    cache must match it, and must not match it with replay turned off.
+//    Across thread ranks the global generator is shared and its interleaving
+//    is not deterministic, so that check is single-rank only.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include <ATen/autocast_mode.h>
+
+#include <cmath>
+#include <iostream>
+#include <mutex>
+#include <numeric>
+
+#include "contrax/data_parallel.h"
+#include "contrax/grad_cache.h"
+#include "contrax/losses.h"
+#include "support/errors.h"
+#include "support/ranks.h"
+
+namespace {
+
+using contrax::BatchInput;
+using contrax::CommunicatorPtr;
+using contrax::DataParallel;
+using contrax::GradCache;
+using contrax::GradCacheEncoder;
+using contrax::GradCacheOptions;
+using contrax::testing::rel_err;
+using contrax::testing::run_ranks;
+using contrax::testing::shard;
+
+torch::Tensor hashed_dropout(const torch::Tensor& h, const torch::Tensor& ids, double p, double salt) {
+  // The hash runs in fp64 whatever h's dtype (bf16 under autocast would
+  // change the mask).
+  auto j = torch::arange(h.size(1), torch::kDouble);
+  auto u = torch::frac(torch::sin(ids.to(torch::kDouble).unsqueeze(1) * 12.9898 + j.unsqueeze(0) * 78.233 + salt) *
+                       43758.5453)
+               .abs();
+  return h * ((u >= p).to(h.scalar_type()) / (1.0 - p));
+}
+
+// MLP encoder. forward(list {x, ids}) and forward(named {"x", "id"}) use the
+// per-example dropout; forward(tensor) uses torch's dropout (global RNG).
+struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
+  MlpImpl(int64_t in, int64_t out, double salt = 1.0) : in(in), out(out), salt(salt) { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", torch::nn::Linear(in, 8));
+    fc2 = register_module("fc2", torch::nn::Linear(8, out));
+  }
+  torch::Tensor forward(const std::vector<torch::Tensor>& x) {
+    return fc2(hashed_dropout(torch::tanh(fc1(x.at(0))), x.at(1), 0.3, salt));
+  }
+  torch::Tensor forward(const std::map<std::string, torch::Tensor>& x) { return forward(std::vector<torch::Tensor>{x.at("x"), x.at("id")}); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2(torch::dropout(torch::tanh(fc1(x)), 0.3, is_training()));
+  }
+  int64_t in, out;
+  double salt;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+Mlp copy_of(const Mlp& m) { return Mlp(std::dynamic_pointer_cast<MlpImpl>(m->clone())); }
+contrax::ClipLoss copy_of(const contrax::ClipLoss& m) {
+  contrax::ClipLoss c(m->options);
+  torch::NoGradGuard ng;
+  c->to(torch::kDouble);
+  c->logit_scale.copy_(m->logit_scale);
+  return c;
+}
+
+std::mutex& init_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+// A paired batch: image-like x [B, 6], text-like y [B, 5], example ids [B].
+struct Batch {
+  torch::Tensor x, y, ids;
+};
+Batch make_batch(int64_t B, int64_t seed) {
+  torch::manual_seed(seed);
+  return {torch::randn({B, 6}, torch::kDouble), torch::randn({B, 5}, torch::kDouble),
+          torch::arange(B, torch::kDouble) + 100.0 * static_cast<double>(seed)};
+}
+
+// The models of one test: two towers and the loss module with the logit scale.
+struct Models {
+  Mlp a{nullptr}, b{nullptr};
+  contrax::ClipLoss clip{nullptr};
+  std::vector<torch::Tensor> params() const {
+    std::vector<torch::Tensor> p = a->parameters();
+    if (b.ptr() != a.ptr()) {
+      for (auto& t : b->parameters()) p.push_back(t);
+    }
+    for (auto& t : clip->parameters()) p.push_back(t);
+    return p;
+  }
+  std::vector<torch::Tensor> grads() const {
+    std::vector<torch::Tensor> g;
+    for (const auto& p : params()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return g;
+  }
+};
+
+Models make_models(int64_t seed, bool tied = false) {
+  torch::manual_seed(seed);
+  Models m;
+  m.a = Mlp(6, 4, 1.0);
+  m.a->to(torch::kDouble);
+  m.b = tied ? m.a : Mlp(5, 4, 2.0);
+  m.b->to(torch::kDouble);
+  m.clip = contrax::ClipLoss(contrax::ClipLossOptions(), 10.0);
+  m.clip->to(torch::kDouble);
+  return m;
+}
+
+Models copy_of(const Models& m, bool tied = false) {
+  Models c;
+  c.a = copy_of(m.a);
+  c.b = tied ? c.a : copy_of(m.b);
+  c.clip = copy_of(m.clip);
+  return c;
+}
+
+void expect_match(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want, double tol,
+                  const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << where;
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_LE(rel_err(got[i], want[i]), tol) << where << ": parameter " << i;
+}
+
+// Ordinary full-batch step; list inputs (per-example dropout). For tied
+// towers the second tower's input is x again (same width).
+torch::Tensor full_batch_step(Models m, const Batch& b, bool tied = false) {
+  auto fa = m.a->forward(std::vector<torch::Tensor>{b.x, b.ids});
+  auto fb = m.b->forward(std::vector<torch::Tensor>{tied ? b.x * 0.5 : b.y, b.ids + 0.25});
+  auto loss = m.clip(fa, fb);
+  loss.backward();
+  return loss.detach();
+}
+
+GradCache make_cache(Models m, int64_t chunk_a, int64_t chunk_b, GradCacheOptions options = {}) {
+  return GradCache({GradCacheEncoder(m.a, chunk_a).name("a"), GradCacheEncoder(m.b, chunk_b).name("b")},
+                   [clip = m.clip](const std::vector<torch::Tensor>& r) { return clip.ptr()->forward(r[0], r[1]); },
+                   std::move(options));
+}
+
+std::vector<BatchInput> list_inputs(const Batch& b, bool tied = false) {
+  return {std::vector<torch::Tensor>{b.x, b.ids},
+          std::vector<torch::Tensor>{tied ? b.x * 0.5 : b.y, b.ids + 0.25}};
+}
+
+// ---- single process
+
+TEST(GradCache, MatchesFullBatchForManyChunkSizes) {
+  const int64_t B = 11;
+  auto init = make_models(1);
+  auto batch = make_batch(B, 3);
+  auto ref = copy_of(init);
+  auto want_loss = full_batch_step(ref, batch);
+  auto want = ref.grads();
+  // Chunk sizes that divide B, that do not, 1, B and more than B; the two
+  // encoders with different chunk sizes.
+  for (auto [ca, cb] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 4}, {4, 3}, {5, 11}, {11, 2}, {16, 7}}) {
+    auto m = copy_of(init);
+    auto gc = make_cache(m, ca, cb);
+    auto loss = gc.step(list_inputs(batch));
+    EXPECT_LE(rel_err(loss, want_loss), 1e-12) << "chunks " << ca << "," << cb;
+    expect_match(m.grads(), want, 1e-10, c10::str("chunks ", ca, ",", cb));
+  }
+}
+
+TEST(GradCache, TiedEncodersAndNamedInputs) {
+  const int64_t B = 9;
+  auto init = make_models(2, /*tied=*/true);
+  auto batch = make_batch(B, 4);
+  auto ref = copy_of(init, true);
+  full_batch_step(ref, batch, true);
+  auto want = ref.grads();
+  auto m = copy_of(init, true);
+  ASSERT_EQ(m.a.ptr(), m.b.ptr());
+  auto gc = make_cache(m, 2, 4);
+  using Named = std::map<std::string, torch::Tensor>;
+  gc.step({Named{{"x", batch.x}, {"id", batch.ids}}, Named{{"x", batch.x * 0.5}, {"id", batch.ids + 0.25}}});
+  expect_match(m.grads(), want, 1e-10, "tied");
+}
+
+TEST(GradCache, SecondStepAfterOptimizerUpdateStillMatches) {
+  const int64_t B = 10;
+  auto init = make_models(5);
+  std::vector<Batch> batches{make_batch(B, 6), make_batch(B, 7)};
+  auto ref = copy_of(init);
+  auto m = copy_of(init);
+  torch::optim::SGD opt_ref(ref.params(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  auto gc = make_cache(m, 3, 4);
+  for (int s = 0; s < 2; ++s) {
+    opt_ref.zero_grad();
+    opt.zero_grad();
+    full_batch_step(ref, batches[s]);
+    gc.step(list_inputs(batches[s]));
+    expect_match(m.grads(), ref.grads(), 1e-10, c10::str("step ", s));
+    EXPECT_EQ(gc.cached_rows(0), 0);
+    opt_ref.step();
+    opt.step();
+  }
+}
+
+// Random-state replay with torch's dropout: the reference draws the masks in
+// pass 1's order (chunk by chunk, encoder a then b) inside one graph.
+TEST(GradCache, ReplaysRandomStateForDropout) {
+  const int64_t B = 10, ca = 3, cb = 4;
+  auto init = make_models(8);
+  auto batch = make_batch(B, 9);
+  auto ref = copy_of(init);
+  torch::manual_seed(1234);
+  {
+    std::vector<torch::Tensor> fa, fb;
+    for (int64_t s = 0; s < B; s += ca) fa.push_back(ref.a->forward(batch.x.narrow(0, s, std::min(ca, B - s))));
+    for (int64_t s = 0; s < B; s += cb) fb.push_back(ref.b->forward(batch.y.narrow(0, s, std::min(cb, B - s))));
+    ref.clip(torch::cat(fa), torch::cat(fb)).backward();
+  }
+  auto want = ref.grads();
+  auto want_next = torch::rand({4}, torch::kDouble);  // the generator after one pass
+
+  auto m = copy_of(init);
+  auto gc = make_cache(m, ca, cb);
+  torch::manual_seed(1234);
+  gc.step({batch.x, batch.y});
+  expect_match(m.grads(), want, 1e-10, "replay");
+  // The generator is left where one pass would have left it.
+  EXPECT_EQ(rel_err(torch::rand({4}, torch::kDouble), want_next), 0.0);
+
+  // Without replay the second pass draws other masks: the test is sensitive.
+  auto m2 = copy_of(init);
+  auto gc2 = make_cache(m2, ca, cb, GradCacheOptions().replay_rng(false));
+  torch::manual_seed(1234);
+  gc2.step({batch.x, batch.y});
+  double worst = 0;
+  auto got2 = m2.grads();
+  for (size_t i = 0; i < got2.size() - 1; ++i) worst = std::max(worst, rel_err(got2[i], want[i]));
+  EXPECT_GT(worst, 1e-3);
+}
+
+// The functional form: sub-batches arrive one at a time (named inputs,
+// encoders by name), the step is finished once.
+TEST(GradCache, FunctionalFormWithNamedInputs) {
+  const int64_t B = 12;
+  auto init = make_models(10);
+  auto batch = make_batch(B, 11);
+  auto ref = copy_of(init);
+  auto want_loss = full_batch_step(ref, batch);
+  auto m = copy_of(init);
+  auto gc = make_cache(m, 2, 3);
+  using Named = std::map<std::string, torch::Tensor>;
+  // Encoder "a" through named inputs of a callable encoder; here the module's
+  // named forward does the work.
+  for (int64_t s = 0; s < B; s += 5) {
+    const int64_t n = std::min<int64_t>(5, B - s);
+    auto rep = gc.cache("a", Named{{"x", batch.x.narrow(0, s, n)}, {"id", batch.ids.narrow(0, s, n)}});
+    EXPECT_EQ(rep.size(0), n);
+    EXPECT_FALSE(rep.requires_grad());
+    gc.cache("b", std::vector<torch::Tensor>{batch.y.narrow(0, s, n), batch.ids.narrow(0, s, n) + 0.25});
+  }
+  EXPECT_EQ(gc.cached_rows(0), B);
+  auto loss = gc.finish();
+  EXPECT_LE(rel_err(loss, want_loss), 1e-12);
+  expect_match(m.grads(), ref.grads(), 1e-10, "functional");
+  EXPECT_EQ(gc.cached_rows(0), 0);
+}
+
+// Callable encoders with structured output and a representation getter, a
+// user split function, and the loss-scale hook.
+TEST(GradCacheCallables, GetRepSplitAndLossScale) {
+  const int64_t B = 7;
+  auto init = make_models(12);
+  auto batch = make_batch(B, 13);
+  auto ref = copy_of(init);
+  auto want_loss = full_batch_step(ref, batch);
+  auto m = copy_of(init);
+  auto a = m.a, b = m.b;
+  GradCacheEncoder ea([a](const BatchInput& x) -> c10::IValue {
+    auto f = a.ptr()->forward(std::vector<torch::Tensor>{x[0], x[1]});
+    return c10::ivalue::Tuple::create({c10::IValue(f * 2.0), c10::IValue(f)});
+  }, 3);
+  ea.get_rep([](const c10::IValue& out) { return out.toTupleRef().elements()[1].toTensor(); });
+  int split_calls = 0;
+  GradCacheEncoder eb([b](const BatchInput& x) -> c10::IValue { return b.ptr()->forward(x.list()); }, 100);
+  eb.split([&](const BatchInput& x, int64_t chunk) {
+    ++split_calls;
+    EXPECT_EQ(chunk, 100);
+    return std::vector<BatchInput>{x.narrow(0, 2), x.narrow(2, 4), x.narrow(6, 1)};
+  });
+  GradCache gc({ea, eb}, [clip = m.clip](const std::vector<torch::Tensor>& r) { return clip.ptr()->forward(r[0], r[1]); },
+               GradCacheOptions().scale_loss([](const torch::Tensor& l) { return l * 8.0; }));
+  auto loss = gc.step(list_inputs(batch));
+  EXPECT_EQ(split_calls, 1);
+  EXPECT_LE(rel_err(loss, want_loss), 1e-12);  // returned unscaled
+  auto got = m.grads();
+  auto want = ref.grads();
+  for (auto& g : got) g.div_(8.0);
+  expect_match(got, want, 1e-10, "callables");
+}
+
+TEST(GradCache, Bf16AutocastOnCpu) {
+  const int64_t B = 16;
+  torch::manual_seed(14);
+  Mlp a(6, 4, 1.0), b(5, 4, 2.0);  // float32
+  contrax::ClipLoss clip(contrax::ClipLossOptions(), 10.0);
+  auto x = torch::randn({B, 6}), y = torch::randn({B, 5}), ids = torch::arange(B, torch::kFloat);
+  // fp32 reference
+  auto a_ref = copy_of(a), b_ref = copy_of(b);
+  clip(a_ref->forward(std::vector<torch::Tensor>{x, ids}), b_ref->forward(std::vector<torch::Tensor>{y, ids}))
+      .backward();
+  auto want = a_ref->fc1->weight.grad().clone();
+  clip->zero_grad();
+  torch::ScalarType rep_dtype = torch::kFloat;
+  GradCache gc({GradCacheEncoder(a, 4), GradCacheEncoder(b, 4)},
+               [&](const std::vector<torch::Tensor>& r) {
+                 rep_dtype = r[0].scalar_type();
+                 return clip(r[0].to(torch::kFloat), r[1].to(torch::kFloat));
+               },
+               GradCacheOptions().bf16_autocast(true));
+  gc.step({std::vector<torch::Tensor>{x, ids}, std::vector<torch::Tensor>{y, ids}});
+  EXPECT_EQ(rep_dtype, torch::kBFloat16);
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());  // the caller's state is restored
+  ASSERT_TRUE(a->fc1->weight.grad().defined());
+  EXPECT_EQ(a->fc1->weight.grad().scalar_type(), torch::kFloat);
+  EXPECT_LE(rel_err(a->fc1->weight.grad(), want), 0.1);  // bf16 has 8 significant bits
+}
+
+TEST(GradCache, Errors) {
+  auto m = make_models(15);
+  auto loss = [clip = m.clip](const std::vector<torch::Tensor>& r) { return clip.ptr()->forward(r[0], r[1]); };
+  CONTRAX_EXPECT_ERROR(GradCache({}, loss), "GradCache(): argument 'encoders' is empty");
+  CONTRAX_EXPECT_ERROR(GradCache({GradCacheEncoder(m.a, 2)}, nullptr), "GradCache(): argument 'loss' is empty");
+  CONTRAX_EXPECT_ERROR(GradCache({GradCacheEncoder(m.a, 0).name("img")}, loss),
+                       "GradCache(): encoder 0 ('img') has chunk_size 0; it must be positive");
+  CONTRAX_EXPECT_ERROR(GradCache({GradCacheEncoder(m.a, 2).name("x"), GradCacheEncoder(m.b, 2).name("x")}, loss),
+                       "GradCache(): encoders 0 and 1 are both named 'x'");
+  CONTRAX_EXPECT_ERROR(GradCacheEncoder(contrax::EncoderFn(), 2), "GradCacheEncoder(): argument 'forward' is empty");
+
+  auto gc = make_cache(m, 2, 2);
+  auto batch = make_batch(4, 16);
+  CONTRAX_EXPECT_ERROR(gc.step({batch.x}), "GradCache::step(): got 1 inputs for 2 encoders");
+  CONTRAX_EXPECT_ERROR(gc.finish(), "GradCache::finish(): encoder 'a' has no cached rows");
+  CONTRAX_EXPECT_ERROR(gc.cache("c", batch.x), "GradCache::cache(): no encoder named 'c'; the named encoders are 'a', 'b'");
+  CONTRAX_EXPECT_ERROR(gc.cache(5, batch.x), "GradCache::cache(): encoder index 5 out of range; there are 2 encoders");
+  CONTRAX_EXPECT_ERROR(gc.cache(0, std::vector<torch::Tensor>{batch.x, batch.ids.narrow(0, 0, 3)}),
+                       "BatchInput: tensor 1 has 3 rows but tensor 0 has 4");
+  CONTRAX_EXPECT_ERROR(gc.cache(0, BatchInput::other(c10::IValue(3))),
+                       "GradCache::cache(): encoder 'a' got an IValue input, which cannot be split along dim 0");
+  gc.clear();
+
+  struct OnlyTensorImpl : torch::nn::Module {
+    torch::Tensor forward(const torch::Tensor& x) { return x; }
+  };
+  auto only = std::make_shared<OnlyTensorImpl>();
+  GradCache gc2({GradCacheEncoder(only, 2)}, [](const std::vector<torch::Tensor>& r) { return r[0].sum(); });
+  CONTRAX_EXPECT_ERROR(gc2.step({std::vector<torch::Tensor>{batch.x}}),
+                       "GradCacheEncoder: the module has no forward() for this input: a list input needs "
+                       "forward(std::vector<torch::Tensor>)");
+  GradCache gc3({GradCacheEncoder([](const BatchInput& x) -> c10::IValue {
+                   return c10::ivalue::Tuple::create({c10::IValue(x.tensor())});
+                 }, 2)},
+                [](const std::vector<torch::Tensor>& r) { return r[0].sum(); });
+  CONTRAX_EXPECT_ERROR(gc3.step({batch.x}),
+                       "GradCache: encoder 0 returned Tuple, not a tensor; set GradCacheEncoder::get_rep");
+  GradCache gc4({GradCacheEncoder(only, 2)}, [](const std::vector<torch::Tensor>& r) { return r[0]; });
+  CONTRAX_EXPECT_ERROR(gc4.step({batch.x}), "GradCache: the loss must be a single value, but got shape [4, 6]");
+  GradCache gc5({GradCacheEncoder(only, 2)},
+                [](const std::vector<torch::Tensor>& r) { return torch::zeros({}, torch::kDouble); });
+  CONTRAX_EXPECT_ERROR(gc5.step({batch.x}), "GradCache: the loss does not depend on any representation");
+  EXPECT_EQ(gc5.cached_rows(0), 0);  // a failed step leaves nothing behind
+
+  BatchInput t = batch.x;
+  CONTRAX_EXPECT_ERROR(t.named(), "BatchInput::named(): the input is a tensor, not named tensors");
+  BatchInput n = std::map<std::string, torch::Tensor>{{"x", batch.x}};
+  CONTRAX_EXPECT_ERROR(n["y"], "BatchInput[\"y\"]: no input named 'y'; the inputs are 'x'");
+}
+
+// ---- several ranks, through DataParallel
+
+// Each rank: one DataParallel per tower (one shared for tied towers), one over
+// the loss module, distributed CLIP loss on the local rows. Two steps with an
+// optimizer in between, compared with the single-process full-batch steps;
+// every reducer synchronises once per step.
+void run_distributed(int64_t W, const std::vector<int64_t>& counts, bool tied) {
+  const int64_t B = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  auto init = make_models(20, tied);
+  std::vector<Batch> batches{make_batch(B, 21), make_batch(B, 22)};
+  auto ref = copy_of(init, tied);
+  torch::optim::SGD opt_ref(ref.params(), torch::optim::SGDOptions(0.3));
+  std::vector<std::vector<torch::Tensor>> want;
+  for (const auto& b : batches) {
+    opt_ref.zero_grad();
+    full_batch_step(ref, b, tied);
+    want.push_back(ref.grads());
+    opt_ref.step();
+  }
+
+  run_ranks(W, [&](const CommunicatorPtr& comm) {
+    Models m;
+    {
+      std::lock_guard<std::mutex> lock(init_mutex());
+      m = copy_of(init, tied);
+    }
+    // Tiny buckets: several per module, so "once" means num_buckets calls.
+    auto opts = contrax::DataParallelOptions().bucket_bytes(200).first_bucket_bytes(100);
+    auto dp_a = std::make_shared<DataParallel>(m.a, comm, opts);
+    auto dp_b = tied ? dp_a : std::make_shared<DataParallel>(m.b, comm, opts);
+    auto dp_loss = std::make_shared<DataParallel>(m.clip, comm, opts);
+    contrax::ClipLoss clip = m.clip;
+    clip->options.comm(comm);
+    GradCache gc({GradCacheEncoder(m.a, 2).data_parallel(dp_a), GradCacheEncoder(m.b, 3).data_parallel(dp_b)},
+                 [clip](const std::vector<torch::Tensor>& r) { return clip.ptr()->forward(r[0], r[1]); },
+                 GradCacheOptions().loss_data_parallel(dp_loss));
+    torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.3));
+    for (size_t s = 0; s < batches.size(); ++s) {
+      Batch local{shard(batches[s].x, counts, comm->rank()), shard(batches[s].y, counts, comm->rank()),
+                  shard(batches[s].ids, counts, comm->rank())};
+      opt.zero_grad();
+      const int64_t calls_before = comm->stats().op("reducer_all_reduce").calls;
+      gc.step(list_inputs(local, tied));
+      const int64_t calls = comm->stats().op("reducer_all_reduce").calls - calls_before;
+      // After the step: the reducer re-buckets once, at the start of the
+      // second synchronised backward (gradient-ready order), as DDP does.
+      const int64_t buckets = dp_a->num_buckets() + (tied ? 0 : dp_b->num_buckets()) + dp_loss->num_buckets();
+      expect_match(m.grads(), want[s], 1e-10,
+                   c10::str("W=", W, " tied=", tied, " rank ", comm->rank(), " step ", s));
+      if (W > 1) {
+        EXPECT_EQ(dp_a->sync_count(), static_cast<int64_t>(s + 1));
+        EXPECT_EQ(dp_b->sync_count(), static_cast<int64_t>(s + 1));
+        EXPECT_EQ(dp_loss->sync_count(), static_cast<int64_t>(s + 1));
+        // Several chunks per encoder (2 and 3 rows), yet each bucket of each
+        // reducer is all-reduced once: no-sync held for all other chunks.
+        EXPECT_EQ(calls, buckets) << "each reducer must synchronise exactly once per step";
+      } else {
+        EXPECT_EQ(calls, 0);
+      }
+      opt.step();
+    }
+  });
+}
+
+TEST(GradCacheDistributed, WorldOfOne) { run_distributed(1, {9}, false); }
+TEST(GradCacheDistributed, TwoRanksUneven) { run_distributed(2, {7, 4}, false); }
+TEST(GradCacheDistributed, ThreeRanksUneven) { run_distributed(3, {5, 2, 4}, false); }
+TEST(GradCacheDistributed, TwoRanksTiedEncoders) { run_distributed(2, {3, 6}, true); }
+
+}  // namespace

@@ -1,0 +1,441 @@
+// Tests of contrax::launch and `contrax launch` with real processes: the
+// torchrun environment each rank sees, rank-prefixed output, the first failure
+// named and every other worker stopped (checked by pid, not by timing), signal
+// forwarding, and every error message. Workers are tests/programs/launcher_probe
+// and /bin/sh; grace periods are short so the whole file runs in seconds.
+#include <gtest/gtest.h>
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "contrax/launcher.h"
+#include "support/errors.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+const std::string kProbe = std::string(CONTRAX_TEST_PROGRAM_DIR) + "/launcher_probe";
+const std::string kCli = CONTRAX_CLI_PATH;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+/// A fresh directory, removed with its contents at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string templ = (fs::temp_directory_path() / "contrax_launcher_XXXXXX").string();
+    EXPECT_NE(::mkdtemp(templ.data()), nullptr);
+    path = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/// Sends this process's stdout and stderr to files for its lifetime (or until
+/// stop()), since launch() forwards worker output to fds 1 and 2 directly.
+class CaptureOutput {
+ public:
+  CaptureOutput() {
+    std::fflush(nullptr);
+    for (int i = 0; i < 2; ++i) {
+      saved_[i] = ::dup(i + 1);
+      int fd = ::open((dir_.path / std::to_string(i)).c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(fd, i + 1);
+      ::close(fd);
+    }
+  }
+  ~CaptureOutput() { stop(); }
+  void stop() {
+    if (saved_[0] < 0) return;
+    std::fflush(nullptr);
+    for (int i = 0; i < 2; ++i) {
+      ::dup2(saved_[i], i + 1);
+      ::close(saved_[i]);
+      saved_[i] = -1;
+    }
+    out = read_file(dir_.path / "0");
+    err = read_file(dir_.path / "1");
+  }
+  std::string out, err;
+
+ private:
+  TempDir dir_;
+  int saved_[2] = {-1, -1};
+};
+
+/// Sets an environment variable for the scope, then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+/// Waits until `dir` holds <rank>.pid for each rank in `ranks`; returns the pids.
+std::vector<pid_t> wait_for_pids(const fs::path& dir, const std::vector<int>& ranks) {
+  std::vector<pid_t> pids;
+  for (int tries = 0; tries < 3000 && pids.size() < ranks.size(); ++tries) {  // 30 s
+    pids.clear();
+    for (int r : ranks) {
+      std::ifstream f(dir / (std::to_string(r) + ".pid"));
+      pid_t pid = 0;
+      if (f >> pid) pids.push_back(pid);
+    }
+    if (pids.size() < ranks.size()) std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(pids.size(), ranks.size()) << "workers did not write their pid files";
+  return pids;
+}
+
+/// The launcher reaps its workers, so a stopped worker is not even a zombie.
+bool gone(pid_t pid) { return ::kill(pid, 0) == -1 && errno == ESRCH; }
+
+/// Starts the contrax CLI with stdout/stderr to files in `dir`.
+pid_t spawn_cli(const std::vector<std::string>& args, const fs::path& dir) {
+  std::vector<std::string> all = {kCli};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string out = (dir / "cli.out").string(), err = (dir / "cli.err").string();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+/// waitpid with a deadline; a CLI still running then is killed (and the test fails).
+int wait_cli(pid_t pid, milliseconds timeout = milliseconds(60000)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  for (;;) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 && errno != EINTR) return -1;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "contrax launch did not finish in time";
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+}
+
+struct CliRun {
+  int status = -1;
+  std::string out, err;
+};
+
+CliRun run_cli(const std::vector<std::string>& args) {
+  TempDir dir;
+  CliRun r;
+  r.status = wait_cli(spawn_cli(args, dir.path));
+  r.out = read_file(dir.path / "cli.out");
+  r.err = read_file(dir.path / "cli.err");
+  return r;
+}
+
+contrax::LaunchOptions options(int64_t nproc, milliseconds grace = milliseconds(2000)) {
+  contrax::LaunchOptions o;
+  o.nproc = nproc;
+  o.grace = grace;
+  return o;
+}
+
+// ---- environment and output -------------------------------------------------
+
+TEST(Launcher, EveryRankSeesItsEnvironmentUnderItsPrefix) {
+  // Inherited launcher variables must be replaced, not duplicated.
+  ScopedEnv rank("RANK", "99"), world("WORLD_SIZE", "77");
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "ok"}, options(4));
+  cap.stop();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(r.failed_rank, -1);
+  EXPECT_EQ(r.message, "");
+
+  std::set<std::string> ports;
+  for (int k = 0; k < 4; ++k) {
+    const std::regex line("\\[rank " + std::to_string(k) + "\\] env RANK=" + std::to_string(k) + " LOCAL_RANK=" +
+                          std::to_string(k) +
+                          " WORLD_SIZE=4 LOCAL_WORLD_SIZE=4 GROUP_RANK=0 MASTER_ADDR=127\\.0\\.0\\.1 MASTER_PORT=(\\d+)\n");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(cap.out, m, line)) << "rank " << k << " missing in:\n" << cap.out;
+    ports.insert(m[1]);
+    EXPECT_NE(cap.err.find("[rank " + std::to_string(k) + "] stderr of rank " + std::to_string(k) + "\n"),
+              std::string::npos)
+        << cap.err;
+  }
+  ASSERT_EQ(ports.size(), 1u) << "ranks disagree on MASTER_PORT";
+  EXPECT_GT(std::stoi(*ports.begin()), 0);
+}
+
+TEST(Launcher, MultiNodeRanksFollowNodeRank) {
+  contrax::LaunchOptions o = options(2);
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.master_port = 29555;
+  o.master_addr = "10.1.2.3";  // not contacted: the worker only prints it
+  CaptureOutput cap;
+  // sh starts in a millisecond; the probe loads LibTorch, as every program
+  // linked to contrax does.
+  contrax::LaunchResult r = contrax::launch(
+      {"sh", "-c", "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT"}, o);
+  cap.stop();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_NE(cap.out.find("[rank 2] 2 0 4 2 1 10.1.2.3 29555\n"), std::string::npos) << cap.out;
+  EXPECT_NE(cap.out.find("[rank 3] 3 1 4 2 1 10.1.2.3 29555\n"), std::string::npos) << cap.out;
+}
+
+TEST(Launcher, ForwardsLinesAndFlushesPartialLastLine) {
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({"sh", "-c", "printf 'a\\nb'; printf 'c\\n' >&2"}, options(1));
+  cap.stop();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(cap.out, "[rank 0] a\n[rank 0] b\n");
+  EXPECT_EQ(cap.err, "[rank 0] c\n");
+}
+
+TEST(Launcher, NoPrefixPassesOutputThrough) {
+  contrax::LaunchOptions o = options(1);
+  o.prefix_output = false;
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({"sh", "-c", "printf 'a\\nb'"}, o);
+  cap.stop();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(cap.out, "a\nb");
+}
+
+// ---- failures ----------------------------------------------------------------
+
+TEST(Launcher, FailedRankIsNamedAndTheOthersAreStopped) {
+  TempDir dir;
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "fail", dir.path.string()}, options(4));
+  cap.stop();
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_EQ(r.message, "rank 1 exited with status 3");
+  for (pid_t pid : wait_for_pids(dir.path, {0, 2, 3})) EXPECT_TRUE(gone(pid)) << "worker " << pid << " survived";
+}
+
+TEST(Launcher, RankKilledBySignalIsNamedWithTheSignal) {
+  TempDir dir;
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "signal", dir.path.string()}, options(3));
+  cap.stop();
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  EXPECT_EQ(r.failed_rank, 2);
+  EXPECT_EQ(r.message, "rank 2 was killed by signal 9 (" + std::string(strsignal(SIGKILL)) + ")");
+  for (pid_t pid : wait_for_pids(dir.path, {0, 1})) EXPECT_TRUE(gone(pid)) << "worker " << pid << " survived";
+}
+
+TEST(Launcher, WorkersIgnoringSigtermAreKilledAfterGrace) {
+  TempDir dir;
+  const milliseconds grace(300);
+  const auto start = std::chrono::steady_clock::now();
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "stubborn", dir.path.string()}, options(2, grace));
+  cap.stop();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, grace);
+  EXPECT_EQ(r.message, "rank 1 exited with status 3");
+  for (pid_t pid : wait_for_pids(dir.path, {0})) EXPECT_TRUE(gone(pid)) << "worker " << pid << " survived";
+}
+
+TEST(Launcher, SigintIsForwardedAndHandlersRestored) {
+  TempDir dir;
+  struct sigaction before {};
+  ::sigaction(SIGINT, nullptr, &before);
+  // Signals the launcher once all workers are up, like a Ctrl-C would.
+  std::thread interrupter([&] {
+    wait_for_pids(dir.path, {0, 1});
+    ::kill(::getpid(), SIGINT);
+  });
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "sleep", dir.path.string()}, options(2));
+  cap.stop();
+  interrupter.join();
+  EXPECT_EQ(r.exit_code, 128 + SIGINT);
+  EXPECT_EQ(r.failed_rank, -1);
+  EXPECT_EQ(r.message, "interrupted by signal 2 (" + std::string(strsignal(SIGINT)) + "); workers stopped");
+  for (pid_t pid : wait_for_pids(dir.path, {0, 1})) EXPECT_TRUE(gone(pid)) << "worker " << pid << " survived";
+  struct sigaction after {};
+  ::sigaction(SIGINT, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before.sa_handler);
+}
+
+TEST(Launcher, ProgramThatCannotStartThrows) {
+  const std::vector<std::string> missing = {"/nonexistent/contrax_probe"}, missing_in_path = {"contrax-no-such-program"};
+  CONTRAX_EXPECT_ERROR(contrax::launch(missing, options(2)),
+                       "launch(): cannot start '/nonexistent/contrax_probe': No such file or directory");
+  // The same through the PATH search.
+  CONTRAX_EXPECT_ERROR(contrax::launch(missing_in_path, options(1)),
+                       "launch(): cannot start 'contrax-no-such-program': No such file or directory");
+}
+
+// ---- option errors -------------------------------------------------------------
+
+TEST(Launcher, EachBadOptionIsNamed) {
+  const std::vector<std::string> none, empty = {""}, prog = {"true"};
+  auto with = [](const std::function<void(contrax::LaunchOptions&)>& set) {
+    contrax::LaunchOptions o;
+    set(o);
+    return o;
+  };
+  CONTRAX_EXPECT_ERROR(contrax::launch(none, contrax::LaunchOptions()),
+                       "launch(): argument 'argv' must name a program, but got an empty list");
+  CONTRAX_EXPECT_ERROR(contrax::launch(empty, contrax::LaunchOptions()),
+                       "launch(): argument 'argv' must name a program, but got an empty program name");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) { o.nproc = 0; })),
+                       "launch(): argument 'nproc' must be >= 1, but got 0");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) { o.nnodes = 0; })),
+                       "launch(): argument 'nnodes' must be >= 1, but got 0");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) {
+                         o.nnodes = 2;
+                         o.node_rank = 2;
+                         o.master_port = 29500;
+                       })),
+                       "launch(): argument 'node_rank' must be in [0, nnodes) = [0, 2), but got 2");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) { o.node_rank = -1; })),
+                       "launch(): argument 'node_rank' must be in [0, nnodes) = [0, 1), but got -1");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) { o.master_port = 70000; })),
+                       "launch(): argument 'master_port' must be in [0, 65535], but got 70000");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) { o.nnodes = 2; })),
+                       "launch(): argument 'master_port' must be set explicitly when nnodes > 1");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) { o.master_addr = ""; })),
+                       "launch(): argument 'master_addr' must not be empty");
+  CONTRAX_EXPECT_ERROR(contrax::launch(prog, with([](auto& o) { o.grace = milliseconds(-1); })),
+                       "launch(): argument 'grace' must be >= 0 ms, but got -1 ms");
+}
+
+// ---- helpers -------------------------------------------------------------------
+
+TEST(Launcher, FindFreePort) {
+  int64_t port = contrax::find_free_port();
+  EXPECT_GT(port, 0);
+  EXPECT_LE(port, 65535);
+  CONTRAX_EXPECT_ERROR(contrax::find_free_port(""), "find_free_port(): cannot resolve ''");
+  // TEST-NET-1 (RFC 5737): never an address of this machine.
+  CONTRAX_EXPECT_ERROR(contrax::find_free_port("192.0.2.1"), "find_free_port(): cannot bind a socket on '192.0.2.1'");
+}
+
+TEST(Launcher, InLaunchedWorkerAndSelfExecutable) {
+  {
+    ScopedEnv world("WORLD_SIZE", nullptr);
+    EXPECT_FALSE(contrax::in_launched_worker());
+  }
+  {
+    ScopedEnv world("WORLD_SIZE", "2");
+    EXPECT_TRUE(contrax::in_launched_worker());
+  }
+  const fs::path self = contrax::self_executable();
+  EXPECT_TRUE(self.is_absolute());
+  EXPECT_EQ(self.filename().string(), "launcher_test");
+}
+
+// ---- the command-line tool -------------------------------------------------------
+
+TEST(LaunchCli, RunsWorkersWithoutPrefix) {
+  CliRun r = run_cli({"launch", "--nproc", "2", "--no-prefix", "--", "sh", "-c", "echo r$RANK/$WORLD_SIZE"});
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.err;
+  EXPECT_EQ(WEXITSTATUS(r.status), 0) << r.err;
+  EXPECT_NE(r.out.find("r0/2\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("r1/2\n"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("[rank"), std::string::npos) << r.out;
+}
+
+TEST(LaunchCli, ReportsFailedRankAndExitsWithItsStatus) {
+  TempDir dir;
+  CliRun r = run_cli({"launch", "--nproc", "2", "--grace-ms", "500", "--", kProbe, "fail", dir.path.string()});
+  ASSERT_TRUE(WIFEXITED(r.status)) << r.err;
+  EXPECT_EQ(WEXITSTATUS(r.status), 3);
+  EXPECT_NE(r.err.find("contrax launch: rank 1 exited with status 3\n"), std::string::npos) << r.err;
+  for (pid_t pid : wait_for_pids(dir.path, {0})) EXPECT_TRUE(gone(pid)) << "worker " << pid << " survived";
+}
+
+TEST(LaunchCli, SigtermStopsAllWorkers) {
+  TempDir dir;
+  pid_t cli = spawn_cli({"launch", "--nproc", "2", "--grace-ms", "500", "--", kProbe, "sleep", dir.path.string()},
+                        dir.path);
+  std::vector<pid_t> workers = wait_for_pids(dir.path, {0, 1});
+  ::kill(cli, SIGTERM);
+  int status = wait_cli(cli);
+  ASSERT_TRUE(WIFEXITED(status)) << "the launcher must survive SIGTERM to stop its workers";
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  const std::string err = read_file(dir.path / "cli.err");
+  EXPECT_NE(err.find("contrax launch: interrupted by signal 15"), std::string::npos) << err;
+  for (pid_t pid : workers) EXPECT_TRUE(gone(pid)) << "worker " << pid << " survived";
+}
+
+TEST(LaunchCli, UnknownFlagIsAnError) {
+  CliRun r = run_cli({"launch", "--nproc", "1", "--bogus", "1", "--", "true"});
+  ASSERT_TRUE(WIFEXITED(r.status));
+  EXPECT_NE(WEXITSTATUS(r.status), 0);
+  EXPECT_NE(r.err.find("unknown flag '--bogus'"), std::string::npos) << r.err;
+}
+
+TEST(LaunchCli, MissingProgramAndBadOptionsAreErrors) {
+  CliRun none = run_cli({"launch", "--nproc", "2"});
+  ASSERT_TRUE(WIFEXITED(none.status));
+  EXPECT_NE(WEXITSTATUS(none.status), 0);
+  EXPECT_NE(none.err.find("contrax launch: error: no PROGRAM given"), std::string::npos) << none.err;
+
+  CliRun bad = run_cli({"launch", "--nproc", "0", "--", "true"});
+  ASSERT_TRUE(WIFEXITED(bad.status));
+  EXPECT_NE(WEXITSTATUS(bad.status), 0);
+  EXPECT_NE(bad.err.find("launch(): argument 'nproc' must be >= 1, but got 0"), std::string::npos) << bad.err;
+}
+
+}  // namespace
