@@ -154,7 +154,7 @@ int worker(int64_t batch, int64_t width, int64_t iters, const std::string& modes
       auto t1 = std::chrono::steady_clock::now();
       auto& r = res[m];
       if (it >= 0) r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      r.fwd_bytes = fwd - comm->stats().op("barrier").bytes_sent;
+      r.fwd_bytes = fwd;
       r.bwd_bytes = comm->stats().total_bytes_sent() - fwd;
       r.peak = std::max(r.peak, peak.peak_above_start());
       r.grad_a = a.grad();
@@ -181,21 +181,35 @@ int worker(int64_t batch, int64_t width, int64_t iters, const std::string& modes
     auto all = contrax::gather_no_grad(t.unsqueeze(0), comm).all;
     tmax = std::get<0>(all.max(0));
   }
+  // The scale's gradient as data-parallel training sees it: averaged over ranks.
+  std::vector<double> sg;
+  for (const auto& m : modes) sg.push_back(res[m].scale_grad);
+  auto sgt = torch::tensor(sg, torch::kDouble);
+  comm->all_reduce_sum(sgt);
+  sgt = sgt / static_cast<double>(W);
   if (comm->rank() == 0) {
     std::ofstream out(out_path, std::ios::app);
     const auto& base = res[modes.front()];
     const double base_ms = tmax[0].item<double>();
+    int64_t ar_bwd = 0;
+    for (size_t i = 0; i < modes.size(); ++i)
+      if (modes[i] == "allreduce") ar_bwd = res[modes[i]].bwd_bytes;
+    auto mib = [](int64_t b) {
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(1) << b / 1048576.0;
+      return os.str();
+    };
     for (size_t i = 0; i < modes.size(); ++i) {
       const auto& r = res[modes[i]];
-      out << "| " << W << " | " << batch << " | " << modes[i] << " | " << std::fixed << std::setprecision(1)
-          << tmax[i].item<double>() << " | " << std::setprecision(2) << tmax[i].item<double>() / base_ms << " | "
-          << std::setprecision(1) << r.bwd_bytes / 1048576.0 << " | "
-          << (base.bwd_bytes > 0 ? std::to_string(static_cast<double>(r.bwd_bytes) / base.bwd_bytes).substr(0, 4)
-                                 : std::string("-"))
-          << " | " << std::setprecision(1) << r.peak / 1048576.0 << " | " << std::setprecision(3)
-          << static_cast<double>(r.peak) / base.peak << " | " << std::scientific << std::setprecision(1)
-          << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
-          << r.scale_grad / res[modes.back()].scale_grad << " |\n";
+      std::ostringstream row;
+      row << "| " << W << " | " << batch << " | " << (modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce" : "(c) contrax")
+          << " | " << std::fixed << std::setprecision(1) << tmax[i].item<double>() << " | " << std::setprecision(2)
+          << tmax[i].item<double>() / base_ms << " | " << mib(r.fwd_bytes) << " | " << mib(r.bwd_bytes) << " | "
+          << (ar_bwd > 0 ? [&] { std::ostringstream o; o << std::fixed << std::setprecision(2) << static_cast<double>(r.bwd_bytes) / ar_bwd; return o.str(); }() : std::string("-"))
+          << " | " << mib(r.peak) << " | " << std::setprecision(3) << static_cast<double>(r.peak) / base.peak << " | "
+          << std::scientific << std::setprecision(1) << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
+          << sgt[i].item<double>() / sgt[modes.size() - 1].item<double>() << " |\n";
+      out << row.str();
     }
   }
   return 0;
@@ -224,9 +238,10 @@ int run_bench(const std::vector<std::string>& args) {
   std::string path = out.empty() ? "/tmp/contrax_bench_losses_" + std::to_string(::getpid()) + ".md" : out;
   std::cout << "BLAS: " << blas_name() << "; cores: " << std::thread::hardware_concurrency() << "; fp32, width "
             << width << ", median of " << iters << " iterations (slowest rank)\n\n";
-  std::cout << "| W | batch/rank | mode | fwd+bwd ms | time vs (a) | bwd MiB sent/rank | bwd bytes vs (a) | peak MiB/rank "
-               "| peak vs (a) | grad rel diff vs contrax | scale grad vs contrax |\n";
-  std::cout << "|---|---|---|---|---|---|---|---|---|---|---|\n" << std::flush;
+  std::cout << "| W | batch/rank | mode | fwd+bwd ms | time vs (a) | fwd MiB sent/rank | bwd MiB sent/rank "
+               "| bwd bytes vs (b) | peak MiB/rank | peak vs (a) | feature grad rel diff vs (c) "
+               "| logit-scale grad (rank mean) vs (c) |\n";
+  std::cout << "|---|---|---|---|---|---|---|---|---|---|---|---|\n" << std::flush;
   int rc = 0;
   for (int64_t W : parse_list(nprocs, "nproc")) {
     std::ofstream(path, std::ios::trunc).close();
