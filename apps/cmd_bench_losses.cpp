@@ -120,8 +120,8 @@ struct Measure {
   double scale_grad = 0;
 };
 
-int worker(int64_t batch, int64_t width, int64_t iters, const std::string& modes_s, const std::string& out_path) {
-  auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::minutes(10)));
+int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t iters, const std::string& modes_s,
+           const std::string& out_path) {
   contrax::MemoryTracker::install();
   const int64_t W = comm->world_size();
   std::vector<std::string> modes;
@@ -232,7 +232,9 @@ int run_bench(const std::vector<std::string>& args) {
     int64_t W = std::stoll(std::getenv("WORLD_SIZE"));
     int64_t nt = threads > 0 ? threads : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / W);
     at::set_num_threads(static_cast<int>(nt));
-    for (int64_t b : parse_list(batches, "batch")) worker(b, width, iters, modes, out);
+    // One communicator for the whole run: the rendezvous store lives as long as the process.
+    auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::minutes(10)));
+    for (int64_t b : parse_list(batches, "batch")) worker(comm, b, width, iters, modes, out);
     return 0;
   }
   std::string path = out.empty() ? "/tmp/contrax_bench_losses_" + std::to_string(::getpid()) + ".md" : out;

@@ -48,7 +48,7 @@ std::string Args::get(const std::string& name, const std::string& def, const std
   used_[name] = true;
   auto it = values_.find(name);
   if (it == values_.end()) return def;
-  TORCH_CHECK(it->second != "\x01", "contrax ", command_, ": flag '--", name, "' needs a value");
+  TORCH_CHECK(it->second != "\x01", "flag '--", name, "' needs a value");
   return it->second;
 }
 
@@ -60,7 +60,7 @@ int64_t Args::get_int(const std::string& name, int64_t def, const std::string& h
     TORCH_CHECK(pos == v.size(), "");
     return x;
   } catch (...) {
-    TORCH_CHECK(false, "contrax ", command_, ": flag '--", name, "' must be an integer, but got '", v, "'");
+    TORCH_CHECK(false, "flag '--", name, "' must be an integer, but got '", v, "'");
   }
 }
 
@@ -74,7 +74,7 @@ double Args::get_double(const std::string& name, double def, const std::string& 
     TORCH_CHECK(pos == v.size(), "");
     return x;
   } catch (...) {
-    TORCH_CHECK(false, "contrax ", command_, ": flag '--", name, "' must be a number, but got '", v, "'");
+    TORCH_CHECK(false, "flag '--", name, "' must be a number, but got '", v, "'");
   }
 }
 
@@ -97,8 +97,7 @@ bool Args::finish() {
     return true;
   }
   for (const auto& n : order_) {
-    TORCH_CHECK(used_.count(n), "contrax ", command_, ": unknown flag '--", n, "' (see contrax ", command_,
-                " --help)");
+    TORCH_CHECK(used_.count(n), "unknown flag '--", n, "' (see contrax ", command_, " --help)");
   }
   return false;
 }
