@@ -13,6 +13,7 @@
 
 #include "contrax/collectives.h"
 #include "contrax/detail/check.h"
+#include "contrax/tiled.h"
 
 namespace contrax {
 
@@ -38,12 +39,17 @@ torch::Tensor ce_sum(const torch::Tensor& logits /* [b, B] */, int64_t offset) {
 // on the arguments first. Returns the gathered rows, counts and offset.
 // `checked` is the user's argument named `arg` (what error messages describe);
 // `local` is what is gathered (e.g. both towers side by side), same rows.
-Gathered gather_checked(const torch::Tensor& checked, const torch::Tensor& local, const CommunicatorPtr& comm,
-                        const char* caller, const char* arg, const std::string& local_error, bool with_grad) {
+std::vector<int64_t> exchange_checked(const torch::Tensor& checked, const CommunicatorPtr& comm, const char* caller,
+                                      const char* arg, const std::string& local_error) {
   auto counts = detail::exchange_row_counts(checked, comm, caller, arg, local_error);
   int64_t total = 0;
   for (auto c : counts) total += c;
   TORCH_CHECK(total > 0, caller, "(): the global batch is empty (every rank passed 0 rows)");
+  return counts;
+}
+
+Gathered gather_checked(const std::vector<int64_t>& counts, const torch::Tensor& local, const CommunicatorPtr& comm,
+                        bool with_grad) {
   // The counts are now known to be consistent; the gathers below re-check
   // only in debug-worthy cases, so skip their exchange by using the raw path.
   Gathered g;
@@ -61,6 +67,36 @@ Gathered gather_checked(const torch::Tensor& checked, const torch::Tensor& local
     g.all = comm->all_gather_rows(local.detach(), counts, "all_gather_no_grad");
   }
   return g;
+}
+
+// Decides, identically on every rank (from the exchanged counts), whether to
+// take the tiled path. `blocks` is how many [b x B] logits blocks the
+// materialised loss keeps alive (2 for two directions or two views).
+template <typename Options>
+bool use_tiled(const Options& o, const std::vector<int64_t>& counts, int64_t element_size, int64_t blocks) {
+  if (o.tile_size() > 0 || o.ring()) return true;
+  if (o.tile_size() < 0) return false;
+  int64_t B = 0, bmax = 0;
+  for (auto c : counts) {
+    B += c;
+    bmax = std::max(bmax, c);
+  }
+  return bmax * B * element_size * blocks > o.max_logits_bytes();
+}
+
+template <typename Options>
+TiledOptions tiled_of(const Options& o) {
+  return TiledOptions().tile_size(std::max<int64_t>(o.tile_size(), 0)).ring(o.ring());
+}
+
+template <typename Options>
+std::string check_path_options(const Options& o, const char* caller) {
+  if (o.tile_size() < -1) return c10::str(caller, "(): argument 'tile_size' must be -1, 0 or positive, but got ", o.tile_size());
+  if (o.max_logits_bytes() <= 0) {
+    return c10::str(caller, "(): argument 'max_logits_bytes' must be positive, but got ", o.max_logits_bytes());
+  }
+  if (o.ring() && o.tile_size() < 0) return c10::str(caller, "(): 'ring' needs the tiled path, but 'tile_size' is -1");
+  return "";
 }
 
 }  // namespace
@@ -84,21 +120,26 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
   check.positive(options.max_logit_scale(), "max_logit_scale");
 
+  std::string error = check.error().empty() ? check_path_options(options, caller) : check.error();
+
   const auto& comm = options.comm();
-  auto a_n = check.error().empty() ? maybe_normalize(a, options.normalize()) : a;
-  auto b_n = check.error().empty() ? maybe_normalize(b, options.normalize()) : b;
-  const int64_t d = check.error().empty() ? a.size(1) : 0;
+  auto counts = exchange_checked(options.symmetric() ? a : b, comm, caller, options.symmetric() ? "a" : "b", error);
+  if (use_tiled(options, counts, a.element_size(), options.symmetric() ? 2 : 1)) {
+    return tiled_clip_loss(a, b, logit_scale, logit_bias, options, tiled_of(options));
+  }
+  auto a_n = maybe_normalize(a, options.normalize());
+  auto b_n = maybe_normalize(b, options.normalize());
+  const int64_t d = a.size(1);
 
   // One gather for both towers when both directions are needed.
   torch::Tensor a_all, b_all;
   Gathered g;
   if (options.symmetric()) {
-    auto both = check.error().empty() ? torch::cat({a_n, b_n}, 1) : torch::Tensor();
-    g = gather_checked(a, both, comm, caller, "a", check.error(), /*with_grad=*/true);
+    g = gather_checked(counts, torch::cat({a_n, b_n}, 1), comm, /*with_grad=*/true);
     a_all = g.all.narrow(1, 0, d);
     b_all = g.all.narrow(1, d, d);
   } else {
-    g = gather_checked(b, b_n, comm, caller, "b", check.error(), /*with_grad=*/true);
+    g = gather_checked(counts, b_n, comm, /*with_grad=*/true);
     b_all = g.all;
   }
   const int64_t B = g.total();
@@ -126,13 +167,14 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, con
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
   check.positive(options.temperature(), "temperature");
 
+  std::string error = check.error().empty() ? check_path_options(options, caller) : check.error();
   const auto& comm = options.comm();
-  const bool ok = check.error().empty();
-  auto z1n = ok ? maybe_normalize(z1, options.normalize()) : z1;
-  auto z2n = ok ? maybe_normalize(z2, options.normalize()) : z2;
-  const int64_t d = ok ? z1.size(1) : 0;
-  auto g = gather_checked(z1, ok ? torch::cat({z1n, z2n}, 1) : torch::Tensor(), comm, caller, "z1", check.error(),
-                          /*with_grad=*/true);
+  auto counts = exchange_checked(z1, comm, caller, "z1", error);
+  if (use_tiled(options, counts, z1.element_size(), 2)) return tiled_nt_xent_loss(z1, z2, options, tiled_of(options));
+  auto z1n = maybe_normalize(z1, options.normalize());
+  auto z2n = maybe_normalize(z2, options.normalize());
+  const int64_t d = z1.size(1);
+  auto g = gather_checked(counts, torch::cat({z1n, z2n}, 1), comm, /*with_grad=*/true);
   auto z1_all = g.all.narrow(1, 0, d);  // [B, d]
   auto z2_all = g.all.narrow(1, d, d);  // [B, d]
   const int64_t B = g.total();
@@ -171,19 +213,23 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
     check.same_as(q2, "q2", q1, "q1").same_as(k1, "k1", q1, "q1").same_as(k2, "k2", q1, "q1");
   }
   check.positive(options.temperature(), "temperature");
+  std::string error = check.error().empty() ? check_path_options(options, caller) : check.error();
   const auto& comm = options.comm();
-  const bool ok = check.error().empty();
   const double T = options.temperature();
+  auto counts = exchange_checked(k1, comm, caller, "k1", error);
+  if (use_tiled(options, counts, q1.element_size(), 2)) {
+    return tiled_moco_v3_loss(q1, q2, k1, k2, options, tiled_of(options));
+  }
 
   // Keys come from the momentum encoder: constants for this loss, so they are
   // gathered without gradient and nothing flows back to other ranks.
   torch::Tensor keys;
-  if (ok) {
+  {
     torch::NoGradGuard no_grad;
     keys = torch::cat({maybe_normalize(k1.detach(), options.normalize()),
                        maybe_normalize(k2.detach(), options.normalize())}, 1);
   }
-  auto g = gather_checked(k1, keys, comm, caller, "k1", check.error(), /*with_grad=*/false);
+  auto g = gather_checked(counts, keys, comm, /*with_grad=*/false);
   const int64_t d = q1.size(1);
   auto k1_all = g.all.narrow(1, 0, d);
   auto k2_all = g.all.narrow(1, d, d);

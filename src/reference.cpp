@@ -48,4 +48,13 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
   return ctr(q1, k2) + ctr(q2, k1);
 }
 
+torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+                          const c10::optional<torch::Tensor>& logit_bias, bool normalize) {
+  const int64_t B = a.size(0);
+  auto logits = torch::matmul(unit(a, normalize), unit(b, normalize).t()) * torch::exp(logit_scale);
+  if (logit_bias.has_value()) logits = logits + *logit_bias;
+  auto z = 2 * torch::eye(B, logits.options()) - 1;
+  return -F::logsigmoid(z * logits).sum() / B;
+}
+
 }  // namespace contrax::reference

@@ -8,6 +8,7 @@
 #include "contrax/collectives.h"
 #include "contrax/losses.h"
 #include "contrax/reference.h"
+#include "contrax/siglip.h"
 
 namespace contrax {
 
@@ -64,6 +65,41 @@ std::vector<VerifyCase> builtin_cases() {
   };
   moco.reference = [](const V& x, const V&) { return reference::moco_v3_loss(x[0], x[1], x[2], x[3], 0.2); };
   cases.push_back(moco);
+
+  // Memory-bounded paths: tiles that do not divide the batch, and the ring.
+  for (bool ring : {false, true}) {
+    const std::string suffix = ring ? "_ring" : "_tiled";
+    VerifyCase c = cases[0];  // clip
+    c.name = "clip" + suffix;
+    c.distributed = [ring](const V& x, const V& s, const CommunicatorPtr& comm) {
+      return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                       ClipLossOptions().normalize(true).comm(comm).tile_size(3).ring(ring));
+    };
+    cases.push_back(c);
+    VerifyCase n = nt;
+    n.name = "nt_xent" + suffix;
+    n.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+      return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.2).comm(comm).tile_size(2).ring(ring));
+    };
+    cases.push_back(n);
+    VerifyCase m = moco;
+    m.name = "moco_v3" + suffix;
+    m.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+      return moco_v3_loss(x[0], x[1], x[2], x[3],
+                          MocoV3LossOptions().temperature(0.2).comm(comm).tile_size(4).ring(ring));
+    };
+    cases.push_back(m);
+  }
+
+  VerifyCase sig;
+  sig.name = "siglip";
+  sig.num_features = 2;
+  sig.scalars = {std::log(10.0), -2.0};
+  sig.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return siglip_loss(x[0], x[1], s[0], s[1], SigLipLossOptions().normalize(true).chunk_size(2).comm(comm));
+  };
+  sig.reference = [](const V& x, const V& s) { return reference::siglip_loss(x[0], x[1], s[0], s[1], true); };
+  cases.push_back(sig);
   return cases;
 }
 

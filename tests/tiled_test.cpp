@@ -201,6 +201,30 @@ TEST(TiledLosses, ArgumentErrors) {
                "tiled_moco_v3_loss(): argument 'tile_size' must be >= 0");
   expect_error([&] { contrax::tiled_clip_loss(torch::zeros({0, 2}, torch::kFloat64), torch::zeros({0, 2}, torch::kFloat64), ls); },
                "tiled_clip_loss(): the global batch is empty");
+  expect_error([&] { contrax::tiled_clip_loss(a, b, ls, torch::ones({2}, torch::kFloat64)); },
+               "tiled_clip_loss(): argument 'logit_bias' must be a 0-dim tensor");
+  expect_error([&] { contrax::tiled_clip_loss(a, b, ls, {}, contrax::ClipLossOptions().max_logit_scale(0)); },
+               "tiled_clip_loss(): argument 'max_logit_scale' must be a positive finite number");
+  expect_error([&] { contrax::tiled_nt_xent_loss(a, b, {}, contrax::TiledOptions().tile_size(-1)); },
+               "tiled_nt_xent_loss(): argument 'tile_size' must be >= 0");
+  expect_error([&] { contrax::tiled_moco_v3_loss(a, a, b, b, contrax::MocoV3LossOptions().temperature(-1)); },
+               "tiled_moco_v3_loss(): argument 'temperature' must be a positive finite number");
+}
+
+// A bad argument on one rank is an error on every rank (ring or gather), not a hang.
+TEST(TiledLosses, OneRankBadArgumentFailsEveryRank) {
+  for (bool ring : {false, true}) {
+    auto errors = contrax::testing::run_ranks_collect_errors(2, [&](const CommunicatorPtr& comm) {
+      auto a = randn({3, 2});
+      auto b = comm->rank() == 1 ? randn({2, 2}) : randn({3, 2});
+      contrax::tiled_clip_loss(a, b, torch::tensor(0.0, torch::kFloat64), {}, contrax::ClipLossOptions().comm(comm),
+                               contrax::TiledOptions().ring(ring));
+    });
+    EXPECT_NE(errors[1].find("tiled_clip_loss(): arguments 'a' and 'b' must have the same number of rows"),
+              std::string::npos)
+        << errors[1];
+    EXPECT_FALSE(errors[0].empty());
+  }
 }
 
 // ---------------------------------------------------------------------------

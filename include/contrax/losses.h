@@ -30,6 +30,15 @@ struct ClipLossOptions {
   TORCH_ARG(bool, normalize) = false;
   /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
+  /// Memory path. 0 (default): automatic — materialise the `[b x B]` logits
+  /// while the largest rank's take at most `max_logits_bytes`, otherwise compute
+  /// tile by tile (see tiled.h; same value and gradients). > 0: always tiled
+  /// with this tile side. -1: always materialised.
+  TORCH_ARG(int64_t, tile_size) = 0;
+  /// Threshold of the automatic choice (default 256 MiB of logits per rank).
+  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
+  /// Tiled path only: key blocks travel around the ring instead of being gathered.
+  TORCH_ARG(bool, ring) = false;
 };
 
 /// Symmetric CLIP loss over the global batch.
@@ -57,6 +66,15 @@ struct NTXentLossOptions {
   /// L2-normalise the projections inside the loss (cosine similarity).
   TORCH_ARG(bool, normalize) = true;
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
+  /// Memory path. 0 (default): automatic — materialise the `[b x B]` logits
+  /// while the largest rank's take at most `max_logits_bytes`, otherwise compute
+  /// tile by tile (see tiled.h; same value and gradients). > 0: always tiled
+  /// with this tile side. -1: always materialised.
+  TORCH_ARG(int64_t, tile_size) = 0;
+  /// Threshold of the automatic choice (default 256 MiB of logits per rank).
+  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
+  /// Tiled path only: key blocks travel around the ring instead of being gathered.
+  TORCH_ARG(bool, ring) = false;
 };
 
 /// SimCLR's NT-Xent over the global batch of 2B views.
@@ -80,6 +98,15 @@ struct MocoV3LossOptions {
   TORCH_ARG(double, temperature) = 1.0;
   TORCH_ARG(bool, normalize) = true;
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
+  /// Memory path. 0 (default): automatic — materialise the `[b x B]` logits
+  /// while the largest rank's take at most `max_logits_bytes`, otherwise compute
+  /// tile by tile (see tiled.h; same value and gradients). > 0: always tiled
+  /// with this tile side. -1: always materialised.
+  TORCH_ARG(int64_t, tile_size) = 0;
+  /// Threshold of the automatic choice (default 256 MiB of logits per rank).
+  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
+  /// Tiled path only: key blocks travel around the ring instead of being gathered.
+  TORCH_ARG(bool, ring) = false;
 };
 
 /// MoCo v3's symmetrised loss ctr(q1, k2) + ctr(q2, k1), where

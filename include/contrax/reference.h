@@ -23,4 +23,9 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, dou
 torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
                            const torch::Tensor& k2, double temperature, bool normalize = true);
 
+/// SigLIP: logits = exp(logit_scale) * a b^T + bias, [B, B];
+/// loss = -(1/B) sum_ij log sigmoid(z_ij * logits_ij), z = +1 on the diagonal, -1 off it.
+torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+                          const c10::optional<torch::Tensor>& logit_bias, bool normalize = false);
+
 }  // namespace contrax::reference

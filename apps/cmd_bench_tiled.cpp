@@ -1,0 +1,217 @@
+// `contrax bench-tiled`: the memory and time of the tiled InfoNCE against the
+// materialised one, and (under `contrax launch`) of the ring against gather +
+// reduce-scatter. Prints markdown tables for docs/benchmarks.md.
+//
+// Single process (default): for each batch B, one-direction InfoNCE
+// (clip_loss with symmetric=false) on [B, width] fp32 features: peak bytes
+// allocated during forward + backward (counting allocator) and wall time, both
+// as ratios to the materialised path, and time as a multiple of the GEMM floor
+// (the three [B x B] products of the materialised loss timed alone; extrapolated
+// from the measured GFLOP/s where a [B x B] buffer does not fit).
+//
+//   contrax bench-tiled --threads 2 --batches 4096,16384,32768,131072
+//   contrax launch --nproc 2 -- contrax bench-tiled --ring --batches 8192
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli.h"
+#include "contrax/communicator.h"
+#include "contrax/losses.h"
+#include "contrax/memory.h"
+#include "contrax/tiled.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(std::stoll(item));
+  }
+  return out;
+}
+
+// Which BLAS the process actually mapped (Debian picks it via alternatives).
+std::string blas_library() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    auto pos = line.find('/');
+    if (pos == std::string::npos) continue;
+    std::string path = line.substr(pos);
+    if (path.find("blas") != std::string::npos || path.find("mkl") != std::string::npos) return path;
+  }
+  return "unknown";
+}
+
+int64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+std::string mib(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+struct Run {
+  double seconds = 0;
+  int64_t peak = 0;
+};
+
+Run measure(const std::function<torch::Tensor()>& loss) {
+  contrax::PeakScope scope;
+  auto t0 = Clock::now();
+  loss().backward();
+  return {seconds_since(t0), scope.peak_above_start()};
+}
+
+int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile, int64_t max_materialised) {
+  std::printf("| B | materialised time | materialised peak | tiled time | tiled peak | time ratio | memory ratio | "
+              "GEMM floor | tiled / floor |\n|---|---|---|---|---|---|---|---|---|\n");
+  double gflops = 0;  // measured rate of the three GEMMs, for extrapolation
+  {
+    // Warm-up: thread pools, BLAS buffers and the allocator's first pages.
+    auto x = torch::randn({512, width}).requires_grad_(true), y = torch::randn({512, width}).requires_grad_(true);
+    auto ls = torch::tensor(0.0f).requires_grad_(true);
+    contrax::clip_loss(x, y, ls).backward();
+    contrax::tiled_clip_loss(x, y, ls, {}, {}, contrax::TiledOptions().tile_size(tile > 0 ? tile : 128)).backward();
+  }
+  for (int64_t B : batches) {
+    torch::manual_seed(0);
+    auto a = (torch::randn({B, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [B, d]
+    auto b = (torch::randn({B, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [B, d]
+    auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
+    auto opts = contrax::ClipLossOptions().symmetric(false);
+    const double flops = 3.0 * 2.0 * static_cast<double>(B) * static_cast<double>(B) * static_cast<double>(width);
+
+    // The materialised loss needs about four [B x B] fp32 buffers at its peak.
+    const int64_t need = 4 * B * B * 4;
+    const bool fits = B <= max_materialised && need < mem_available_bytes() * 7 / 10;
+    Run mat;
+    double floor_s = 0;
+    bool floor_measured = false;
+    if (fits) {
+      {
+        torch::NoGradGuard no_grad;
+        auto t0 = Clock::now();
+        auto logits = torch::mm(a, b.t());  // [B, B]
+        auto ga = torch::mm(logits, b);      // [B, d]
+        auto gb = torch::mm(logits.t(), a);  // [B, d]
+        floor_s = seconds_since(t0);
+        floor_measured = true;
+        gflops = flops / floor_s / 1e9;
+      }
+      mat = measure([&] { return contrax::clip_loss(a, b, ls, {}, opts); });
+      a.mutable_grad() = torch::Tensor();
+      b.mutable_grad() = torch::Tensor();
+    } else if (gflops > 0) {
+      floor_s = flops / (gflops * 1e9);
+    }
+    Run tiled = measure([&] { return contrax::tiled_clip_loss(a, b, ls, {}, opts, contrax::TiledOptions().tile_size(tile)); });
+
+    auto cell = [](bool ok, const std::string& s) { return ok ? s : std::string("—"); };
+    char buf[512];
+    std::snprintf(buf, sizeof buf, "| %lld | %s | %s | %.2f s | %s | %s | %s | %s | %s |\n", static_cast<long long>(B),
+                  cell(fits, c10::str(std::round(mat.seconds * 100) / 100, " s")).c_str(),
+                  cell(fits, mib(mat.peak)).c_str(), tiled.seconds, mib(tiled.peak).c_str(),
+                  cell(fits, c10::str(std::round(tiled.seconds / mat.seconds * 100) / 100, "x")).c_str(),
+                  cell(fits, c10::str("1/", std::round(static_cast<double>(mat.peak) / tiled.peak))).c_str(),
+                  cell(floor_s > 0, c10::str(std::round(floor_s * 100) / 100, " s", floor_measured ? "" : " (extrap.)"))
+                      .c_str(),
+                  cell(floor_s > 0, c10::str(std::round(tiled.seconds / floor_s * 100) / 100, "x")).c_str());
+    std::cout << buf << std::flush;
+  }
+  if (gflops > 0) std::printf("\nthree-GEMM rate: %.1f GFLOP/s\n", gflops);
+  return 0;
+}
+
+int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
+  auto comm = contrax::Communicator::from_env();
+  const int64_t W = comm->world_size(), r = comm->rank();
+  if (r == 0) {
+    std::printf("| W | B | path | time | bytes sent / rank | peak / rank |\n|---|---|---|---|---|---|\n");
+  }
+  for (int64_t B : batches) {
+    const int64_t b = B / W + (r < B % W ? 1 : 0);
+    torch::manual_seed(r);
+    auto a = (torch::randn({b, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [b, d]
+    auto k = (torch::randn({b, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [b, d]
+    auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
+    for (bool ring : {false, true}) {
+      comm->barrier();
+      comm->reset_stats();
+      Run run = measure([&] {
+        return contrax::tiled_clip_loss(a, k, ls, {}, contrax::ClipLossOptions().comm(comm),
+                                        contrax::TiledOptions().tile_size(tile).ring(ring));
+      });
+      // Bytes of the data path only (the size exchange is a few integers).
+      const auto stats = comm->stats();
+      const int64_t bytes = stats.total_bytes_sent() - stats.op("metadata").bytes_sent;
+      std::vector<int64_t> mine = {static_cast<int64_t>(run.seconds * 1e6), bytes, run.peak};
+      auto all = comm->all_gather_ints(mine);
+      if (r == 0) {
+        int64_t t = 0, by = 0, pk = 0;
+        for (auto& v : all) {
+          t = std::max(t, v[0]);
+          by = std::max(by, v[1]);
+          pk = std::max(pk, v[2]);
+        }
+        std::printf("| %lld | %lld | %s | %.2f s | %s | %s |\n", static_cast<long long>(W), static_cast<long long>(B),
+                    ring ? "ring (tiled)" : "gather + reduce-scatter (tiled)", t / 1e6, mib(by).c_str(),
+                    mib(pk).c_str());
+        std::fflush(stdout);
+      }
+      a.mutable_grad() = torch::Tensor();
+      k.mutable_grad() = torch::Tensor();
+    }
+  }
+  return 0;
+}
+
+int run_bench_tiled(const std::vector<std::string>& args) {
+  contrax::cli::Args a("bench-tiled", args);
+  const int64_t width = a.get_int("width", 256, "feature width d");
+  const std::string batches = a.get("batches", "4096,16384,32768,65536,131072", "comma-separated global batch sizes");
+  const int64_t tile = a.get_int("tile", 0, "tile side (0: automatic, ~16 MiB of logits)");
+  const int64_t threads = a.get_int("threads", 0, "intra-op threads (0: keep LibTorch's default)");
+  const int64_t max_mat = a.get_int("max-materialised", 32768, "largest B to run the materialised loss at");
+  const bool ring = a.flag("ring", "distributed: ring against gather + reduce-scatter (run under contrax launch)");
+  if (a.finish()) return 0;
+  TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
+  TORCH_CHECK(tile >= 0, "flag '--tile' must be >= 0, but got ", tile);
+  TORCH_CHECK(threads >= 0, "flag '--threads' must be >= 0, but got ", threads);
+  auto list = parse_list(batches);
+  TORCH_CHECK(!list.empty(), "flag '--batches' needs at least one batch size");
+  for (auto B : list) TORCH_CHECK(B > 0, "flag '--batches': every batch size must be positive, but got ", B);
+  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  contrax::MemoryTracker::install();
+  std::printf("bench-tiled: width %lld, fp32, tile %s, threads %d, BLAS %s\n\n", static_cast<long long>(width),
+              tile > 0 ? std::to_string(tile).c_str() : "auto", at::get_num_threads(), blas_library().c_str());
+  return ring ? run_ring(width, list, tile) : run_single(width, list, tile, max_mat);
+}
+
+contrax::cli::Command bench_tiled_cmd("bench-tiled",
+                                      "benchmark the tiled and ring losses against the materialised path",
+                                      run_bench_tiled);
+
+}  // namespace

@@ -1,0 +1,72 @@
+// SigLIP: the pairwise sigmoid loss, distributed around the ring and chunked.
+//
+// Every pair (i, j) of the global batch is an independent binary problem,
+// positive when i == j: loss = -(1/B) sum_i sum_j log sigmoid(z_ij (s a_i.b_j + bias)),
+// z_ij = +1 on the diagonal, -1 elsewhere, s = exp(logit_scale). No softmax
+// couples a row, so a rank needs no gathered keys at all: the b blocks travel
+// once around the ring (neighbour send/recv, overlapped with the chunk
+// computation), and in the backward travel again with their partial gradients
+// back to their owners. Logits exist only one `[chunk x chunk]` tile at a time,
+// so memory is O(b x chunk) and at most two remote blocks are held.
+//
+// Rank r returns L_r = -(W/B) sum_{i in r} sum_j log sigmoid(...), so averaging
+// gradients over ranks gives exactly the single-device loss on the concatenated
+// batch, also when ranks hold different numbers of rows.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <limits>
+
+#include "contrax/communicator.h"
+
+namespace contrax {
+
+/// Options for `siglip_loss`.
+///
+/// Defaults: no clamp of the scale, no normalisation, square chunks of about
+/// 16 MiB of logits, world 1.
+struct SigLipLossOptions {
+  /// exp(logit_scale) is clamped to at most this (default: no clamp).
+  TORCH_ARG(double, max_logit_scale) = std::numeric_limits<double>::infinity();
+  /// L2-normalise both feature sets inside the loss.
+  TORCH_ARG(bool, normalize) = false;
+  /// Rows and columns of one logits chunk; 0 picks it from `chunk_bytes`.
+  TORCH_ARG(int64_t, chunk_size) = 0;
+  /// Budget of one logits chunk when `chunk_size` is 0 (at least 64 x 64 is used).
+  TORCH_ARG(int64_t, chunk_bytes) = int64_t{16} << 20;
+  /// Process group; null means single device. With W > 1 the b blocks go
+  /// around the ring.
+  TORCH_ARG(CommunicatorPtr, comm) = nullptr;
+};
+
+/// SigLIP loss over the global batch.
+///
+/// a, b: [b_r, d] paired features (row i of a matches row i of b).
+/// logit_scale: 0-dim, the log of the scale t' (SigLIP initialises it to log 10).
+/// logit_bias: optional 0-dim bias (SigLIP initialises it to -10); absent = 0.
+/// Differentiable once in a, b, logit_scale and logit_bias.
+///
+///   auto loss = contrax::siglip_loss(img, txt, t_prime, bias,
+///                                    contrax::SigLipLossOptions().comm(comm));
+///   loss.backward();
+torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+                          const c10::optional<torch::Tensor>& logit_bias = c10::nullopt,
+                          const SigLipLossOptions& options = {});
+
+/// Module form of `siglip_loss` owning the learnable log-scale (init log 10)
+/// and bias (init -10), as in the SigLIP paper.
+///
+///   contrax::SigLipLoss loss_fn(contrax::SigLipLossOptions().comm(comm));
+///   auto loss = loss_fn(img, txt);
+class SigLipLossImpl : public torch::nn::Module {
+ public:
+  explicit SigLipLossImpl(SigLipLossOptions options = {}, double init_scale = 10.0, double init_bias = -10.0);
+  torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b);
+  SigLipLossOptions options;
+  torch::Tensor logit_scale;
+  torch::Tensor logit_bias;
+};
+TORCH_MODULE(SigLipLoss);
+
+}  // namespace contrax
