@@ -1,0 +1,187 @@
+// `contrax bench-grad-cache`: peak memory and time per training step of
+//   (a) an ordinary full-batch step (both towers forward over the whole batch,
+//       loss, one backward) and
+//   (b) the gradient-cache step with chunk C (default 128),
+// for a two-tower MLP encoder pair (784-pixel "image" tower, 64-wide "text"
+// tower, hidden 1024, dropout, 128-d output) and the CLIP loss in fp32. Prints a
+// markdown table for docs/benchmarks.md.
+//
+// Both paths use the same loss, tiled by default (`--loss tiled`), so that
+// the loss's own [B x B] logits do not mask what the gradient cache changes:
+// the encoders' activations. Peak memory is counted by contrax's CPU allocator
+// tracker as bytes above the level before the step (parameters, their
+// gradients and the input batch are already allocated), on the second of
+// `--steps` steps so that gradient buffers exist.
+//
+//   contrax bench-grad-cache --threads 1 --batches 512,2048,8192 --gc-batches 16384
+#include <torch/torch.h>
+
+#include <chrono>
+#include <ctime>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "cli.h"
+#include "contrax/grad_cache.h"
+#include "contrax/losses.h"
+#include "contrax/memory.h"
+#include "contrax/tiled.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(std::stoll(item));
+  }
+  return out;
+}
+
+std::string blas_library() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    auto pos = line.find('/');
+    if (pos == std::string::npos) continue;
+    std::string path = line.substr(pos);
+    if (path.find("blas") != std::string::npos || path.find("mkl") != std::string::npos) return path;
+  }
+  return "unknown";
+}
+
+std::string mib(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+struct TowerImpl : torch::nn::Module {
+  TowerImpl(int64_t in, int64_t hidden, int64_t out, double p) : p(p) {
+    fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, hidden));
+    fc3 = register_module("fc3", torch::nn::Linear(hidden, out));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {  // [n, in] -> [n, out]
+    auto h = torch::dropout(torch::relu(fc1(x)), p, is_training());
+    h = torch::dropout(torch::relu(fc2(h)), p, is_training());
+    return fc3(h);
+  }
+  double p;
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Tower);
+
+// Process CPU time: on a shared machine wall time measures the neighbours;
+// with --threads 1 CPU time is the step's own cost.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Measured {
+  double seconds = 0;  // wall, per step, mean over the timed steps
+  double cpu = 0;      // process CPU time, per step
+  int64_t peak = 0;    // bytes above the pre-step level, max over timed steps
+};
+
+Measured measure(int64_t steps, const std::vector<torch::Tensor>& params, const std::function<void()>& step) {
+  Measured m;
+  for (auto p : params) p.mutable_grad() = torch::Tensor();
+  step();  // warm-up: allocates the gradients, warms BLAS
+  for (int64_t s = 0; s < steps; ++s) {
+    for (auto p : params) p.grad().zero_();
+    contrax::PeakScope scope;
+    auto t0 = Clock::now();
+    const double c0 = cpu_seconds();
+    step();
+    m.cpu += cpu_seconds() - c0;
+    m.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    m.peak = std::max(m.peak, scope.peak_above_start());
+  }
+  m.seconds /= static_cast<double>(steps);
+  m.cpu /= static_cast<double>(steps);
+  return m;
+}
+
+int run_bench_grad_cache(const std::vector<std::string>& args) {
+  contrax::cli::Args a("bench-grad-cache", args);
+  const std::string batches_s = a.get("batches", "512,2048,8192", "global batches for both (a) and (b)");
+  const std::string gc_batches_s = a.get("gc-batches", "32768", "further batches for (b) only");
+  const int64_t chunk = a.get_int("chunk", 128, "gradient-cache chunk size");
+  const int64_t hidden = a.get_int("hidden", 1024, "hidden width of both towers");
+  const int64_t steps = a.get_int("steps", 1, "timed steps per point (each after one warm-up step)");
+  const int64_t threads = a.get_int("threads", 0, "intra-op threads (0: keep LibTorch's default)");
+  const std::string loss_kind = a.get("loss", "tiled", "loss path: tiled or materialised");
+  if (a.finish()) return 0;
+  TORCH_CHECK(chunk > 0, "contrax bench-grad-cache: flag '--chunk' must be positive, but got ", chunk);
+  TORCH_CHECK(hidden > 0, "contrax bench-grad-cache: flag '--hidden' must be positive, but got ", hidden);
+  TORCH_CHECK(steps > 0, "contrax bench-grad-cache: flag '--steps' must be positive, but got ", steps);
+  TORCH_CHECK(threads >= 0, "contrax bench-grad-cache: flag '--threads' must be >= 0, but got ", threads);
+  TORCH_CHECK(loss_kind == "tiled" || loss_kind == "materialised",
+              "contrax bench-grad-cache: flag '--loss' must be 'tiled' or 'materialised', but got '", loss_kind, "'");
+  auto batches = parse_list(batches_s), gc_batches = parse_list(gc_batches_s);
+  for (auto B : batches) TORCH_CHECK(B > 0, "contrax bench-grad-cache: batch sizes must be positive, but got ", B);
+  for (auto B : gc_batches) TORCH_CHECK(B > 0, "contrax bench-grad-cache: batch sizes must be positive, but got ", B);
+  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  contrax::MemoryTracker::install();
+
+  torch::manual_seed(0);
+  Tower image(784, hidden, 128, 0.1), text(64, hidden, 128, 0.1);
+  auto logit_scale = torch::tensor(std::log(1 / 0.07f)).requires_grad_(true);
+  std::vector<torch::Tensor> params = image->parameters();
+  for (auto& p : text->parameters()) params.push_back(p);
+  params.push_back(logit_scale);
+  auto loss_fn = [&](const torch::Tensor& fa, const torch::Tensor& fb) {
+    return loss_kind == "tiled" ? contrax::tiled_clip_loss(fa, fb, logit_scale)
+                                : contrax::clip_loss(fa, fb, logit_scale);
+  };
+  contrax::GradCache gc({contrax::GradCacheEncoder(image, chunk), contrax::GradCacheEncoder(text, chunk)},
+                        [&](const std::vector<torch::Tensor>& r) { return loss_fn(r[0], r[1]); });
+
+  std::printf("bench-grad-cache: two-tower MLP (784|64 -> %lld -> %lld -> 128, dropout 0.1), fp32, %s CLIP loss, "
+              "chunk %lld, threads %d, BLAS %s\n\n",
+              static_cast<long long>(hidden), static_cast<long long>(hidden), loss_kind.c_str(),
+              static_cast<long long>(chunk), at::get_num_threads(), blas_library().c_str());
+  std::printf("times: wall / process CPU per step\n\n");
+  std::printf("| B | (a) full-batch time | (a) peak | (b) grad-cache time | (b) peak | CPU time (b)/(a) | "
+              "memory (a)/(b) |\n|---|---|---|---|---|---|---|\n");
+  std::vector<std::pair<int64_t, bool>> points;
+  for (auto B : batches) points.emplace_back(B, true);
+  for (auto B : gc_batches) points.emplace_back(B, false);
+  for (auto [B, with_full] : points) {
+    torch::manual_seed(1);
+    auto x = torch::randn({B, 784});  // [B, 784]
+    auto y = torch::randn({B, 64});   // [B, 64]
+    Measured full, cached;
+    if (with_full) {
+      full = measure(steps, params, [&] { loss_fn(image->forward(x), text->forward(y)).backward(); });
+    }
+    cached = measure(steps, params, [&] { gc.step({x, y}); });
+    char buf[512];
+    if (with_full) {
+      std::snprintf(buf, sizeof buf, "| %lld | %.2f / %.2f s | %s | %.2f / %.2f s | %s | %.2fx | %.1fx |\n",
+                    static_cast<long long>(B), full.seconds, full.cpu, mib(full.peak).c_str(), cached.seconds,
+                    cached.cpu, mib(cached.peak).c_str(), cached.cpu / full.cpu,
+                    static_cast<double>(full.peak) / static_cast<double>(std::max<int64_t>(cached.peak, 1)));
+    } else {
+      std::snprintf(buf, sizeof buf, "| %lld | — | — | %.2f / %.2f s | %s | — | — |\n", static_cast<long long>(B),
+                    cached.seconds, cached.cpu, mib(cached.peak).c_str());
+    }
+    std::cout << buf << std::flush;
+  }
+  return 0;
+}
+
+contrax::cli::Command bench_grad_cache_cmd("bench-grad-cache",
+                                           "benchmark the gradient-cache step against the full-batch step",
+                                           run_bench_grad_cache);
+
+}  // namespace

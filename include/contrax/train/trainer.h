@@ -1,0 +1,104 @@
+// The training loop of `contrax train`: SimCLR or MoCo v3 on an image data
+// set, data-parallel over the ranks of a communicator.
+//
+// Each rank builds the same model from the seed, wraps its trainable
+// parameters in `DataParallel` (gradients averaged over ranks by c10d's
+// Reducer), and at every step takes its contiguous slice of the global batch
+// from the `ShardedSampler`, augments two views keyed by the examples' GLOBAL
+// indices, and minimises the distributed loss (`nt_xent_loss` or
+// `moco_v3_loss` with the communicator). Since every piece is exact, the
+// parameters after a step do not depend on the world size (up to floating
+// point summation order; bit-identical sums are not promised, fp64 agrees to
+// ~1e-12). `chunk_size > 0` runs each step through the gradient cache.
+//
+// Rank 0 writes run_dir/metrics.jsonl (one JSON object per step) and
+// run_dir/checkpoint.pt (every `checkpoint_every` steps, at the end and when
+// stopped). `resume` reloads the checkpoint on every rank and continues at
+// the saved step on the same loss curve.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "contrax/communicator.h"
+#include "contrax/train/idx.h"
+#include "contrax/train/models.h"
+
+namespace contrax {
+namespace train {
+
+/// Options of `train_contrastive`. Defaults: SimCLR, 1 epoch, global batch 256,
+/// AdamW lr 1e-3 with 20 warm-up steps then cosine to 0, temperature 0.2.
+struct TrainOptions {
+  /// "simclr" or "moco-v3".
+  TORCH_ARG(std::string, recipe) = "simclr";
+  /// Epochs over the training set (used when max_steps <= 0).
+  TORCH_ARG(int64_t, epochs) = 1;
+  /// > 0: the run is this many steps (the schedule's length).
+  TORCH_ARG(int64_t, max_steps) = -1;
+  /// >= 0: stop (as if interrupted, with a checkpoint) once this global step
+  /// is reached, without changing the schedule. For resume tests.
+  TORCH_ARG(int64_t, stop_at_step) = -1;
+  /// Global batch size G (all ranks together).
+  TORCH_ARG(int64_t, batch_size) = 256;
+  /// > 0: gradient cache with chunks of this many rows per view.
+  TORCH_ARG(int64_t, chunk_size) = 0;
+  TORCH_ARG(double, lr) = 1e-3;
+  TORCH_ARG(double, weight_decay) = 1e-4;
+  TORCH_ARG(int64_t, warmup_steps) = 20;
+  /// Temperature of NT-Xent / MoCo v3.
+  TORCH_ARG(double, temperature) = 0.2;
+  /// MoCo v3 base momentum (cosine-scheduled to 1).
+  TORCH_ARG(double, moco_momentum) = 0.99;
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// kFloat or kDouble (exactness tests).
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
+  /// Empty: no metrics or checkpoints written.
+  TORCH_ARG(std::string, run_dir) = "";
+  /// Checkpoint every K steps (0: only at the end / when stopped).
+  TORCH_ARG(int64_t, checkpoint_every) = 0;
+  /// Load run_dir/checkpoint.pt first and continue from it.
+  TORCH_ARG(bool, resume) = false;
+  /// Progress line on rank 0 every this many steps (0: never).
+  TORCH_ARG(int64_t, log_every) = 10;
+  /// Progress lines go to stderr instead of stdout (keeps --json clean).
+  TORCH_ARG(bool, progress_to_stderr) = false;
+  /// Polled at every step boundary on every rank; when any rank sees true,
+  /// all ranks stop together after a checkpoint.
+  TORCH_ARG(std::function<bool()>, stop_requested) = nullptr;
+  /// Model architecture.
+  TORCH_ARG(ContrastiveModelOptions, model) = {};
+};
+
+/// What a run returns (identical on every rank except where noted).
+struct TrainResult {
+  int64_t start_step = 0;   // step the run (re)started at
+  int64_t steps = 0;        // global step reached (= total when finished)
+  int64_t total_steps = 0;  // the schedule's length
+  int64_t epochs_done = 0;  // epoch of the last step + 1
+  bool interrupted = false; // stopped early (signal or stop_at_step)
+  double train_s = 0;       // wall time of the loop
+  double examples_per_s = 0;
+  std::vector<double> losses;  // global mean loss of each step run here
+  /// The trained encoder (the online encoder for MoCo v3), in eval mode.
+  Encoder encoder{nullptr};
+  /// All parameters of the trained model (for comparisons in tests).
+  std::vector<torch::Tensor> parameters;
+};
+
+/// Runs the training loop collectively on every rank of `comm` (null: world 1).
+///
+///   auto data = contrax::train::load_dataset(dir, "train", 20000);
+///   auto r = contrax::train::train_contrastive(comm, data,
+///       contrax::train::TrainOptions().epochs(2).run_dir("runs/a"));
+TrainResult train_contrastive(const CommunicatorPtr& comm, const Dataset& data, const TrainOptions& options);
+
+/// Path of the checkpoint in a run directory.
+std::string checkpoint_path(const std::string& run_dir);
+
+}  // namespace train
+}  // namespace contrax

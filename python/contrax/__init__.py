@@ -1,0 +1,260 @@
+"""Contrax: exact distributed contrastive losses for PyTorch.
+
+Every loss computes ``[local x global]`` logits: this rank's rows against the
+rows of all ranks (gathered with a differentiable all-gather whose backward is a
+reduce-scatter), and returns ``L_r = (W / B) * sum_{i in rank r} l_i``, so that
+the data-parallel average over ranks (what DistributedDataParallel's gradient
+averaging computes) is exactly the mean loss over the global batch of ``B``
+rows, also when ranks hold different numbers of rows (a short last batch, even
+an empty rank).
+
+``group=`` takes a ``torch.distributed`` ``ProcessGroup``. When omitted it is
+the default group if ``torch.distributed`` is initialised, and otherwise the
+losses are the plain single-device losses.
+
+Argument errors raise ``ValueError`` with the C++ library's message (naming the
+argument), on every rank; other failures (e.g. a peer that died) raise
+``RuntimeError``.
+
+    loss = contrax.clip_loss(img, txt, logit_scale)
+    loss.backward()
+"""
+from typing import List, Optional, Tuple, Union
+
+import torch
+
+from . import _contrax
+
+__all__ = [
+    "clip_loss",
+    "nt_xent_loss",
+    "moco_v3_loss",
+    "gather_with_grad",
+    "gather_no_grad",
+    "momentum_schedule",
+    "momentum_update",
+    "communicator",
+    "clear_cache",
+]
+
+__version__ = "0.1.0"
+
+
+def _comm(group):
+    """The cached C++ communicator for ``group`` (see module docstring)."""
+    if group is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            group = dist.group.WORLD
+        else:
+            return _contrax.communicator(None)
+    return _contrax.communicator(group)
+
+
+def communicator(group=None):
+    """The contrax communicator for ``group`` (cached per process group).
+
+    Its ``rank``, ``world_size``, ``backend`` and ``stats()`` (bytes sent and
+    calls per collective since the last ``reset_stats()``) describe what the
+    losses did over that group.
+    """
+    return _comm(group)
+
+
+def clear_cache() -> None:
+    """Drops every cached communicator (and its reference to the process group).
+
+    Entries of destroyed groups are dropped automatically; call this before
+    ``torch.distributed.destroy_process_group()`` if the group must be freed
+    at once.
+    """
+    _contrax.clear_cache()
+
+
+def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
+              logit_bias: Optional[torch.Tensor] = None, *, symmetric: bool = True,
+              max_logit_scale: float = 100.0, normalize: bool = False,
+              group=None) -> torch.Tensor:
+    """CLIP / InfoNCE loss over the global batch.
+
+    Args:
+        a, b: ``[b_r, d]`` paired features on this rank (row i of ``a`` matches
+            row i of ``b``); ranks may hold different ``b_r`` (even 0).
+        logit_scale: 0-dim tensor, the *log* of the scale (CLIP's learnable
+            parameter); logits are ``a @ b_all.T * min(exp(logit_scale), max_logit_scale)``.
+        logit_bias: optional 0-dim bias added to every logit.
+        symmetric: ``(CE(a->b) + CE(b->a)) / 2`` if True, else ``CE(a->b)`` (InfoNCE).
+        max_logit_scale: clamp of ``exp(logit_scale)``.
+        normalize: L2-normalise ``a`` and ``b`` inside the loss.
+        group: ``torch.distributed`` ProcessGroup (default: the default group
+            if initialised, else single device).
+
+    Returns:
+        0-dim tensor ``L_r = (W/B) * sum of this rank's per-row losses``;
+        differentiable in ``a``, ``b``, ``logit_scale`` and ``logit_bias``.
+
+    Raises:
+        ValueError: bad argument (on every rank; the others name the failing rank).
+        RuntimeError: a collective failed (e.g. a peer died).
+    """
+    return _contrax.clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
+                              normalize, _comm(group))
+
+
+def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1,
+                 normalize: bool = True, group=None) -> torch.Tensor:
+    """SimCLR's NT-Xent loss over the global batch of ``2B`` views.
+
+    For view-1 row i the logits are ``[z1_i . z2_all | z1_i . z1_all] / T`` with
+    its own column in the second block masked out (likewise for view 2); the
+    loss is the mean over all ``2B`` rows, per-rank weighted as in ``clip_loss``.
+
+    Args:
+        z1, z2: ``[b_r, d]`` projections of the two views of the same images.
+        temperature: softmax temperature, > 0.
+        normalize: L2-normalise inside the loss (cosine similarity).
+        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
+
+    Returns:
+        0-dim tensor, differentiable in ``z1`` and ``z2``.
+    """
+    return _contrax.nt_xent_loss(z1, z2, float(temperature), normalize, _comm(group))
+
+
+def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
+                 temperature: float = 1.0, normalize: bool = True, group=None) -> torch.Tensor:
+    """MoCo v3's symmetrised loss ``ctr(q1, k2) + ctr(q2, k1)``.
+
+    ``ctr(q, k) = CE(q @ k_all.T / T, positives) * 2T``; the keys (momentum
+    encoder outputs) are gathered without gradient.
+
+    Args:
+        q1, q2: ``[b_r, d]`` queries (with gradient).
+        k1, k2: ``[b_r, d]`` keys (treated as constants).
+        temperature: softmax temperature (MoCo v3 ViT uses 0.2).
+        normalize: L2-normalise queries and keys inside the loss.
+        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
+
+    Returns:
+        0-dim tensor, differentiable in ``q1`` and ``q2``.
+    """
+    return _contrax.moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, _comm(group))
+
+
+def gather_with_grad(x: torch.Tensor, group=None, *, return_counts: bool = False
+                     ) -> Union[torch.Tensor, Tuple[torch.Tensor, List[int], int]]:
+    """Differentiable all-gather of rows.
+
+    Args:
+        x: ``[b_r, ...]`` on every rank; same trailing shape and dtype
+            everywhere (checked), ``b_r`` may differ.
+        group: ``torch.distributed`` ProcessGroup or None.
+        return_counts: also return the per-rank row counts and this rank's offset.
+
+    Returns:
+        ``[B, ...]``: the rows of all ranks in rank order (``x`` itself in a
+        world of 1); with ``return_counts`` a tuple ``(all, counts, offset)``.
+        The backward is a reduce-scatter with SUM: this rank's rows receive the
+        sum over ranks of the gradient of their slice.
+    """
+    all_rows, counts, offset = _contrax.gather(x, True, _comm(group))
+    return (all_rows, counts, offset) if return_counts else all_rows
+
+
+def gather_no_grad(x: torch.Tensor, group=None, *, return_counts: bool = False
+                   ) -> Union[torch.Tensor, Tuple[torch.Tensor, List[int], int]]:
+    """All-gather of rows without gradient (momentum keys, evaluation).
+
+    Same checks, uneven sizes and return value as ``gather_with_grad``; the
+    result is detached.
+    """
+    all_rows, counts, offset = _contrax.gather(x, False, _comm(group))
+    return (all_rows, counts, offset) if return_counts else all_rows
+
+
+# ---- variants bound when the library has them (tiled / ring, SigLIP) --------
+
+def tiled_clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
+                    logit_bias: Optional[torch.Tensor] = None, *, symmetric: bool = True,
+                    max_logit_scale: float = 100.0, normalize: bool = False, tile_size: int = 0,
+                    ring: bool = False, group=None) -> torch.Tensor:
+    """``clip_loss`` computed tile by tile: never more than one ``[tile x tile]``
+    block of logits (``tile_size`` 0: about 16 MiB per tile). With ``ring=True``
+    the keys are not gathered but travel around the ring of ranks (every rank
+    must pass the same value). Same value and gradients as ``clip_loss``.
+    """
+    return _contrax.tiled_clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
+                                    normalize, int(tile_size), bool(ring), _comm(group))
+
+
+def tiled_nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1,
+                       normalize: bool = True, tile_size: int = 0, ring: bool = False,
+                       group=None) -> torch.Tensor:
+    """``nt_xent_loss`` computed tile by tile (optionally around the ring); see ``tiled_clip_loss``."""
+    return _contrax.tiled_nt_xent_loss(z1, z2, float(temperature), normalize, int(tile_size), bool(ring),
+                                       _comm(group))
+
+
+def tiled_moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
+                       temperature: float = 1.0, normalize: bool = True, tile_size: int = 0,
+                       ring: bool = False, group=None) -> torch.Tensor:
+    """``moco_v3_loss`` computed tile by tile (optionally around the ring); see ``tiled_clip_loss``."""
+    return _contrax.tiled_moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, int(tile_size),
+                                       bool(ring), _comm(group))
+
+
+def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
+                logit_bias: Optional[torch.Tensor] = None, *, max_logit_scale: float = float("inf"),
+                normalize: bool = False, chunk_size: int = 0, group=None) -> torch.Tensor:
+    """SigLIP's pairwise sigmoid loss over the global batch.
+
+    ``loss = -(1/B) sum_i sum_j log sigmoid(z_ij (exp(logit_scale) a_i.b_j + bias))``
+    with ``z_ij = +1`` on the diagonal and ``-1`` elsewhere. The ``b`` blocks
+    travel around the ring of ranks (no gather); logits exist one
+    ``[chunk x chunk]`` tile at a time (``chunk_size`` 0: about 16 MiB).
+    Per-rank weighting as in ``clip_loss``.
+
+    Args:
+        a, b: ``[b_r, d]`` paired features.
+        logit_scale: 0-dim log scale (SigLIP initialises it to log 10).
+        logit_bias: optional 0-dim bias (SigLIP: -10).
+        max_logit_scale: clamp of ``exp(logit_scale)`` (default none).
+        normalize: L2-normalise ``a`` and ``b`` inside the loss.
+        group: ``torch.distributed`` ProcessGroup or None.
+    """
+    return _contrax.siglip_loss(a, b, logit_scale, logit_bias, float(max_logit_scale), normalize,
+                                int(chunk_size), _comm(group))
+
+
+for _name in ("tiled_clip_loss", "tiled_nt_xent_loss", "tiled_moco_v3_loss", "siglip_loss"):
+    if hasattr(_contrax, _name):
+        __all__.append(_name)
+    else:  # the C++ library was built without this variant
+        del globals()[_name]
+del _name
+
+
+def momentum_schedule(base: float, step: int, total_steps: int) -> float:
+    """MoCo v3's cosine momentum: ``1 - (1 - base) * (cos(pi * step / total_steps) + 1) / 2``."""
+    return _contrax.momentum_schedule(float(base), int(step), int(total_steps))
+
+
+@torch.no_grad()
+def momentum_update(target: torch.nn.Module, online: torch.nn.Module, momentum: float) -> None:
+    """EMA update ``target = m * target + (1 - m) * online``, parameter by parameter.
+
+    Both modules must have the same parameter names and shapes. Buffers are
+    left as they are.
+    """
+    if not 0.0 <= momentum <= 1.0:
+        raise ValueError(f"momentum_update(): argument 'momentum' must be in [0, 1], but got {momentum}")
+    tp = dict(target.named_parameters())
+    op = dict(online.named_parameters())
+    if tp.keys() != op.keys():
+        raise ValueError("momentum_update(): arguments 'target' and 'online' must have the same parameters")
+    for name, p in op.items():
+        t = tp[name]
+        if t.shape != p.shape:
+            raise ValueError(f"momentum_update(): parameter '{name}' has shape {list(t.shape)} in 'target' "
+                             f"and {list(p.shape)} in 'online'")
+        t.mul_(momentum).add_(p.detach(), alpha=1.0 - momentum)

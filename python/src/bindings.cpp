@@ -1,0 +1,256 @@
+// contrax._contrax: the C++ core of the Python binding.
+//
+// Thin: tensors in, tensors out, through the library's own autograd functions.
+// The pure-Python layer (python/contrax/__init__.py) resolves `group=` (None ->
+// torch.distributed's default group when it is initialised, else world 1) and
+// holds the docstrings users see; this module turns a torch.distributed
+// ProcessGroup into a cached contrax::Communicator and maps c10::Error to
+// ValueError (argument errors) / RuntimeError (everything else).
+#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "contrax/collectives.h"
+#include "contrax/communicator.h"
+#include "contrax/detail/c10d.h"
+#include "contrax/losses.h"
+// Variants that landed after the foundation: bound when their headers exist.
+#if __has_include("contrax/tiled.h")
+#include "contrax/tiled.h"
+#define CONTRAX_PY_HAS_TILED 1
+#endif
+#if __has_include("contrax/siglip.h")
+#include "contrax/siglip.h"
+#define CONTRAX_PY_HAS_SIGLIP 1
+#endif
+
+namespace py = pybind11;
+
+namespace {
+
+using PG = c10d::ProcessGroup;
+using PGPtr = c10::intrusive_ptr<PG>;
+
+// One communicator per process group, keyed by the group's address. The cache
+// holds the only extra reference; an entry whose group nobody else references
+// any more (torch.distributed.destroy_process_group) is dropped on the next
+// lookup, so addresses cannot be reused while an entry is alive.
+struct CommCache {
+  std::mutex mutex;
+  std::map<const PG*, contrax::CommunicatorPtr> by_group;
+  contrax::CommunicatorPtr single;
+};
+CommCache& cache() {
+  static auto* c = new CommCache();  // never destroyed: no c10d teardown at interpreter exit
+  return *c;
+}
+
+void purge_locked(CommCache& c) {
+  for (auto it = c.by_group.begin(); it != c.by_group.end();) {
+    auto pg = contrax::detail::process_group(*it->second);
+    // use_count: the communicator's reference + `pg` here = 2 -> nobody else.
+    if (!pg || pg.use_count() <= 2) {
+      it = c.by_group.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+PGPtr to_group(const py::handle& group) {
+  try {
+    return py::cast<PGPtr>(group);
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string("contrax: argument 'group' must be a torch.distributed ProcessGroup or None, "
+                                     "but got ") +
+                         std::string(py::str(py::type::of(group).attr("__name__"))));
+  }
+}
+
+contrax::CommunicatorPtr comm_for(const py::object& group, double timeout_s) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  if (group.is_none()) {
+    if (!c.single) c.single = contrax::Communicator::single();
+    return c.single;
+  }
+  PGPtr pg = to_group(group);
+  purge_locked(c);
+  auto it = c.by_group.find(pg.get());
+  if (it != c.by_group.end()) return it->second;
+  if (pg->getSize() == 1) {
+    // A group of one rank: the plain single-device losses (no group is kept).
+    if (!c.single) c.single = contrax::Communicator::single();
+    return c.single;
+  }
+  auto ms = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  auto comm = contrax::detail::wrap_process_group(pg, ms);
+  c.by_group.emplace(pg.get(), comm);
+  return comm;
+}
+
+py::dict stats_dict(const contrax::CommStats& s) {
+  py::dict out;
+  for (const auto& kv : s.ops) {
+    py::dict op;
+    op["calls"] = kv.second.calls;
+    op["bytes_sent"] = kv.second.bytes_sent;
+    out[py::str(kv.first)] = op;
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_contrax, m) {
+  m.doc() = "C++ core of the contrax Python binding (use the `contrax` package, not this module).";
+
+  // c10::Error -> ValueError for argument errors, RuntimeError otherwise, with
+  // the library's message (without the C++ backtrace). Module-local, so it is
+  // tried before torch's own translators.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::Error& e) {
+      std::string msg = e.what_without_backtrace();
+      bool value_error = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
+                         msg.find("argument '") != std::string::npos ||
+                         msg.find("arguments '") != std::string::npos;
+      PyErr_SetString(value_error ? PyExc_ValueError : PyExc_RuntimeError, msg.c_str());
+    }
+  });
+
+  using namespace pybind11::literals;
+  m.def(
+      "clip_loss",
+      [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+         c10::optional<torch::Tensor> logit_bias, bool symmetric, double max_logit_scale, bool normalize,
+         const contrax::CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return contrax::clip_loss(a, b, logit_scale, logit_bias,
+                                  contrax::ClipLossOptions()
+                                      .symmetric(symmetric)
+                                      .max_logit_scale(max_logit_scale)
+                                      .normalize(normalize)
+                                      .comm(comm));
+      },
+      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a, "normalize"_a,
+      "comm"_a);
+
+  m.def(
+      "nt_xent_loss",
+      [](const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize,
+         const contrax::CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return contrax::nt_xent_loss(
+            z1, z2, contrax::NTXentLossOptions().temperature(temperature).normalize(normalize).comm(comm));
+      },
+      "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "comm"_a);
+
+  m.def(
+      "moco_v3_loss",
+      [](const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1, const torch::Tensor& k2,
+         double temperature, bool normalize, const contrax::CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return contrax::moco_v3_loss(
+            q1, q2, k1, k2, contrax::MocoV3LossOptions().temperature(temperature).normalize(normalize).comm(comm));
+      },
+      "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a, "comm"_a);
+
+  m.def(
+      "gather",
+      [](const torch::Tensor& x, bool with_grad, const contrax::CommunicatorPtr& comm) {
+        contrax::Gathered g;
+        {
+          py::gil_scoped_release nogil;
+          g = with_grad ? contrax::gather_with_grad(x, comm) : contrax::gather_no_grad(x, comm);
+        }
+        return py::make_tuple(g.all, py::cast(g.counts), g.offset);
+      },
+      "x"_a, "with_grad"_a, "comm"_a);
+
+#ifdef CONTRAX_PY_HAS_TILED
+  m.def(
+      "tiled_clip_loss",
+      [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+         c10::optional<torch::Tensor> logit_bias, bool symmetric, double max_logit_scale, bool normalize,
+         int64_t tile_size, bool ring, const contrax::CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return contrax::tiled_clip_loss(
+            a, b, logit_scale, logit_bias,
+            contrax::ClipLossOptions().symmetric(symmetric).max_logit_scale(max_logit_scale).normalize(normalize).comm(
+                comm),
+            contrax::TiledOptions().tile_size(tile_size).ring(ring));
+      },
+      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a, "normalize"_a,
+      "tile_size"_a, "ring"_a, "comm"_a);
+  m.def(
+      "tiled_nt_xent_loss",
+      [](const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize, int64_t tile_size,
+         bool ring, const contrax::CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return contrax::tiled_nt_xent_loss(
+            z1, z2, contrax::NTXentLossOptions().temperature(temperature).normalize(normalize).comm(comm),
+            contrax::TiledOptions().tile_size(tile_size).ring(ring));
+      },
+      "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "tile_size"_a, "ring"_a, "comm"_a);
+  m.def(
+      "tiled_moco_v3_loss",
+      [](const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1, const torch::Tensor& k2,
+         double temperature, bool normalize, int64_t tile_size, bool ring, const contrax::CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return contrax::tiled_moco_v3_loss(
+            q1, q2, k1, k2, contrax::MocoV3LossOptions().temperature(temperature).normalize(normalize).comm(comm),
+            contrax::TiledOptions().tile_size(tile_size).ring(ring));
+      },
+      "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a, "tile_size"_a, "ring"_a, "comm"_a);
+#endif
+#ifdef CONTRAX_PY_HAS_SIGLIP
+  m.def(
+      "siglip_loss",
+      [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+         c10::optional<torch::Tensor> logit_bias, double max_logit_scale, bool normalize, int64_t chunk_size,
+         const contrax::CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return contrax::siglip_loss(a, b, logit_scale, logit_bias,
+                                    contrax::SigLipLossOptions()
+                                        .max_logit_scale(max_logit_scale)
+                                        .normalize(normalize)
+                                        .chunk_size(chunk_size)
+                                        .comm(comm));
+      },
+      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a, "normalize"_a, "chunk_size"_a, "comm"_a);
+#endif
+
+  m.def("momentum_schedule", &contrax::momentum_schedule, "base"_a, "step"_a, "total_steps"_a);
+
+  // ---- communicators
+  py::class_<contrax::Communicator, contrax::CommunicatorPtr>(m, "Communicator",
+                                                             "A cached contrax communicator over a process group.")
+      .def_property_readonly("rank", &contrax::Communicator::rank)
+      .def_property_readonly("world_size", &contrax::Communicator::world_size)
+      .def_property_readonly("backend", &contrax::Communicator::backend)
+      .def("stats", [](const contrax::Communicator& c) { return stats_dict(c.stats()); })
+      .def("reset_stats", &contrax::Communicator::reset_stats);
+
+  m.def("communicator", &comm_for, "group"_a, "timeout_s"_a = 1800.0,
+        "The cached communicator for a ProcessGroup (None: world 1).");
+  m.def(
+      "clear_cache",
+      [] {
+        auto& c = cache();
+        std::lock_guard<std::mutex> lock(c.mutex);
+        c.by_group.clear();
+      },
+      "Drops every cached communicator (and its reference to the process group).");
+  m.def("_cache_size", [] {
+    auto& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    purge_locked(c);
+    return c.by_group.size();
+  });
+}

@@ -1,0 +1,93 @@
+"""Helpers for the contrax Python tests: spawn Gloo ranks, reference losses."""
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+F64 = torch.float64
+
+
+def _entry(rank, world, init_file, fn, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def run(world, fn, *args):
+    """Runs fn(rank, world, *args) on `world` spawned Gloo ranks (FileStore
+    rendezvous); an exception on any rank fails the caller with its traceback."""
+    fd, init_file = tempfile.mkstemp(prefix="contrax_pytest_")
+    os.close(fd)
+    os.unlink(init_file)  # FileStore creates it
+    try:
+        mp.spawn(_entry, args=(world, init_file, fn, args), nprocs=world, join=True)
+    finally:
+        if os.path.exists(init_file):
+            os.unlink(init_file)
+
+
+def offsets(rows, rank):
+    return sum(rows[:rank]), rows[rank]
+
+
+def rel_err(got, want):
+    scale = max(want.abs().max().item(), 1e-300)
+    return (got - want).abs().max().item() / scale
+
+
+# ---- plain single-process PyTorch references on the concatenated batch ------
+
+def clip_ref(a, b, log_scale, bias=None, symmetric=True, max_logit_scale=100.0, normalize=False):
+    if normalize:
+        a, b = F.normalize(a, dim=1), F.normalize(b, dim=1)
+    logits = a @ b.t() * log_scale.exp().clamp(max=max_logit_scale)
+    if bias is not None:
+        logits = logits + bias
+    target = torch.arange(a.shape[0])
+    loss = F.cross_entropy(logits, target)
+    if symmetric:
+        loss = (loss + F.cross_entropy(logits.t(), target)) / 2
+    return loss
+
+
+def nt_xent_ref(z1, z2, temperature=0.1, normalize=True):
+    if normalize:
+        z1, z2 = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+    n = z1.shape[0]
+    self_mask = torch.eye(n, dtype=torch.bool)
+    target = torch.arange(n)
+
+    def side(x, y):
+        cross = x @ y.t() / temperature
+        same = (x @ x.t() / temperature).masked_fill(self_mask, float("-inf"))
+        return F.cross_entropy(torch.cat([cross, same], dim=1), target)
+
+    return (side(z1, z2) + side(z2, z1)) / 2
+
+
+def moco_v3_ref(q1, q2, k1, k2, temperature=1.0, normalize=True):
+    if normalize:
+        q1, q2, k1, k2 = (F.normalize(t, dim=1) for t in (q1, q2, k1, k2))
+    target = torch.arange(q1.shape[0])
+
+    def ctr(q, k):
+        return F.cross_entropy(q @ k.detach().t() / temperature, target) * 2 * temperature
+
+    return ctr(q1, k2) + ctr(q2, k1)
+
+
+def siglip_ref(a, b, log_scale, bias=None, normalize=False):
+    if normalize:
+        a, b = F.normalize(a, dim=1), F.normalize(b, dim=1)
+    logits = a @ b.t() * log_scale.exp()
+    if bias is not None:
+        logits = logits + bias
+    z = 2 * torch.eye(a.shape[0], dtype=a.dtype) - 1
+    return -F.logsigmoid(z * logits).sum() / a.shape[0]

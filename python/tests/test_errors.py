@@ -1,0 +1,51 @@
+"""C++ argument errors surface as ValueError with the library's message;
+other failures as RuntimeError."""
+import pytest
+import torch
+
+import contrax
+from distributed import run
+
+
+def test_value_error_single_process():
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    with pytest.raises(ValueError, match=r"clip_loss\(\): argument 'logit_scale' must be a 0-dim tensor, "
+                                         r"but got shape \[3\]"):
+        contrax.clip_loss(a, b, torch.zeros(3))
+    with pytest.raises(ValueError, match=r"nt_xent_loss\(\): argument 'temperature'"):
+        contrax.nt_xent_loss(a, b, temperature=-1.0)
+    with pytest.raises(ValueError, match="argument 'z2'|arguments 'z1' and 'z2'"):
+        contrax.nt_xent_loss(a, torch.randn(2, 4))
+    with pytest.raises(ValueError) as info:
+        contrax.clip_loss(a, b, torch.zeros(3))
+    assert "Exception raised from" not in str(info.value)  # no C++ backtrace
+
+
+def test_bad_group_is_type_error():
+    with pytest.raises(TypeError, match="argument 'group' must be a torch.distributed ProcessGroup"):
+        contrax.clip_loss(torch.randn(2, 3), torch.randn(2, 3), torch.tensor(0.0), group="world")
+
+
+def _errors_worker(rank, world):
+    a, b = torch.randn(2, 4), torch.randn(2, 4)
+    # Rank 1 passes a bad scale: it gets the ValueError naming the argument,
+    # rank 0 an error naming rank 1 -- nobody hangs.
+    scale = torch.zeros(3) if rank == 1 else torch.tensor(0.0)
+    with pytest.raises((ValueError, RuntimeError)) as info:
+        contrax.clip_loss(a, b, scale)
+    if rank == 1:
+        assert info.type is ValueError
+        assert "clip_loss(): argument 'logit_scale' must be a 0-dim tensor, but got shape [3]" in str(info.value)
+    else:
+        assert "rank 1" in str(info.value), str(info.value)
+    # Widths that differ between ranks: the same ValueError on every rank.
+    z = torch.randn(2, 4 if rank == 0 else 6)
+    with pytest.raises(ValueError, match="must have the same trailing shape on every rank"):
+        contrax.nt_xent_loss(z, z.clone())
+    # Afterwards the group still works.
+    loss = contrax.clip_loss(a, b, torch.tensor(0.0))
+    assert torch.isfinite(loss)
+
+
+def test_errors_on_every_rank():
+    run(2, _errors_worker)

@@ -1,0 +1,173 @@
+"""Binding losses and gradients over 1, 2 and 4 Gloo ranks with uneven batches
+equal a plain single-process PyTorch computation on the concatenated batch."""
+import zlib
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import contrax
+from distributed import F64, clip_ref, moco_v3_ref, nt_xent_ref, offsets, rel_err, run
+
+TOL = 1e-10
+ROWS = {1: [5], 2: [4, 1], 4: [3, 0, 5, 2]}  # uneven, with an empty rank at W=4
+WIDTH = 6
+
+
+def _global(seed, n, rows):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(sum(rows), WIDTH, generator=g, dtype=F64) for _ in range(n)]
+
+
+def _check(rank, world, rows, name, ref_fn, dist_fn, n_features, scalars=(), grad_features=None, group=None):
+    """Reference on the whole batch vs this rank's share through `dist_fn`,
+    under the data-parallel convention: the rank average of the loss and of
+    scalar gradients, and local feature gradients / W, equal the reference."""
+    grad_features = grad_features or [True] * n_features
+    xs = _global(zlib.crc32(name.encode()), n_features, rows)
+    ref_x = [x.clone().requires_grad_(g) for x, g in zip(xs, grad_features)]
+    ref_s = [torch.tensor(v, dtype=F64, requires_grad=True) for v in scalars]
+    ref_loss = ref_fn(*ref_x, *ref_s)
+    ref_loss.backward()
+
+    off, n = offsets(rows, rank)
+    loc_x = [x[off:off + n].clone().requires_grad_(g) for x, g in zip(xs, grad_features)]
+    loc_s = [torch.tensor(v, dtype=F64, requires_grad=True) for v in scalars]
+    loss = dist_fn(*loc_x, *loc_s)
+    assert loss.dim() == 0 and loss.dtype == F64
+    loss.backward()
+
+    packed = torch.stack([loss.detach()] + [s.grad if s.grad is not None else torch.zeros((), dtype=F64)
+                                            for s in loc_s])
+    if world > 1:
+        dist.all_reduce(packed, group=group)
+    packed /= world
+    assert rel_err(packed[0], ref_loss.detach()) <= TOL, (name, "loss", packed[0].item(), ref_loss.item())
+    for k, s in enumerate(ref_s):
+        want = s.grad
+        got = packed[k + 1]
+        err = (got - want).abs().item() if want.abs().item() < 1e-12 else rel_err(got, want)
+        assert err <= TOL, (name, "scalar grad", k, got.item(), want.item())
+    for k, (x, g) in enumerate(zip(loc_x, grad_features)):
+        if not g:
+            assert x.grad is None
+            continue
+        got = x.grad / world
+        want = ref_x[k].grad[off:off + n]
+        if n > 0:
+            assert rel_err(got, want) <= TOL, (name, "feature grad", k)
+
+
+def _losses_worker(rank, world, rows):
+    cases = [
+        ("clip", lambda a, b, s: clip_ref(a, b, s),
+         lambda a, b, s: contrax.clip_loss(a, b, s), 2, [2.3]),
+        ("clip_bias_norm", lambda a, b, s, t: clip_ref(a, b, s, t, normalize=True),
+         lambda a, b, s, t: contrax.clip_loss(a, b, s, t, normalize=True), 2, [1.7, -0.4]),
+        ("clip_clamped_asym", lambda a, b, s: clip_ref(a, b, s, symmetric=False, max_logit_scale=5.0),
+         lambda a, b, s: contrax.clip_loss(a, b, s, symmetric=False, max_logit_scale=5.0), 2, [2.0]),
+        ("nt_xent", lambda a, b: nt_xent_ref(a, b, 0.2),
+         lambda a, b: contrax.nt_xent_loss(a, b, temperature=0.2), 2, []),
+        ("nt_xent_raw", lambda a, b: nt_xent_ref(a, b, 0.7, normalize=False),
+         lambda a, b: contrax.nt_xent_loss(a, b, temperature=0.7, normalize=False), 2, []),
+    ]
+    for name, ref_fn, dist_fn, n, scalars in cases:
+        _check(rank, world, rows, name, ref_fn, dist_fn, n, scalars)
+    # MoCo v3: keys are constants (no gradient flows to them).
+    _check(rank, world, rows, "moco_v3",
+           lambda q1, q2, k1, k2: moco_v3_ref(q1, q2, k1, k2, 0.2),
+           lambda q1, q2, k1, k2: contrax.moco_v3_loss(q1, q2, k1, k2, temperature=0.2),
+           4, grad_features=[True, True, False, False])
+    # Explicit group= (the default group object) gives the same answer.
+    _check(rank, world, rows, "clip_explicit_group", lambda a, b, s: clip_ref(a, b, s),
+           lambda a, b, s: contrax.clip_loss(a, b, s, group=dist.group.WORLD), 2, [2.3])
+
+    # gather_with_grad / gather_no_grad: rows in rank order, reduce-scatter-sum backward.
+    (x_all,) = _global(7, 1, rows)
+    off, n = offsets(rows, rank)
+    x = x_all[off:off + n].clone().requires_grad_(True)
+    got, counts, offset = contrax.gather_with_grad(x, return_counts=True)
+    assert counts == rows and offset == off
+    assert torch.equal(got, x_all)
+    weights = torch.arange(sum(rows) * WIDTH, dtype=F64).reshape(-1, WIDTH)
+    (got * weights * (rank + 1)).sum().backward()
+    want = weights[off:off + n] * (world * (world + 1) / 2)
+    assert torch.allclose(x.grad, want, rtol=0, atol=0)
+    nog = contrax.gather_no_grad(x)
+    assert torch.equal(nog, x_all) and not nog.requires_grad
+
+    if hasattr(contrax, "tiled_clip_loss") and hasattr(contrax, "siglip_loss"):
+        _variants_worker(rank, world, rows)
+
+    # Communicators are cached per group.
+    assert contrax.communicator() is contrax.communicator(dist.group.WORLD)
+    assert contrax.communicator().world_size == world and contrax.communicator().rank == rank
+
+
+def _subgroup_worker(rank, world):
+    # Two disjoint groups {0, 1} and {2, 3}; each computes its own exact loss.
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[rank // 2]
+    sub_rows = [3, 2] if rank < 2 else [1, 4]
+    sub_rank = rank % 2
+    _check(sub_rank, 2, sub_rows, f"clip_subgroup_{rank // 2}", lambda a, b, s: clip_ref(a, b, s),
+           lambda a, b, s: contrax.clip_loss(a, b, s, group=mine), 2, [1.1], group=mine)
+    c = contrax.communicator(mine)
+    assert c.world_size == 2 and c.rank == sub_rank
+    assert c.stats()["all_gather"]["calls"] >= 1
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_losses_match_single_process(world):
+    run(world, _losses_worker, ROWS[world])
+
+
+def test_subgroups():
+    run(4, _subgroup_worker)
+
+
+def test_without_torch_distributed_is_single_device():
+    assert not dist.is_initialized()
+    rows = [6]
+    _check(0, 1, rows, "clip_nodist", lambda a, b, s, t: clip_ref(a, b, s, t),
+           lambda a, b, s, t: contrax.clip_loss(a, b, s, t), 2, [2.3, 0.1])
+    _check(0, 1, rows, "nt_xent_nodist", nt_xent_ref, contrax.nt_xent_loss, 2)
+    _check(0, 1, rows, "moco_nodist", moco_v3_ref, contrax.moco_v3_loss, 4,
+           grad_features=[True, True, False, False])
+    x = torch.randn(3, 2, requires_grad=True)
+    assert contrax.gather_with_grad(x) is not None
+    assert torch.equal(contrax.gather_with_grad(x), x)
+    assert contrax.communicator().world_size == 1
+
+
+def test_float32_and_momentum_helpers():
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    s = torch.tensor(1.0, requires_grad=True)
+    loss = contrax.clip_loss(a, b, s)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, clip_ref(a, b, s))
+    assert contrax.momentum_schedule(0.99, 0, 10) == pytest.approx(0.99)
+    assert contrax.momentum_schedule(0.99, 10, 10) == pytest.approx(1.0)
+    t, o = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    want = 0.9 * t.weight.detach() + 0.1 * o.weight.detach()
+    contrax.momentum_update(t, o, 0.9)
+    torch.testing.assert_close(t.weight.detach(), want)
+
+
+def _variants_worker(rank, world, rows):
+    from distributed import siglip_ref
+    for ring in (False, True):
+        _check(rank, world, rows, f"tiled_clip_ring{ring}",
+               lambda a, b, s, t: clip_ref(a, b, s, t, normalize=True),
+               lambda a, b, s, t: contrax.tiled_clip_loss(a, b, s, t, normalize=True, tile_size=2, ring=ring),
+               2, [1.7, -0.4])
+        _check(rank, world, rows, f"tiled_nt_xent_ring{ring}", lambda a, b: nt_xent_ref(a, b, 0.3),
+               lambda a, b: contrax.tiled_nt_xent_loss(a, b, temperature=0.3, tile_size=2, ring=ring), 2)
+        _check(rank, world, rows, f"tiled_moco_ring{ring}",
+               lambda q1, q2, k1, k2: moco_v3_ref(q1, q2, k1, k2, 0.2),
+               lambda q1, q2, k1, k2: contrax.tiled_moco_v3_loss(q1, q2, k1, k2, temperature=0.2, tile_size=2,
+                                                                ring=ring),
+               4, grad_features=[True, True, False, False])
+    _check(rank, world, rows, "siglip", lambda a, b, s, t: siglip_ref(a, b, s, t),
+           lambda a, b, s, t: contrax.siglip_loss(a, b, s, t, chunk_size=2), 2, [1.2, -2.0])
+

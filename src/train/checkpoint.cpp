@@ -1,0 +1,294 @@
+// Atomic checkpoints over torch::serialize archives (see checkpoint.h).
+#include "contrax/train/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace contrax {
+namespace train {
+namespace {
+
+// Written first and checked first: a zip archive that opens but was not
+// written by Checkpoint::save is reported as such, not as a missing module.
+constexpr const char* kFormatKey = "contrax_checkpoint_format";
+constexpr int64_t kFormatVersion = 1;
+
+std::string errno_text() { return std::strerror(errno); }
+
+std::string dir_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string base_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+void fsync_dir(const std::string& dir, const std::string& caller) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  TORCH_CHECK(fd >= 0, caller, ": cannot open directory '", dir, "' to sync it: ", errno_text());
+  const int rc = ::fsync(fd);
+  const int saved_errno = errno;
+  const std::string err = errno_text();
+  ::close(fd);
+  // Some file systems (e.g. certain network mounts) refuse fsync on
+  // directories; the rename is still atomic there, only durability is weaker.
+  TORCH_CHECK(rc == 0 || saved_errno == EINVAL || saved_errno == EROFS, caller, ": fsync of directory '", dir,
+              "' failed: ", err);
+}
+
+// Streams bytes to `path`.tmp.<pid> through `fill`, then syncs and renames.
+void write_atomically(const std::string& path, const std::string& caller,
+                      const std::function<void(const std::function<size_t(const void*, size_t)>&)>& fill) {
+  TORCH_CHECK(!path.empty(), caller, ": argument 'path' must not be empty");
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, caller, ": cannot create '", tmp, "': ", errno_text(), " (does the directory '",
+              dir_of(path), "' exist and is it writable?)");
+  std::string write_error;
+  auto writer = [&](const void* data, size_t n) -> size_t {
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    while (done < n && write_error.empty()) {
+      const ssize_t w = ::write(fd, p + done, n - done);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        write_error = errno_text();
+        break;
+      }
+      done += static_cast<size_t>(w);
+    }
+    return done;
+  };
+  try {
+    fill(writer);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (write_error.empty() && ::fsync(fd) != 0) write_error = "fsync: " + errno_text();
+  if (::close(fd) != 0 && write_error.empty()) write_error = "close: " + errno_text();
+  if (!write_error.empty()) {
+    ::unlink(tmp.c_str());
+    TORCH_CHECK(false, caller, ": writing '", tmp, "' failed: ", write_error, "; the previous '", path,
+                "' is unchanged");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = errno_text();
+    ::unlink(tmp.c_str());
+    TORCH_CHECK(false, caller, ": renaming '", tmp, "' to '", path, "' failed: ", err);
+  }
+  fsync_dir(dir_of(path), caller);
+}
+
+template <typename T>
+void write_map(torch::serialize::OutputArchive& ar, const std::string& name, const std::map<std::string, T>& m) {
+  c10::List<std::string> keys;
+  c10::List<T> values;
+  for (const auto& kv : m) {
+    keys.push_back(kv.first);
+    values.push_back(kv.second);
+  }
+  ar.write(name + ".keys", c10::IValue(keys));
+  ar.write(name + ".values", c10::IValue(values));
+}
+
+template <typename T>
+std::map<std::string, T> read_map(torch::serialize::InputArchive& ar, const std::string& name) {
+  c10::IValue keys, values;
+  ar.read(name + ".keys", keys);
+  ar.read(name + ".values", values);
+  auto k = c10::impl::toTypedList<std::string>(keys.toList());
+  auto v = c10::impl::toTypedList<T>(values.toList());
+  TORCH_CHECK(k.size() == v.size(), "keys and values of '", name, "' differ in length");
+  std::map<std::string, T> m;
+  for (size_t i = 0; i < k.size(); ++i) m[k.get(i)] = v.get(i);
+  return m;
+}
+
+// First line of an exception message: LibTorch appends long backtraces.
+std::string first_line(const std::exception& e) {
+  std::string s = e.what();
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+// Module::load replaces a tensor with whatever the archive holds, whatever its
+// shape; check names and shapes first so a mismatch is an error, not a
+// silently different model.
+void check_module_matches(torch::nn::Module& m, torch::serialize::InputArchive& ar, const std::string& prefix) {
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+    torch::Tensor t;
+    TORCH_CHECK(ar.try_read(p.key(), t), "parameter '", prefix + p.key(), "' is missing in the checkpoint");
+    TORCH_CHECK(t.sizes() == p.value().sizes(), "parameter '", prefix + p.key(), "' has shape ", t.sizes(),
+                " in the checkpoint but ", p.value().sizes(), " in the model");
+  }
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
+    torch::Tensor t;
+    TORCH_CHECK(ar.try_read(b.key(), t, /*is_buffer=*/true), "buffer '", prefix + b.key(),
+                "' is missing in the checkpoint");
+    TORCH_CHECK(t.sizes() == b.value().sizes(), "buffer '", prefix + b.key(), "' has shape ", t.sizes(),
+                " in the checkpoint but ", b.value().sizes(), " in the model");
+  }
+  for (const auto& c : m.named_children()) {
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(ar.try_read(c.key(), sub), "submodule '", prefix + c.key(), "' is missing in the checkpoint");
+    check_module_matches(*c.value(), sub, prefix + c.key() + ".");
+  }
+}
+
+}  // namespace
+
+Checkpoint& Checkpoint::module(const std::string& name, torch::nn::Module& m) {
+  modules_.emplace_back(name, &m);
+  return *this;
+}
+
+Checkpoint& Checkpoint::optimizer(const std::string& name, torch::optim::Optimizer& o) {
+  optimizers_.emplace_back(name, &o);
+  return *this;
+}
+
+Checkpoint& Checkpoint::generator(const std::string& name, at::Generator g) {
+  TORCH_CHECK(g.defined(), "Checkpoint::generator(): argument 'generator' for '", name, "' is undefined");
+  generators_.emplace_back(name, std::move(g));
+  return *this;
+}
+
+void Checkpoint::save(const std::string& path) const {
+  torch::serialize::OutputArchive ar;
+  ar.write(kFormatKey, c10::IValue(kFormatVersion));
+  for (const auto& m : modules_) {
+    torch::serialize::OutputArchive sub;
+    m.second->save(sub);
+    ar.write("module." + m.first, sub);
+  }
+  for (const auto& o : optimizers_) {
+    torch::serialize::OutputArchive sub;
+    o.second->save(sub);
+    ar.write("optimizer." + o.first, sub);
+  }
+  for (const auto& g : generators_) {
+    at::Generator gen = g.second;  // a handle: mutex() is non-const
+    torch::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      state = gen.get_state();
+    }
+    ar.write("generator." + g.first, state, /*is_buffer=*/true);
+  }
+  write_map(ar, "ints", ints);
+  write_map(ar, "doubles", doubles);
+  write_map(ar, "strings", strings);
+  ar.write("metadata", c10::IValue(metadata));
+  write_atomically(path, "Checkpoint::save()", [&](const std::function<size_t(const void*, size_t)>& w) {
+    ar.save_to(w);
+  });
+}
+
+void Checkpoint::load(const std::string& path) {
+  struct stat st {};
+  TORCH_CHECK(::stat(path.c_str(), &st) == 0, "Checkpoint::load(): checkpoint '", path, "' does not exist");
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(path);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "Checkpoint::load(): '", path, "' is not a readable checkpoint (truncated or corrupt; ",
+                st.st_size, " bytes): ", first_line(e));
+  }
+  c10::IValue version;
+  TORCH_CHECK(ar.try_read(kFormatKey, version) && version.isInt(), "Checkpoint::load(): '", path,
+              "' is not a contrax checkpoint (no format marker)");
+  TORCH_CHECK(version.toInt() == kFormatVersion, "Checkpoint::load(): '", path, "' has format version ",
+              version.toInt(), ", this build reads version ", kFormatVersion);
+  for (auto& m : modules_) {
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(ar.try_read("module." + m.first, sub), "Checkpoint::load(): '", path, "' holds no module '",
+                m.first, "'");
+    try {
+      check_module_matches(*m.second, sub, "");
+      m.second->load(sub);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "Checkpoint::load(): module '", m.first, "' in '", path,
+                  "' does not match the model: ", first_line(e));
+    }
+  }
+  for (auto& o : optimizers_) {
+    torch::serialize::InputArchive sub;
+    TORCH_CHECK(ar.try_read("optimizer." + o.first, sub), "Checkpoint::load(): '", path,
+                "' holds no optimizer '", o.first, "'");
+    try {
+      o.second->load(sub);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "Checkpoint::load(): optimizer '", o.first, "' in '", path,
+                  "' does not match the optimizer: ", first_line(e));
+    }
+  }
+  for (auto& g : generators_) {
+    torch::Tensor state;
+    TORCH_CHECK(ar.try_read("generator." + g.first, state, /*is_buffer=*/true), "Checkpoint::load(): '", path,
+                "' holds no generator '", g.first, "'");
+    std::lock_guard<std::mutex> lock(g.second.mutex());
+    g.second.set_state(state);
+  }
+  try {
+    ints = read_map<int64_t>(ar, "ints");
+    doubles = read_map<double>(ar, "doubles");
+    strings = read_map<std::string>(ar, "strings");
+    c10::IValue meta;
+    ar.read("metadata", meta);
+    metadata = meta.toStringRef();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "Checkpoint::load(): scalar state in '", path, "' is corrupt: ", first_line(e));
+  }
+}
+
+bool is_valid_checkpoint(const std::string& path) {
+  try {
+    torch::serialize::InputArchive ar;
+    ar.load_from(path);
+    c10::IValue version;
+    return ar.try_read(kFormatKey, version) && version.isInt() && version.toInt() == kFormatVersion;
+  } catch (...) {
+    return false;
+  }
+}
+
+int64_t remove_stale_temporaries(const std::string& path) {
+  const std::string dir = dir_of(path);
+  const std::string prefix = base_of(path) + ".tmp.";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int64_t removed = 0;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long pid = std::stol(pid_text);
+    const bool alive = pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+    if (!alive && ::unlink((dir + "/" + name).c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
+
+void write_file_atomically(const std::string& path, const std::string& bytes) {
+  write_atomically(path, "write_file_atomically()", [&](const std::function<size_t(const void*, size_t)>& w) {
+    TORCH_CHECK(w(bytes.data(), bytes.size()) == bytes.size(), "write_file_atomically(): short write to '",
+                path, "'");
+  });
+}
+
+}  // namespace train
+}  // namespace contrax

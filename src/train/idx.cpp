@@ -1,0 +1,188 @@
+// IDX reader: gzip or plain MNIST-format files into tensors, with errors that
+// name the file and say what is wrong and how to get a good copy.
+#include "contrax/train/idx.h"
+
+#include <zlib.h>
+
+#include <sys/stat.h>
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <sstream>
+
+namespace contrax {
+namespace train {
+namespace {
+
+const char* const kInstallHint =
+    " (install Fashion-MNIST with `apt-get install dataset-fashion-mnist`, or pass "
+    "--data DIR with a directory holding MNIST-format IDX files)";
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+struct GzCloser {
+  void operator()(gzFile_s* f) const {
+    if (f != nullptr) gzclose(f);
+  }
+};
+
+// An open IDX file. zlib reads gzip streams and plain files through the same
+// calls, so both formats share one code path.
+class IdxFile {
+ public:
+  IdxFile(std::string path, const char* caller) : path_(std::move(path)), caller_(caller) {
+    TORCH_CHECK(file_exists(path_), caller_, "(): file '", path_, "' does not exist", kInstallHint);
+    file_.reset(gzopen(path_.c_str(), "rb"));
+    TORCH_CHECK(file_ != nullptr, caller_, "(): cannot open file '", path_, "': ", std::strerror(errno));
+    gzbuffer(file_.get(), 1 << 20);
+  }
+
+  // Reads up to `n` bytes; returns how many were read before the end of the
+  // data. A damaged gzip stream is an error unless it merely ends early (that is
+  // reported as truncation by the caller, which knows what was expected).
+  int64_t read(void* dst, int64_t n) {
+    auto* out = static_cast<char*>(dst);
+    int64_t done = 0;
+    while (done < n) {
+      const auto want = static_cast<unsigned>(std::min<int64_t>(n - done, 1 << 30));
+      const int got = gzread(file_.get(), out + done, want);
+      if (got < 0) {
+        int err = 0;
+        const char* msg = gzerror(file_.get(), &err);
+        TORCH_CHECK(err == Z_BUF_ERROR, caller_, "(): file '", path_, "' is corrupt (zlib: ", msg, ")",
+                    kInstallHint);
+        break;
+      }
+      if (got == 0) break;
+      done += got;
+    }
+    return done;
+  }
+
+  // Reads the big-endian uint32 header field `what`.
+  uint32_t read_u32(const char* what) {
+    std::array<unsigned char, 4> b{};
+    const int64_t got = read(b.data(), 4);
+    TORCH_CHECK(got == 4, caller_, "(): file '", path_, "' is truncated: expected 4 bytes of ", what,
+                " in the header, got ", got, kInstallHint);
+    return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | uint32_t(b[3]);
+  }
+
+  void check_magic(uint32_t expected, const char* kind) {
+    const uint32_t magic = read_u32("magic number");
+    TORCH_CHECK(magic == expected, caller_, "(): file '", path_, "' is not an IDX ", kind,
+                " file: magic number is 0x", hex(magic), ", expected 0x", hex(expected), kInstallHint);
+  }
+
+  // Reads exactly `n` bytes of `what` or fails naming expected and actual sizes.
+  void read_payload(void* dst, int64_t n, const char* what) {
+    const int64_t got = read(dst, n);
+    TORCH_CHECK(got == n, caller_, "(): file '", path_, "' is truncated: expected ", n, " bytes of ",
+                what, ", got ", got, kInstallHint);
+  }
+
+  const std::string& path() const { return path_; }
+
+ private:
+  static std::string hex(uint32_t v) {
+    std::ostringstream s;
+    s.width(8);
+    s.fill('0');
+    s << std::hex << v;
+    return s.str();
+  }
+
+  std::string path_;
+  const char* caller_;
+  std::unique_ptr<gzFile_s, GzCloser> file_;
+};
+
+int64_t items_to_read(int64_t count, int64_t limit) {
+  return limit < 0 ? count : std::min(count, limit);
+}
+
+torch::Tensor read_images(const std::string& path, int64_t limit, int64_t* header_count) {
+  IdxFile f(path, "load_idx_images");
+  f.check_magic(kIdxImagesMagic, "image");
+  const int64_t count = f.read_u32("image count");
+  const int64_t rows = f.read_u32("row count");
+  const int64_t cols = f.read_u32("column count");
+  // Real files are 28x28; a bound keeps a corrupt header from asking for
+  // terabytes before the truncation check can fire.
+  TORCH_CHECK(rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096, "load_idx_images(): file '", path,
+              "' has invalid image dimensions ", rows, "x", cols, " (expected 1..4096 each)", kInstallHint);
+  *header_count = count;
+  const int64_t n = items_to_read(count, limit);
+  auto images = torch::empty({n, rows, cols}, torch::kUInt8);
+  f.read_payload(images.data_ptr<uint8_t>(), n * rows * cols, "pixels");
+  return images;
+}
+
+torch::Tensor read_labels(const std::string& path, int64_t limit, int64_t* header_count) {
+  IdxFile f(path, "load_idx_labels");
+  f.check_magic(kIdxLabelsMagic, "label");
+  const int64_t count = f.read_u32("label count");
+  *header_count = count;
+  const int64_t n = items_to_read(count, limit);
+  auto labels = torch::empty({n}, torch::kUInt8);
+  f.read_payload(labels.data_ptr<uint8_t>(), n, "labels");
+  return labels.to(torch::kInt64);
+}
+
+}  // namespace
+
+torch::Tensor load_idx_images(const std::string& path, int64_t limit) {
+  int64_t count = 0;
+  return read_images(path, limit, &count);
+}
+
+torch::Tensor load_idx_labels(const std::string& path, int64_t limit) {
+  int64_t count = 0;
+  return read_labels(path, limit, &count);
+}
+
+Dataset Dataset::select(const torch::Tensor& indices) const {
+  return Dataset{images.index_select(0, indices), labels.index_select(0, indices)};
+}
+
+Dataset Dataset::head(int64_t n) const {
+  if (n < 0 || n >= size()) return *this;
+  return Dataset{images.narrow(0, 0, n), labels.narrow(0, 0, n)};
+}
+
+std::string idx_file_path(const std::string& dir, const std::string& split, const std::string& kind) {
+  TORCH_CHECK(split == "train" || split == "test", "idx_file_path(): argument 'split' must be \"train\" or ",
+              "\"test\", but got \"", split, "\"");
+  TORCH_CHECK(kind == "images" || kind == "labels", "idx_file_path(): argument 'kind' must be \"images\" ",
+              "or \"labels\", but got \"", kind, "\"");
+  const std::string prefix = split == "train" ? "train" : "t10k";
+  const std::string base = dir + "/" + prefix + "-" + kind + (kind == "images" ? "-idx3-ubyte" : "-idx1-ubyte");
+  if (file_exists(base + ".gz")) return base + ".gz";
+  if (file_exists(base)) return base;
+  return base + ".gz";
+}
+
+Dataset load_dataset(const std::string& dir, const std::string& split, int64_t limit) {
+  TORCH_CHECK(split == "train" || split == "test", "load_dataset(): argument 'split' must be \"train\" or ",
+              "\"test\", but got \"", split, "\"");
+  const std::string images_path = idx_file_path(dir, split, "images");
+  const std::string labels_path = idx_file_path(dir, split, "labels");
+  // Check both names up front so a missing directory gives one clear message.
+  TORCH_CHECK(file_exists(images_path), "load_dataset(): file '", images_path,
+              "' does not exist (nor without .gz)", kInstallHint);
+  TORCH_CHECK(file_exists(labels_path), "load_dataset(): file '", labels_path,
+              "' does not exist (nor without .gz)", kInstallHint);
+  int64_t image_count = 0, label_count = 0;
+  auto images = read_images(images_path, limit, &image_count);
+  auto labels = read_labels(labels_path, limit, &label_count);
+  TORCH_CHECK(image_count == label_count, "load_dataset(): '", images_path, "' holds ", image_count,
+              " images but '", labels_path, "' holds ", label_count, " labels", kInstallHint);
+  return Dataset{images.unsqueeze(1), labels};
+}
+
+}  // namespace train
+}  // namespace contrax

@@ -1,0 +1,305 @@
+// Tests of atomic checkpoints: round trip of modules, optimizers, generators
+// and scalars; clear errors; stale temporaries; a writer SIGKILLed mid-write
+// leaves the last good checkpoint loadable.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "contrax/train/checkpoint.h"
+#include "contrax/train/models.h"
+
+namespace ct = contrax::train;
+
+namespace {
+
+// A fresh directory under /tmp, removed with everything in it at scope exit.
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/contrax_ckpt_test_XXXXXX";
+    const char* d = ::mkdtemp(tmpl);
+    EXPECT_NE(d, nullptr);
+    path = d != nullptr ? d : "/tmp";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+int64_t file_size(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 ? st.st_size : -1;
+}
+
+bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  if (pa.size() != pb.size()) return false;
+  for (const auto& kv : pa) {
+    if (!torch::equal(kv.value(), pb[kv.key()])) return false;
+  }
+  return true;
+}
+
+// One Adam step on a tiny regression so that the optimizer has state.
+void train_step(ct::SimCLRModel& model, torch::optim::Optimizer& opt, int seed) {
+  torch::manual_seed(seed);
+  opt.zero_grad();
+  model(torch::randn({4, 1, 28, 28})).pow(2).mean().backward();
+  opt.step();
+}
+
+ct::ContrastiveModelOptions small() {
+  return ct::ContrastiveModelOptions().encoder(ct::EncoderOptions().channels({8, 16}).strides({2, 2})).proj_hidden_dim(16).proj_dim(8);
+}
+
+}  // namespace
+
+// First in this file: the fork below runs before this process has used
+// OpenMP threads in anything but tensor creation.
+TEST(Checkpoint, KilledWriterLeavesLastGoodCheckpoint) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  const auto path = dir + "/ckpt.pt";
+  torch::nn::Linear good_module(4, 4);
+  {
+    ct::Checkpoint c;
+    c.module("m", *good_module);
+    c.ints["step"] = 100;
+    c.save(path);
+  }
+  const auto good_size = file_size(path);
+  bool caught_mid_write = false;
+  for (int attempt = 0; attempt < 5 && !caught_mid_write; ++attempt) {
+    // A big module so the write takes long enough to be interrupted.
+    torch::nn::Linear big(4096, 4096 << attempt);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      at::set_num_threads(1);
+      ct::Checkpoint c;
+      c.module("m", *big);
+      c.ints["step"] = 200;
+      c.save(path);
+      ::_exit(0);
+    }
+    const std::string tmp = path + ".tmp." + std::to_string(child);
+    // Kill as soon as the temporary holds a megabyte: mid-write.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (file_size(tmp) < (1 << 20) && std::chrono::steady_clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(child, &status, WNOHANG) == child) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    if (file_size(tmp) >= (1 << 20)) {
+      caught_mid_write = true;
+      // The final name still holds the old, complete checkpoint.
+      EXPECT_EQ(file_size(path), good_size);
+      torch::nn::Linear restored(4, 4);
+      ct::Checkpoint c;
+      c.module("m", *restored);
+      c.load(path);
+      EXPECT_EQ(c.ints.at("step"), 100);
+      EXPECT_TRUE(same_parameters(*restored, *good_module));
+      // The torn temporary is not a checkpoint and is cleaned up.
+      EXPECT_FALSE(ct::is_valid_checkpoint(tmp));
+      EXPECT_EQ(ct::remove_stale_temporaries(path), 1);
+      EXPECT_EQ(file_size(tmp), -1);
+    } else {
+      // The child finished before we saw it writing: restore and retry bigger.
+      ct::Checkpoint c;
+      c.module("m", *good_module);
+      c.ints["step"] = 100;
+      c.save(path);
+    }
+  }
+  EXPECT_TRUE(caught_mid_write) << "never caught the writer mid-write";
+}
+
+TEST(Checkpoint, RoundTripModulesOptimizersGeneratorsAndScalars) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  const auto path = dir + "/ckpt.pt";
+  torch::manual_seed(0);
+  ct::SimCLRModel model(small());
+  torch::optim::AdamW adamw(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::nn::Linear other(3, 2);
+  torch::optim::SGD sgd(other->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  train_step(model, adamw, 1);
+  other(torch::randn({2, 3})).sum().backward();
+  sgd.step();
+  auto gen = at::detail::createCPUGenerator(77);
+  torch::rand({5}, gen);
+
+  ct::Checkpoint out;
+  out.module("model", *model).module("other", *other).optimizer("adamw", adamw).optimizer("sgd", sgd).generator("g", gen);
+  out.ints = {{"step", 12}, {"epoch", 3}};
+  out.doubles = {{"lr", 0.125}};
+  out.strings = {{"recipe", "simclr"}};
+  out.metadata = R"({"nproc": 2})";
+  out.save(path);
+  EXPECT_TRUE(ct::is_valid_checkpoint(path));
+  EXPECT_EQ(file_size(path + ".tmp." + std::to_string(::getpid())), -1);
+
+  // What the uninterrupted run does next.
+  auto next_random = torch::rand({5}, gen);
+  train_step(model, adamw, 2);
+
+  // A fresh process's objects, restored from the checkpoint, continue identically.
+  torch::manual_seed(99);
+  ct::SimCLRModel model2(small());
+  torch::optim::AdamW adamw2(model2->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::nn::Linear other2(3, 2);
+  torch::optim::SGD sgd2(other2->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto gen2 = at::detail::createCPUGenerator(1);
+  ct::Checkpoint in;
+  in.module("model", *model2).module("other", *other2).optimizer("adamw", adamw2).optimizer("sgd", sgd2).generator("g", gen2);
+  in.load(path);
+  EXPECT_EQ(in.ints.at("step"), 12);
+  EXPECT_EQ(in.ints.at("epoch"), 3);
+  EXPECT_DOUBLE_EQ(in.doubles.at("lr"), 0.125);
+  EXPECT_EQ(in.strings.at("recipe"), "simclr");
+  EXPECT_EQ(in.metadata, R"({"nproc": 2})");
+  EXPECT_TRUE(same_parameters(*other2, *other));
+  EXPECT_TRUE(torch::equal(torch::rand({5}, gen2), next_random));
+  train_step(model2, adamw2, 2);
+  EXPECT_TRUE(same_parameters(*model2, *model));  // Adam moments were restored too
+}
+
+TEST(Checkpoint, MoCoModelWithMomentumBranchRoundTrips) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  torch::manual_seed(0);
+  ct::MocoV3Model a(small());
+  a->update_momentum(0.5);
+  ct::Checkpoint c;
+  c.module("model", *a);
+  c.save(dir + "/m.pt");
+  torch::manual_seed(1);
+  ct::MocoV3Model b(small());
+  ct::Checkpoint d;
+  d.module("model", *b);
+  d.load(dir + "/m.pt");
+  EXPECT_TRUE(same_parameters(*a, *b));
+}
+
+TEST(Checkpoint, OverwriteKeepsOnlyTheNewOneAndStaleTmpIsIgnored) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  const auto path = dir + "/ckpt.pt";
+  ct::Checkpoint c;
+  c.ints["step"] = 1;
+  c.save(path);
+  // A crashed writer's garbage next to it (pid 999999999 does not exist).
+  const auto stale = path + ".tmp.999999999";
+  std::ofstream(stale) << "PK\x03\x04 garbage";
+  c.ints["step"] = 2;
+  c.save(path);
+  ct::Checkpoint r;
+  r.load(path);
+  EXPECT_EQ(r.ints.at("step"), 2);
+  EXPECT_EQ(ct::remove_stale_temporaries(path), 1);
+  EXPECT_EQ(file_size(stale), -1);
+  ct::write_file_atomically(dir + "/summary.json", "{\"ok\": true}\n");
+  std::ifstream f(dir + "/summary.json");
+  std::string s;
+  std::getline(f, s);
+  EXPECT_EQ(s, "{\"ok\": true}");
+}
+
+TEST(Checkpoint, LoadErrorsAreClear) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  auto msg = error_of([&] { ct::Checkpoint().load(dir + "/none.pt"); });
+  EXPECT_NE(msg.find("Checkpoint::load(): checkpoint '" + dir + "/none.pt' does not exist"), std::string::npos) << msg;
+
+  torch::nn::Linear lin(4, 4);
+  ct::Checkpoint c;
+  c.module("lin", *lin);
+  c.save(dir + "/good.pt");
+  // Truncated copy.
+  {
+    std::ifstream in(dir + "/good.pt", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    std::ofstream(dir + "/trunc.pt", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
+  msg = error_of([&] { ct::Checkpoint().load(dir + "/trunc.pt"); });
+  EXPECT_NE(msg.find("Checkpoint::load(): '" + dir + "/trunc.pt' is not a readable checkpoint (truncated or corrupt;"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(ct::is_valid_checkpoint(dir + "/trunc.pt"));
+  std::ofstream(dir + "/junk.pt") << "not a zip";
+  msg = error_of([&] { ct::Checkpoint().load(dir + "/junk.pt"); });
+  EXPECT_NE(msg.find("is not a readable checkpoint"), std::string::npos) << msg;
+  // A LibTorch archive that Checkpoint did not write.
+  {
+    torch::serialize::OutputArchive ar;
+    ar.write("x", torch::ones({1}));
+    ar.save_to(dir + "/foreign.pt");
+  }
+  msg = error_of([&] { ct::Checkpoint().load(dir + "/foreign.pt"); });
+  EXPECT_NE(msg.find("is not a contrax checkpoint (no format marker)"), std::string::npos) << msg;
+  // Entry missing or not matching.
+  torch::nn::Linear lin2(4, 4);
+  msg = error_of([&] {
+    ct::Checkpoint d;
+    d.module("encoder", *lin2);
+    d.load(dir + "/good.pt");
+  });
+  EXPECT_NE(msg.find("holds no module 'encoder'"), std::string::npos) << msg;
+  torch::nn::Linear wrong(5, 4);
+  msg = error_of([&] {
+    ct::Checkpoint d;
+    d.module("lin", *wrong);
+    d.load(dir + "/good.pt");
+  });
+  EXPECT_NE(msg.find("module 'lin' in '" + dir + "/good.pt' does not match the model: parameter 'weight' has "
+                     "shape [4, 4] in the checkpoint but [4, 5] in the model"),
+            std::string::npos)
+      << msg;
+  // A model with an extra submodule.
+  torch::nn::Sequential seq(torch::nn::Linear(4, 4));
+  msg = error_of([&] {
+    ct::Checkpoint d;
+    d.module("lin", *seq);
+    d.load(dir + "/good.pt");
+  });
+  EXPECT_NE(msg.find("submodule '0' is missing in the checkpoint"), std::string::npos) << msg;
+  torch::optim::SGD sgd(lin->parameters(), 0.1);
+  msg = error_of([&] {
+    ct::Checkpoint d;
+    d.optimizer("sgd", sgd);
+    d.load(dir + "/good.pt");
+  });
+  EXPECT_NE(msg.find("holds no optimizer 'sgd'"), std::string::npos) << msg;
+  msg = error_of([&] {
+    ct::Checkpoint d;
+    d.generator("cpu", at::detail::createCPUGenerator(0));
+    d.load(dir + "/good.pt");
+  });
+  EXPECT_NE(msg.find("holds no generator 'cpu'"), std::string::npos) << msg;
+  msg = error_of([&] { ct::Checkpoint().save("/nonexistent-dir/x.pt"); });
+  EXPECT_NE(msg.find("Checkpoint::save(): cannot create '/nonexistent-dir/x.pt.tmp."), std::string::npos) << msg;
+}

@@ -1,0 +1,230 @@
+// Tests of the IDX reader: good files (plain and gzip), every error a damaged
+// or missing file can cause, and the real Fashion-MNIST test split when installed.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "contrax/train/idx.h"
+
+namespace ct = contrax::train;
+
+namespace {
+
+// A fresh directory under /tmp, removed with everything in it at scope exit.
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/contrax_idx_test_XXXXXX";
+    const char* d = ::mkdtemp(tmpl);
+    EXPECT_NE(d, nullptr);
+    path = d != nullptr ? d : "/tmp";
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+void put_u32(std::string& s, uint32_t v) {
+  s.push_back(char((v >> 24) & 0xff));
+  s.push_back(char((v >> 16) & 0xff));
+  s.push_back(char((v >> 8) & 0xff));
+  s.push_back(char(v & 0xff));
+}
+
+// n images of rows x cols, pixel (i, r, c) = (i * 7 + r * 3 + c) mod 256.
+std::string image_bytes(uint32_t n, uint32_t rows = 28, uint32_t cols = 28, uint32_t magic = 0x803) {
+  std::string s;
+  put_u32(s, magic);
+  put_u32(s, n);
+  put_u32(s, rows);
+  put_u32(s, cols);
+  for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t r = 0; r < rows; ++r)
+      for (uint32_t c = 0; c < cols; ++c) s.push_back(char((i * 7 + r * 3 + c) % 256));
+  return s;
+}
+
+std::string label_bytes(uint32_t n, uint32_t magic = 0x801) {
+  std::string s;
+  put_u32(s, magic);
+  put_u32(s, n);
+  for (uint32_t i = 0; i < n; ++i) s.push_back(char(i % 10));
+  return s;
+}
+
+void write_plain(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+void write_gz(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), int(bytes.size()));
+  gzclose(f);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_pixels(const torch::Tensor& x) {
+  for (int64_t i = 0; i < x.size(0); ++i) {
+    EXPECT_EQ(x[i][2][5].item<int64_t>(), (i * 7 + 2 * 3 + 5) % 256);
+  }
+}
+
+}  // namespace
+
+TEST(IdxReader, ReadsPlainAndGzipFilesAlike) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_plain(dir + "/a.idx", image_bytes(5));
+  write_gz(dir + "/a.idx.gz", image_bytes(5));
+  for (const auto& p : {dir + "/a.idx", dir + "/a.idx.gz"}) {
+    auto x = ct::load_idx_images(p);
+    EXPECT_EQ(x.sizes(), (std::vector<int64_t>{5, 28, 28}));
+    EXPECT_EQ(x.scalar_type(), torch::kUInt8);
+    expect_pixels(x);
+  }
+  write_gz(dir + "/l.gz", label_bytes(5));
+  auto y = ct::load_idx_labels(dir + "/l.gz");
+  EXPECT_EQ(y.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(y, torch::tensor({0, 1, 2, 3, 4}, torch::kInt64)));
+  EXPECT_EQ(ct::load_idx_images(dir + "/a.idx", 2).size(0), 2);
+}
+
+TEST(IdxReader, LoadDatasetFromDirectoryWithLimit) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(12));
+  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(12));
+  // The test split uncompressed: the reader falls back to the plain name.
+  write_plain(dir + "/t10k-images-idx3-ubyte", image_bytes(4));
+  write_plain(dir + "/t10k-labels-idx1-ubyte", label_bytes(4));
+  auto train = ct::load_dataset(dir, "train");
+  EXPECT_EQ(train.images.sizes(), (std::vector<int64_t>{12, 1, 28, 28}));
+  EXPECT_EQ(train.labels.sizes(), (std::vector<int64_t>{12}));
+  auto test = ct::load_dataset(dir, "test", 3);
+  EXPECT_EQ(test.size(), 3);
+  EXPECT_EQ(test.labels[2].item<int64_t>(), 2);
+  auto sel = train.select(torch::tensor({11, 0}, torch::kInt64));
+  EXPECT_EQ(sel.labels[0].item<int64_t>(), 1);
+  EXPECT_EQ(train.head(5).size(), 5);
+}
+
+TEST(IdxReader, TruncatedFileNamesExpectedAndActualBytes) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  auto bytes = image_bytes(4).substr(0, 16 + 100);
+  write_plain(dir + "/t.idx", bytes);
+  write_gz(dir + "/t.idx.gz", bytes);
+  for (const auto& p : {dir + "/t.idx", dir + "/t.idx.gz"}) {
+    const auto msg = error_of([&] { ct::load_idx_images(p); });
+    EXPECT_NE(msg.find("load_idx_images(): file '" + p + "' is truncated: expected 3136 bytes of pixels, got 100"),
+              std::string::npos)
+        << msg;
+  }
+  write_plain(dir + "/l.idx", label_bytes(10).substr(0, 8 + 3));
+  auto msg = error_of([&] { ct::load_idx_labels(dir + "/l.idx"); });
+  EXPECT_NE(msg.find("is truncated: expected 10 bytes of labels, got 3"), std::string::npos) << msg;
+  write_plain(dir + "/h.idx", image_bytes(1).substr(0, 6));
+  msg = error_of([&] { ct::load_idx_images(dir + "/h.idx"); });
+  EXPECT_NE(msg.find("is truncated: expected 4 bytes of image count in the header, got 2"), std::string::npos)
+      << msg;
+}
+
+TEST(IdxReader, WrongMagicIsRejected) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_plain(dir + "/labels-as-images", label_bytes(3));
+  auto msg = error_of([&] { ct::load_idx_images(dir + "/labels-as-images"); });
+  EXPECT_NE(msg.find("is not an IDX image file: magic number is 0x00000801, expected 0x00000803"),
+            std::string::npos)
+      << msg;
+  write_plain(dir + "/images-as-labels", image_bytes(1));
+  msg = error_of([&] { ct::load_idx_labels(dir + "/images-as-labels"); });
+  EXPECT_NE(msg.find("is not an IDX label file: magic number is 0x00000803, expected 0x00000801"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(IdxReader, InvalidDimensionsAreRejected) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_plain(dir + "/z.idx", image_bytes(1, 0, 28));
+  const auto msg = error_of([&] { ct::load_idx_images(dir + "/z.idx"); });
+  EXPECT_NE(msg.find("has invalid image dimensions 0x28"), std::string::npos) << msg;
+}
+
+TEST(IdxReader, CorruptGzipIsRejected) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_gz(dir + "/c.gz", image_bytes(20));
+  std::string raw;
+  {
+    std::ifstream f(dir + "/c.gz", std::ios::binary);
+    raw.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  for (size_t i = 20; i < raw.size(); i += 3) raw[i] = char(raw[i] ^ 0x5a);  // damage the deflate stream
+  write_plain(dir + "/c.gz", raw);
+  const auto msg = error_of([&] { ct::load_idx_images(dir + "/c.gz"); });
+  EXPECT_TRUE(msg.find("is corrupt") != std::string::npos || msg.find("is truncated") != std::string::npos ||
+              msg.find("magic number") != std::string::npos)
+      << msg;
+}
+
+TEST(IdxReader, MissingFileHintsAtThePackage) {
+  auto msg = error_of([] { ct::load_idx_images("/nonexistent/x-idx3-ubyte.gz"); });
+  EXPECT_NE(msg.find("load_idx_images(): file '/nonexistent/x-idx3-ubyte.gz' does not exist"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("apt-get install dataset-fashion-mnist"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--data DIR"), std::string::npos) << msg;
+  msg = error_of([] { ct::load_dataset("/nonexistent", "train"); });
+  EXPECT_NE(msg.find("load_dataset(): file '/nonexistent/train-images-idx3-ubyte.gz' does not exist"),
+            std::string::npos)
+      << msg;
+  msg = error_of([] { ct::load_dataset("/nonexistent", "val"); });
+  EXPECT_NE(msg.find("load_dataset(): argument 'split' must be \"train\" or \"test\", but got \"val\""),
+            std::string::npos)
+      << msg;
+}
+
+TEST(IdxReader, ImageAndLabelCountsMustAgree) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(4));
+  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(5));
+  const auto msg = error_of([&] { ct::load_dataset(dir, "train", 2); });
+  EXPECT_NE(msg.find("holds 4 images but '" + dir + "/train-labels-idx1-ubyte.gz' holds 5 labels"),
+            std::string::npos)
+      << msg;
+}
+
+TEST(IdxReader, RealFashionMnistTestSplit) {
+  struct stat st {};
+  const std::string dir = ct::kDefaultDataDir;
+  if (::stat((dir + "/t10k-images-idx3-ubyte.gz").c_str(), &st) != 0) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  auto test = ct::load_dataset(dir, "test");
+  EXPECT_EQ(test.images.sizes(), (std::vector<int64_t>{10000, 1, 28, 28}));
+  EXPECT_EQ(test.labels.min().item<int64_t>(), 0);
+  EXPECT_EQ(test.labels.max().item<int64_t>(), 9);
+  // Fashion-MNIST's test split is balanced: 1000 per class.
+  EXPECT_TRUE(torch::equal(torch::bincount(test.labels), torch::full({10}, 1000, torch::kInt64)));
+}

@@ -1,0 +1,266 @@
+// The training loop: world-size independence (fp64), the gradient cache path,
+// resume equality, a clean stop on SIGTERM, and the CLI's flag errors.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "contrax/train/checkpoint.h"
+#include "contrax/train/idx.h"
+#include "contrax/train/trainer.h"
+#include "support/ranks.h"
+
+namespace ct = contrax::train;
+
+namespace {
+
+// A synthetic data set: n random 28x28 grey images with blobs (enough for the
+// loop; the real data set is used by the CLI tests).
+ct::Dataset synthetic(int64_t n, uint64_t seed = 7) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  ct::Dataset d;
+  d.images = torch::randint(0, 256, {n, 1, 28, 28}, g, torch::kUInt8);
+  d.labels = torch::randint(0, 10, {n}, g, torch::kLong);
+  return d;
+}
+
+std::vector<torch::Tensor> train_world(int64_t world, const ct::Dataset& data, const ct::TrainOptions& o,
+                                       std::vector<double>* losses = nullptr) {
+  std::vector<torch::Tensor> params;
+  std::vector<double> ls;
+  contrax::testing::run_ranks(world, [&](const contrax::CommunicatorPtr& comm) {
+    auto r = ct::train_contrastive(comm, data, o);
+    if (comm->rank() == 0) {
+      for (auto& p : r.parameters) params.push_back(p.clone());
+      ls = r.losses;
+    }
+  }, std::chrono::seconds(120));
+  if (losses) *losses = ls;
+  return params;
+}
+
+double max_rel_err(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double e = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) e = std::max(e, contrax::testing::rel_err(a[i], b[i]));
+  return e;
+}
+
+ct::TrainOptions small_options(const std::string& recipe) {
+  return ct::TrainOptions()
+      .recipe(recipe)
+      .batch_size(24)
+      .max_steps(3)
+      .warmup_steps(1)
+      .lr(1e-2)
+      .dtype(torch::kDouble)
+      .log_every(0)
+      .seed(3)
+      .model(ct::ContrastiveModelOptions()
+                 .encoder(ct::EncoderOptions().channels({8, 16}).strides({2, 2}).groups(4))
+                 .proj_hidden_dim(32)
+                 .proj_dim(16)
+                 .pred_hidden_dim(32));
+}
+
+std::string temp_dir(const std::string& name) {
+  std::string d = ::testing::TempDir() + "contrax_trainer_" + name + "_" + std::to_string(::getpid());
+  std::system(("rm -rf '" + d + "'").c_str());
+  return d;
+}
+
+std::vector<std::string> metric_losses(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    auto p = line.find("\"loss\":");
+    auto q = line.find(',', p);
+    out.push_back(line.substr(p + 7, q - p - 7));
+  }
+  return out;
+}
+
+struct Run {
+  int status = -1;
+  std::string output;
+};
+
+Run run_cli(const std::string& args) {
+  std::string out = ::testing::TempDir() + "contrax_trainer_cli_" + std::to_string(::getpid()) + ".txt";
+  int st = std::system((std::string(CONTRAX_CLI_PATH) + " train " + args + " > '" + out + "' 2>&1").c_str());
+  Run r;
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.output = ss.str();
+  return r;
+}
+
+const char* kFastCli =
+    "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --log-every 0 --threads 1";
+
+}  // namespace
+
+TEST(Trainer, TwoRanksEqualOneRankSimCLR) {
+  auto data = synthetic(60);  // 3 steps of 24, the third short (12) and even
+  auto o = small_options("simclr");
+  std::vector<double> l1, l2;
+  auto p1 = train_world(1, data, o, &l1);
+  auto p2 = train_world(2, data, o, &l2);
+  EXPECT_LT(max_rel_err(p2, p1), 1e-9);
+  ASSERT_EQ(l1.size(), 3u);
+  ASSERT_EQ(l2.size(), 3u);
+  for (size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l2[i], 1e-10 * std::abs(l1[i]));
+  // The parameters moved (the comparison is not vacuous).
+  auto p0 = train_world(1, data, ct::TrainOptions(o).max_steps(3).stop_at_step(0));
+  EXPECT_GT(max_rel_err(p1, p0), 1e-4);
+}
+
+TEST(Trainer, ThreeRanksUnevenEqualOneRankMocoV3) {
+  auto data = synthetic(55);  // batches 24, 24, 7 over 3 ranks: 8/8/8 and 3/2/2
+  auto o = small_options("moco-v3");
+  auto p1 = train_world(1, data, o);
+  auto p3 = train_world(3, data, o);
+  EXPECT_LT(max_rel_err(p3, p1), 1e-9);
+}
+
+TEST(Trainer, GradientCacheEqualsOneShot) {
+  auto data = synthetic(60);
+  for (const std::string recipe : {"simclr", "moco-v3"}) {
+    auto o = small_options(recipe);
+    auto ref = train_world(1, data, o);
+    auto gc = train_world(2, data, ct::TrainOptions(o).chunk_size(5));
+    EXPECT_LT(max_rel_err(gc, ref), 1e-9) << recipe;
+  }
+}
+
+TEST(Trainer, ResumeContinuesOnTheSameCurve) {
+  auto data = synthetic(60);
+  for (const std::string recipe : {"simclr", "moco-v3"}) {
+    auto o = small_options(recipe).max_steps(6).dtype(torch::kFloat);
+    const std::string a = temp_dir("full_" + recipe), b = temp_dir("half_" + recipe);
+    std::vector<double> la, lb1, lb2;
+    auto pa = train_world(1, data, ct::TrainOptions(o).run_dir(a), &la);
+    train_world(1, data, ct::TrainOptions(o).run_dir(b).stop_at_step(3), &lb1);
+    EXPECT_TRUE(ct::is_valid_checkpoint(ct::checkpoint_path(b)));
+    auto pb = train_world(1, data, ct::TrainOptions(o).run_dir(b).resume(true), &lb2);
+    ASSERT_EQ(lb1.size(), 3u);
+    ASSERT_EQ(lb2.size(), 3u);
+    lb1.insert(lb1.end(), lb2.begin(), lb2.end());
+    EXPECT_EQ(lb1, la) << recipe;  // bit-exact: same thread count, same order of operations
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << recipe << " parameter " << i;
+    EXPECT_EQ(metric_losses(a + "/metrics.jsonl"), metric_losses(b + "/metrics.jsonl"));
+  }
+}
+
+TEST(Trainer, ResumeRejectsOtherSettings) {
+  auto data = synthetic(60);
+  auto o = small_options("simclr");
+  const std::string d = temp_dir("mismatch");
+  train_world(1, data, ct::TrainOptions(o).run_dir(d).stop_at_step(1));
+  try {
+    train_world(1, data, ct::TrainOptions(o).run_dir(d).resume(true).batch_size(12));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("resume with the same flags"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainCli, TwoProcessResumeEqualsUninterrupted) {
+  const std::string a = temp_dir("cli_full"), b = temp_dir("cli_half");
+  auto full = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps 6 --run-dir " + a);
+  ASSERT_EQ(full.status, 0) << full.output;
+  auto half = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps 6 --stop-at-step 3 --run-dir " + b);
+  ASSERT_EQ(half.status, 0) << half.output;
+  EXPECT_NE(half.output.find("stopped at step 3/6"), std::string::npos) << half.output;
+  auto rest = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps 6 --resume --run-dir " + b);
+  ASSERT_EQ(rest.status, 0) << rest.output;
+  auto la = metric_losses(a + "/metrics.jsonl"), lb = metric_losses(b + "/metrics.jsonl");
+  EXPECT_EQ(la.size(), 6u);
+  EXPECT_EQ(la, lb);
+}
+
+TEST(TrainCli, JsonSummaryWithEvaluation) {
+  const std::string d = temp_dir("cli_json");
+  auto r = run_cli("--nproc 2 --train-limit 256 --batch-size 64 --max-steps 2 --eval-limit 300 --json --threads 1 "
+                   "--run-dir " + d);
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* key : {"\"linear_probe_acc\":", "\"knn_acc\":", "\"random_init_linear_probe_acc\":",
+                          "\"raw_pixel_linear_probe_acc\":", "\"random_init_knn_acc\":", "\"raw_pixel_knn_acc\":",
+                          "\"examples_per_s\":", "\"wall_s\":", "\"steps\":2", "\"world_size\":2",
+                          "\"recipe\":\"simclr\"", "distributed gradients equal single-device"}) {
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
+  }
+}
+
+TEST(TrainCli, SigtermStopsCleanlyWithACheckpoint) {
+  const std::string d = temp_dir("cli_sigterm");
+  const std::string cmd = std::string(CONTRAX_CLI_PATH) + " train " + kFastCli +
+                          " --nproc 2 --max-steps 100000 --checkpoint-every 0 --run-dir " + d;
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > /dev/null 2>&1").c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Wait for a few steps to be logged.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (metric_losses(d + "/metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_GE(metric_losses(d + "/metrics.jsonl").size(), 3u);
+  ::kill(pid, SIGTERM);
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 128 + SIGTERM);
+  const std::string ck = ct::checkpoint_path(d);
+  ASSERT_TRUE(ct::is_valid_checkpoint(ck));
+  ct::Checkpoint c;
+  c.load(ck);
+  EXPECT_GE(c.ints["step"], 3);
+  EXPECT_LT(c.ints["step"], 100000);
+  EXPECT_EQ(c.strings["recipe"], "simclr");
+  // And the run continues from it.
+  auto r = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps " + std::to_string(c.ints["step"] + 1) +
+                   " --resume --run-dir " + d);
+  EXPECT_NE(r.status, 0);  // a different --max-steps changes the schedule: refused
+  EXPECT_NE(r.output.find("resume with the same flags"), std::string::npos) << r.output;
+}
+
+TEST(TrainCli, FlagErrors) {
+  struct Case {
+    std::string args, message;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"--recipe byol", "flag '--recipe' must be simclr or moco-v3, but got 'byol'"},
+           {"--batch-size 0", "flag '--batch-size' must be >= 1"},
+           {"--chunk-size -1", "flag '--chunk-size' must be >= 0"},
+           {"--nproc 0", "flag '--nproc' must be >= 1"},
+           {"--dtype half", "flag '--dtype' must be float or double"},
+           {"--lr x", "--lr"},
+           {"--no-such-flag 1", "no-such-flag"},
+           {"--nproc 1 --data /nonexistent/dir", "/nonexistent/dir"},
+           {"--nproc 1 --resume --run-dir /nonexistent/run", "/nonexistent/run/checkpoint.pt"},
+       }) {
+    auto r = run_cli(c.args);
+    EXPECT_EQ(r.status, 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+  auto h = run_cli("--help");
+  EXPECT_EQ(h.status, 0);
+  EXPECT_NE(h.output.find("--chunk-size"), std::string::npos) << h.output;
+}
