@@ -35,6 +35,19 @@ ArgChecker& ArgChecker::same_as(const torch::Tensor& t, const char* name, const 
   return *this;
 }
 
+ArgChecker& ArgChecker::paired_features(const torch::Tensor& a, const char* a_name, const torch::Tensor& b,
+                                        const char* b_name) {
+  features(a, a_name).features(b, b_name);
+  if (!error_.empty()) return *this;
+  require(a.size(0) == b.size(0), "arguments '", a_name, "' and '", b_name,
+          "' must have the same number of rows on each rank, but got ", a.size(0), " and ", b.size(0));
+  require(a.size(1) == b.size(1), "arguments '", a_name, "' and '", b_name, "' must have the same width, but got ",
+          a.size(1), " and ", b.size(1));
+  require(a.scalar_type() == b.scalar_type(), "arguments '", a_name, "' and '", b_name,
+          "' must have the same dtype, but got ", a.scalar_type(), " and ", b.scalar_type());
+  return *this;
+}
+
 ArgChecker& ArgChecker::scalar(const torch::Tensor& t, const char* name) {
   if (!error_.empty()) return *this;
   if (!t.defined()) {

@@ -107,15 +107,7 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
                         const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options) {
   const char* caller = "clip_loss";
   detail::ArgChecker check(caller);
-  check.features(a, "a").features(b, "b");
-  if (check.error().empty()) {
-    check.require(a.size(0) == b.size(0), "arguments 'a' and 'b' must have the same number of rows on each rank, ",
-                  "but got ", a.size(0), " and ", b.size(0));
-    check.require(a.size(1) == b.size(1), "arguments 'a' and 'b' must have the same width, but got ", a.size(1),
-                  " and ", b.size(1));
-    check.require(a.scalar_type() == b.scalar_type(), "arguments 'a' and 'b' must have the same dtype, but got ",
-                  a.scalar_type(), " and ", b.scalar_type());
-  }
+  check.paired_features(a, "a", b, "b");
   check.scalar(logit_scale, "logit_scale");
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
   check.positive(options.max_logit_scale(), "max_logit_scale");
