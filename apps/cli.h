@@ -34,6 +34,8 @@ class Args {
   int64_t get_int(const std::string& name, int64_t def, const std::string& help);
   double get_double(const std::string& name, double def, const std::string& help);
   bool flag(const std::string& name, const std::string& help);
+  /// Comma-separated integers ("1024,4096"); "" gives an empty list.
+  std::vector<int64_t> get_int_list(const std::string& name, const std::string& def, const std::string& help);
   /// Arguments after "--" (or the first non-flag), for `launch`.
   const std::vector<std::string>& rest() const { return rest_; }
   /// Call after all get()s: throws on unknown flags; returns true if --help was
@@ -47,5 +49,9 @@ class Args {
   std::map<std::string, bool> used_;
   bool help_ = false;
 };
+
+/// The BLAS library this process actually mapped (Debian picks it through
+/// alternatives; benchmarks print it because it changes GEMM speed ~30x).
+std::string blas_library();
 
 }  // namespace contrax::cli

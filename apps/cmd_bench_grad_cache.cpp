@@ -34,28 +34,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(std::stoll(item));
-  }
-  return out;
-}
-
-std::string blas_library() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    auto pos = line.find('/');
-    if (pos == std::string::npos) continue;
-    std::string path = line.substr(pos);
-    if (path.find("blas") != std::string::npos || path.find("mkl") != std::string::npos) return path;
-  }
-  return "unknown";
-}
-
 std::string mib(int64_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -113,8 +91,8 @@ Measured measure(int64_t steps, const std::vector<torch::Tensor>& params, const 
 
 int run_bench_grad_cache(const std::vector<std::string>& args) {
   contrax::cli::Args a("bench-grad-cache", args);
-  const std::string batches_s = a.get("batches", "512,2048,8192", "global batches for both (a) and (b)");
-  const std::string gc_batches_s = a.get("gc-batches", "32768", "further batches for (b) only");
+  const auto batches = a.get_int_list("batches", "512,2048,8192", "global batches for both (a) and (b)");
+  const auto gc_batches = a.get_int_list("gc-batches", "32768", "further batches for (b) only");
   const int64_t chunk = a.get_int("chunk", 128, "gradient-cache chunk size");
   const int64_t hidden = a.get_int("hidden", 1024, "hidden width of both towers");
   const int64_t steps = a.get_int("steps", 1, "timed steps per point (each after one warm-up step)");
@@ -127,7 +105,6 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
   TORCH_CHECK(threads >= 0, "contrax bench-grad-cache: flag '--threads' must be >= 0, but got ", threads);
   TORCH_CHECK(loss_kind == "tiled" || loss_kind == "materialised",
               "contrax bench-grad-cache: flag '--loss' must be 'tiled' or 'materialised', but got '", loss_kind, "'");
-  auto batches = parse_list(batches_s), gc_batches = parse_list(gc_batches_s);
   for (auto B : batches) TORCH_CHECK(B > 0, "contrax bench-grad-cache: batch sizes must be positive, but got ", B);
   for (auto B : gc_batches) TORCH_CHECK(B > 0, "contrax bench-grad-cache: batch sizes must be positive, but got ", B);
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
@@ -149,7 +126,7 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
   std::printf("bench-grad-cache: two-tower MLP (784|64 -> %lld -> %lld -> 128, dropout 0.1), fp32, %s CLIP loss, "
               "chunk %lld, threads %d, BLAS %s\n\n",
               static_cast<long long>(hidden), static_cast<long long>(hidden), loss_kind.c_str(),
-              static_cast<long long>(chunk), at::get_num_threads(), blas_library().c_str());
+              static_cast<long long>(chunk), at::get_num_threads(), contrax::cli::blas_library().c_str());
   std::printf("times: wall / process CPU per step\n\n");
   std::printf("| B | (a) full-batch time | (a) peak | (b) grad-cache time | (b) peak | CPU time (b)/(a) | "
               "memory (a)/(b) |\n|---|---|---|---|---|---|---|\n");

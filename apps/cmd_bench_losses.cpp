@@ -31,21 +31,6 @@ namespace {
 namespace F = torch::nn::functional;
 using contrax::CommunicatorPtr;
 
-std::vector<int64_t> parse_list(const std::string& s, const char* flag) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      out.push_back(std::stoll(item));
-    } catch (...) {
-      TORCH_CHECK(false, "flag '--", flag, "' must be comma-separated integers, but got '", s, "'");
-    }
-  }
-  TORCH_CHECK(!out.empty(), "flag '--", flag, "' must not be empty");
-  return out;
-}
-
 // Seed 000's gather: all-gather forward; backward all-reduces the whole
 // gathered gradient and keeps this rank's rows (2(W-1)/W of it sent per rank).
 struct AllReduceGather : torch::autograd::Function<AllReduceGather> {
@@ -101,16 +86,6 @@ torch::Tensor loss_allreduce(const torch::Tensor& a, const torch::Tensor& b, con
 torch::Tensor loss_contrax(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& ls,
                            const CommunicatorPtr& comm) {
   return contrax::clip_loss(a, b, ls, c10::nullopt, contrax::ClipLossOptions().comm(comm));
-}
-
-std::string blas_name() {
-  char buf[512];
-  ssize_t n = ::readlink("/etc/alternatives/libblas.so.3-x86_64-linux-gnu", buf, sizeof(buf) - 1);
-  if (n <= 0) return "unknown";
-  buf[n] = 0;
-  std::string p(buf);
-  if (p.find("openblas") != std::string::npos) return "OpenBLAS (" + p + ")";
-  return "reference BLAS (" + p + ")";
 }
 
 struct Measure {
@@ -217,8 +192,8 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
 
 int run_bench(const std::vector<std::string>& args) {
   contrax::cli::Args a("bench-losses", args);
-  const std::string nprocs = a.get("nproc", "2,4", "comma-separated world sizes (each a separate launch)");
-  const std::string batches = a.get("batch", "1024,4096", "comma-separated per-rank batch sizes");
+  const auto nprocs = a.get_int_list("nproc", "2,4", "comma-separated world sizes (each a separate launch)");
+  const auto batches = a.get_int_list("batch", "1024,4096", "comma-separated per-rank batch sizes");
   const int64_t width = a.get_int("width", 256, "feature width");
   const int64_t iters = a.get_int("iters", 3, "timed iterations per mode (after one warm-up)");
   const int64_t threads = a.get_int("threads", 0, "intra-op threads per rank (0: cores / W, at least 1)");
@@ -227,6 +202,7 @@ int run_bench(const std::vector<std::string>& args) {
   if (a.finish()) return 0;
   TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
   TORCH_CHECK(iters > 0, "flag '--iters' must be positive, but got ", iters);
+  TORCH_CHECK(!nprocs.empty() && !batches.empty(), "flags '--nproc' and '--batch' must not be empty");
 
   if (contrax::in_launched_worker()) {
     int64_t W = std::stoll(std::getenv("WORLD_SIZE"));
@@ -234,18 +210,18 @@ int run_bench(const std::vector<std::string>& args) {
     at::set_num_threads(static_cast<int>(nt));
     // One communicator for the whole run: the rendezvous store lives as long as the process.
     auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::minutes(10)));
-    for (int64_t b : parse_list(batches, "batch")) worker(comm, b, width, iters, modes, out);
+    for (int64_t b : batches) worker(comm, b, width, iters, modes, out);
     return 0;
   }
   std::string path = out.empty() ? "/tmp/contrax_bench_losses_" + std::to_string(::getpid()) + ".md" : out;
-  std::cout << "BLAS: " << blas_name() << "; cores: " << std::thread::hardware_concurrency() << "; fp32, width "
+  std::cout << "BLAS: " << contrax::cli::blas_library() << "; cores: " << std::thread::hardware_concurrency() << "; fp32, width "
             << width << ", median of " << iters << " iterations (slowest rank)\n\n";
   std::cout << "| W | batch/rank | mode | fwd+bwd ms | time vs (a) | fwd MiB sent/rank | bwd MiB sent/rank "
                "| bwd bytes vs (b) | peak MiB/rank | peak vs (a) | feature grad rel diff vs (c) "
                "| logit-scale grad (rank mean) vs (c) |\n";
   std::cout << "|---|---|---|---|---|---|---|---|---|---|---|---|\n" << std::flush;
   int rc = 0;
-  for (int64_t W : parse_list(nprocs, "nproc")) {
+  for (int64_t W : nprocs) {
     std::ofstream(path, std::ios::trunc).close();
     std::vector<std::string> argv{contrax::self_executable(), "bench-losses"};
     argv.insert(argv.end(), args.begin(), args.end());

@@ -33,29 +33,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(std::stoll(item));
-  }
-  return out;
-}
-
-// Which BLAS the process actually mapped (Debian picks it via alternatives).
-std::string blas_library() {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    auto pos = line.find('/');
-    if (pos == std::string::npos) continue;
-    std::string path = line.substr(pos);
-    if (path.find("blas") != std::string::npos || path.find("mkl") != std::string::npos) return path;
-  }
-  return "unknown";
-}
-
 int64_t mem_available_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -191,7 +168,7 @@ int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
 int run_bench_tiled(const std::vector<std::string>& args) {
   contrax::cli::Args a("bench-tiled", args);
   const int64_t width = a.get_int("width", 256, "feature width d");
-  const std::string batches = a.get("batches", "4096,16384,32768,65536,131072", "comma-separated global batch sizes");
+  const auto list = a.get_int_list("batches", "4096,16384,32768,65536,131072", "comma-separated global batch sizes");
   const int64_t tile = a.get_int("tile", 0, "tile side (0: automatic, ~16 MiB of logits)");
   const int64_t threads = a.get_int("threads", 0, "intra-op threads (0: keep LibTorch's default)");
   const int64_t max_mat = a.get_int("max-materialised", 32768, "largest B to run the materialised loss at");
@@ -200,13 +177,12 @@ int run_bench_tiled(const std::vector<std::string>& args) {
   TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
   TORCH_CHECK(tile >= 0, "flag '--tile' must be >= 0, but got ", tile);
   TORCH_CHECK(threads >= 0, "flag '--threads' must be >= 0, but got ", threads);
-  auto list = parse_list(batches);
   TORCH_CHECK(!list.empty(), "flag '--batches' needs at least one batch size");
   for (auto B : list) TORCH_CHECK(B > 0, "flag '--batches': every batch size must be positive, but got ", B);
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
   contrax::MemoryTracker::install();
   std::printf("bench-tiled: width %lld, fp32, tile %s, threads %d, BLAS %s\n\n", static_cast<long long>(width),
-              tile > 0 ? std::to_string(tile).c_str() : "auto", at::get_num_threads(), blas_library().c_str());
+              tile > 0 ? std::to_string(tile).c_str() : "auto", at::get_num_threads(), contrax::cli::blas_library().c_str());
   return ring ? run_ring(width, list, tile) : run_single(width, list, tile, max_mat);
 }
 

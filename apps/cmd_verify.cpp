@@ -32,7 +32,7 @@ int run_verify(const std::vector<std::string>& args) {
   const double tol = a.get_double("tol", 1e-10, "largest relative error that passes");
   const int64_t width = a.get_int("width", 16, "feature width");
   const int64_t seed = a.get_int("seed", 0, "seed of the random inputs");
-  const std::string rows = a.get("rows", "", "rows per rank, comma-separated (default: uneven, one empty rank)");
+  const auto rows = a.get_int_list("rows", "", "rows per rank, comma-separated (default: uneven, one empty rank)");
   const std::string cases = a.get("case", "", "comma-separated cases to run (default: all)");
   const int64_t timeout_s = a.get_int("timeout", 60, "seconds any collective may wait for a peer");
   if (a.finish()) return 0;
@@ -56,17 +56,9 @@ int run_verify(const std::vector<std::string>& args) {
   contrax::VerifyOptions o;
   o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ','));
   if (!rows.empty()) {
-    std::vector<int64_t> r;
-    for (const auto& x : split(rows, ',')) {
-      try {
-        r.push_back(std::stoll(x));
-      } catch (...) {
-        TORCH_CHECK(false, "flag '--rows' must be comma-separated integers, but got '", rows, "'");
-      }
-    }
-    TORCH_CHECK(static_cast<int64_t>(r.size()) == comm->world_size(), "flag '--rows' must have one entry per rank (",
-                comm->world_size(), "), but got ", r.size());
-    o.rows(r);
+    TORCH_CHECK(static_cast<int64_t>(rows.size()) == comm->world_size(), "flag '--rows' must have one entry per rank (",
+                comm->world_size(), "), but got ", rows.size());
+    o.rows(rows);
   }
   auto results = contrax::verify(comm, o);
   bool ok = true;

@@ -2,6 +2,8 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 
 #include "cli.h"
@@ -76,6 +78,36 @@ double Args::get_double(const std::string& name, double def, const std::string& 
   } catch (...) {
     TORCH_CHECK(false, "flag '--", name, "' must be a number, but got '", v, "'");
   }
+}
+
+std::vector<int64_t> Args::get_int_list(const std::string& name, const std::string& def, const std::string& help) {
+  const std::string v = get(name, def, help);
+  std::vector<int64_t> out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      size_t pos = 0;
+      out.push_back(std::stoll(item, &pos));
+      TORCH_CHECK(pos == item.size(), "");
+    } catch (...) {
+      TORCH_CHECK(false, "flag '--", name, "' must be comma-separated integers, but got '", v, "'");
+    }
+  }
+  return out;
+}
+
+std::string blas_library() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    auto pos = line.find('/');
+    if (pos == std::string::npos) continue;
+    std::string path = line.substr(pos);
+    if (path.find("blas") != std::string::npos || path.find("mkl") != std::string::npos) return path;
+  }
+  return "unknown";
 }
 
 bool Args::flag(const std::string& name, const std::string& help) {
