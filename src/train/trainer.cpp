@@ -89,9 +89,11 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
                          ShardedSamplerOptions().global_batch_size(o.batch_size()).world_size(world).seed(o.seed()));
   const int64_t steps_per_epoch = sampler.steps_per_epoch();
   const int64_t total = o.max_steps() > 0 ? o.max_steps() : std::max<int64_t>(1, o.epochs()) * steps_per_epoch;
-  TORCH_CHECK(sampler.global_batch_rows(steps_per_epoch - 1) >= world || world == 1,
-              "the last global batch has ", sampler.global_batch_rows(steps_per_epoch - 1), " rows, fewer than the ",
-              world, " ranks; choose --batch-size or --train-limit so that N mod G is 0 or >= W");
+  // A last global batch with fewer rows than ranks is trained on, not refused:
+  // a rank whose slice is empty still runs every collective of the step (the
+  // loss's row-count exchange and gathers, MoCo's key gather, the reducer's
+  // all-reduce of its all-zero gradients, the loss all-reduce below) and
+  // contributes L_r = (W/B) * (empty sum) = 0, which is exactly its share.
 
   // Same model on every rank: seeded construction (DataParallel also
   // broadcasts rank 0's values).

@@ -61,6 +61,35 @@ TEST(ShardedSampler, ShortLastBatchIsKeptAndSplitEvenly) {
   EXPECT_EQ(sl.count, 3);
 }
 
+TEST(ShardedSampler, LastBatchWithFewerRowsThanRanksCoversEveryExampleOnce) {
+  // The trainer's case: 50 examples, global batch 24, 3 ranks -> batches of
+  // 24, 24 and 2; in the last one rank 2 holds no row.
+  struct Case {
+    int64_t n, g, w;
+    std::vector<int64_t> last_counts;
+  };
+  for (const auto& c : std::vector<Case>{{50, 24, 3, {1, 1, 0}}, {17, 8, 8, {1, 0, 0, 0, 0, 0, 0, 0}},
+                                         {34, 16, 5, {1, 1, 0, 0, 0}}}) {
+    ct::ShardedSampler s(c.n, ct::ShardedSamplerOptions().global_batch_size(c.g).world_size(c.w).seed(11));
+    const int64_t last = s.steps_per_epoch() - 1;
+    ASSERT_LT(s.global_batch_rows(last), c.w);
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      std::vector<int> seen(c.n, 0);
+      for (int64_t step = 0; step <= last; ++step) {
+        std::vector<int64_t> counts;
+        for (int64_t r = 0; r < c.w; ++r) {
+          auto idx = s.local_indices(epoch, step, r);
+          EXPECT_EQ(idx.dim(), 1);
+          counts.push_back(idx.size(0));
+          for (int64_t i = 0; i < idx.size(0); ++i) seen[idx[i].item<int64_t>()]++;
+        }
+        if (step == last) EXPECT_EQ(counts, c.last_counts) << "n=" << c.n << " epoch " << epoch;
+      }
+      for (int64_t i = 0; i < c.n; ++i) ASSERT_EQ(seen[i], 1) << "n=" << c.n << " example " << i << " epoch " << epoch;
+    }
+  }
+}
+
 TEST(ShardedSampler, ReproducibleAndEpochsDiffer) {
   auto o = ct::ShardedSamplerOptions().global_batch_size(16).world_size(2).seed(42);
   ct::ShardedSampler a(500, o), b(500, o);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -34,13 +35,15 @@ ct::Dataset synthetic(int64_t n, uint64_t seed = 7) {
   return d;
 }
 
+// Trains on `world` thread-ranks; returns rank `from_rank`'s parameters (and
+// losses).
 std::vector<torch::Tensor> train_world(int64_t world, const ct::Dataset& data, const ct::TrainOptions& o,
-                                       std::vector<double>* losses = nullptr) {
+                                       std::vector<double>* losses = nullptr, int64_t from_rank = 0) {
   std::vector<torch::Tensor> params;
   std::vector<double> ls;
   contrax::testing::run_ranks(world, [&](const contrax::CommunicatorPtr& comm) {
     auto r = ct::train_contrastive(comm, data, o);
-    if (comm->rank() == 0) {
+    if (comm->rank() == from_rank) {
       for (auto& p : r.parameters) params.push_back(p.clone());
       ls = r.losses;
     }
@@ -136,6 +139,45 @@ TEST(Trainer, ThreeRanksUnevenEqualOneRankMocoV3) {
   EXPECT_LT(max_rel_err(p3, p1), 1e-9);
 }
 
+// A last global batch with fewer rows than ranks (24, 24, then 2 rows over 3
+// ranks: 1/1/0) is trained on. The empty rank takes part in every collective
+// and contributes nothing; parameters and losses equal one rank's, on the
+// empty rank too. `chunk_size` 0: plain DataParallel; > 0: gradient cache.
+void expect_empty_rank_equals_one_rank(int64_t chunk_size) {
+  auto data = synthetic(50);
+  for (const std::string recipe : {"simclr", "moco-v3"}) {
+    SCOPED_TRACE(recipe + " chunk_size " + std::to_string(chunk_size));
+    auto o = small_options(recipe);
+    std::vector<double> l1, l3;
+    auto p1 = train_world(1, data, o, &l1);
+    auto p3 = train_world(3, data, ct::TrainOptions(o).chunk_size(chunk_size), &l3, /*from_rank=*/2);
+    EXPECT_LT(max_rel_err(p3, p1), 1e-9);
+    ASSERT_EQ(l1.size(), 3u);
+    ASSERT_EQ(l3.size(), 3u);
+    for (size_t i = 0; i < l1.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(l3[i])) << "step " << i;
+      EXPECT_NEAR(l3[i], l1[i], 1e-10 * std::abs(l1[i])) << "step " << i;
+    }
+    // The 2-row step moved the parameters (it was trained on, not skipped).
+    auto p2 = train_world(1, data, ct::TrainOptions(o).stop_at_step(2));
+    EXPECT_GT(max_rel_err(p1, p2), 1e-6);
+  }
+}
+
+TEST(Trainer, LastBatchSmallerThanWorldEqualsOneRank) { expect_empty_rank_equals_one_rank(0); }
+
+TEST(Trainer, LastBatchSmallerThanWorldEqualsOneRankGradientCache) { expect_empty_rank_equals_one_rank(5); }
+
+TEST(Trainer, EmptyRankLogsAFiniteLoss) {
+  // The metrics line of the step in which rank 2 holds no row.
+  auto data = synthetic(50);
+  const std::string d = temp_dir("empty_rank_metrics");
+  train_world(3, data, small_options("simclr").dtype(torch::kFloat).run_dir(d));
+  auto losses = metric_losses(d + "/metrics.jsonl");
+  ASSERT_EQ(losses.size(), 3u);
+  for (const auto& l : losses) EXPECT_TRUE(std::isfinite(std::stod(l))) << l;
+}
+
 TEST(Trainer, GradientCacheEqualsOneShot) {
   auto data = synthetic(60);
   for (const std::string recipe : {"simclr", "moco-v3"}) {
@@ -191,6 +233,19 @@ TEST(TrainCli, TwoProcessResumeEqualsUninterrupted) {
   auto la = metric_losses(a + "/metrics.jsonl"), lb = metric_losses(b + "/metrics.jsonl");
   EXPECT_EQ(la.size(), 6u);
   EXPECT_EQ(la, lb);
+}
+
+TEST(TrainCli, TwoProcessesTrainALastBatchOfOneRow) {
+  // 129 examples at global batch 64: the third batch is one row, so rank 1
+  // holds none; real processes must neither hang nor log a NaN.
+  const std::string d = temp_dir("cli_one_row");
+  auto r = run_cli("--train-limit 129 --batch-size 64 --warmup-steps 1 --no-eval --no-verify --log-every 1 "
+                   "--threads 1 --nproc 2 --epochs 1 --timeout 60 --run-dir " + d);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3/3  epoch 1 (3/3)"), std::string::npos) << r.output;
+  auto losses = metric_losses(d + "/metrics.jsonl");
+  ASSERT_EQ(losses.size(), 3u);
+  for (const auto& l : losses) EXPECT_TRUE(std::isfinite(std::stod(l))) << l;
 }
 
 TEST(TrainCli, JsonSummaryWithEvaluation) {

@@ -11,6 +11,11 @@
 // point summation order; bit-identical sums are not promised, fp64 agrees to
 // ~1e-12). `chunk_size > 0` runs each step through the gradient cache.
 //
+// The short last global batch of an epoch is kept, even when it has fewer
+// rows than there are ranks: a rank with an empty slice still takes part in
+// every collective of the step and contributes a zero loss and zero
+// gradients, which is exactly its share of the global-batch loss.
+//
 // Rank 0 writes run_dir/metrics.jsonl (one JSON object per step) and
 // run_dir/checkpoint.pt (every `checkpoint_every` steps, at the end and when
 // stopped). `resume` reloads the checkpoint on every rank and continues at
