@@ -285,6 +285,11 @@ torch::Tensor GradCache::cache(size_t e, const BatchInput& input) {
       pieces.push_back(input.narrow(start, std::min(enc.chunk_size(), n - start)));
     }
   }
+  // No rows (a rank's share of a short last batch): still one 0-row chunk.
+  // Its [0, d] representation takes this rank through the loss's
+  // collectives, and its pass 2 gives every parameter a (zero) gradient, so
+  // the reducer joins the all-reduces the other ranks start.
+  if (pieces.empty()) pieces.push_back(input);
   std::vector<torch::Tensor> reps;
   for (auto& piece : pieces) {
     Chunk chunk;
@@ -301,7 +306,6 @@ torch::Tensor GradCache::cache(size_t e, const BatchInput& input) {
     reps.push_back(chunk.rep);
     impl_->chunks[e].push_back(std::move(chunk));
   }
-  if (reps.empty()) return torch::Tensor();
   return reps.size() == 1 ? reps[0] : torch::cat(reps);
 }
 
@@ -353,8 +357,8 @@ torch::Tensor GradCache::finish(const RepresentationLossFn& loss_fn) {
   } clear_on_exit{this};
   const size_t n_enc = encoders_.size();
   for (size_t e = 0; e < n_enc; ++e) {
-    TORCH_CHECK(!impl_->chunks[e].empty(), "GradCache::finish(): ", encoder_label(encoders_[e], e),
-                " has no cached rows; call cache() for every encoder before finish()");
+    TORCH_CHECK(!impl_->chunks[e].empty(), "GradCache::finish(): nothing cached for ", encoder_label(encoders_[e], e),
+                "; call cache() for every encoder before finish(), with 0 rows on a rank that has none");
   }
   // Every DataParallel that takes part; the gradients it averages are final
   // only after the last backward that reaches its module.

@@ -1,9 +1,9 @@
 // Tests of contrax::DataParallel: gradients averaged by c10d's Reducer equal
-// the single-process full-batch gradients (fp64, W = 1, 2, 3, uneven batches,
-// two iterations so that the reducer's bucket rebuild is exercised), rank 0's
-// parameters win at construction, no_sync accumulates locally and the reducer
-// communicates once, and every construction error is raised on every rank
-// without a hang.
+// the single-process full-batch gradients (fp64, W = 1..4, uneven batches and
+// empty ranks, two iterations so that the reducer's bucket rebuild is
+// exercised), rank 0's parameters win at construction, no_sync accumulates
+// locally and the reducer communicates once, and every construction error is
+// raised on every rank without a hang.
 #include <gtest/gtest.h>
 
 #include <torch/torch.h>
@@ -163,12 +163,17 @@ void run_data_parallel(int64_t W, const std::vector<int64_t>& counts) {
     }
     EXPECT_EQ(dp.sync_count(), W > 1 ? 2 : 0);
     if (W == 1) EXPECT_EQ(comm->stats().total_calls(), 0);
-  });
+  }, std::chrono::seconds(15));  // short: a rank that skips an all-reduce fails fast
 }
 
 TEST(DataParallel, WorldOfOneIsThePlainStep) { run_data_parallel(1, {9}); }
 TEST(DataParallel, TwoRanksUnevenMatchSingleProcess) { run_data_parallel(2, {5, 3}); }
 TEST(DataParallel, ThreeRanksUnevenMatchSingleProcess) { run_data_parallel(3, {4, 1, 3}); }
+// A rank with 0 rows (a short last batch): its forward yields [0, d] outputs,
+// its backward gives every parameter a zero gradient, so its reducer joins
+// the all-reduces and the average stays the full-batch gradient.
+TEST(DataParallel, ThreeRanksOneEmptyMatchSingleProcess) { run_data_parallel(3, {5, 0, 4}); }
+TEST(DataParallel, FourRanksOneEmptyMatchSingleProcess) { run_data_parallel(4, {6, 3, 0, 5}); }
 
 // A separable loss so that micro-batches can be accumulated: the global
 // objective is sum_i |f(x_i)|^2 / B; rank r's micro-batch k contributes its

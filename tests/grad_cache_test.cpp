@@ -29,6 +29,7 @@
 #include "contrax/data_parallel.h"
 #include "contrax/grad_cache.h"
 #include "contrax/losses.h"
+#include "contrax/tiled.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 
@@ -358,7 +359,8 @@ TEST(GradCache, Errors) {
   auto gc = make_cache(m, 2, 2);
   auto batch = make_batch(4, 16);
   CONTRAX_EXPECT_ERROR(gc.step({batch.x}), "GradCache::step(): got 1 inputs for 2 encoders");
-  CONTRAX_EXPECT_ERROR(gc.finish(), "GradCache::finish(): encoder 'a' has no cached rows");
+  CONTRAX_EXPECT_ERROR(gc.finish(), "GradCache::finish(): nothing cached for encoder 'a'; call cache() for every "
+                       "encoder before finish(), with 0 rows on a rank that has none");
   CONTRAX_EXPECT_ERROR(gc.cache("c", batch.x), "GradCache::cache(): no encoder named 'c'; the named encoders are 'a', 'b'");
   CONTRAX_EXPECT_ERROR(gc.cache(5, batch.x), "GradCache::cache(): encoder index 5 out of range; there are 2 encoders");
   CONTRAX_EXPECT_ERROR(gc.cache(0, std::vector<torch::Tensor>{batch.x, batch.ids.narrow(0, 0, 3)}),
@@ -396,11 +398,26 @@ TEST(GradCache, Errors) {
 
 // ---- several ranks, through DataParallel
 
+// The loss the distributed step runs on the cached representations.
+enum class LossPath { kMaterialised, kTiled, kRing };
+
+struct DistributedSetup {
+  std::vector<int64_t> counts;  // rows per rank (W = counts.size()); may hold 0
+  bool tied = false;
+  LossPath path = LossPath::kMaterialised;
+};
+
 // Each rank: one DataParallel per tower (one shared for tied towers), one over
-// the loss module, distributed CLIP loss on the local rows. Two steps with an
-// optimizer in between, compared with the single-process full-batch steps;
-// every reducer synchronises once per step.
-void run_distributed(int64_t W, const std::vector<int64_t>& counts, bool tied) {
+// the loss module, distributed CLIP loss on the local rows (materialised, or
+// tiled with tiles of 3 rows, which divide no row count here, gathered or
+// around the ring). Two steps with an optimizer in between, compared with the
+// single-process full-batch steps; every reducer synchronises once per step.
+// Short collective timeouts: a rank that skips a collective (an empty rank
+// that runs no chunk) fails the test in seconds instead of hanging it.
+void run_distributed(const DistributedSetup& setup) {
+  const auto& counts = setup.counts;
+  const bool tied = setup.tied;
+  const int64_t W = static_cast<int64_t>(counts.size());
   const int64_t B = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   auto init = make_models(20, tied);
   std::vector<Batch> batches{make_batch(B, 21), make_batch(B, 22)};
@@ -427,9 +444,17 @@ void run_distributed(int64_t W, const std::vector<int64_t>& counts, bool tied) {
     auto dp_loss = std::make_shared<DataParallel>(m.clip, comm, opts);
     contrax::ClipLoss clip = m.clip;
     clip->options.comm(comm);
+    contrax::RepresentationLossFn loss = [clip](const std::vector<torch::Tensor>& r) {
+      return clip.ptr()->forward(r[0], r[1]);
+    };
+    if (setup.path != LossPath::kMaterialised) {
+      const auto tiled = contrax::TiledOptions().tile_size(3).ring(setup.path == LossPath::kRing);
+      loss = [clip, tiled](const std::vector<torch::Tensor>& r) {
+        return contrax::tiled_clip_loss(r[0], r[1], clip->logit_scale, {}, clip->options, tiled);
+      };
+    }
     GradCache gc({GradCacheEncoder(m.a, 2).data_parallel(dp_a), GradCacheEncoder(m.b, 3).data_parallel(dp_b)},
-                 [clip](const std::vector<torch::Tensor>& r) { return clip.ptr()->forward(r[0], r[1]); },
-                 GradCacheOptions().loss_data_parallel(dp_loss));
+                 loss, GradCacheOptions().loss_data_parallel(dp_loss));
     torch::optim::SGD opt(m.params(), torch::optim::SGDOptions(0.3));
     for (size_t s = 0; s < batches.size(); ++s) {
       Batch local{shard(batches[s].x, counts, comm->rank()), shard(batches[s].y, counts, comm->rank()),
@@ -455,12 +480,27 @@ void run_distributed(int64_t W, const std::vector<int64_t>& counts, bool tied) {
       }
       opt.step();
     }
-  });
+  }, std::chrono::seconds(15));
 }
 
-TEST(GradCacheDistributed, WorldOfOne) { run_distributed(1, {9}, false); }
-TEST(GradCacheDistributed, TwoRanksUneven) { run_distributed(2, {7, 4}, false); }
-TEST(GradCacheDistributed, ThreeRanksUneven) { run_distributed(3, {5, 2, 4}, false); }
-TEST(GradCacheDistributed, TwoRanksTiedEncoders) { run_distributed(2, {3, 6}, true); }
+TEST(GradCacheDistributed, WorldOfOne) { run_distributed({{9}}); }
+TEST(GradCacheDistributed, TwoRanksUneven) { run_distributed({{7, 4}}); }
+TEST(GradCacheDistributed, ThreeRanksUneven) { run_distributed({{5, 2, 4}}); }
+TEST(GradCacheDistributed, TwoRanksTiedEncoders) { run_distributed({{3, 6}, true}); }
+
+// A rank with no rows (a short last batch, or verify's row pattern) still
+// takes part in every collective: its loss, its reducers' all-reduces.
+TEST(GradCacheDistributed, ThreeRanksOneEmpty) { run_distributed({{5, 0, 4}}); }
+TEST(GradCacheDistributed, FourRanksOneEmpty) { run_distributed({{6, 3, 0, 5}}); }
+TEST(GradCacheDistributed, TwoRanksOneEmptyTiedEncoders) { run_distributed({{0, 5}, true}); }
+
+// The memory-bounded losses under the gradient cache: tiles of 3 rows against
+// 2- and 3-row chunks and uneven ranks; gathered keys and the ring.
+TEST(GradCacheDistributed, TiledLossTwoRanks) { run_distributed({{7, 4}, false, LossPath::kTiled}); }
+TEST(GradCacheDistributed, TiledLossThreeRanks) { run_distributed({{5, 2, 4}, false, LossPath::kTiled}); }
+TEST(GradCacheDistributed, RingLossTwoRanks) { run_distributed({{7, 4}, false, LossPath::kRing}); }
+TEST(GradCacheDistributed, RingLossThreeRanks) { run_distributed({{5, 2, 4}, false, LossPath::kRing}); }
+TEST(GradCacheDistributed, RingLossFourRanksOneEmpty) { run_distributed({{6, 3, 0, 5}, false, LossPath::kRing}); }
+TEST(GradCacheDistributed, RingLossWorldOfOne) { run_distributed({{9}, false, LossPath::kRing}); }
 
 }  // namespace

@@ -252,13 +252,15 @@ class GradCache {
   /// Pass 1 on a (sub-)batch of encoder `encoder`: splits it into chunks,
   /// runs them without a graph and caches the representations, the inputs and
   /// the random state. Returns the detached representation rows, in order.
+  /// An input of 0 rows is one 0-row chunk: a rank without rows still runs
+  /// the step's collectives (loss, gradient averaging) with the others.
   torch::Tensor cache(size_t encoder, const BatchInput& input);
   torch::Tensor cache(const std::string& encoder_name, const BatchInput& input);
 
   /// Completes the step over everything cached since the last finish: loss
   /// and its backward, pass 2 and the gradient synchronisation. Every encoder
-  /// must have cached at least one row. Clears the cache; returns the loss
-  /// (detached, unscaled). `loss` overrides the constructor's loss for this
+  /// must have been given an input (0 rows are fine). Clears the cache;
+  /// returns the loss (detached, unscaled). `loss` overrides the constructor's loss for this
   /// step (e.g. to pass step-dependent arguments).
   torch::Tensor finish();
   torch::Tensor finish(const RepresentationLossFn& loss);
