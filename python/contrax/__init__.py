@@ -18,12 +18,17 @@ argument), on every rank; other failures (e.g. a peer that died) raise
 
     loss = contrax.clip_loss(img, txt, logit_scale)
     loss.backward()
+
+``GradCache`` (pure Python, ``contrax/grad_cache.py``) runs a contrastive step
+over a batch larger than activation memory allows, with the exact big-batch
+gradients: see its docstring.
 """
 from typing import List, Optional, Tuple, Union
 
 import torch
 
 from . import _contrax
+from .grad_cache import GradCache, GradCacheEncoder
 
 __all__ = [
     "clip_loss",
@@ -35,6 +40,12 @@ __all__ = [
     "momentum_update",
     "communicator",
     "clear_cache",
+    "tiled_clip_loss",
+    "tiled_nt_xent_loss",
+    "tiled_moco_v3_loss",
+    "siglip_loss",
+    "GradCache",
+    "GradCacheEncoder",
 ]
 
 __version__ = "0.1.0"
@@ -172,16 +183,30 @@ def gather_no_grad(x: torch.Tensor, group=None, *, return_counts: bool = False
     return (all_rows, counts, offset) if return_counts else all_rows
 
 
-# ---- variants bound when the library has them (tiled / ring, SigLIP) --------
+# ---- memory-bounded variants: tiled / ring, SigLIP ---------------------------
 
 def tiled_clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
                     logit_bias: Optional[torch.Tensor] = None, *, symmetric: bool = True,
                     max_logit_scale: float = 100.0, normalize: bool = False, tile_size: int = 0,
                     ring: bool = False, group=None) -> torch.Tensor:
-    """``clip_loss`` computed tile by tile: never more than one ``[tile x tile]``
-    block of logits (``tile_size`` 0: about 16 MiB per tile). With ``ring=True``
-    the keys are not gathered but travel around the ring of ranks (every rank
-    must pass the same value). Same value and gradients as ``clip_loss``.
+    """``clip_loss`` computed tile by tile, with the same value and gradients.
+
+    Row-wise log-sum-exp accumulated over column tiles (online softmax); the
+    backward recomputes each tile, so memory is ``O(b_r x tile)`` instead of
+    ``O(b_r x B)``.
+
+    Args:
+        a, b, logit_scale, logit_bias, symmetric, max_logit_scale, normalize:
+            as in ``clip_loss``.
+        tile_size: rows/columns per tile (> 0), or 0 for about 16 MiB of
+            logits per tile.
+        ring: pass the key blocks around the ring of ranks (neighbour
+            exchange, overlapped with the tile compute) instead of gathering
+            them; every rank must pass the same value.
+        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
+
+    Returns:
+        0-dim tensor ``L_r``, as ``clip_loss``.
     """
     return _contrax.tiled_clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
                                     normalize, int(tile_size), bool(ring), _comm(group))
@@ -220,18 +245,15 @@ def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
         logit_bias: optional 0-dim bias (SigLIP: -10).
         max_logit_scale: clamp of ``exp(logit_scale)`` (default none).
         normalize: L2-normalise ``a`` and ``b`` inside the loss.
+        chunk_size: rows/columns per logits tile (> 0), or 0 for about 16 MiB.
         group: ``torch.distributed`` ProcessGroup or None.
+
+    Returns:
+        0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale``
+        and ``logit_bias``.
     """
     return _contrax.siglip_loss(a, b, logit_scale, logit_bias, float(max_logit_scale), normalize,
                                 int(chunk_size), _comm(group))
-
-
-for _name in ("tiled_clip_loss", "tiled_nt_xent_loss", "tiled_moco_v3_loss", "siglip_loss"):
-    if hasattr(_contrax, _name):
-        __all__.append(_name)
-    else:  # the C++ library was built without this variant
-        del globals()[_name]
-del _name
 
 
 def momentum_schedule(base: float, step: int, total_steps: int) -> float:

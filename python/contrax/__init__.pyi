@@ -1,8 +1,9 @@
 # Type stub for the contrax package (Python binding of the Contrax C++ library).
-from typing import Dict, List, Literal, Optional, Tuple, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
 
 import torch
 from torch.distributed import ProcessGroup
+from torch.nn.parallel import DistributedDataParallel
 
 __version__: str
 
@@ -67,7 +68,7 @@ def gather_no_grad(x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
 def momentum_schedule(base: float, step: int, total_steps: int) -> float: ...
 def momentum_update(target: torch.nn.Module, online: torch.nn.Module, momentum: float) -> None: ...
 
-# Present when the C++ library has the tiled / ring losses and SigLIP.
+# Memory-bounded variants (tiled / ring) and SigLIP.
 def tiled_clip_loss(
     a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor, logit_bias: Optional[torch.Tensor] = ...,
     *, symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ..., tile_size: int = ...,
@@ -86,3 +87,45 @@ def siglip_loss(
     *, max_logit_scale: float = ..., normalize: bool = ..., chunk_size: int = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
+
+# Gradient cache (contrax/grad_cache.py).
+class GradCacheEncoder:
+    encoder: Callable[..., Any]
+    chunk_size: int
+    get_rep: Optional[Callable[[Any], torch.Tensor]]
+    split: Optional[Callable[[Any, int], Sequence[Any]]]
+    name: Optional[str]
+    ddp: Optional[DistributedDataParallel]
+    def __init__(
+        self,
+        encoder: Callable[..., Any],
+        chunk_size: int,
+        *,
+        get_rep: Optional[Callable[[Any], torch.Tensor]] = ...,
+        split: Optional[Callable[[Any, int], Sequence[Any]]] = ...,
+        name: Optional[str] = ...,
+        ddp: Optional[DistributedDataParallel] = ...,
+    ) -> None: ...
+
+class GradCache:
+    encoders: List[GradCacheEncoder]
+    loss_fn: Optional[Callable[..., torch.Tensor]]
+    scale_loss: Optional[Callable[[torch.Tensor], torch.Tensor]]
+    bf16_autocast: bool
+    replay_rng: bool
+    def __init__(
+        self,
+        encoders: Sequence[Union[GradCacheEncoder, Callable[..., Any]]],
+        loss_fn: Optional[Callable[..., torch.Tensor]] = ...,
+        *,
+        chunk_size: Optional[int] = ...,
+        scale_loss: Optional[Callable[[torch.Tensor], torch.Tensor]] = ...,
+        bf16_autocast: bool = ...,
+        replay_rng: bool = ...,
+    ) -> None: ...
+    def cache(self, encoder: Union[int, str], inputs: Any) -> Optional[torch.Tensor]: ...
+    def finish(self, loss_fn: Optional[Callable[..., torch.Tensor]] = ...) -> torch.Tensor: ...
+    def step(self, *inputs: Any) -> torch.Tensor: ...
+    def __call__(self, *inputs: Any) -> torch.Tensor: ...
+    def cached_rows(self, encoder: Union[int, str]) -> int: ...
+    def clear(self) -> None: ...

@@ -18,15 +18,8 @@
 #include "contrax/communicator.h"
 #include "contrax/detail/c10d.h"
 #include "contrax/losses.h"
-// Variants that landed after the foundation: bound when their headers exist.
-#if __has_include("contrax/tiled.h")
-#include "contrax/tiled.h"
-#define CONTRAX_PY_HAS_TILED 1
-#endif
-#if __has_include("contrax/siglip.h")
 #include "contrax/siglip.h"
-#define CONTRAX_PY_HAS_SIGLIP 1
-#endif
+#include "contrax/tiled.h"
 
 namespace py = pybind11;
 
@@ -173,7 +166,6 @@ PYBIND11_MODULE(_contrax, m) {
       },
       "x"_a, "with_grad"_a, "comm"_a);
 
-#ifdef CONTRAX_PY_HAS_TILED
   m.def(
       "tiled_clip_loss",
       [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
@@ -208,8 +200,6 @@ PYBIND11_MODULE(_contrax, m) {
             contrax::TiledOptions().tile_size(tile_size).ring(ring));
       },
       "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a, "tile_size"_a, "ring"_a, "comm"_a);
-#endif
-#ifdef CONTRAX_PY_HAS_SIGLIP
   m.def(
       "siglip_loss",
       [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
@@ -224,7 +214,6 @@ PYBIND11_MODULE(_contrax, m) {
                                         .comm(comm));
       },
       "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a, "normalize"_a, "chunk_size"_a, "comm"_a);
-#endif
 
   m.def("momentum_schedule", &contrax::momentum_schedule, "base"_a, "step"_a, "total_steps"_a);
 

@@ -1,4 +1,5 @@
 """Helpers for the contrax Python tests: spawn Gloo ranks, reference losses."""
+import datetime
 import os
 import tempfile
 
@@ -12,7 +13,10 @@ F64 = torch.float64
 
 def _entry(rank, world, init_file, fn, args):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    # A short timeout: a test whose ranks issue mismatched collectives fails
+    # in a minute instead of hanging for torch's default 30.
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
     try:
         fn(rank, world, *args)
     finally:

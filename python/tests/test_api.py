@@ -1,15 +1,43 @@
-"""Every public function has a docstring and a signature in the type stub."""
+"""Every public function and class has a docstring and a signature in the
+type stub; every public method of a public class too, with the same
+parameter names as the implementation."""
 import ast
+import inspect
 import os
 
 import contrax
 
 
-def test_docstrings_and_stub():
+def _stub():
     stub_path = os.path.join(os.path.dirname(contrax.__file__), "__init__.pyi")
     tree = ast.parse(open(stub_path).read())
-    in_stub = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def _stub_params(fn_node):
+    a = fn_node.args
+    star = [a.vararg] if a.vararg else []
+    starstar = [a.kwarg] if a.kwarg else []
+    return [x.arg for x in a.posonlyargs + a.args + star + a.kwonlyargs + starstar]
+
+
+def test_docstrings_and_stub():
+    stub = _stub()
+    assert "GradCache" in contrax.__all__ and "tiled_clip_loss" in contrax.__all__
     for name in contrax.__all__:
-        fn = getattr(contrax, name)
-        assert fn.__doc__ and len(fn.__doc__.strip()) > 20, name
-        assert name in in_stub, name
+        obj = getattr(contrax, name)
+        assert obj.__doc__ and len(obj.__doc__.strip()) > 20, name
+        assert name in stub, name
+        if isinstance(obj, type):
+            methods = {n.name: n for n in stub[name].body if isinstance(n, ast.FunctionDef)}
+            for attr, member in vars(obj).items():
+                if not callable(member) or (attr.startswith("_") and attr not in ("__init__", "__call__")):
+                    continue
+                assert attr in methods, (name, attr)
+                if attr not in ("__init__", "__call__"):  # documented by the class / an alias of step
+                    assert member.__doc__ and len(member.__doc__.strip()) > 20, (name, attr)
+                params = [p for p in inspect.signature(member).parameters]
+                assert _stub_params(methods[attr]) == params, (name, attr)
+        else:
+            params = list(inspect.signature(obj).parameters)
+            assert _stub_params(stub[name]) == params, name

@@ -54,7 +54,8 @@ def _check(rank, world, rows, name, ref_fn, dist_fn, n_features, scalars=(), gra
             continue
         got = x.grad / world
         want = ref_x[k].grad[off:off + n]
-        if n > 0:
+        assert got.shape == want.shape, (name, "feature grad shape", k)
+        if n > 0:  # an empty rank's [0, d] gradient has no entries to compare
             assert rel_err(got, want) <= TOL, (name, "feature grad", k)
 
 
@@ -96,8 +97,7 @@ def _losses_worker(rank, world, rows):
     nog = contrax.gather_no_grad(x)
     assert torch.equal(nog, x_all) and not nog.requires_grad
 
-    if hasattr(contrax, "tiled_clip_loss") and hasattr(contrax, "siglip_loss"):
-        _variants_worker(rank, world, rows)
+    _variants_worker(rank, world, rows)
 
     # Communicators are cached per group.
     assert contrax.communicator() is contrax.communicator(dist.group.WORLD)
@@ -135,7 +135,6 @@ def test_without_torch_distributed_is_single_device():
     _check(0, 1, rows, "moco_nodist", moco_v3_ref, contrax.moco_v3_loss, 4,
            grad_features=[True, True, False, False])
     x = torch.randn(3, 2, requires_grad=True)
-    assert contrax.gather_with_grad(x) is not None
     assert torch.equal(contrax.gather_with_grad(x), x)
     assert contrax.communicator().world_size == 1
 
