@@ -99,14 +99,16 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
   const int64_t threads = a.get_int("threads", 0, "intra-op threads (0: keep LibTorch's default)");
   const std::string loss_kind = a.get("loss", "tiled", "loss path: tiled or materialised");
   if (a.finish()) return 0;
-  TORCH_CHECK(chunk > 0, "contrax bench-grad-cache: flag '--chunk' must be positive, but got ", chunk);
-  TORCH_CHECK(hidden > 0, "contrax bench-grad-cache: flag '--hidden' must be positive, but got ", hidden);
-  TORCH_CHECK(steps > 0, "contrax bench-grad-cache: flag '--steps' must be positive, but got ", steps);
-  TORCH_CHECK(threads >= 0, "contrax bench-grad-cache: flag '--threads' must be >= 0, but got ", threads);
+  TORCH_CHECK(chunk > 0, "flag '--chunk' must be positive, but got ", chunk);
+  TORCH_CHECK(hidden > 0, "flag '--hidden' must be positive, but got ", hidden);
+  TORCH_CHECK(steps > 0, "flag '--steps' must be positive, but got ", steps);
+  TORCH_CHECK(threads >= 0, "flag '--threads' must be >= 0, but got ", threads);
   TORCH_CHECK(loss_kind == "tiled" || loss_kind == "materialised",
-              "contrax bench-grad-cache: flag '--loss' must be 'tiled' or 'materialised', but got '", loss_kind, "'");
-  for (auto B : batches) TORCH_CHECK(B > 0, "contrax bench-grad-cache: batch sizes must be positive, but got ", B);
-  for (auto B : gc_batches) TORCH_CHECK(B > 0, "contrax bench-grad-cache: batch sizes must be positive, but got ", B);
+              "flag '--loss' must be 'tiled' or 'materialised', but got '", loss_kind, "'");
+  for (auto B : batches) TORCH_CHECK(B > 0, "flag '--batches': every batch size must be positive, but got ", B);
+  for (auto B : gc_batches) {
+    TORCH_CHECK(B > 0, "flag '--gc-batches': every batch size must be positive, but got ", B);
+  }
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
   contrax::MemoryTracker::install();
 
