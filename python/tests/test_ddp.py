@@ -2,7 +2,6 @@
 same parameters as single-process big-batch training on the concatenated batch."""
 import pytest
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import contrax
