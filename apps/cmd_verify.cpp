@@ -1,10 +1,14 @@
-// `contrax verify`: runs every distributed loss over N local processes on
-// random fp64 inputs with uneven per-rank batches (one rank empty from N = 3 on)
-// and compares the loss and every gradient with the single-device reference on
-// the concatenated batch. Exits non-zero if any error exceeds the tolerance.
+// `contrax verify`: runs every distributed loss, and a gradient-cache training
+// step (GradCache + DataParallel, materialised and ring CLIP loss), over N
+// local processes on random fp64 inputs with uneven per-rank batches (one rank
+// empty from N = 3 on) and compares the loss and every gradient with the
+// single-device reference on the concatenated batch. Exits non-zero if any
+// error exceeds the tolerance.
 //
 //   contrax verify --nproc 4            # table
-//   contrax verify --nproc 2 --json     # one JSON object per loss
+//   contrax verify --nproc 2 --json     # one JSON object per case
+//   contrax verify --case grad_cache_clip,grad_cache_tiled_ring
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -71,11 +75,14 @@ int run_verify(const std::vector<std::string>& args) {
       for (size_t i = 0; i < results.front().rows.size(); ++i) rs << (i ? "," : "") << results.front().rows[i];
       std::cout << "contrax verify: W=" << comm->world_size() << ", rows per rank [" << rs.str()
                 << "], fp64, tolerance " << tol << "\n";
-      std::cout << std::left << std::setw(14) << "loss" << std::setw(14) << "loss rel err" << std::setw(14)
+      int name_width = 14;
+      for (const auto& r : results) name_width = std::max(name_width, static_cast<int>(r.loss.size()) + 2);
+      std::cout << std::left << std::setw(name_width) << "case" << std::setw(14) << "loss rel err" << std::setw(14)
                 << "max rel err" << std::setw(24) << "worst" << "result\n";
       for (const auto& r : results) {
-        std::cout << std::left << std::setw(14) << r.loss << std::setw(14) << std::setprecision(3) << r.loss_rel_err
-                  << std::setw(14) << r.max_rel_err << std::setw(24) << r.worst << (r.passed ? "ok" : "FAIL") << "\n";
+        std::cout << std::left << std::setw(name_width) << r.loss << std::setw(14) << std::setprecision(3)
+                  << r.loss_rel_err << std::setw(14) << r.max_rel_err << std::setw(24) << r.worst
+                  << (r.passed ? "ok" : "FAIL") << "\n";
       }
       std::cout << (ok ? "all distributed gradients equal the single-device ones"
                        : "MISMATCH: some distributed gradients differ from the single-device ones")
@@ -86,7 +93,9 @@ int run_verify(const std::vector<std::string>& args) {
   return ok ? 0 : 1;
 }
 
-contrax::cli::Command verify_cmd("verify", "check every distributed loss against the single-device reference",
+contrax::cli::Command verify_cmd("verify",
+                                 "check every distributed loss and the gradient-cache step against the single-device "
+                                 "reference",
                                  run_verify);
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Exactness verification of the distributed losses (see contrax/verify.h).
+// Exactness verification of the distributed losses and of the gradient-cache
+// training step (see contrax/verify.h).
 #include "contrax/verify.h"
 
 #include <cmath>
@@ -6,6 +7,8 @@
 #include <sstream>
 
 #include "contrax/collectives.h"
+#include "contrax/data_parallel.h"
+#include "contrax/grad_cache.h"
 #include "contrax/losses.h"
 #include "contrax/reference.h"
 #include "contrax/siglip.h"
@@ -19,6 +22,82 @@ double rel(const torch::Tensor& got, const torch::Tensor& want) {
   auto g = got.detach().to(torch::kDouble), w = want.detach().to(torch::kDouble);
   const double scale = std::max(w.abs().max().item<double>(), 1e-300);
   return (g - w).abs().max().item<double>() / scale;
+}
+
+// ---- the gradient-cache step: one GradCache step on every rank against one
+// ordinary full-batch step, every parameter gradient compared.
+
+// Dropout with a mask that is a fixed function of the example and the
+// feature, so that the full batch, every rank split and every chunking see the
+// same masks (and thread ranks share no generator). The example is keyed by
+// its first input value, a continuous random number: no id has to travel
+// with the rows.
+torch::Tensor keyed_dropout(const torch::Tensor& h /* [n, k] */, const torch::Tensor& key /* [n] */, double p,
+                            double salt) {
+  auto j = torch::arange(h.size(1), h.options());
+  auto u = torch::frac(torch::sin(key.unsqueeze(1) * 997.0 + j.unsqueeze(0) * 78.233 + salt) * 43758.5453).abs();
+  return h * ((u >= p).to(h.scalar_type()) / (1.0 - p));
+}
+
+// One tower, an MLP with dropout: w = {w1 [k, d], b1 [k], w2 [e, k], b2 [e]}.
+torch::Tensor mlp_tower(const torch::Tensor& x /* [n, d] */, const std::vector<torch::Tensor>& w, double salt) {
+  auto h = keyed_dropout(torch::tanh(torch::addmm(w[1], x, w[0].t())), x.select(1, 0), 0.3, salt);
+  return torch::addmm(w[3], h, w[2].t());  // [n, e]
+}
+
+// A module owning given tensors, for DataParallel (the parameters are the
+// case's `s`, so their gradients land where verify reads them).
+std::shared_ptr<torch::nn::Module> module_of(const std::vector<torch::Tensor>& params) {
+  auto m = std::make_shared<torch::nn::Module>();
+  for (size_t i = 0; i < params.size(); ++i) m->register_parameter(c10::str("p", i), params[i]);
+  return m;
+}
+
+// Two towers a (salt 1) and b (salt 2) of width d -> 12 -> 8 and the CLIP
+// logit scale, in that order in `s`.
+constexpr int64_t kTowerParams = 4;
+
+VerifyCase grad_cache_case(std::string name, ClipLossOptions loss_options) {
+  using V = std::vector<torch::Tensor>;
+  VerifyCase c;
+  c.name = std::move(name);
+  c.num_features = 2;              // the two towers' inputs
+  c.feature_grad = {false, false};  // data, as in training
+  c.parameters = [](int64_t width, at::Generator gen) {
+    const int64_t hidden = 12, out = 8;
+    auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    torch::OrderedDict<std::string, torch::Tensor> p;
+    for (const char* t : {"a", "b"}) {
+      p.insert(c10::str(t, ".w1"), torch::randn({hidden, width}, gen, f64) / std::sqrt(static_cast<double>(width)));
+      p.insert(c10::str(t, ".b1"), torch::randn({hidden}, gen, f64) * 0.1);
+      p.insert(c10::str(t, ".w2"), torch::randn({out, hidden}, gen, f64) / std::sqrt(static_cast<double>(hidden)));
+      p.insert(c10::str(t, ".b2"), torch::randn({out}, gen, f64) * 0.1);
+    }
+    p.insert("logit_scale", torch::tensor(std::log(1 / 0.07), f64));
+    return p;
+  };
+  c.distributed = [loss_options](const V& x, const V& s, const CommunicatorPtr& comm) {
+    const V wa(s.begin(), s.begin() + kTowerParams), wb(s.begin() + kTowerParams, s.begin() + 2 * kTowerParams);
+    const torch::Tensor logit_scale = s[2 * kTowerParams];
+    auto dp_a = std::make_shared<DataParallel>(module_of(wa), comm);
+    auto dp_b = std::make_shared<DataParallel>(module_of(wb), comm);
+    auto dp_loss = std::make_shared<DataParallel>(module_of({logit_scale}), comm);
+    auto options = loss_options;
+    options.comm(comm);
+    // Chunks of 4 and 5 rows: neither divides the default rows (6, 3, 0, 5).
+    GradCacheEncoder a([wa](const BatchInput& in) -> c10::IValue { return mlp_tower(in.tensor(), wa, 1); }, 4);
+    GradCacheEncoder b([wb](const BatchInput& in) -> c10::IValue { return mlp_tower(in.tensor(), wb, 2); }, 5);
+    GradCache gc({a.data_parallel(dp_a), b.data_parallel(dp_b)},
+                 [logit_scale, options](const V& r) { return clip_loss(r[0], r[1], logit_scale, c10::nullopt, options); },
+                 GradCacheOptions().loss_data_parallel(dp_loss));
+    return gc.step({x[0], x[1]});  // detached: the step ran its backward
+  };
+  c.reference = [normalize = loss_options.normalize()](const V& x, const V& s) {
+    const V wa(s.begin(), s.begin() + kTowerParams), wb(s.begin() + kTowerParams, s.begin() + 2 * kTowerParams);
+    return reference::clip_loss(mlp_tower(x[0], wa, 1), mlp_tower(x[1], wb, 2), s[2 * kTowerParams], c10::nullopt,
+                                true, 100.0, normalize);
+  };
+  return c;
 }
 
 std::vector<VerifyCase> builtin_cases() {
@@ -100,6 +179,10 @@ std::vector<VerifyCase> builtin_cases() {
   };
   sig.reference = [](const V& x, const V& s) { return reference::siglip_loss(x[0], x[1], s[0], s[1], true); };
   cases.push_back(sig);
+
+  cases.push_back(grad_cache_case("grad_cache_clip", ClipLossOptions().normalize(true)));
+  // Tiles of 3 rows divide none of the default row counts.
+  cases.push_back(grad_cache_case("grad_cache_tiled_ring", ClipLossOptions().normalize(true).tile_size(3).ring(true)));
   return cases;
 }
 
@@ -138,11 +221,15 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   std::vector<torch::Tensor> global;
   for (int64_t k = 0; k < c.num_features; ++k) global.push_back(torch::randn({B, o.width()}, gen, f64));
   auto needs_grad = [&](int64_t k) { return c.feature_grad.empty() || c.feature_grad[k]; };
+  torch::OrderedDict<std::string, torch::Tensor> params;
+  if (c.parameters) params = c.parameters(o.width(), gen);
+  const size_t n_scalars = c.scalars.size();
 
   // Reference on one device.
   std::vector<torch::Tensor> ref_x, ref_s;
   for (int64_t k = 0; k < c.num_features; ++k) ref_x.push_back(global[k].clone().requires_grad_(needs_grad(k)));
   for (double v : c.scalars) ref_s.push_back(torch::tensor(v, f64).requires_grad_(true));
+  for (const auto& p : params) ref_s.push_back(p.value().clone().requires_grad_(true));
   auto ref_loss = c.reference(ref_x, ref_s);
   ref_loss.backward();
 
@@ -152,8 +239,9 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
     loc_x.push_back(global[k].narrow(0, off, rows[r]).clone().requires_grad_(needs_grad(k)));
   }
   for (double v : c.scalars) loc_s.push_back(torch::tensor(v, f64).requires_grad_(true));
+  for (const auto& p : params) loc_s.push_back(p.value().clone().requires_grad_(true));
   auto loss = c.distributed(loc_x, loc_s, comm);
-  loss.backward();
+  if (loss.requires_grad()) loss.backward();
 
   VerifyResult res;
   res.loss = c.name;
@@ -166,16 +254,17 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
       res.worst = what;
     }
   };
+  auto grad_of = [](const torch::Tensor& t) { return t.grad().defined() ? t.grad() : torch::zeros_like(t); };
   // Scalars to average over ranks: the loss and every scalar gradient.
   std::vector<torch::Tensor> to_sum{loss.detach().reshape({1})};
-  for (auto& s : loc_s) to_sum.push_back(s.grad().defined() ? s.grad().reshape({1}) : torch::zeros({1}, f64));
+  for (size_t k = 0; k < n_scalars; ++k) to_sum.push_back(grad_of(loc_s[k]).reshape({1}));
   auto packed = torch::cat(to_sum).contiguous();
   comm->all_reduce_sum(packed, "verify");
   packed = packed / static_cast<double>(W);
   res.loss_rel_err = rel(packed[0], ref_loss);
   note(res.loss_rel_err, "loss");
-  for (size_t k = 0; k < loc_s.size(); ++k) {
-    auto want = ref_s[k].grad().defined() ? ref_s[k].grad() : torch::zeros({}, f64);
+  for (size_t k = 0; k < n_scalars; ++k) {
+    auto want = grad_of(ref_s[k]);
     double e = rel(packed[k + 1], want);
     // Some scalar gradients are zero by structure: a clamped scale, or a bias
     // under a softmax (shift-invariant). The reference then holds round-off
@@ -183,9 +272,21 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
     if (want.abs().item<double>() < 1e-12) e = (packed[k + 1] - want).abs().item<double>();
     note(e, "grad scalar " + std::to_string(k));
   }
+  // Model parameters: this rank's gradients as they are; the worst rank
+  // counts (every rank learns every rank's errors, so all report the same).
+  if (!params.is_empty()) {
+    std::vector<double> errs;
+    for (size_t k = 0; k < params.size(); ++k) {
+      errs.push_back(rel(grad_of(loc_s[n_scalars + k]), grad_of(ref_s[n_scalars + k])));
+    }
+    auto worst_rank = std::get<0>(
+        gather_no_grad(torch::tensor(errs, f64).reshape({1, -1}), comm, "verify").all.max(0));  // [P]
+    for (size_t k = 0; k < params.size(); ++k) {
+      note(worst_rank[k].item<double>(), "grad " + params.keys()[k]);
+    }
+  }
   for (int64_t k = 0; k < c.num_features; ++k) {
-    auto local_grad = loc_x[k].grad().defined() ? loc_x[k].grad() : torch::zeros_like(loc_x[k]);
-    auto all = gather_no_grad(local_grad, comm, "verify").all / static_cast<double>(W);
+    auto all = gather_no_grad(grad_of(loc_x[k]), comm, "verify").all / static_cast<double>(W);
     if (!needs_grad(k)) {
       note(all.abs().max().item<double>(), "grad of constant input " + std::to_string(k));
       continue;

@@ -8,6 +8,13 @@
 // local gradient is the sum over ranks of dL_s/dx_r = W dL/dx_r); a scalar
 // parameter's gradient is the mean over ranks (what data-parallel averaging
 // computes). All of this is compared with reference:: on one device.
+//
+// A case may also train a model (the gradient-cache cases: encoders with
+// dropout, DataParallel, GradCache). Its parameters are drawn once from the
+// seed, given to both sides, and their gradients are compared on every rank
+// as they stand after the distributed step: averaging them over ranks is the
+// case's job (DataParallel), as in training, so a rank whose gradients differ
+// from the others' fails even if the mean over ranks were right.
 #pragma once
 
 #include <torch/torch.h>
@@ -43,13 +50,21 @@ struct VerifyResult {
   bool passed = false;
 };
 
-/// A verification case: a distributed loss and its reference.
+/// A verification case: a distributed loss (or training step) and its
+/// reference.
 struct VerifyCase {
   std::string name;
   int64_t num_features = 2;             // [B, d] inputs drawn per case
   std::vector<bool> feature_grad;       // which features require grad (default all)
   std::vector<double> scalars;          // initial values of 0-dim parameters
-  /// Distributed: local features, scalars, communicator -> L_r.
+  /// Model parameters of any shape, drawn from the feature width and verify's
+  /// seeded generator; they follow the scalars in the functions' `s`. Their
+  /// gradients are compared rank by rank, not averaged by verify: the case
+  /// averages them itself (DataParallel). Unset: none.
+  std::function<torch::OrderedDict<std::string, torch::Tensor>(int64_t width, at::Generator gen)> parameters;
+  /// Distributed: local features, scalars then parameters, communicator ->
+  /// L_r. Verify backpropagates L_r, unless it comes back without a graph: a
+  /// training step (the gradient cache) has run its own backward.
   std::function<torch::Tensor(const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                               const CommunicatorPtr&)>
       distributed;
@@ -58,7 +73,8 @@ struct VerifyCase {
 };
 
 /// The built-in cases (clip, clip_bias, clip_clamped, infonce, nt_xent, moco_v3,
-/// and whatever other components register).
+/// their tiled and ring forms, siglip, and the gradient-cache steps
+/// grad_cache_clip and grad_cache_tiled_ring).
 std::vector<VerifyCase>& verify_cases();
 
 /// Default per-rank rows: uneven, with an empty rank from W = 3 on.
