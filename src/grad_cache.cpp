@@ -273,6 +273,14 @@ torch::Tensor representation(const GradCacheEncoder& enc, size_t e, const c10::I
 torch::Tensor GradCache::cache(size_t e, const BatchInput& input) {
   TORCH_CHECK(e < encoders_.size(), "GradCache::cache(): encoder index ", e, " out of range; there are ",
               encoders_.size(), " encoders");
+  const auto& chunks = impl_->chunks[e];
+  const size_t added = run_pass1(e, input);
+  std::vector<torch::Tensor> reps;
+  for (size_t i = chunks.size() - added; i < chunks.size(); ++i) reps.push_back(chunks[i].rep);
+  return reps.size() == 1 ? reps[0] : torch::cat(reps);
+}
+
+size_t GradCache::run_pass1(size_t e, const BatchInput& input) {
   const auto& enc = encoders_[e];
   std::vector<BatchInput> pieces;
   if (enc.split()) {
@@ -290,7 +298,6 @@ torch::Tensor GradCache::cache(size_t e, const BatchInput& input) {
   // collectives, and its pass 2 gives every parameter a (zero) gradient, so
   // the reducer joins the all-reduces the other ranks start.
   if (pieces.empty()) pieces.push_back(input);
-  std::vector<torch::Tensor> reps;
   for (auto& piece : pieces) {
     Chunk chunk;
     chunk.input = std::move(piece);
@@ -303,10 +310,9 @@ torch::Tensor GradCache::cache(size_t e, const BatchInput& input) {
     TORCH_CHECK(chunk.rep.dim() >= 1, "GradCache: the representation of ", encoder_label(enc, e),
                 " must have the batch along dim 0, but is 0-dim");
     chunk.shape = chunk.rep.sizes().vec();
-    reps.push_back(chunk.rep);
     impl_->chunks[e].push_back(std::move(chunk));
   }
-  return reps.size() == 1 ? reps[0] : torch::cat(reps);
+  return pieces.size();
 }
 
 torch::Tensor GradCache::cache(const std::string& name, const BatchInput& input) {
@@ -337,7 +343,8 @@ torch::Tensor GradCache::step(const std::vector<BatchInput>& inputs) {
               " inputs for ", encoders_.size(), " encoders");
   clear();
   try {
-    for (size_t e = 0; e < encoders_.size(); ++e) cache(e, inputs[e]);
+    // Not cache(): nobody looks at its concatenated rows here.
+    for (size_t e = 0; e < encoders_.size(); ++e) run_pass1(e, inputs[e]);
   } catch (...) {
     clear();
     throw;

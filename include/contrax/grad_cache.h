@@ -260,8 +260,8 @@ class GradCache {
   /// Completes the step over everything cached since the last finish: loss
   /// and its backward, pass 2 and the gradient synchronisation. Every encoder
   /// must have been given an input (0 rows are fine). Clears the cache;
-  /// returns the loss (detached, unscaled). `loss` overrides the constructor's loss for this
-  /// step (e.g. to pass step-dependent arguments).
+  /// returns the loss (detached, unscaled). `loss` overrides the
+  /// constructor's loss for this step (e.g. to pass step-dependent arguments).
   torch::Tensor finish();
   torch::Tensor finish(const RepresentationLossFn& loss);
 
@@ -275,6 +275,8 @@ class GradCache {
  private:
   struct Chunk;
   struct Impl;
+  // Pass 1 of `cache()`; returns how many chunks it added.
+  size_t run_pass1(size_t encoder, const BatchInput& input);
   std::vector<GradCacheEncoder> encoders_;
   RepresentationLossFn loss_;
   GradCacheOptions options_;
