@@ -10,12 +10,16 @@
 // the loss's own [B x B] logits do not mask what the gradient cache changes:
 // the encoders' activations. Peak memory is counted by contrax's CPU allocator
 // tracker as bytes above the level before the step (parameters, their
-// gradients and the input batch are already allocated), on the second of
-// `--steps` steps so that gradient buffers exist.
+// gradients and the input batch are already allocated), over the timed steps,
+// which follow one warm-up step per path. The paths alternate step by step and
+// each reports its median time. The ratio uses process CPU time: with
+// `--threads 1` that is the step's own cost; with more threads it also counts
+// OpenMP workers spinning at barriers, of which the chunked path has more.
 //
 //   contrax bench-grad-cache --threads 1 --batches 512,2048,8192 --gc-batches 16384
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <cmath>
@@ -65,28 +69,46 @@ double cpu_seconds() {
 }
 
 struct Measured {
-  double seconds = 0;  // wall, per step, mean over the timed steps
-  double cpu = 0;      // process CPU time, per step
+  double seconds = 0;  // wall, per step, median over the timed steps
+  double cpu = 0;      // process CPU time, per step, median
   int64_t peak = 0;    // bytes above the pre-step level, max over timed steps
 };
 
-Measured measure(int64_t steps, const std::vector<torch::Tensor>& params, const std::function<void()>& step) {
-  Measured m;
-  for (auto p : params) p.mutable_grad() = torch::Tensor();
-  step();  // warm-up: allocates the gradients, warms BLAS
-  for (int64_t s = 0; s < steps; ++s) {
-    for (auto p : params) p.grad().zero_();
-    contrax::PeakScope scope;
-    auto t0 = Clock::now();
-    const double c0 = cpu_seconds();
-    step();
-    m.cpu += cpu_seconds() - c0;
-    m.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-    m.peak = std::max(m.peak, scope.peak_above_start());
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times every contender `steps` times, alternating between them step by step,
+// and reports medians. On a shared machine a burst of load then hits both
+// paths alike; timing all of (a) and then all of (b) let the (b)/(a) ratio
+// swing by +-15% between identical runs under a load average of ~8.
+std::vector<Measured> measure_alternating(int64_t steps, const std::vector<torch::Tensor>& params,
+                                          const std::vector<std::function<void()>>& contenders) {
+  const size_t n = contenders.size();
+  for (const auto& step : contenders) {
+    for (auto p : params) p.mutable_grad() = torch::Tensor();
+    step();  // warm-up: allocates the gradients, warms BLAS
   }
-  m.seconds /= static_cast<double>(steps);
-  m.cpu /= static_cast<double>(steps);
-  return m;
+  std::vector<std::vector<double>> wall(n), cpu(n);
+  std::vector<Measured> out(n);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < n; ++i) {
+      for (auto p : params) p.grad().zero_();
+      contrax::PeakScope scope;
+      auto t0 = Clock::now();
+      const double c0 = cpu_seconds();
+      contenders[i]();
+      cpu[i].push_back(cpu_seconds() - c0);
+      wall[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      out[i].peak = std::max(out[i].peak, scope.peak_above_start());
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    out[i].seconds = median(wall[i]);
+    out[i].cpu = median(cpu[i]);
+  }
+  return out;
 }
 
 int run_bench_grad_cache(const std::vector<std::string>& args) {
@@ -95,7 +117,7 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
   const auto gc_batches = a.get_int_list("gc-batches", "32768", "further batches for (b) only");
   const int64_t chunk = a.get_int("chunk", 128, "gradient-cache chunk size");
   const int64_t hidden = a.get_int("hidden", 1024, "hidden width of both towers");
-  const int64_t steps = a.get_int("steps", 1, "timed steps per point (each after one warm-up step)");
+  const int64_t steps = a.get_int("steps", 3, "timed steps per point and path, alternated; the median is reported");
   const int64_t threads = a.get_int("threads", 0, "intra-op threads (0: keep LibTorch's default)");
   const std::string loss_kind = a.get("loss", "tiled", "loss path: tiled or materialised");
   if (a.finish()) return 0;
@@ -129,7 +151,8 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
               "chunk %lld, threads %d, BLAS %s\n\n",
               static_cast<long long>(hidden), static_cast<long long>(hidden), loss_kind.c_str(),
               static_cast<long long>(chunk), at::get_num_threads(), contrax::cli::blas_library().c_str());
-  std::printf("times: wall / process CPU per step\n\n");
+  std::printf("times: wall / process CPU per step, median of %lld (the paths alternated)\n\n",
+              static_cast<long long>(steps));
   std::printf("| B | (a) full-batch time | (a) peak | (b) grad-cache time | (b) peak | CPU time (b)/(a) | "
               "memory (a)/(b) |\n|---|---|---|---|---|---|---|\n");
   std::vector<std::pair<int64_t, bool>> points;
@@ -139,11 +162,10 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
     torch::manual_seed(1);
     auto x = torch::randn({B, 784});  // [B, 784]
     auto y = torch::randn({B, 64});   // [B, 64]
-    Measured full, cached;
-    if (with_full) {
-      full = measure(steps, params, [&] { loss_fn(image->forward(x), text->forward(y)).backward(); });
-    }
-    cached = measure(steps, params, [&] { gc.step({x, y}); });
+    std::vector<std::function<void()>> contenders{[&] { gc.step({x, y}); }};
+    if (with_full) contenders.push_back([&] { loss_fn(image->forward(x), text->forward(y)).backward(); });
+    auto measured = measure_alternating(steps, params, contenders);
+    Measured cached = measured[0], full = with_full ? measured[1] : Measured{};
     char buf[512];
     if (with_full) {
       std::snprintf(buf, sizeof buf, "| %lld | %.2f / %.2f s | %s | %.2f / %.2f s | %s | %.2fx | %.1fx |\n",
