@@ -288,6 +288,26 @@ TEST(GradCache, FunctionalFormWithNamedInputs) {
   EXPECT_EQ(gc.cached_rows(0), 0);
 }
 
+// A 0-row input is one empty chunk (what an empty rank runs): cache() returns
+// [0, d] rows, and the chunk changes nothing in the step's gradients.
+TEST(GradCache, ZeroRowInputIsOneEmptyChunk) {
+  const int64_t B = 6;
+  auto init = make_models(17);
+  auto batch = make_batch(B, 18);
+  auto ref = copy_of(init);
+  auto want_loss = full_batch_step(ref, batch);
+  auto m = copy_of(init);
+  auto gc = make_cache(m, 4, 4);
+  auto rep = gc.cache("a", std::vector<torch::Tensor>{batch.x.narrow(0, 0, 0), batch.ids.narrow(0, 0, 0)});
+  EXPECT_EQ(rep.sizes(), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(gc.cached_rows(0), 0);
+  auto inputs = list_inputs(batch);
+  gc.cache("a", inputs[0]);
+  gc.cache("b", inputs[1]);
+  EXPECT_LE(rel_err(gc.finish(), want_loss), 1e-12);
+  expect_match(m.grads(), ref.grads(), 1e-10, "with an empty chunk");
+}
+
 // Callable encoders with structured output and a representation getter, a
 // user split function, and the loss-scale hook.
 TEST(GradCacheCallables, GetRepSplitAndLossScale) {
