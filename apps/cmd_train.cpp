@@ -2,7 +2,7 @@
 // evaluation table (trained encoder vs random-init encoder vs raw pixels) and
 // `contrax verify`'s exactness line.
 //
-//   contrax train                                  # defaults: 2 processes, SimCLR, ~10 min
+//   contrax train                                  # defaults: 2 processes, SimCLR, 8 epochs
 //   contrax train --recipe moco-v3 --nproc 2 --epochs 3 --run-dir runs/moco
 //   contrax train --run-dir runs/a --resume        # continue a stopped run
 //   contrax train --max-steps 20 --train-limit 2048 --json
@@ -55,8 +55,10 @@ int run_train(const std::vector<std::string>& args) {
   const bool resume = a.flag("resume", "continue from run-dir/checkpoint.pt");
   const bool json = a.flag("json", "print the summary as one JSON object");
   const int64_t train_limit = a.get_int("train-limit", -1, "train on the first N training examples (-1: all)");
-  const int64_t eval_limit =
-      a.get_int("eval-limit", 10000, "evaluate with the first N train (memory bank/probe) and N test examples");
+  const int64_t eval_limit = a.get_int(
+      "eval-limit", -1, "evaluate with the first N train (kNN memory bank) and N test examples (-1: all)");
+  const int64_t probe_limit =
+      a.get_int("probe-limit", 10000, "fit the linear probe on the first N of those train examples (-1: all)");
   const int64_t threads = a.get_int("threads", 0, "intra-op threads per process (0: cores / processes)");
   const std::string dtype_s = a.get("dtype", "float", "float or double (exactness tests)");
   const int64_t log_every = a.get_int("log-every", 10, "progress line every N steps (0: none)");
@@ -77,6 +79,10 @@ int run_train(const std::vector<std::string>& args) {
   TORCH_CHECK(warmup >= 0, "flag '--warmup-steps' must be >= 0, but got ", warmup);
   TORCH_CHECK(ckpt_every >= 0, "flag '--checkpoint-every' must be >= 0, but got ", ckpt_every);
   TORCH_CHECK(threads >= 0, "flag '--threads' must be >= 0, but got ", threads);
+  TORCH_CHECK(eval_limit == -1 || eval_limit >= 1, "flag '--eval-limit' must be -1 (all) or >= 1, but got ",
+              eval_limit);
+  TORCH_CHECK(probe_limit == -1 || probe_limit >= 1, "flag '--probe-limit' must be -1 (all) or >= 1, but got ",
+              probe_limit);
   TORCH_CHECK(dtype_s == "float" || dtype_s == "double", "flag '--dtype' must be float or double, but got '", dtype_s,
               "'");
   TORCH_CHECK(!run_dir.empty(), "flag '--run-dir' must not be empty");
@@ -144,25 +150,36 @@ int run_train(const std::vector<std::string>& args) {
     return 0;
   }
 
-  // Evaluation on rank 0; the others wait at the barrier.
+  // Evaluation on rank 0; the others wait at the barrier. It keeps the
+  // training's thread count rather than taking the idle ranks' cores: on a
+  // shared 2-core machine two OpenMP threads made the many small L-BFGS steps
+  // of the probe many times slower (threads spinning against other processes).
   contrax::train::EvalResult trained, random_init, raw;
   if (!no_eval && rank == 0) {
     auto eval_train = contrax::train::load_dataset(data_dir, "train", eval_limit);
     auto eval_test = contrax::train::load_dataset(data_dir, "test", eval_limit);
     auto enc = r.encoder;
     enc->to(torch::kFloat);
-    trained = contrax::train::evaluate_encoder(enc, eval_train, eval_test);
+    // One protocol for all three representations, so that they compare.
+    const auto eopts = contrax::train::EvalOptions().probe_train_limit(probe_limit);
+    trained = contrax::train::evaluate_encoder(enc, eval_train, eval_test, eopts);
     random_init = contrax::train::evaluate_random_init(enc->options, static_cast<uint64_t>(seed) + 1000003,
-                                                        eval_train, eval_test);
-    raw = contrax::train::evaluate_raw_pixels(eval_train, eval_test);
+                                                        eval_train, eval_test, eopts);
+    raw = contrax::train::evaluate_raw_pixels(eval_train, eval_test, eopts);
     if (!json) {
-      std::cout << "\nevaluation: " << eval_train.size() << " train / " << eval_test.size()
-                << " test examples, frozen features\n";
+      const int64_t n_probe = probe_limit > 0 ? std::min(probe_limit, eval_train.size()) : eval_train.size();
+      std::cout << "\nevaluation of frozen features on " << eval_test.size()
+                << " test images (backbone output, not the projection head):\n"
+                << "  linear probe: logistic regression (L-BFGS to convergence) on standardised features of "
+                << n_probe << " train images, L2 chosen on 10% of them\n"
+                << "  kNN: cosine similarity to " << eval_train.size()
+                << " train images, 20 neighbours voting with weight exp(sim / 0.07)\n";
       std::cout << std::left << std::setw(22) << "representation" << std::setw(20) << "linear probe acc"
-                << "kNN acc (k=20)\n";
+                << std::setw(16) << "kNN acc (k=20)" << "probe L2\n";
       auto row = [](const std::string& name, const contrax::train::EvalResult& e) {
         std::cout << std::left << std::setw(22) << name << std::setw(20) << std::fixed << std::setprecision(4)
-                  << e.linear_probe_acc << e.knn_acc << "\n";
+                  << e.linear_probe_acc << std::setw(16) << e.knn_acc << std::scientific << std::setprecision(0)
+                  << e.probe.l2 << (e.probe.converged ? "" : " (probe not converged)") << std::fixed << "\n";
       };
       row("trained encoder", trained);
       row("random-init encoder", random_init);
@@ -200,7 +217,11 @@ int run_train(const std::vector<std::string>& args) {
           << ",\"random_init_linear_probe_acc\":" << json_number(random_init.linear_probe_acc)
           << ",\"random_init_knn_acc\":" << json_number(random_init.knn_acc)
           << ",\"raw_pixel_linear_probe_acc\":" << json_number(raw.linear_probe_acc)
-          << ",\"raw_pixel_knn_acc\":" << json_number(raw.knn_acc);
+          << ",\"raw_pixel_knn_acc\":" << json_number(raw.knn_acc)
+          << ",\"linear_probe_l2\":" << json_number(trained.probe.l2)
+          << ",\"random_init_linear_probe_l2\":" << json_number(random_init.probe.l2)
+          << ",\"raw_pixel_linear_probe_l2\":" << json_number(raw.probe.l2)
+          << ",\"eval_s\":" << json_number(trained.seconds + random_init.seconds + raw.seconds);
       }
       j << ",\"examples_per_s\":" << json_number(r.examples_per_s) << ",\"train_s\":" << json_number(r.train_s)
         << ",\"wall_s\":" << json_number(wall);
@@ -210,7 +231,11 @@ int run_train(const std::vector<std::string>& args) {
     } else {
       std::cout << "trained " << r.steps << " steps (" << r.epochs_done << " epoch" << (r.epochs_done == 1 ? "" : "s")
                 << ") in " << std::fixed << std::setprecision(1) << r.train_s << " s, " << std::setprecision(0)
-                << r.examples_per_s << " examples/s; wall " << std::setprecision(1) << wall << " s\n";
+                << r.examples_per_s << " examples/s; " << std::setprecision(1);
+      if (!no_eval) {
+        std::cout << "evaluated in " << trained.seconds + random_init.seconds + raw.seconds << " s; ";
+      }
+      std::cout << "wall " << wall << " s\n";
       if (!verdict.empty()) std::cout << verdict << "\n";
     }
     std::cout.flush();

@@ -4,7 +4,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <functional>
 
 #include "contrax/train/augment.h"
 
@@ -60,6 +63,77 @@ torch::Tensor embed(Encoder encoder, const torch::Tensor& images, int64_t batch_
   return out;
 }
 
+namespace {
+
+// Features scaled with the mean and std of the rows a probe is fitted on.
+struct Standardizer {
+  torch::Tensor mean, std;  // [1, d]
+  Standardizer(const torch::Tensor& x, bool enabled) {
+    if (!enabled) return;
+    mean = x.mean(0, true);
+    // Constant features (border pixels) get std 1 instead of a division by 0.
+    auto s = x.std(0, /*unbiased=*/false, true);
+    std = torch::where(s > 1e-6, s, torch::ones_like(s));
+  }
+  torch::Tensor operator()(const torch::Tensor& x) const { return mean.defined() ? (x - mean) / std : x; }
+};
+
+struct ProbeFit {
+  torch::Tensor w, b;  // [d, C], [C]
+  double loss = 0;
+  int64_t iterations = 0;
+  double grad_max = 0;
+  bool converged = false;  // stopped by a tolerance, not by a budget
+};
+
+double accuracy(const ProbeFit& f, const torch::Tensor& x, const torch::Tensor& y) {
+  return torch::addmm(f.b, x, f.w).argmax(1).eq(y).to(torch::kDouble).mean().item<double>();
+}
+
+// Minimises mean CE + l2/2 ||w||^2 with L-BFGS from (w0, b0). The objective is
+// smooth and strictly convex for l2 > 0, so the result depends only on the
+// data and l2 (up to the tolerances), not on the start: a warm start from a
+// neighbouring l2 only saves iterations.
+ProbeFit fit_probe(const torch::Tensor& x, const torch::Tensor& y, double l2, const torch::Tensor& w0,
+                   const torch::Tensor& b0, const LinearProbeOptions& o) {
+  auto w = w0.clone().requires_grad_(true);
+  auto b = b0.clone().requires_grad_(true);
+  const int64_t max_eval = std::max<int64_t>(1, o.max_iter() * 5 / 4);  // LBFGS's own default ratio
+  torch::optim::LBFGS opt({w, b}, torch::optim::LBFGSOptions(1.0)
+                                      .max_iter(o.max_iter())
+                                      .max_eval(max_eval)
+                                      .history_size(20)
+                                      .tolerance_grad(o.tolerance_grad())
+                                      .tolerance_change(1e-9)
+                                      .line_search_fn("strong_wolfe"));
+  ProbeFit f;
+  auto closure = [&]() {
+    opt.zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(torch::addmm(b, x, w), y) + 0.5 * l2 * w.pow(2).sum();
+    loss.backward();
+    f.loss = loss.item<double>();
+    return loss;
+  };
+  {
+    torch::AutoGradMode grad(true);
+    opt.step(closure);
+    // Where it stopped: the gradient at the final point (the line search's
+    // last evaluation may have been elsewhere).
+    closure();
+  }
+  f.grad_max = std::max(w.grad().abs().max().item<double>(), b.grad().abs().max().item<double>());
+  for (const auto& kv : opt.state()) {
+    const auto& st = static_cast<const torch::optim::LBFGSParamState&>(*kv.second);
+    f.iterations = st.n_iter();
+    f.converged = st.n_iter() < o.max_iter() && st.func_evals() < max_eval;
+  }
+  f.w = w.detach();
+  f.b = b.detach();
+  return f;
+}
+
+}  // namespace
+
 LinearProbeResult linear_probe(const torch::Tensor& train_x_in, const torch::Tensor& train_y,
                                const torch::Tensor& test_x_in, const torch::Tensor& test_y,
                                const LinearProbeOptions& o) {
@@ -68,47 +142,76 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x_in, const torch::Ten
   check_features("linear_probe", test_x_in, "test_x", test_y, "test_y");
   TORCH_CHECK(test_x_in.size(1) == train_x_in.size(1), "linear_probe(): argument 'test_x' must have ",
               train_x_in.size(1), " columns like 'train_x', but got ", test_x_in.size(1));
-  TORCH_CHECK(o.l2() >= 0, "linear_probe(): option 'l2' must be >= 0, but got ", o.l2());
+  TORCH_CHECK(!o.l2_grid().empty(), "linear_probe(): option 'l2_grid' must hold at least one value");
+  for (double l2 : o.l2_grid()) {
+    TORCH_CHECK(l2 >= 0, "linear_probe(): option 'l2_grid' must hold values >= 0, but got ", l2);
+  }
   TORCH_CHECK(o.max_iter() >= 1, "linear_probe(): option 'max_iter' must be >= 1, but got ", o.max_iter());
+  TORCH_CHECK(o.tolerance_grad() > 0, "linear_probe(): option 'tolerance_grad' must be > 0, but got ",
+              o.tolerance_grad());
+  const bool select = o.l2_grid().size() > 1;
+  const int64_t n = train_x_in.size(0);
+  if (select) {
+    TORCH_CHECK(o.val_fraction() > 0 && o.val_fraction() < 1,
+                "linear_probe(): option 'val_fraction' must be in (0, 1), but got ", o.val_fraction());
+    TORCH_CHECK(n >= 2, "linear_probe(): choosing the L2 strength from 'l2_grid' holds out validation rows, so ",
+                "'train_x' needs at least 2 rows, but has ", n, " (give 'l2_grid' a single value)");
+  }
   const int64_t classes = infer_classes("linear_probe", o.num_classes(), train_y, test_y);
   torch::NoGradGuard outer_no_grad;
-  auto train_x = train_x_in.to(torch::kFloat);
-  auto test_x = test_x_in.to(torch::kFloat);
-  if (o.standardize()) {
-    auto mean = train_x.mean(0, true);
-    // Constant features (border pixels) get std 1 instead of a division by 0.
-    auto std = train_x.std(0, /*unbiased=*/false, true);
-    std = torch::where(std > 1e-6, std, torch::ones_like(std));
-    train_x = (train_x - mean) / std;
-    test_x = (test_x - mean) / std;
-  }
+  const auto train_x = train_x_in.to(torch::kFloat);
+  const auto test_x = test_x_in.to(torch::kFloat);
   const int64_t d = train_x.size(1);
-  auto w = torch::zeros({d, classes}, torch::kFloat).requires_grad_(true);
-  auto b = torch::zeros({classes}, torch::kFloat).requires_grad_(true);
-  torch::optim::LBFGS opt({w, b}, torch::optim::LBFGSOptions(1.0)
-                                      .max_iter(o.max_iter())
-                                      .history_size(20)
-                                      .tolerance_grad(1e-6)
-                                      .tolerance_change(1e-9)
-                                      .line_search_fn("strong_wolfe"));
-  double final_loss = 0;
-  auto closure = [&]() {
-    torch::AutoGradMode grad(true);
-    opt.zero_grad();
-    auto logits = torch::addmm(b, train_x, w);  // [N, C]
-    auto loss = torch::nn::functional::cross_entropy(logits, train_y) + 0.5 * o.l2() * w.pow(2).sum();
-    loss.backward();
-    final_loss = loss.item<double>();
-    return loss;
-  };
-  {
-    torch::AutoGradMode grad(true);
-    opt.step(closure);
-  }
+  auto w0 = torch::zeros({d, classes}, torch::kFloat);
+  auto b0 = torch::zeros({classes}, torch::kFloat);
+
   LinearProbeResult r;
-  r.final_loss = final_loss;
-  r.train_acc = torch::addmm(b, train_x, w).argmax(1).eq(train_y).to(torch::kDouble).mean().item<double>();
-  r.test_acc = torch::addmm(b, test_x, w).argmax(1).eq(test_y).to(torch::kDouble).mean().item<double>();
+  r.l2 = o.l2_grid().front();
+  if (select) {
+    // A seeded split, so that every representation is judged on the same rows.
+    auto gen = at::detail::createCPUGenerator(o.seed());
+    auto perm = torch::randperm(n, gen, torch::kLong);
+    const int64_t n_val = std::min(n - 1, std::max<int64_t>(1, std::llround(o.val_fraction() * n)));
+    auto val_idx = perm.narrow(0, 0, n_val), fit_idx = perm.narrow(0, n_val, n - n_val);
+    const auto fit_x_raw = train_x.index_select(0, fit_idx);
+    const Standardizer st(fit_x_raw, o.standardize());
+    const auto fit_x = st(fit_x_raw), val_x = st(train_x.index_select(0, val_idx));
+    const auto fit_y = train_y.index_select(0, fit_idx), val_y = train_y.index_select(0, val_idx);
+    // Strongest penalty first: its fit is quick, and each weaker one starts
+    // from the previous solution (a regularisation path).
+    auto grid = o.l2_grid();
+    std::sort(grid.begin(), grid.end(), std::greater<double>());
+    // The path stops at the first lambda that validates worse than the best so
+    // far: weaker penalties only overfit more from there on, and they are the
+    // slow fits (the weaker the penalty, the worse conditioned the problem).
+    torch::Tensor best_w, best_b;
+    for (double l2 : grid) {
+      auto f = fit_probe(fit_x, fit_y, l2, w0, b0, o);
+      const double acc = accuracy(f, val_x, val_y);
+      if (acc < r.val_acc) break;
+      if (acc > r.val_acc) {
+        r.val_acc = acc;
+        r.l2 = l2;
+        best_w = f.w;
+        best_b = f.b;
+      }
+      w0 = f.w;
+      b0 = f.b;
+    }
+    // The refit on all rows starts from the chosen fit (same lambda, 90% of
+    // the rows): close to its optimum, so it needs few iterations.
+    w0 = best_w;
+    b0 = best_b;
+  }
+  const Standardizer st(train_x, o.standardize());
+  const auto x = st(train_x);
+  const auto f = fit_probe(x, train_y, r.l2, w0, b0, o);
+  r.final_loss = f.loss;
+  r.iterations = f.iterations;
+  r.grad_max = f.grad_max;
+  r.converged = f.converged;
+  r.train_acc = accuracy(f, x, train_y);
+  r.test_acc = accuracy(f, st(test_x), test_y);
   r.seconds = seconds_since(t0);
   return r;
 }
@@ -144,11 +247,22 @@ double knn_accuracy(const torch::Tensor& train_x_in, const torch::Tensor& train_
 }
 
 namespace {
+// Checked before the (slow) embedding, not after it.
+void check_eval_options(const char* fn, const EvalOptions& o) {
+  TORCH_CHECK(o.probe_train_limit() == -1 || o.probe_train_limit() >= 1, fn,
+              "(): option 'probe_train_limit' must be -1 (all) or >= 1, but got ", o.probe_train_limit());
+  TORCH_CHECK(o.batch_size() >= 1, fn, "(): option 'batch_size' must be >= 1, but got ", o.batch_size());
+}
+
 EvalResult evaluate_features(const torch::Tensor& ftrain, const Dataset& train, const torch::Tensor& ftest,
                              const Dataset& test, const EvalOptions& options,
                              std::chrono::steady_clock::time_point t0) {
+  const int64_t n_probe = options.probe_train_limit() > 0 ? std::min(options.probe_train_limit(), ftrain.size(0))
+                                                          : ftrain.size(0);
   EvalResult r;
-  r.linear_probe_acc = linear_probe(ftrain, train.labels, ftest, test.labels, options.probe()).test_acc;
+  r.probe = linear_probe(ftrain.narrow(0, 0, n_probe), train.labels.narrow(0, 0, n_probe), ftest, test.labels,
+                         options.probe());
+  r.linear_probe_acc = r.probe.test_acc;
   r.knn_acc = knn_accuracy(ftrain, train.labels, ftest, test.labels, options.knn());
   r.seconds = seconds_since(t0);
   return r;
@@ -157,6 +271,7 @@ EvalResult evaluate_features(const torch::Tensor& ftrain, const Dataset& train, 
 
 EvalResult evaluate_encoder(Encoder encoder, const Dataset& train, const Dataset& test,
                             const EvalOptions& options) {
+  check_eval_options("evaluate_encoder", options);
   const auto t0 = std::chrono::steady_clock::now();
   auto ftrain = embed(encoder, train.images, options.batch_size());
   auto ftest = embed(encoder, test.images, options.batch_size());
@@ -164,6 +279,7 @@ EvalResult evaluate_encoder(Encoder encoder, const Dataset& train, const Dataset
 }
 
 EvalResult evaluate_raw_pixels(const Dataset& train, const Dataset& test, const EvalOptions& options) {
+  check_eval_options("evaluate_raw_pixels", options);
   const auto t0 = std::chrono::steady_clock::now();
   TORCH_CHECK(train.size() > 0 && test.size() > 0, "evaluate_raw_pixels(): both splits must be non-empty");
   auto ftrain = normalize_images(train.images).flatten(1);  // [N, H*W]
@@ -173,6 +289,7 @@ EvalResult evaluate_raw_pixels(const Dataset& train, const Dataset& test, const 
 
 EvalResult evaluate_random_init(const EncoderOptions& encoder_options, uint64_t seed, const Dataset& train,
                                 const Dataset& test, const EvalOptions& options) {
+  check_eval_options("evaluate_random_init", options);
   auto gen = at::detail::getDefaultCPUGenerator();
   torch::Tensor saved;
   {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "contrax/train/augment.h"
 #include "contrax/train/eval.h"
 
 namespace ct = contrax::train;
@@ -59,6 +60,60 @@ TEST(Eval, LinearProbeOnRandomLabelsIsNearChance) {
   EXPECT_GT(r.test_acc, 0.04);
 }
 
+TEST(Eval, LinearProbeConvergesAndReportsWhere) {
+  auto [xtr, ytr] = clusters(1500, 12, 4, 11);
+  auto [xte, yte] = clusters(300, 12, 4, 11);
+  auto r = ct::linear_probe(xtr, ytr, xte, yte, ct::LinearProbeOptions().l2_grid({1e-2}));
+  EXPECT_TRUE(r.converged);
+  EXPECT_LT(r.iterations, 1000);
+  EXPECT_DOUBLE_EQ(r.l2, 1e-2);
+  EXPECT_EQ(r.val_acc, -1);  // one lambda: nothing held out
+  // At a minimum of CE + l2/2 ||W||^2 the gradient vanishes: the reported
+  // max |gradient| is small against its starting value (log(4) scale).
+  EXPECT_LT(r.grad_max, 1e-3);
+  // Two iterations cannot get there, and the result says so.
+  auto cut = ct::linear_probe(xtr, ytr, xte, yte, ct::LinearProbeOptions().l2_grid({1e-2}).max_iter(2));
+  EXPECT_FALSE(cut.converged);
+  EXPECT_LE(cut.iterations, 2);
+  EXPECT_GT(cut.grad_max, r.grad_max);
+  EXPECT_GT(cut.final_loss, r.final_loss);
+}
+
+TEST(Eval, LinearProbeChoosesTheL2StrengthOnHeldOutRows) {
+  // Labels independent of 200 noise features, 80% of them class 0. A weak
+  // penalty fits the noise (train accuracy 1) and predicts worse than the
+  // class prior on new rows; a strong one shrinks the weights to ~0 and
+  // predicts the majority class. The held-out rows must pick the strong one.
+  auto gen = at::detail::createCPUGenerator(21);
+  auto noise = [&](int64_t n) {
+    auto y = (torch::rand({n}, gen) < 0.2).to(torch::kInt64);
+    return std::make_pair(torch::randn({n, 200}, gen), y);
+  };
+  auto [xtr, ytr] = noise(400);
+  auto [xte, yte] = noise(4000);
+  const double majority = 1.0 - yte.to(torch::kDouble).mean().item<double>();
+  auto chosen = ct::linear_probe(xtr, ytr, xte, yte, ct::LinearProbeOptions().l2_grid({1e-6, 1e2}));
+  auto weakest = ct::linear_probe(xtr, ytr, xte, yte, ct::LinearProbeOptions().l2_grid({1e-6}));
+  EXPECT_EQ(chosen.l2, 1e2);
+  EXPECT_DOUBLE_EQ(weakest.train_acc, 1.0);
+  EXPECT_NEAR(chosen.test_acc, majority, 1e-9);
+  EXPECT_LT(weakest.test_acc, majority - 0.02);
+  EXPECT_GT(chosen.val_acc, 0.5);
+
+  // Informative features: the weak penalty wins.
+  auto [ctr, cytr] = clusters(1000, 16, 5, 4);
+  auto [cte, cyte] = clusters(300, 16, 5, 4);
+  auto informative = ct::linear_probe(ctr, cytr, cte, cyte, ct::LinearProbeOptions().l2_grid({1e3, 1e-3}));
+  EXPECT_EQ(informative.l2, 1e-3);
+  EXPECT_GT(informative.val_acc, 0.95);
+  EXPECT_GT(informative.test_acc, 0.95);
+  // The order of the grid does not matter; the seed fixes the split.
+  auto reversed = ct::linear_probe(ctr, cytr, cte, cyte, ct::LinearProbeOptions().l2_grid({1e-3, 1e3}));
+  EXPECT_EQ(reversed.l2, informative.l2);
+  EXPECT_EQ(reversed.val_acc, informative.val_acc);
+  EXPECT_EQ(reversed.test_acc, informative.test_acc);
+}
+
 TEST(Eval, KnnSeparatesClustersAndRandomIsChance) {
   auto [xtr, ytr] = clusters(2000, 16, 5, 2);
   auto [xte, yte] = clusters(300, 16, 5, 2);
@@ -110,6 +165,15 @@ TEST(Eval, EmbedAndBaselines) {
   EXPECT_GT(raw.knn_acc, 0.95);
   auto rnd = ct::evaluate_random_init(ct::EncoderOptions().channels({8, 16}).strides({2, 2}), 1, train, test);
   EXPECT_GT(rnd.linear_probe_acc, 0.5);
+  EXPECT_EQ(rnd.probe.test_acc, rnd.linear_probe_acc);
+  // A probe limit shrinks the probe's train rows only; the kNN memory bank
+  // stays the whole train split.
+  auto few = ct::evaluate_raw_pixels(train, test, ct::EvalOptions().probe_train_limit(8));
+  EXPECT_EQ(few.knn_acc, raw.knn_acc);
+  auto direct = ct::linear_probe(ct::normalize_images(train.images.narrow(0, 0, 8)).flatten(1),
+                                 train.labels.narrow(0, 0, 8), ct::normalize_images(test.images).flatten(1),
+                                 test.labels, ct::LinearProbeOptions().num_classes(4));
+  EXPECT_EQ(few.linear_probe_acc, direct.test_acc);
   // Random init does not disturb the global RNG.
   torch::manual_seed(5);
   auto a = torch::rand({3});
@@ -128,10 +192,13 @@ TEST(Eval, RawPixelProbeOnFashionMnistSlice) {
   } catch (const c10::Error&) {
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   }
-  auto r = ct::evaluate_raw_pixels(train, test);
-  std::cout << "raw pixels, 5000 train / 2000 test: linear probe " << r.linear_probe_acc << ", kNN " << r.knn_acc
-            << ", " << r.seconds << " s\n";
+  // The probe on 2000 of the images keeps the test quick (the 784-dim probe
+  // dominates the cost); the kNN bank is all 5000.
+  auto r = ct::evaluate_raw_pixels(train, test, ct::EvalOptions().probe_train_limit(2000));
+  std::cout << "raw pixels, 5000 train (probe: 2000) / 2000 test: linear probe " << r.linear_probe_acc << " (L2 "
+            << r.probe.l2 << "), kNN " << r.knn_acc << ", " << r.seconds << " s\n";
   EXPECT_GT(r.linear_probe_acc, 0.75);
+  EXPECT_TRUE(r.probe.converged);
   EXPECT_GT(r.knn_acc, 0.70);
 }
 
@@ -151,6 +218,61 @@ TEST(Eval, ErrorsNameTheArgument) {
                 .find("linear_probe(): option 'num_classes' is 1 but a label is 1"),
             std::string::npos);
   EXPECT_NE(error_of([&] { ct::linear_probe(x, y - 1, x, y); }).find("linear_probe(): labels must be >= 0, but got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::linear_probe(x, y, x, y, ct::LinearProbeOptions().l2_grid({})); })
+                .find("linear_probe(): option 'l2_grid' must hold at least one value"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::linear_probe(x, y, x, y, ct::LinearProbeOptions().l2_grid({1e-3, -1})); })
+                .find("linear_probe(): option 'l2_grid' must hold values >= 0, but got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::linear_probe(x, y, x, y, ct::LinearProbeOptions().max_iter(0)); })
+                .find("linear_probe(): option 'max_iter' must be >= 1, but got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::linear_probe(x, y, x, y, ct::LinearProbeOptions().tolerance_grad(0)); })
+                .find("linear_probe(): option 'tolerance_grad' must be > 0, but got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::linear_probe(x, y, x, y, ct::LinearProbeOptions().val_fraction(1)); })
+                .find("linear_probe(): option 'val_fraction' must be in (0, 1), but got 1"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::linear_probe(x.narrow(0, 0, 1), y.narrow(0, 0, 1), x, y); })
+                .find("linear_probe(): choosing the L2 strength from 'l2_grid' holds out validation rows, so "
+                      "'train_x' needs at least 2 rows, but has 1 (give 'l2_grid' a single value)"),
+            std::string::npos);
+  // A single lambda needs no held-out rows: one train row is enough.
+  EXPECT_NO_THROW(ct::linear_probe(x.narrow(0, 0, 1), y.narrow(0, 0, 1), x, y,
+                                   ct::LinearProbeOptions().l2_grid({1e-3}).num_classes(2)));
+  EXPECT_NE(error_of([&] { ct::linear_probe(x.narrow(0, 0, 0), y.narrow(0, 0, 0), x, y); })
+                .find("linear_probe(): argument 'train_x' must have at least one row"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::knn_accuracy(x, y, torch::randn({4, 2}), y); })
+                .find("knn_accuracy(): argument 'test_x' must have 3 columns like 'train_x', but got 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ct::embed([](const torch::Tensor& t) { return t.flatten(1); }, torch::zeros({2, 1, 4, 4}, torch::kUInt8), 0);
+            }).find("embed(): argument 'batch_size' must be >= 1, but got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ct::embed([](const torch::Tensor& t) { return t.flatten(1); }, torch::zeros({0, 1, 4, 4}, torch::kUInt8));
+            }).find("embed(): argument 'images' must hold at least one image"),
+            std::string::npos);
+  ct::Dataset empty{torch::zeros({0, 1, 28, 28}, torch::kUInt8), torch::zeros({0}, torch::kInt64)};
+  ct::Dataset one{torch::zeros({1, 1, 28, 28}, torch::kUInt8), torch::zeros({1}, torch::kInt64)};
+  EXPECT_NE(error_of([&] { ct::evaluate_raw_pixels(one, one, ct::EvalOptions().probe_train_limit(0)); })
+                .find("evaluate_raw_pixels(): option 'probe_train_limit' must be -1 (all) or >= 1, but got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::evaluate_encoder(ct::Encoder(ct::EncoderOptions()), one, one,
+                                                ct::EvalOptions().batch_size(0)); })
+                .find("evaluate_encoder(): option 'batch_size' must be >= 1, but got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::evaluate_random_init(ct::EncoderOptions(), 0, one, one,
+                                                    ct::EvalOptions().probe_train_limit(-3)); })
+                .find("evaluate_random_init(): option 'probe_train_limit' must be -1 (all) or >= 1, but got -3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::evaluate_raw_pixels(one, empty); })
+                .find("evaluate_raw_pixels(): both splits must be non-empty"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::knn_accuracy(x, y, x, y, ct::KnnOptions().block_size(0)); })
+                .find("knn_accuracy(): option 'block_size' must be >= 1, but got 0"),
             std::string::npos);
   EXPECT_NE(error_of([&] { ct::knn_accuracy(x, y, x, y, ct::KnnOptions().k(0)); })
                 .find("knn_accuracy(): option 'k' must be >= 1, but got 0"),

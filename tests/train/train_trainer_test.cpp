@@ -255,6 +255,7 @@ TEST(TrainCli, JsonSummaryWithEvaluation) {
   ASSERT_EQ(r.status, 0) << r.output;
   for (const char* key : {"\"linear_probe_acc\":", "\"knn_acc\":", "\"random_init_linear_probe_acc\":",
                           "\"raw_pixel_linear_probe_acc\":", "\"random_init_knn_acc\":", "\"raw_pixel_knn_acc\":",
+                          "\"linear_probe_l2\":", "\"raw_pixel_linear_probe_l2\":", "\"eval_s\":",
                           "\"examples_per_s\":", "\"wall_s\":", "\"steps\":2", "\"world_size\":2",
                           "\"recipe\":\"simclr\"", "distributed gradients equal single-device"}) {
     EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
@@ -306,6 +307,8 @@ TEST(TrainCli, FlagErrors) {
            {"--chunk-size -1", "flag '--chunk-size' must be >= 0"},
            {"--nproc 0", "flag '--nproc' must be >= 1"},
            {"--dtype half", "flag '--dtype' must be float or double"},
+           {"--eval-limit 0", "flag '--eval-limit' must be -1 (all) or >= 1, but got 0"},
+           {"--probe-limit -2", "flag '--probe-limit' must be -1 (all) or >= 1, but got -2"},
            {"--lr x", "--lr"},
            {"--no-such-flag 1", "no-such-flag"},
            {"--nproc 1 --data /nonexistent/dir", "/nonexistent/dir"},

@@ -3,12 +3,20 @@
 // The encoder is frozen and embeds the train and test splits; two standard
 // read-outs then measure the representation:
 //  * a linear probe: multinomial logistic regression on standardised features,
-//    trained full-batch with L-BFGS (strong-Wolfe line search), which converges
-//    in a second or two on 60000 x 128 features on CPU and needs no learning
-//    rate; reports test accuracy;
+//    trained full-batch with L-BFGS (strong-Wolfe line search, no learning rate
+//    to tune) until a tolerance stops it, with the L2 strength chosen on a
+//    held-out part of the train split and then refitted on all of it (the
+//    logistic-regression protocol of Kornblith et al. 2019 and CLIP). A fixed
+//    penalty favours one representation: fitted on 10000 Fashion-MNIST
+//    images, raw pixels (784 dims) validate best at lambda 1e-2, the trained
+//    128-dim encoder at 1e-4, and the former fixed 1e-4 cost raw pixels 2.8
+//    points of test accuracy (0.807 instead of 0.835);
 //  * k-nearest-neighbour accuracy as in the InstDisc / DINO kNN monitor: cosine
-//    similarity to the train features, the top k vote with weights
-//    exp(sim / T), computed in blocks of test rows to bound memory.
+//    similarity to the train features (the memory bank: the whole train split
+//    by default, as there; a smaller bank lowers every representation's
+//    accuracy, raw pixels' from 0.857 to 0.818 with 10000 images), the top k
+//    vote with weights exp(sim / T), computed in blocks of test rows to bound
+//    memory.
 // Baselines make the numbers readable: the same read-outs on raw pixels and on
 // a randomly initialised encoder of the same architecture.
 #pragma once
@@ -38,15 +46,28 @@ torch::Tensor embed(const std::function<torch::Tensor(const torch::Tensor&)>& fn
 ///   auto f = contrax::train::embed(model->encoder, train.images);   // [N, 128]
 torch::Tensor embed(Encoder encoder, const torch::Tensor& images, int64_t batch_size = 1024);
 
-/// Options for `linear_probe`. Defaults: standardise, L2 penalty 1e-4 on the
-/// weights (added to the mean cross-entropy), 100 L-BFGS iterations.
+/// Options for `linear_probe`. Defaults: standardise; L2 strength chosen from
+/// 1e-1, 1e-2, ..., 1e-5 on a seeded 10% validation part of the train rows;
+/// L-BFGS up to 1000 iterations per fit, stopping when the largest gradient
+/// entry is below 1e-5 or the loss changes by less than 1e-9.
 struct LinearProbeOptions {
-  /// Standardise features with the train split's mean and std first.
+  /// Standardise features with the (fitting) train rows' mean and std first.
   TORCH_ARG(bool, standardize) = true;
-  /// lambda in CE + lambda/2 * ||W||^2 (bias not penalised).
-  TORCH_ARG(double, l2) = 1e-4;
-  /// L-BFGS iterations (full batch).
-  TORCH_ARG(int64_t, max_iter) = 100;
+  /// Candidate lambdas in CE + lambda/2 * ||W||^2 (bias not penalised). One
+  /// value: used as is on all train rows, no validation split. Several: they
+  /// are fitted on the non-validation rows from the largest down, each fit
+  /// warm-started from the previous one, until one is less accurate on the
+  /// validation rows than the best so far; the best (the larger on a tie) is
+  /// refitted on all train rows.
+  TORCH_ARG(std::vector<double>, l2_grid) = std::vector<double>({1e-1, 1e-2, 1e-3, 1e-4, 1e-5});
+  /// Fraction of the train rows held out to choose lambda, in (0, 1).
+  TORCH_ARG(double, val_fraction) = 0.1;
+  /// Seed of the validation split.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// L-BFGS iterations per fit (full batch).
+  TORCH_ARG(int64_t, max_iter) = 1000;
+  /// L-BFGS stops when max |gradient| falls below this.
+  TORCH_ARG(double, tolerance_grad) = 1e-5;
   /// Classes; -1 infers max(label) + 1 over both splits.
   TORCH_ARG(int64_t, num_classes) = -1;
 };
@@ -56,6 +77,15 @@ struct LinearProbeResult {
   double train_acc = 0;
   double test_acc = 0;
   double final_loss = 0;
+  /// The L2 strength of the final fit, and its validation accuracy (-1 when
+  /// `l2_grid` has one value and nothing was held out).
+  double l2 = 0;
+  double val_acc = -1;
+  /// L-BFGS iterations of the final fit and max |gradient| where it stopped;
+  /// `converged`: a tolerance stopped it before `max_iter`.
+  int64_t iterations = 0;
+  double grad_max = 0;
+  bool converged = false;
   double seconds = 0;
 };
 
@@ -64,7 +94,7 @@ struct LinearProbeResult {
 /// train_x: [N, d], train_y: [N] int64, test_x: [M, d], test_y: [M] int64.
 ///
 ///   auto r = contrax::train::linear_probe(ftrain, train.labels, ftest, test.labels);
-///   std::cout << r.test_acc;
+///   std::cout << r.test_acc << " with lambda " << r.l2;
 LinearProbeResult linear_probe(const torch::Tensor& train_x, const torch::Tensor& train_y,
                                const torch::Tensor& test_x, const torch::Tensor& test_y,
                                const LinearProbeOptions& options = {});
@@ -92,13 +122,21 @@ double knn_accuracy(const torch::Tensor& train_x, const torch::Tensor& train_y, 
 struct EvalResult {
   double linear_probe_acc = 0;
   double knn_acc = 0;
-  double seconds = 0;  // embedding + both read-outs
+  LinearProbeResult probe;  // details of the linear probe (lambda, convergence)
+  double seconds = 0;       // embedding + both read-outs
 };
 
-/// Options for the `evaluate_*` helpers.
+/// Options for the `evaluate_*` helpers. Defaults: the probe and the kNN
+/// memory bank use the whole train split.
 struct EvalOptions {
   TORCH_ARG(LinearProbeOptions, probe) = {};
   TORCH_ARG(KnnOptions, knn) = {};
+  /// > 0: the linear probe is fitted on the first this many train examples
+  /// only (its cost grows with rows x feature dimension x L-BFGS iterations,
+  /// and raw pixels have 784 dimensions); the kNN memory bank is always the
+  /// whole train split. -1: all.
+  TORCH_ARG(int64_t, probe_train_limit) = -1;
+  /// Images per forward pass when embedding.
   TORCH_ARG(int64_t, batch_size) = 1024;
 };
 
