@@ -171,11 +171,11 @@ int run_train(const std::vector<std::string>& args) {
       std::cout << "\nevaluation of frozen features on " << eval_test.size()
                 << " test images (backbone output, not the projection head):\n"
                 << "  linear probe: logistic regression (L-BFGS to convergence) on standardised features of "
-                << n_probe << " train images, L2 chosen on 10% of them\n"
-                << "  kNN: cosine similarity to " << eval_train.size()
-                << " train images, 20 neighbours voting with weight exp(sim / 0.07)\n";
+                << n_probe << " train images, L2 chosen on " << eopts.probe().val_fraction() * 100 << "% of them\n"
+                << "  kNN: cosine similarity to " << eval_train.size() << " train images, " << eopts.knn().k()
+                << " neighbours voting with weight exp(sim / " << eopts.knn().temperature() << ")\n";
       std::cout << std::left << std::setw(22) << "representation" << std::setw(20) << "linear probe acc"
-                << std::setw(16) << "kNN acc (k=20)" << "probe L2\n";
+                << std::setw(16) << "kNN acc (k=" + std::to_string(eopts.knn().k()) + ")" << "probe L2\n";
       auto row = [](const std::string& name, const contrax::train::EvalResult& e) {
         std::cout << std::left << std::setw(22) << name << std::setw(20) << std::fixed << std::setprecision(4)
                   << e.linear_probe_acc << std::setw(16) << e.knn_acc << std::scientific << std::setprecision(0)

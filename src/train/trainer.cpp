@@ -130,15 +130,20 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   int64_t start = 0;
   const std::string ckpt_file = o.run_dir().empty() ? "" : checkpoint_path(o.run_dir());
   if (o.resume()) {
+    // The run's settings first (a checkpoint with nothing registered reads
+    // only its scalars): a MoCo checkpoint resumed as SimCLR should be told
+    // so, not that its modules do not match.
+    Checkpoint saved;
+    saved.load(ckpt_file);
+    TORCH_CHECK(saved.strings["recipe"] == o.recipe(), "checkpoint ", ckpt_file, " is of recipe '",
+                saved.strings["recipe"], "', not '", o.recipe(), "'");
+    TORCH_CHECK(saved.ints["batch_size"] == o.batch_size() && saved.ints["seed"] == static_cast<int64_t>(o.seed()) &&
+                    saved.ints["dataset_size"] == data.size() && saved.ints["total_steps"] == total,
+                "checkpoint ", ckpt_file, " was written by a run with batch size ", saved.ints["batch_size"],
+                ", seed ", saved.ints["seed"], ", ", saved.ints["dataset_size"], " examples, ",
+                saved.ints["total_steps"], " steps; this run has ", o.batch_size(), ", ", o.seed(), ", ",
+                data.size(), ", ", total, " (resume with the same flags)");
     ckpt.load(ckpt_file);
-    TORCH_CHECK(ckpt.strings["recipe"] == o.recipe(), "checkpoint ", ckpt_file, " is of recipe '",
-                ckpt.strings["recipe"], "', not '", o.recipe(), "'");
-    TORCH_CHECK(ckpt.ints["batch_size"] == o.batch_size() && ckpt.ints["seed"] == static_cast<int64_t>(o.seed()) &&
-                    ckpt.ints["dataset_size"] == data.size() && ckpt.ints["total_steps"] == total,
-                "checkpoint ", ckpt_file, " was written by a run with batch size ", ckpt.ints["batch_size"], ", seed ",
-                ckpt.ints["seed"], ", ", ckpt.ints["dataset_size"], " examples, ", ckpt.ints["total_steps"],
-                " steps; this run has ", o.batch_size(), ", ", o.seed(), ", ", data.size(), ", ", total,
-                " (resume with the same flags)");
     start = ckpt.ints["step"];
   }
   auto save = [&](int64_t step) {
@@ -171,7 +176,9 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
           std::vector<GradCacheEncoder>{GradCacheEncoder(q, o.chunk_size()).data_parallel(dp).name("view1"),
                                         GradCacheEncoder(q, o.chunk_size()).data_parallel(dp).name("view2")},
           [](const std::vector<torch::Tensor>&) -> torch::Tensor {
-            TORCH_CHECK(false, "MoCo v3 passes its loss to GradCache::finish");
+            // Never called: the MoCo step hands its loss (which needs the
+            // step's keys) to GradCache::finish directly.
+            TORCH_INTERNAL_ASSERT(false, "MoCo v3 passes its loss to GradCache::finish");
           });
     } else {
       gc = std::make_unique<GradCache>(

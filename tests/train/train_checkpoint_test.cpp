@@ -303,3 +303,37 @@ TEST(Checkpoint, LoadErrorsAreClear) {
   msg = error_of([&] { ct::Checkpoint().save("/nonexistent-dir/x.pt"); });
   EXPECT_NE(msg.find("Checkpoint::save(): cannot create '/nonexistent-dir/x.pt.tmp."), std::string::npos) << msg;
 }
+
+TEST(Checkpoint, ArgumentAndMismatchErrors) {
+  TempDir tmp;
+  const std::string dir = tmp.path;
+  auto msg = error_of([] { ct::Checkpoint().save(""); });
+  EXPECT_NE(msg.find("Checkpoint::save(): argument 'path' must not be empty"), std::string::npos) << msg;
+  msg = error_of([] { ct::write_file_atomically("", "x"); });
+  EXPECT_NE(msg.find("write_file_atomically(): argument 'path' must not be empty"), std::string::npos) << msg;
+  msg = error_of([] { ct::Checkpoint().generator("cpu", at::Generator()); });
+  EXPECT_NE(msg.find("Checkpoint::generator(): argument 'generator' for 'cpu' is undefined"), std::string::npos)
+      << msg;
+  // The final rename cannot replace a directory.
+  std::filesystem::create_directory(dir + "/taken.pt");
+  msg = error_of([&] { ct::Checkpoint().save(dir + "/taken.pt"); });
+  EXPECT_NE(msg.find("Checkpoint::save(): renaming '" + dir + "/taken.pt.tmp."), std::string::npos) << msg;
+  EXPECT_NE(msg.find("' to '" + dir + "/taken.pt' failed: "), std::string::npos) << msg;
+  // An optimizer of another kind under the same name.
+  torch::manual_seed(0);
+  ct::SimCLRModel model(small());
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
+  train_step(model, adam, 1);
+  ct::Checkpoint a;
+  a.optimizer("opt", adam);
+  a.save(dir + "/adam.pt");
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  msg = error_of([&] {
+    ct::Checkpoint b;
+    b.optimizer("opt", sgd);
+    b.load(dir + "/adam.pt");
+  });
+  EXPECT_NE(msg.find("Checkpoint::load(): optimizer 'opt' in '" + dir + "/adam.pt' does not match the optimizer: "),
+            std::string::npos)
+      << msg;
+}

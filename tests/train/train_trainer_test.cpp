@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -219,6 +220,50 @@ TEST(Trainer, ResumeRejectsOtherSettings) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("resume with the same flags"), std::string::npos) << e.what();
   }
+}
+
+TEST(Trainer, ErrorsNameTheOption) {
+  auto data = synthetic(30);
+  auto o = small_options("simclr").max_steps(1);
+  auto error = [&](const ct::Dataset& d, const ct::TrainOptions& opts) {
+    try {
+      ct::train_contrastive(nullptr, d, opts);
+    } catch (const c10::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  struct Case {
+    ct::TrainOptions options;
+    std::string message;
+  };
+  const std::string file = temp_dir("not_a_dir");
+  { std::ofstream(file) << "x"; }
+  for (const auto& c : std::vector<Case>{
+           {ct::TrainOptions(o).recipe("byol"), "recipe must be 'simclr' or 'moco-v3', but got 'byol'"},
+           {ct::TrainOptions(o).batch_size(0), "batch size must be >= 1, but got 0"},
+           {ct::TrainOptions(o).chunk_size(-1), "chunk size must be >= 0, but got -1"},
+           {ct::TrainOptions(o).dtype(torch::kHalf), "dtype must be float or double"},
+           {ct::TrainOptions(o).resume(true), "resuming needs a run directory"},
+           {ct::TrainOptions(o).run_dir(file + "/run"), "cannot create run directory '" + file + "/run/'"},
+       }) {
+    auto msg = error(data, c.options);
+    EXPECT_NE(msg.find(c.message), std::string::npos) << c.message << "\n" << msg;
+  }
+  auto msg = error(ct::Dataset{torch::zeros({0, 1, 28, 28}, torch::kUInt8), torch::zeros({0}, torch::kInt64)}, o);
+  EXPECT_NE(msg.find("the training set is empty"), std::string::npos) << msg;
+  // metrics.jsonl cannot be opened (a directory of that name).
+  const std::string blocked = temp_dir("metrics_blocked");
+  std::filesystem::create_directories(blocked + "/metrics.jsonl");
+  msg = error(data, ct::TrainOptions(o).run_dir(blocked));
+  EXPECT_NE(msg.find("cannot write " + blocked + "/metrics.jsonl"), std::string::npos) << msg;
+  // Resuming a SimCLR checkpoint as MoCo v3.
+  const std::string d = temp_dir("other_recipe");
+  train_world(1, data, ct::TrainOptions(o).run_dir(d));
+  msg = error(data, small_options("moco-v3").max_steps(1).run_dir(d).resume(true));
+  EXPECT_NE(msg.find("checkpoint " + ct::checkpoint_path(d) + " is of recipe 'simclr', not 'moco-v3'"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(TrainCli, TwoProcessResumeEqualsUninterrupted) {
