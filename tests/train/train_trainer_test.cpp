@@ -288,6 +288,7 @@ TEST(TrainCli, TwoProcessesTrainALastBatchOfOneRow) {
                    "--threads 1 --nproc 2 --epochs 1 --timeout 60 --run-dir " + d);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("step 3/3  epoch 1 (3/3)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;  // the printed losses too
   auto losses = metric_losses(d + "/metrics.jsonl");
   ASSERT_EQ(losses.size(), 3u);
   for (const auto& l : losses) EXPECT_TRUE(std::isfinite(std::stod(l))) << l;
