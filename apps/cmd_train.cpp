@@ -200,7 +200,7 @@ int run_train(const std::vector<std::string>& args) {
     }
     std::ostringstream vs;
     vs << (ok ? "distributed gradients equal single-device" : "MISMATCH: distributed gradients differ from single-device")
-       << ": max rel err " << std::setprecision(3) << worst << " over " << results.size() << " losses (W=" << world
+       << ": max rel err " << std::setprecision(3) << worst << " over " << results.size() << " cases (W=" << world
        << ")";
     verdict = vs.str();
   }
