@@ -150,10 +150,29 @@ int run_train(const std::vector<std::string>& args) {
     return 0;
   }
 
-  // Evaluation on rank 0; the others wait at the barrier. It keeps the
-  // training's thread count rather than taking the idle ranks' cores: on a
-  // shared 2-core machine two OpenMP threads made the many small L-BFGS steps
-  // of the probe many times slower (threads spinning against other processes).
+  std::string verdict;
+  if (!no_verify) {
+    auto results = contrax::verify(comm);
+    double worst = 0;
+    bool ok = true;
+    for (const auto& v : results) {
+      worst = std::max(worst, v.max_rel_err);
+      ok = ok && v.passed;
+    }
+    std::ostringstream vs;
+    vs << (ok ? "distributed gradients equal single-device" : "MISMATCH: distributed gradients differ from single-device")
+       << ": max rel err " << std::setprecision(3) << worst << " over " << results.size() << " cases (W=" << world
+       << ")";
+    verdict = vs.str();
+  }
+
+  // Evaluation on rank 0, after the last collective: the other ranks are done
+  // and exit, so a slow evaluation can never time out a peer that waits for it
+  // (a barrier here failed after its 300 s timeout when a loaded machine slowed
+  // the evaluation down). It keeps the training's thread count rather than
+  // taking the idle ranks' cores: on a shared 2-core machine two OpenMP threads
+  // made the many small L-BFGS steps of the probe many times slower (threads
+  // spinning against other processes).
   contrax::train::EvalResult trained, random_init, raw;
   if (!no_eval && rank == 0) {
     auto eval_train = contrax::train::load_dataset(data_dir, "train", eval_limit);
@@ -187,23 +206,7 @@ int run_train(const std::vector<std::string>& args) {
       std::cout.flush();
     }
   }
-  comm->barrier();
 
-  std::string verdict;
-  if (!no_verify) {
-    auto results = contrax::verify(comm);
-    double worst = 0;
-    bool ok = true;
-    for (const auto& v : results) {
-      worst = std::max(worst, v.max_rel_err);
-      ok = ok && v.passed;
-    }
-    std::ostringstream vs;
-    vs << (ok ? "distributed gradients equal single-device" : "MISMATCH: distributed gradients differ from single-device")
-       << ": max rel err " << std::setprecision(3) << worst << " over " << results.size() << " cases (W=" << world
-       << ")";
-    verdict = vs.str();
-  }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   if (rank == 0) {
     if (json) {

@@ -308,6 +308,21 @@ TEST(TrainCli, JsonSummaryWithEvaluation) {
   }
 }
 
+TEST(TrainCli, EvaluationLongerThanTheCollectiveTimeoutIsFine) {
+  // Rank 0 evaluates alone after the last collective. With a 2 s collective
+  // timeout and an evaluation that takes longer (3000 images, three probes
+  // with an L2 search: several seconds), a peer waiting for rank 0 in a
+  // collective would time out and fail the run.
+  const std::string d = temp_dir("cli_slow_eval");
+  auto r = run_cli("--nproc 2 --train-limit 128 --batch-size 64 --max-steps 1 --eval-limit 3000 --json --threads 1 "
+                   "--timeout 2 --run-dir " + d);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto at = r.output.find("\"eval_s\":");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  // The premise: the evaluation really outlasted the timeout.
+  EXPECT_GT(std::stod(r.output.substr(at + 9)), 2.0) << r.output;
+}
+
 TEST(TrainCli, SigtermStopsCleanlyWithACheckpoint) {
   const std::string d = temp_dir("cli_sigterm");
   const std::string cmd = std::string(CONTRAX_CLI_PATH) + " train " + kFastCli +
