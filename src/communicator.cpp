@@ -7,11 +7,22 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
-#ifdef USE_C10D_MPI
+// LibTorch may be built with MPI (Debian's 2.6 defines USE_C10D_MPI) while
+// the MPI headers are not installed; MPI is then simply unavailable here.
+#if defined(USE_C10D_MPI) && __has_include(<mpi.h>)
+#define CONTRAX_HAVE_MPI 1
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
+#endif
+
+// LibTorch 2.0 split c10d's process groups in two: a backend (Gloo, NCCL,
+// MPI) is a c10d::Backend, and the c10d::ProcessGroup that collectives are
+// called on wraps one backend per device type. 1.x backends are ProcessGroups.
+#if TORCH_VERSION_MAJOR >= 2
+#define CONTRAX_C10D_BACKENDS 1
 #endif
 
 #include <atomic>
@@ -84,6 +95,20 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+#ifdef CONTRAX_C10D_BACKENDS
+// The 2.x ProcessGroup around one backend, which serves CPU tensors and, for
+// Gloo (which copies through host memory) and NCCL, CUDA tensors too.
+c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+                                                    int64_t world, c10d::ProcessGroup::BackendType type,
+                                                    const c10::intrusive_ptr<c10d::Backend>& backend) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, static_cast<int>(rank), static_cast<int>(world));
+  group->setDefaultBackend(type);
+  if (type == c10d::ProcessGroup::BackendType::GLOO) group->setBackend(c10::DeviceType::CPU, type, backend);
+  group->setBackend(c10::DeviceType::CUDA, type, backend);
+  return group;
+}
+#endif
+
 int64_t env_int(const char* name, int64_t def, const char* expected) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return def;
@@ -151,12 +176,22 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
   if (backend == "auto") backend = o.device().is_cuda() ? "nccl" : "gloo";
 
   if (backend == "mpi") {
-#ifdef USE_C10D_MPI
-    impl->group = c10d::ProcessGroupMPI::createProcessGroupMPI();
+#ifdef CONTRAX_HAVE_MPI
+    auto mpi = c10d::ProcessGroupMPI::createProcessGroupMPI();
+#ifdef CONTRAX_C10D_BACKENDS
+    auto group = c10::make_intrusive<c10d::ProcessGroup>(static_cast<int>(mpi->getRank()),
+                                                         static_cast<int>(mpi->getSize()));
+    group->setDefaultBackend(c10d::ProcessGroup::BackendType::MPI);
+    group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::MPI, mpi);
+    impl->group = group;
+#else
+    impl->group = mpi;
+#endif
     impl->backend = "mpi";
     return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 #else
-    TORCH_CHECK(false, "Communicator::create(): argument 'backend' is 'mpi', but this LibTorch was built without MPI");
+    TORCH_CHECK(false, "Communicator::create(): argument 'backend' is 'mpi', but this build has no MPI (LibTorch "
+                "without MPI, or mpi.h not installed)");
 #endif
   }
 
@@ -186,15 +221,25 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
       auto opts = c10d::ProcessGroupGloo::Options::create();
       opts->timeout = o.timeout();
       opts->devices.push_back(gloo_device(o.master_addr()));
-      impl->group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(o.rank()),
-                                                               static_cast<int>(o.world_size()), opts);
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(o.rank()),
+                                                             static_cast<int>(o.world_size()), opts);
+#ifdef CONTRAX_C10D_BACKENDS
+      impl->group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::GLOO, gloo);
+#else
+      impl->group = gloo;
+#endif
       impl->backend = "gloo";
     } else {
 #ifdef USE_C10D_NCCL
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = o.timeout();
-      impl->group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(o.rank()),
-                                                               static_cast<int>(o.world_size()), opts);
+      auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(o.rank()),
+                                                             static_cast<int>(o.world_size()), opts);
+#ifdef CONTRAX_C10D_BACKENDS
+      impl->group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::NCCL, nccl);
+#else
+      impl->group = nccl;
+#endif
       impl->backend = "nccl";
 #else
       TORCH_CHECK(false,
@@ -314,8 +359,11 @@ torch::Tensor Communicator::reduce_scatter_rows(const torch::Tensor& full, const
     result = torch::empty(shape, full.options());
     wait_work(pg._reduce_scatter_base(result, src), "reduce_scatter", *impl_);
   } else {
-    // Gloo has no reduce-scatter: every rank sends slice s to rank s (all-to-all),
-    // then sums the W contributions it received. Volume: total - mine rows sent.
+    // Gloo has no true reduce-scatter: 1.13 has none, and 2.x's
+    // reduce_scatter_tensor sends an all-reduce's bytes, twice the volume
+    // (measured: python/bench/gloo_reduce_scatter_bytes.py). So every rank
+    // sends slice s to rank s (all-to-all) and sums the W contributions it
+    // received. Volume: total - mine rows sent, the reduce-scatter's.
     auto recv_shape = full.sizes().vec();
     recv_shape[0] = W * mine;
     auto recv = torch::empty(recv_shape, full.options());

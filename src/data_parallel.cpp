@@ -33,7 +33,10 @@ void collect_tensors(const c10::IValue& v, std::vector<torch::Tensor>& out) {
   if (v.isTensor()) {
     collect_tensors(v.toTensor(), out);
   } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) collect_tensors(t, out);
+    // Indexed: iterating a c10::List yields proxies, which gcc 14 flags as
+    // dangling references when bound to `const Tensor&`.
+    const c10::List<at::Tensor> list = v.toTensorList();
+    for (size_t i = 0; i < list.size(); ++i) collect_tensors(list.get(i), out);
   } else if (v.isList()) {
     for (const c10::IValue& e : v.toListRef()) collect_tensors(e, out);
   } else if (v.isTuple()) {

@@ -5,6 +5,8 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <cstring>
+#include <type_traits>
 #include <mutex>
 
 namespace contrax {
@@ -27,23 +29,50 @@ void tracked_delete(void* ctx) {
 
 // Forwards to the allocator that was current at install time and attributes
 // each storage's size to the counters until its DataPtr is destroyed.
-class CountingAllocator final : public c10::Allocator {
+c10::DataPtr counted_allocate(c10::Allocator* inner, size_t n) {
+  c10::DataPtr p = inner->allocate(n);
+  void* data = p.get();
+  c10::Device device = p.device();
+  auto* t = new Tracked{std::move(p), static_cast<int64_t>(n)};
+  const int64_t now = g_current.fetch_add(t->bytes, std::memory_order_relaxed) + t->bytes;
+  int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+  return {data, t, &tracked_delete, device};
+}
+
+// c10::Allocator::allocate lost its `const` in LibTorch 2.x, which also added
+// the pure virtual copy_data(). Rather than guess the release from a version
+// number, look at the signature this LibTorch declares and override that one.
+// (Members of a partial specialization are only checked when it is used, so
+// the variant for the other API never has to compile.)
+constexpr bool kConstAllocate =
+    std::is_same<decltype(&c10::Allocator::allocate), c10::DataPtr (c10::Allocator::*)(size_t) const>::value;
+
+template <bool ConstAllocate, typename Base = c10::Allocator>
+class CountingAllocator;
+
+template <typename Base>
+class CountingAllocator<true, Base> final : public Base {  // LibTorch 1.x
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-
-  c10::DataPtr allocate(size_t n) const override {
-    c10::DataPtr p = inner_->allocate(n);
-    void* data = p.get();
-    c10::Device device = p.device();
-    auto* t = new Tracked{std::move(p), static_cast<int64_t>(n)};
-    const int64_t now = g_current.fetch_add(t->bytes, std::memory_order_relaxed) + t->bytes;
-    int64_t peak = g_peak.load(std::memory_order_relaxed);
-    while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
-    return {data, t, &tracked_delete, device};
-  }
-
+  c10::DataPtr allocate(size_t n) const override { return counted_allocate(inner_, n); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+ private:
+  c10::Allocator* inner_;
+};
+
+template <typename Base>
+class CountingAllocator<false, Base> final : public Base {  // LibTorch 2.x
+ public:
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  c10::DataPtr allocate(size_t n) override { return counted_allocate(inner_, n); }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  // Storage copies (clone of a storage) are plain host memcpy for CPU memory.
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
 
  private:
   c10::Allocator* inner_;
@@ -54,7 +83,7 @@ class CountingAllocator final : public c10::Allocator {
 void MemoryTracker::install() {
   static std::once_flag once;
   std::call_once(once, [] {
-    static CountingAllocator allocator(c10::GetCPUAllocator());
+    static CountingAllocator<kConstAllocate> allocator(c10::GetCPUAllocator());
     // Priority above the default so later default registrations do not win.
     c10::SetCPUAllocator(&allocator, /*priority=*/100);
     g_installed = true;

@@ -1,18 +1,36 @@
 #!/usr/bin/env bash
-# Installs what Contrax needs on Debian bookworm (as root) and configures a
-# Release build in ./build. Safe to re-run: apt is skipped when all packages
-# are already there.
+# Installs what Contrax needs on Debian (bookworm: LibTorch 1.13; trixie:
+# LibTorch 2.6), as root, and configures and builds a Release build. Safe to
+# re-run: apt is skipped when all packages are already there, and the build is
+# incremental.
+#   CONTRAX_BUILD_DIR  build folder (default: build)
+#   CONTRAX_CUDA=1     trixie only: contrib's CUDA/NCCL LibTorch instead of the CPU one
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BUILD=${CONTRAX_BUILD_DIR:-build}
+CUDA=${CONTRAX_CUDA:-0}
+. /etc/os-release
+CODENAME=${VERSION_CODENAME:-unknown}
 
 PACKAGES=(
   build-essential cmake pkg-config
-  libtorch-dev libgloo-dev        # LibTorch 1.13 (CPU) and c10d's Gloo headers
   libopenblas0-openmp             # ~30x faster GEMMs than the reference BLAS
-  libgtest-dev zlib1g-dev
+  libgtest-dev zlib1g-dev         # tests; gzip-compressed IDX data files
+  libcli11-dev                    # command-line flags, config files (CLI11)
+  nlohmann-json3-dev              # every JSON file Contrax writes or reads
   dataset-fashion-mnist           # the real data set of `contrax train`
-  python3-torch pybind11-dev python3-dev python3-pytest  # the Python binding
+  pybind11-dev python3-dev python3-pytest  # the Python binding and its tests
+  python3-venv python3-setuptools python3-wheel python3-pip  # `pip install ./python`, offline
+  python3-matplotlib              # curves.png of a run
 )
+if [ "$CUDA" = 1 ]; then
+  [ "$CODENAME" = trixie ] || { echo "setup: CONTRAX_CUDA=1 needs Debian trixie's contrib (this is $CODENAME); see tools/trixie.sh --cuda" >&2; exit 2; }
+  # LibTorch 2.6 with CUDA 12.4 and NCCL (contrib), its Gloo build, CUDA's compiler and headers (non-free)
+  PACKAGES+=(libtorch-cuda-dev libgloo-cuda-dev python3-torch-cuda nvidia-cuda-toolkit)
+else
+  # LibTorch (CPU), c10d's Gloo headers, and the torch of the Python binding
+  PACKAGES+=(libtorch-dev libgloo-dev python3-torch)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -26,5 +44,5 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD" -j"$(nproc)"
