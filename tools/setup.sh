@@ -41,8 +41,26 @@ if ((${#missing[@]})); then
   SUDO=""
   [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
+    # CUDA LibTorch depends on nvidia-cudnn, an installer that downloads cuDNN
+    # from NVIDIA; where that host cannot be reached, keep everything else.
+    if [ "$CUDA" = 1 ] && ! dpkg -s nvidia-cudnn 2>/dev/null | grep -q 'ok installed'; then
+      echo "setup: nvidia-cudnn could not download cuDNN from NVIDIA; keeping the other CUDA packages without it"
+      $SUDO dpkg --remove --force-depends nvidia-cudnn >/dev/null 2>&1 || true
+      $SUDO dpkg --configure --force-depends -a >/dev/null
+    else
+      exit 1
+    fi
+  fi
 fi
 
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
+if [ "$CUDA" = 1 ] && ! ldconfig -p | grep -q 'libcudnn\.so\.9'; then
+  # libtorch_cuda.so needs libcudnn.so.9 to link and load, and Debian has no
+  # cuDNN binary: compile the library (CUDA and NCCL code paths included) only.
+  echo "setup: libcudnn.so.9 is missing (Debian ships cuDNN only as nvidia-cudnn, which downloads it from NVIDIA):"
+  echo "setup: compiling the contrax library with CUDA and NCCL; executables and tests need cuDNN to link and run"
+  cmake --build "$BUILD" --target contrax -j"$(nproc)"
+  exit 0
+fi
 cmake --build "$BUILD" -j"$(nproc)"
