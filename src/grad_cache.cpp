@@ -11,6 +11,7 @@
 #include "contrax/grad_cache.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <mutex>
@@ -192,23 +193,39 @@ void restore_rng(const RngState& s) {
   for (const auto& kv : s.cuda) set_state(at::globalContext().defaultGenerator(kv.first), kv.second);
 }
 
+// LibTorch 2.4 made autocast's state per device type (the CPU-only calls are
+// deprecated there); 1.x has only the CPU-specific ones.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool cpu_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
+at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
+void set_cpu_autocast(bool on, at::ScalarType dtype) {
+  at::autocast::set_autocast_enabled(at::kCPU, on);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+}
+#else
+bool cpu_autocast_enabled() { return at::autocast::is_cpu_enabled(); }
+at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_cpu_dtype(); }
+void set_cpu_autocast(bool on, at::ScalarType dtype) {
+  at::autocast::set_cpu_enabled(on);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+}
+#endif
+
 // CPU autocast to bfloat16 for the encoders' forwards, restoring the caller's
 // autocast state afterwards (as torch.autocast's __exit__ does).
 class CpuBf16Autocast {
  public:
   explicit CpuBf16Autocast(bool on) : on_(on) {
     if (!on_) return;
-    prev_enabled_ = at::autocast::is_cpu_enabled();
-    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    prev_enabled_ = cpu_autocast_enabled();
+    prev_dtype_ = cpu_autocast_dtype();
+    set_cpu_autocast(true, at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~CpuBf16Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(prev_enabled_);
-    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+    set_cpu_autocast(prev_enabled_, prev_dtype_);
   }
   CpuBf16Autocast(const CpuBf16Autocast&) = delete;
   CpuBf16Autocast& operator=(const CpuBf16Autocast&) = delete;

@@ -25,8 +25,8 @@ PACKAGES=(
 )
 if [ "$CUDA" = 1 ]; then
   [ "$CODENAME" = trixie ] || { echo "setup: CONTRAX_CUDA=1 needs Debian trixie's contrib (this is $CODENAME); see tools/trixie.sh --cuda" >&2; exit 2; }
-  # LibTorch 2.6 with CUDA 12.4 and NCCL (contrib), its Gloo build, CUDA's compiler and headers (non-free)
-  PACKAGES+=(libtorch-cuda-dev libgloo-cuda-dev python3-torch-cuda nvidia-cuda-toolkit)
+  # LibTorch 2.6 with CUDA 12.4 and NCCL 2.22 (contrib), its Gloo build, CUDA compiler and headers (non-free)
+  PACKAGES+=(libtorch-cuda-dev libgloo-cuda-dev libnccl-dev python3-torch-cuda nvidia-cuda-toolkit)
 else
   # LibTorch (CPU), c10d's Gloo headers, and the torch of the Python binding
   PACKAGES+=(libtorch-dev libgloo-dev python3-torch)
@@ -48,6 +48,16 @@ if ((${#missing[@]})); then
       echo "setup: nvidia-cudnn could not download cuDNN from NVIDIA; keeping the other CUDA packages without it"
       $SUDO dpkg --remove --force-depends nvidia-cudnn >/dev/null 2>&1 || true
       $SUDO dpkg --configure --force-depends -a >/dev/null
+      # apt refuses to install anything more while that dependency is unmet:
+      # fetch what is still missing and install it with dpkg.
+      still=()
+      for p in "${missing[@]}"; do dpkg -s "$p" 2>/dev/null | grep -q 'ok installed' || still+=("$p"); done
+      if ((${#still[@]})); then
+        debs=$(mktemp -d)
+        (cd "$debs" && apt-get download -qq "${still[@]}" >/dev/null)
+        $SUDO dpkg -i --force-depends "$debs"/*.deb >/dev/null
+        rm -rf "$debs"
+      fi
     else
       exit 1
     fi
