@@ -109,6 +109,16 @@ c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10
 }
 #endif
 
+// LibTorch 2.x's TCPStore defaults to a libuv server, which builds without
+// libuv (Debian's 2.6) refuse at run time; the classic server is what 1.x
+// always used. Set where the option exists, whatever the release.
+template <typename O>
+auto use_classic_store_server(O& o, int) -> decltype(o.useLibUV = false, void()) {
+  o.useLibUV = false;
+}
+template <typename O>
+void use_classic_store_server(O&, long) {}
+
 int64_t env_int(const char* name, int64_t def, const char* expected) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return def;
@@ -206,6 +216,7 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
     so.numWorkers = static_cast<size_t>(o.world_size());
     so.waitWorkers = true;
     so.timeout = o.timeout();
+    use_classic_store_server(so, 0);
     try {
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr(), so);
     } catch (const std::exception& e) {
