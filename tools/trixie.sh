@@ -7,7 +7,7 @@
 # or build-trixie-cuda), so the bookworm build in build/ is left alone.
 #
 #   bash tools/trixie.sh                 # set-up + every test on LibTorch 2.6 (CPU)
-#   bash tools/trixie.sh --cuda          # the same with trixie contrib's CUDA/NCCL LibTorch
+#   bash tools/trixie.sh --cuda          # trixie contrib's CUDA/NCCL LibTorch (see README: cuDNN)
 #   bash tools/trixie.sh -- build-trixie/contrax verify --nproc 4   # any command
 #   bash tools/trixie.sh --shell         # an interactive shell in the root
 #
@@ -26,7 +26,7 @@ while (($#)); do
     --cuda) cuda=1 ;;
     --shell) shell=1 ;;
     --) shift; cmd=("$@"); break ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "tools/trixie.sh: unknown argument '$1' (expected --cuda, --shell, or -- COMMAND...)" >&2; exit 2 ;;
   esac
   shift
