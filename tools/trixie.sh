@@ -54,6 +54,15 @@ mirror() {
   echo "${uri:-http://deb.debian.org/debian}"
 }
 
+# One run per root at a time: a second one would stack its mounts on the
+# first's and unmount them under it when it ends.
+mkdir -p "$(dirname "$ROOT")"
+exec 9>"$ROOT.lock"
+if ! flock -n 9; then
+  echo "tools/trixie.sh: another run is using $ROOT; waiting for it to finish" >&2
+  flock 9
+fi
+
 MOUNTS=()
 cleanup() {
   local i
