@@ -11,6 +11,8 @@ BUILD=${CONTRAX_BUILD_DIR:-build}
 CUDA=${CONTRAX_CUDA:-0}
 . /etc/os-release
 CODENAME=${VERSION_CODENAME:-unknown}
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
 
 PACKAGES=(
   build-essential cmake pkg-config
@@ -38,8 +40,6 @@ for p in "${PACKAGES[@]}"; do
 done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
     # CUDA LibTorch depends on nvidia-cudnn, an installer that downloads cuDNN
@@ -67,10 +67,13 @@ fi
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 if [ "$CUDA" = 1 ] && ! ldconfig -p | grep -q 'libcudnn\.so\.9'; then
   # libtorch_cuda.so needs libcudnn.so.9 to link and load, and Debian has no
-  # cuDNN binary: compile the library (CUDA and NCCL code paths included) only.
-  echo "setup: libcudnn.so.9 is missing (Debian ships cuDNN only as nvidia-cudnn, which downloads it from NVIDIA):"
-  echo "setup: compiling the contrax library with CUDA and NCCL; executables and tests need cuDNN to link and run"
-  cmake --build "$BUILD" --target contrax -j"$(nproc)"
-  exit 0
+  # cuDNN binary (nvidia-cudnn downloads it from NVIDIA).
+  if ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
+    echo "setup: libcudnn.so.9 is missing: install cuDNN (nvidia-cudnn downloads it from NVIDIA); compiling the library only"
+    cmake --build "$BUILD" --target contrax -j"$(nproc)"
+    exit 0
+  fi
+  echo "setup: libcudnn.so.9 is missing and there is no GPU: a stub that aborts if called stands in for cuDNN"
+  $SUDO bash tools/cudnn_stub.sh
 fi
 cmake --build "$BUILD" -j"$(nproc)"

@@ -126,12 +126,6 @@ elif ((${#cmd[@]})); then
   # Set-up first (installs and builds incrementally), then the command.
   run_in_root bash tools/setup.sh
   run_in_root "${cmd[@]}"
-elif ((cuda)) && ! chroot "$ROOT" ldconfig -p | grep -q 'libcudnn\.so\.9'; then
-  # Without cuDNN nothing that links LibTorch's CUDA library can run: the
-  # set-up compiles the library with CUDA and NCCL and says why it stops there.
-  run_in_root bash tools/setup.sh
-  grep -c 'USE_C10D_NCCL' "$REPO/$BUILD/CMakeFiles/contrax.dir/flags.make" >/dev/null &&
-    echo "tools/trixie.sh: the contrax library compiled with USE_C10D_NCCL and CUDA (LibTorch $(chroot "$ROOT" dpkg-query -W -f='${Version}' libtorch-cuda-dev))"
 else
   run_in_root bash tools/test.sh
 fi
