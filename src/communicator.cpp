@@ -413,6 +413,12 @@ void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::st
   auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
   auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
   const std::string error_key = "contrax/rdzv/error";
+  // Rank 0 hosts the store: leaving at once would take the store, and with it
+  // the reason, away from the peers that are still polling for it.
+  auto fail = [&](const std::string& msg) {
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    TORCH_CHECK(false, "Communicator::create(): ", msg);
+  };
   const int64_t arrivals = store.add("contrax/rdzv/rank/" + std::to_string(rank), 1);
   if (arrivals > 1) {
     const std::string msg = "rank " + std::to_string(rank) + " was started twice (duplicate RANK " +
@@ -424,8 +430,7 @@ void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::st
   std::vector<bool> seen(static_cast<size_t>(world), false);
   for (;;) {
     if (store.check({error_key})) {
-      TORCH_CHECK(false, "Communicator::create(): rank ", rank, " stops: another rank reported: ",
-                  text(store.get(error_key)));
+      fail("rank " + std::to_string(rank) + " stops: another rank reported: " + text(store.get(error_key)));
     }
     std::vector<int64_t> missing;
     for (int64_t r = 0; r < world; ++r) {
@@ -440,7 +445,7 @@ void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::st
         const std::string msg = "WORLD_SIZE differs between ranks: rank " + std::to_string(rank) + " has " +
                                 std::to_string(world) + ", rank " + std::to_string(r) + " has " + theirs;
         store.set(error_key, bytes(msg));
-        TORCH_CHECK(false, "Communicator::create(): ", msg);
+        fail(msg);
       }
       seen[static_cast<size_t>(r)] = true;
     }
@@ -549,7 +554,16 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
     const sockaddr_storage master = resolve_master(o.master_addr(), o.rank());
     store = make_tcp_store(o, master, o.timeout());
     store->setTimeout(o.timeout());
-    rendezvous(*store, o.rank(), o.world_size(), deadline, o.timeout());
+    try {
+      rendezvous(*store, o.rank(), o.world_size(), deadline, o.timeout());
+    } catch (const std::exception& e) {
+      const std::string m = e.what();
+      if (m.find("Communicator::create()") != std::string::npos) throw;
+      // The store went away under us: rank 0 stopped during the rendezvous.
+      TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " lost the rendezvous store at MASTER_ADDR ",
+                  o.master_addr(), ":", o.master_port(), " (", cause_of(m),
+                  "): rank 0 stopped during the rendezvous; its own error says why");
+    }
   }
   store->setTimeout(o.timeout());
   impl->store = store;
@@ -892,6 +906,10 @@ void with_collective_context(const Communicator& comm, const std::string& op, co
     return;
   } catch (const c10::Error& e) {
     raw = e.what_without_backtrace();
+    if (comm.world_size() == 1 || !is_transport_failure(raw)) throw;
+  } catch (const std::exception& e) {
+    // Autograd may carry a backward-time failure as a plain std::exception.
+    raw = e.what();
     if (comm.world_size() == 1 || !is_transport_failure(raw)) throw;
   }
   fail_collective(raw, op, comm.impl());

@@ -70,7 +70,7 @@ TEST(Communicator, CreateErrorsNameTheArgument) {
                        "argument 'master_port' must be in [1, 65535], but got 70000");
   CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).timeout(std::chrono::milliseconds(0))),
                        "argument 'timeout' must be positive");
-  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store("/tmp/x")),
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store("/tmp/contrax_nccl_probe_" + std::to_string(::getpid()))),
                        "without NCCL");
 }
 
@@ -223,6 +223,8 @@ std::future<std::string> tcp_rank(int64_t rank, int64_t world, int64_t port, Ms 
       return std::string();
     } catch (const c10::Error& e) {
       return std::string(e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return std::string("not a c10::Error: ") + e.what();
     }
   });
 }

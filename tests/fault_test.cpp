@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "contrax/train/checkpoint.h"
+#include "contrax/train/trainer.h"
 
 namespace fs = std::filesystem;
 namespace ct = contrax::train;
@@ -98,7 +99,7 @@ Proc spawn(const std::string& env_and_args, const std::string& out_path) {
   p.pid = ::fork();
   if (p.pid == 0) {
     ::setpgid(0, 0);
-    const std::string cmd = "exec " + env_and_args + " > '" + out_path + "' 2>&1";
+    const std::string cmd = "exec env " + env_and_args + " > '" + out_path + "' 2>&1";
     ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
@@ -284,7 +285,7 @@ TEST(Fault, LauncherBlamesTheRankThatFailedFirst) {
     report("unwritable run directory on rank 0 (attempt " + std::to_string(attempt) + ")", d);
     EXPECT_TRUE(d.exited && d.status == 1) << d.output;
     EXPECT_NE(d.output.find("contrax train: rank 0 exited with status 1: "), std::string::npos) << d.output;
-    EXPECT_NE(d.output.find("cannot create run directory '" + t.path + "/file/': Not a directory"), std::string::npos)
+    EXPECT_NE(d.output.find("cannot create run directory '" + t.path + "/file/run/': Not a directory"), std::string::npos)
         << d.output;
     EXPECT_EQ(d.output.find("contrax train: rank 1 exited"), std::string::npos) << d.output;
   }

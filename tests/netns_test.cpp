@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "contrax/train/checkpoint.h"
+#include "contrax/train/trainer.h"
 
 namespace fs = std::filesystem;
 namespace ct = contrax::train;

@@ -133,15 +133,27 @@ class IdxFile {
 
   const std::string& path() const { return path_; }
 
-  // Refuses a header whose payload (`bytes`, for `what`) cannot be in this
-  // file, before the caller allocates for it.
-  void check_payload_fits(int64_t bytes, const std::string& what) {
+  // Refuses a header whose payload (`bytes` of `payload`, announced as
+  // `what`) cannot be in this file, before the caller allocates for it. A
+  // plain file is simply too short (truncated, as a cut download is); a gzip
+  // file is bounded by deflate's largest expansion.
+  void check_payload_fits(int64_t bytes, const std::string& what, const char* payload, int64_t header_bytes) {
     const bool compressed = gzdirect(file_.get()) == 0;
     const int64_t size = file_size_of(path_);
-    const int64_t most = max_payload_bytes(size, compressed);
+    if (!compressed) {
+      const int64_t have = std::max<int64_t>(0, size - header_bytes);
+      TORCH_CHECK(bytes <= have, caller_, "(): file '", path_, "' is truncated: expected ", bytes, " bytes of ",
+                  payload, ", got ", have,
+                  bytes > (int64_t{1} << 32) ? " (the header announces " + what + ", " +
+                                                   human_bytes(static_cast<double>(bytes)) + ": is it corrupt?)"
+                                             : std::string(),
+                  kInstallHint);
+      return;
+    }
+    const int64_t most = max_payload_bytes(size, true);
     TORCH_CHECK(bytes <= most, caller_, "(): file '", path_, "' has a corrupt header: it announces ", what, " (",
-                human_bytes(static_cast<double>(bytes)), "), but a ", compressed ? "gzip " : "", "file of ", size,
-                " bytes holds at most ", human_bytes(static_cast<double>(most)), kInstallHint);
+                human_bytes(static_cast<double>(bytes)), "), but a gzip file of ", size, " bytes holds at most ",
+                human_bytes(static_cast<double>(most)), kInstallHint);
   }
 
  private:
@@ -174,8 +186,9 @@ torch::Tensor read_images(const std::string& path, int64_t limit, int64_t* heade
               "' has invalid image dimensions ", rows, "x", cols, " (expected 1..4096 each)", kInstallHint);
   *header_count = count;
   const int64_t n = items_to_read(count, limit);
-  f.check_payload_fits(n * rows * cols, std::to_string(n) + " images of " + std::to_string(rows) + "x" +
-                                            std::to_string(cols) + " pixels");
+  f.check_payload_fits(n * rows * cols,
+                       std::to_string(n) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) + " pixels",
+                       "pixels", 16);
   auto images = torch::empty({n, rows, cols}, torch::kUInt8);
   f.read_payload(images.data_ptr<uint8_t>(), n * rows * cols, "pixels");
   return images;
@@ -187,7 +200,7 @@ torch::Tensor read_labels(const std::string& path, int64_t limit, int64_t* heade
   const int64_t count = f.read_u32("label count");
   *header_count = count;
   const int64_t n = items_to_read(count, limit);
-  f.check_payload_fits(n, std::to_string(n) + " labels");
+  f.check_payload_fits(n, std::to_string(n) + " labels", "labels", 8);
   auto labels = torch::empty({n}, torch::kUInt8);
   f.read_payload(labels.data_ptr<uint8_t>(), n, "labels");
   return labels.to(torch::kInt64);
@@ -227,12 +240,14 @@ void check_dataset_files(const std::string& dir, const std::vector<std::string>&
     const int64_t cols = fi.read_u32("column count");
     TORCH_CHECK(rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096, "check_dataset_files(): file '", images_path,
                 "' has invalid image dimensions ", rows, "x", cols, " (expected 1..4096 each)", kInstallHint);
-    fi.check_payload_fits(count * rows * cols, std::to_string(count) + " images of " + std::to_string(rows) + "x" +
-                                                   std::to_string(cols) + " pixels");
+    fi.check_payload_fits(count * rows * cols,
+                          std::to_string(count) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) +
+                              " pixels",
+                          "pixels", 16);
     IdxFile fl(labels_path, "check_dataset_files");
     fl.check_magic(kIdxLabelsMagic, "label");
     const int64_t labels = fl.read_u32("label count");
-    fl.check_payload_fits(labels, std::to_string(labels) + " labels");
+    fl.check_payload_fits(labels, std::to_string(labels) + " labels", "labels", 8);
     TORCH_CHECK(count == labels, "check_dataset_files(): '", images_path, "' holds ", count, " images but '",
                 labels_path, "' holds ", labels, " labels", kInstallHint);
   }
