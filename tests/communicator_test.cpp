@@ -306,6 +306,21 @@ TEST(Communicator, DuplicateRankIsNamed) {
   EXPECT_TRUE(ea.find(dup) != std::string::npos || eb.find(dup) != std::string::npos) << ea << "\n" << eb;
 }
 
+TEST(Communicator, SecondRankZeroIsToldThePortIsInUse) {
+  const int64_t port = test_port(8);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  auto first = tcp_rank(0, 2, port, Ms(4000), go);  // waits for a rank 1 that never comes
+  std::this_thread::sleep_for(Ms(300));
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(0).world_size(2).master_port(port).timeout(
+                           Ms(4000))),
+                       "rank 0 cannot listen on MASTER_ADDR 127.0.0.1:" + std::to_string(port) +
+                           ": the port is in use (another job, or a second process started as rank 0; pick another "
+                           "MASTER_PORT)");
+  release.set_value();
+  EXPECT_NE(first.get().find("rank 1 never arrived"), std::string::npos);
+}
+
 TEST(Communicator, UnresolvableOrForeignMasterAddrIsNamedAtOnce) {
   // Before: an unresolvable MASTER_ADDR waited out the whole timeout.
   const auto start = std::chrono::steady_clock::now();
