@@ -519,6 +519,23 @@ TEST(Launcher, InterruptionIsNeverRestarted) {
   EXPECT_EQ(r.restarts, 0);
 }
 
+TEST(Launcher, RecordWorkerFailureWritesTheFirstRecordOnly) {
+  // The format the launcher reads (and launcher_probe imitates): a monotonic
+  // time stamp, "origin" or "peer", then the message's first line.
+  TempDir dir;
+  const std::string file = (dir.path / "rank_0").string();
+  {
+    ScopedEnv unset("CONTRAX_ERROR_FILE", nullptr);
+    contrax::record_worker_failure(false, "ignored without a launcher");
+  }
+  EXPECT_FALSE(fs::exists(file));
+  ScopedEnv env("CONTRAX_ERROR_FILE", file.c_str());
+  contrax::record_worker_failure(true, "collective failed\nbacktrace line");
+  contrax::record_worker_failure(false, "later: must not replace the first");
+  const std::string text = read_file(file);
+  EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]+ peer\ncollective failed\n"))) << text;
+}
+
 // ---- the command-line tool -------------------------------------------------------
 
 TEST(LaunchCli, RunsWorkersWithoutPrefix) {
