@@ -25,10 +25,78 @@
 #define CONTRAX_C10D_BACKENDS 1
 #endif
 
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <future>
+#include <sstream>
+#include <thread>
 
 #include "contrax/detail/c10d.h"
+#include "contrax/failure.h"
+#include "contrax/launcher.h"
+
+// ---- the store's listening address ----------------------------------------
+// LibTorch 1.13's TCPStore server listens on every interface ([::] and
+// 0.0.0.0) and takes no address. Where the options have no way to say
+// otherwise, the rank-0 communicator makes the one bind() its own thread
+// issues while constructing the store go to MASTER_ADDR instead: this
+// definition interposes libc's bind (an executable's symbol wins over
+// libc's), and does nothing unless this thread is inside that constructor
+// (t_store_bind set), so Gloo's and everyone else's sockets are untouched.
+// LibTorch 2.x takes a listening descriptor (TCPStoreOptions::masterListenFd)
+// and needs none of this.
+#if TORCH_VERSION_MAJOR < 2
+namespace {
+thread_local const sockaddr_storage* t_store_bind = nullptr;
+
+bool is_wildcard(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr == htonl(INADDR_ANY);
+  }
+  if (a->sa_family == AF_INET6) {
+    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+  }
+  return false;
+}
+}  // namespace
+
+extern "C" int bind(int fd, const struct sockaddr* addr, socklen_t len) {
+  using BindFn = int (*)(int, const struct sockaddr*, socklen_t);
+  static BindFn real_bind = reinterpret_cast<BindFn>(::dlsym(RTLD_NEXT, "bind"));
+  if (real_bind == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  const sockaddr_storage* target = t_store_bind;
+  if (target == nullptr || addr == nullptr || !is_wildcard(addr)) return real_bind(fd, addr, len);
+  if (addr->sa_family != target->ss_family) {
+    // The other family's wildcard socket must not listen at all.
+    errno = EADDRNOTAVAIL;
+    return -1;
+  }
+  sockaddr_storage a = *target;
+  socklen_t alen;
+  if (a.ss_family == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&a)->sin_port = reinterpret_cast<const sockaddr_in*>(addr)->sin_port;
+    alen = sizeof(sockaddr_in);
+  } else {
+    reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = reinterpret_cast<const sockaddr_in6*>(addr)->sin6_port;
+    alen = sizeof(sockaddr_in6);
+  }
+  return real_bind(fd, reinterpret_cast<const sockaddr*>(&a), alen);
+}
+#endif
 
 namespace contrax {
 
@@ -63,19 +131,107 @@ bool all_equal(const std::vector<int64_t>& v) {
   return true;
 }
 
-// Waits for a c10d work item and turns a failure (typically a peer that never
-// arrived) into an error that says which collective on which rank, and why.
+std::string join_ranks(const std::vector<int64_t>& ranks) {
+  std::ostringstream o;
+  for (size_t i = 0; i < ranks.size(); ++i) o << (i ? ", " : "") << ranks[i];
+  return o.str();
+}
+
+// After a collective failed: which peers are still alive and saw it fail too?
+// Each rank that gets here posts its rank and the collective to the store and
+// waits a short window for the others' posts. A rank that posts nothing is
+// hung (e.g. SIGSTOPped), dead, or in no collective at all. The store lives in
+// rank 0's process: when that one is stopped, the store itself does not
+// answer, so the whole diagnosis runs on a helper thread that is abandoned
+// once the window passes. Returns a sentence for the error message.
+std::string diagnose_peers(const detail::CommunicatorImpl& impl, const std::string& what) {
+  if (!impl.store || impl.world_size <= 1) return "";
+  const auto window = std::min<std::chrono::milliseconds>(
+      std::chrono::milliseconds(3000), std::max<std::chrono::milliseconds>(impl.timeout / 2, std::chrono::milliseconds(500)));
+  auto store = impl.store;
+  const int64_t rank = impl.rank, world = impl.world_size;
+  auto result = std::make_shared<std::promise<std::string>>();
+  auto future = result->get_future();
+  std::thread([store, rank, world, what, window, result] {
+    try {
+      store->set("contrax/failed/" + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
+      const auto deadline = std::chrono::steady_clock::now() + window;
+      std::vector<int64_t> silent;
+      for (;;) {
+        silent.clear();
+        for (int64_t r = 0; r < world; ++r) {
+          if (r != rank && !store->check({"contrax/failed/" + std::to_string(r)})) silent.push_back(r);
+        }
+        if (silent.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (silent.empty()) {
+        result->set_value("every other rank saw this collective fail as well");
+      } else {
+        result->set_value("rank" + std::string(silent.size() > 1 ? "s " : " ") + join_ranks(silent) +
+                          " did not answer (hung, stopped or dead)");
+      }
+    } catch (const std::exception&) {
+      result->set_value(rank == 0 ? "the store could not be reached"
+                                  : "rank 0, which hosts the rendezvous store, did not answer (hung, stopped or dead)");
+    }
+  }).detach();
+  if (future.wait_for(window + std::chrono::milliseconds(1000)) == std::future_status::ready) return future.get();
+  return "rank 0, which hosts the rendezvous store, did not answer (hung, stopped or dead)";
+}
+
+// First line of a c10d/Gloo message, without its source-file prefix: the
+// raw "[../third_party/gloo/...cc:81] Timed out ..." says nothing to a user
+// on its own, so it is kept only as the cause after Contrax's own words.
+std::string cause_of(const std::string& raw) {
+  std::string s = raw.substr(0, raw.find('\n'));
+  if (!s.empty() && s[0] == '[') {
+    const auto close = s.find("] ");
+    if (close != std::string::npos) s = s.substr(close + 2);
+  }
+  return s;
+}
+
+// The error of a failed collective `op`: names it, this rank, the ranks that
+// did not answer and the cause; recorded for the launcher as a consequence.
+[[noreturn]] void fail_collective(const std::string& raw, const std::string& op, const detail::CommunicatorImpl& impl) {
+  const std::string cause = cause_of(raw);
+  const bool timed_out = cause.find("Timed out") != std::string::npos || cause.find("timed out") != std::string::npos;
+  const std::string peers = diagnose_peers(impl, op);
+  std::ostringstream msg;
+  msg << "contrax: collective '" << op << "' " << (timed_out ? "timed out" : "failed") << " on rank " << impl.rank
+      << " of " << impl.world_size << " (backend " << impl.backend << ", timeout " << impl.timeout.count()
+      << " ms)";
+  if (!peers.empty()) msg << "; " << peers;
+  msg << "; cause: " << cause;
+  record_worker_failure(/*caused_by_peer=*/true, msg.str());
+  TORCH_CHECK(false, msg.str());
+  TORCH_INTERNAL_ASSERT(false);  // TORCH_CHECK(false) always throws
+}
+
+// Waits for a c10d work item; a failure becomes fail_collective's error.
 void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const char* op, const detail::CommunicatorImpl& impl) {
+  std::string raw;
   try {
     work->wait();
+    return;
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "contrax: collective '", op, "' failed on rank ", impl.rank, " of ", impl.world_size,
-                " (backend ", impl.backend, ", timeout ", impl.timeout.count(),
-                " ms); a peer may have died, hung or called a different collective: ", e.what_without_backtrace());
+    raw = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "contrax: collective '", op, "' failed on rank ", impl.rank, " of ", impl.world_size,
-                " (backend ", impl.backend, ", timeout ", impl.timeout.count(), " ms): ", e.what());
+    raw = e.what();
   }
+  fail_collective(raw, op, impl);
+}
+
+// Text of a c10d/Gloo transport failure (as opposed to any other error that
+// may cross the same region, which must pass through untouched).
+bool is_transport_failure(const std::string& m) {
+  if (m.rfind("contrax: collective", 0) == 0) return false;  // already told with context
+  for (const char* s : {"gloo", "Gloo", "Connection closed", "Connection reset", "Timed out", "timed out",
+                        "Broken pipe"}) {
+    if (m.find(s) != std::string::npos) return true;
+  }
+  return false;
 }
 
 std::string lower(std::string s) {
@@ -83,14 +239,85 @@ std::string lower(std::string s) {
   return s;
 }
 
+// MASTER_ADDR resolved once, with an error that says so (not a rendezvous
+// that waits out its timeout on a name that never resolves).
+sockaddr_storage resolve_master(const std::string& addr, int64_t rank) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(addr.c_str(), nullptr, &hints, &found);
+  TORCH_CHECK(rc == 0 && found != nullptr, "Communicator::create(): rank ", rank, " cannot resolve MASTER_ADDR '",
+              addr, "': ", ::gai_strerror(rc), " (set MASTER_ADDR to rank 0's host name or IP address)");
+  sockaddr_storage out{};
+  // IPv4 first when the name has both: the addresses the other ranks are
+  // given (and Gloo binds) are IPv4 on every setup this has met.
+  const addrinfo* pick = found;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  }
+  std::memcpy(&out, pick->ai_addr, pick->ai_addrlen);
+  ::freeaddrinfo(found);
+  return out;
+}
+
+std::string numeric_host(const sockaddr_storage& a) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (a.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, buf, sizeof buf);
+  } else {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
+  }
+  return buf;
+}
+
+socklen_t addr_len(const sockaddr_storage& a) {
+  return a.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+}
+
+void set_port(sockaddr_storage& a, int64_t port) {
+  if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = htons(static_cast<uint16_t>(port));
+  else reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = htons(static_cast<uint16_t>(port));
+}
+
+// The local address this machine uses to reach `master`: a connected UDP
+// socket sends nothing, it only asks the routing table. Gloo binds there, so
+// that its sockets, like the store's, live on the interface of MASTER_ADDR.
+std::string local_address_towards(const sockaddr_storage& master) {
+  const int fd = ::socket(master.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_storage probe = master;
+  set_port(probe, 9);  // any port: nothing is sent
+  sockaddr_storage local{};
+  socklen_t len = sizeof local;
+  std::string out;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&probe), addr_len(probe)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+    out = numeric_host(local);
+  }
+  ::close(fd);
+  return out;
+}
+
 std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
-  // Honour Gloo's usual interface override; loopback jobs bind to loopback so
-  // that a machine without a resolvable hostname still works.
+  // Honour Gloo's usual interface override.
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
     return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   if (master_addr == "127.0.0.1" || master_addr == "localhost" || master_addr == "::1") {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  // The machine's host name may resolve to an address of another interface
+  // (or of no interface at all inside a network namespace): bind where the
+  // route to rank 0 leaves this machine instead.
+  try {
+    const std::string local = local_address_towards(resolve_master(master_addr, -1));
+    if (!local.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(local);
+  } catch (const c10::Error&) {
+    // Unresolvable: create() has reported that already.
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
@@ -118,6 +345,153 @@ auto use_classic_store_server(O& o, int) -> decltype(o.useLibUV = false, void())
 }
 template <typename O>
 void use_classic_store_server(O&, long) {}
+
+// Rank 0's listening socket for the store on MASTER_ADDR:port. Failing here
+// gives the reason in words (not a local address, port taken) instead of
+// TCPStore's "failed to listen on any local network address".
+int listen_on_master(const sockaddr_storage& master, const std::string& addr, int64_t port) {
+  sockaddr_storage a = master;
+  set_port(a, port);
+  const int fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  TORCH_CHECK(fd >= 0, "Communicator::create(): rank 0 cannot create a socket: ", std::strerror(errno));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&a), addr_len(a)) != 0 || ::listen(fd, 1024) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EADDRNOTAVAIL) {
+      TORCH_CHECK(false, "Communicator::create(): rank 0 cannot listen on MASTER_ADDR ", addr, " (",
+                  numeric_host(master), "): it is not an address of this machine; rank 0 hosts the rendezvous "
+                  "store, so MASTER_ADDR must name rank 0's machine");
+    }
+    if (err == EADDRINUSE) {
+      TORCH_CHECK(false, "Communicator::create(): rank 0 cannot listen on MASTER_ADDR ", addr, ":", port,
+                  ": the port is in use (another job, or a second process started as rank 0; pick another "
+                  "MASTER_PORT)");
+    }
+    TORCH_CHECK(false, "Communicator::create(): rank 0 cannot listen on MASTER_ADDR ", addr, ":", port, ": ",
+                std::strerror(err));
+  }
+  return fd;
+}
+
+// The rendezvous store, bound to MASTER_ADDR on rank 0 (never to every
+// interface) and reached by the other ranks within `timeout`.
+c10::intrusive_ptr<c10d::Store> make_tcp_store(const CommunicatorOptions& o, const sockaddr_storage& master,
+                                               std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(o.master_port());
+  so.isServer = o.rank() == 0;
+  so.numWorkers = static_cast<size_t>(o.world_size());
+  // Contrax's own rendezvous (below) waits for the workers, against one
+  // deadline and naming the ranks that are missing.
+  so.waitWorkers = false;
+  so.timeout = timeout;
+  use_classic_store_server(so, 0);  // server and clients alike
+  const std::string host = numeric_host(master);
+  if (o.rank() != 0) {
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, so);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " could not reach the rendezvous store of rank 0 "
+                  "at MASTER_ADDR ", o.master_addr(), ":", o.master_port(), " within ", timeout.count(),
+                  " ms (rank 0 never started, failed before listening, or MASTER_ADDR/MASTER_PORT differ between "
+                  "ranks): ", cause_of(e.what()));
+    }
+  }
+  const int fd = listen_on_master(master, o.master_addr(), o.master_port());
+#if TORCH_VERSION_MAJOR >= 2
+  // TCPStore takes over the bound socket (with the classic server set
+  // above: not every 2.x release lets the libuv one adopt a descriptor).
+  so.masterListenFd = fd;
+  return c10::make_intrusive<c10d::TCPStore>(host, so);
+#else
+  // Checked above that MASTER_ADDR:port can be bound; released here so the
+  // store's own wildcard bind, redirected to the same address, gets it.
+  ::close(fd);
+  struct Redirect {
+    // The refused wildcard bind of the other address family is logged as a
+    // c10d warning; it is expected here, and noise to the user. Debian's
+    // LibTorch logs through glog, others through c10's own logger.
+#ifdef C10_USE_GLOG
+    static int& level() { return FLAGS_minloglevel; }
+#else
+    static int& level() { return FLAGS_caffe2_log_level; }
+#endif
+    explicit Redirect(const sockaddr_storage* a) : saved_level(level()) {
+      t_store_bind = a;
+      level() = std::max(saved_level, 2);
+    }
+    ~Redirect() {
+      t_store_bind = nullptr;
+      level() = saved_level;
+    }
+    int saved_level;
+  } redirect(&master);
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "Communicator::create(): rank 0 could not start the rendezvous store on MASTER_ADDR ",
+                o.master_addr(), ":", o.master_port(), ": ", cause_of(e.what()));
+  }
+#endif
+}
+
+// Every rank announces itself and its world size in the store, and waits
+// (one deadline) until all ranks of its world have: a missing rank is named,
+// a WORLD_SIZE that differs between ranks or a rank started twice is
+// reported at once, never as a Gloo internal error or a timeout.
+void rendezvous(c10d::Store& store, int64_t rank, int64_t world, std::chrono::steady_clock::time_point deadline,
+                std::chrono::milliseconds timeout) {
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  const std::string error_key = "contrax/rdzv/error";
+  // Rank 0 hosts the store: leaving at once would take the store, and with it
+  // the reason, away from the peers that are still polling for it.
+  auto fail = [&](const std::string& msg) {
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    TORCH_CHECK(false, "Communicator::create(): ", msg);
+  };
+  const int64_t arrivals = store.add("contrax/rdzv/rank/" + std::to_string(rank), 1);
+  if (arrivals > 1) {
+    const std::string msg = "rank " + std::to_string(rank) + " was started twice (duplicate RANK " +
+                            std::to_string(rank) + "; every process needs its own RANK in [0, WORLD_SIZE))";
+    store.set(error_key, bytes(msg));
+    TORCH_CHECK(false, "Communicator::create(): ", msg);
+  }
+  store.set("contrax/rdzv/size/" + std::to_string(rank), bytes(std::to_string(world)));
+  std::vector<bool> seen(static_cast<size_t>(world), false);
+  for (;;) {
+    if (store.check({error_key})) {
+      fail("rank " + std::to_string(rank) + " stops: another rank reported: " + text(store.get(error_key)));
+    }
+    std::vector<int64_t> missing;
+    for (int64_t r = 0; r < world; ++r) {
+      if (seen[static_cast<size_t>(r)]) continue;
+      const std::string key = "contrax/rdzv/size/" + std::to_string(r);
+      if (!store.check({key})) {
+        missing.push_back(r);
+        continue;
+      }
+      const std::string theirs = text(store.get(key));
+      if (theirs != std::to_string(world)) {
+        const std::string msg = "WORLD_SIZE differs between ranks: rank " + std::to_string(rank) + " has " +
+                                std::to_string(world) + ", rank " + std::to_string(r) + " has " + theirs;
+        store.set(error_key, bytes(msg));
+        fail(msg);
+      }
+      seen[static_cast<size_t>(r)] = true;
+    }
+    if (missing.empty()) return;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      TORCH_CHECK(false, "Communicator::create(): rank ", rank, " of ", world, ": rendezvous timed out after ",
+                  timeout.count(), " ms; rank", missing.size() > 1 ? "s " : " ", join_ranks(missing),
+                  missing.size() > 1 ? " never arrived" : " never arrived",
+                  " (not started, failed before connecting, or given another MASTER_ADDR/MASTER_PORT)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
 
 int64_t env_int(const char* name, int64_t def, const char* expected) {
   const char* v = std::getenv(name);
@@ -152,7 +526,15 @@ torch::Tensor Communicator::Pending::wait() {
 }
 
 Communicator::Communicator(std::unique_ptr<detail::CommunicatorImpl> impl) : impl_(std::move(impl)) {}
-Communicator::~Communicator() = default;
+Communicator::~Communicator() {
+  // Destroyed while an exception unwinds: this rank is failing, and tearing
+  // down its process group is about to make its peers' collectives fail.
+  // Recorded first, so the launcher blames this rank, not the peers that
+  // may exit before it.
+  if (std::uncaught_exceptions() > 0 && impl_ && impl_->world_size > 1) {
+    record_worker_failure(/*caused_by_peer=*/false, "failed with an exception on rank " + std::to_string(impl_->rank));
+  }
+}
 
 std::shared_ptr<Communicator> Communicator::single() {
   return std::shared_ptr<Communicator>(new Communicator(std::make_unique<detail::CommunicatorImpl>()));
@@ -205,23 +587,25 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
 #endif
   }
 
-  // Rendezvous.
+  // Rendezvous: one deadline for all of it, so that a missing peer is
+  // reported after `timeout`, not after the store's and then Gloo's.
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout();
   c10::intrusive_ptr<c10d::Store> store;
   if (!o.file_store().empty()) {
     store = c10::make_intrusive<c10d::FileStore>(o.file_store(), static_cast<int>(o.world_size()));
   } else {
-    c10d::TCPStoreOptions so;
-    so.port = static_cast<uint16_t>(o.master_port());
-    so.isServer = o.rank() == 0;
-    so.numWorkers = static_cast<size_t>(o.world_size());
-    so.waitWorkers = true;
-    so.timeout = o.timeout();
-    use_classic_store_server(so, 0);
+    const sockaddr_storage master = resolve_master(o.master_addr(), o.rank());
+    store = make_tcp_store(o, master, o.timeout());
+    store->setTimeout(o.timeout());
     try {
-      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr(), so);
+      rendezvous(*store, o.rank(), o.world_size(), deadline, o.timeout());
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " could not rendezvous at ", o.master_addr(), ":",
-                  o.master_port(), " within ", o.timeout().count(), " ms: ", e.what());
+      const std::string m = e.what();
+      if (m.find("Communicator::create()") != std::string::npos) throw;
+      // The store went away under us: rank 0 stopped during the rendezvous.
+      TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " lost the rendezvous store at MASTER_ADDR ",
+                  o.master_addr(), ":", o.master_port(), " (", cause_of(m),
+                  "): rank 0 stopped during the rendezvous; its own error says why");
     }
   }
   store->setTimeout(o.timeout());
@@ -269,23 +653,120 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
+std::vector<std::string> expand_slurm_nodelist(const std::string& list) {
+  constexpr size_t kMaxHosts = 1 << 20;  // a corrupt range must not allocate without bound
+  std::vector<std::string> hosts;
+  // Split at top-level commas (commas inside brackets separate ranges).
+  std::vector<std::string> entries;
+  int depth = 0;
+  std::string cur;
+  for (char c : list) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    TORCH_CHECK(depth >= 0 && depth <= 1, "expand_slurm_nodelist(): unbalanced or nested brackets in '", list, "'");
+    if (c == ',' && depth == 0) {
+      entries.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  TORCH_CHECK(depth == 0, "expand_slurm_nodelist(): unbalanced brackets in '", list, "'");
+  entries.push_back(cur);
+  for (const auto& entry : entries) {
+    if (entry.empty()) continue;
+    // Expand bracket groups left to right: "rack[1-2]-n[01,03]" has four hosts.
+    std::vector<std::string> partial{""};
+    size_t pos = 0;
+    while (pos < entry.size()) {
+      const size_t open = entry.find('[', pos);
+      const std::string literal = entry.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
+      for (auto& p : partial) p += literal;
+      if (open == std::string::npos) break;
+      const size_t close = entry.find(']', open);
+      std::vector<std::string> items;
+      std::stringstream ranges(entry.substr(open + 1, close - open - 1));
+      std::string range;
+      while (std::getline(ranges, range, ',')) {
+        const size_t dash = range.find('-');
+        const std::string lo = range.substr(0, dash);
+        const std::string hi = dash == std::string::npos ? lo : range.substr(dash + 1);
+        TORCH_CHECK(!lo.empty() && !hi.empty() && lo.find_first_not_of("0123456789") == std::string::npos &&
+                        hi.find_first_not_of("0123456789") == std::string::npos && lo.size() <= 9 && hi.size() <= 9,
+                    "expand_slurm_nodelist(): range '", range, "' in '", list, "' is not N or N-M");
+        const long a = std::stol(lo), b = std::stol(hi);
+        TORCH_CHECK(a <= b, "expand_slurm_nodelist(): range '", range, "' in '", list, "' is descending");
+        TORCH_CHECK(static_cast<size_t>(b - a) < kMaxHosts, "expand_slurm_nodelist(): range '", range, "' in '",
+                    list, "' is too long");
+        for (long v = a; v <= b; ++v) {
+          std::string num = std::to_string(v);
+          // SLURM keeps the zero padding of the lower bound: node[01-10].
+          if (num.size() < lo.size()) num = std::string(lo.size() - num.size(), '0') + num;
+          items.push_back(num);
+        }
+      }
+      std::vector<std::string> next;
+      for (const auto& p : partial) {
+        for (const auto& it : items) next.push_back(p + it);
+      }
+      TORCH_CHECK(next.size() <= kMaxHosts, "expand_slurm_nodelist(): '", list, "' names too many hosts");
+      partial.swap(next);
+      pos = close + 1;
+    }
+    hosts.insert(hosts.end(), partial.begin(), partial.end());
+    TORCH_CHECK(hosts.size() <= kMaxHosts, "expand_slurm_nodelist(): '", list, "' names too many hosts");
+  }
+  return hosts;
+}
+
+int64_t slurm_default_master_port() {
+  const char* job = std::getenv("SLURM_JOB_ID");
+  if (job == nullptr || *job == '\0') return 29500;
+  char* end = nullptr;
+  const unsigned long long id = std::strtoull(job, &end, 10);
+  return end != job && *end == '\0' ? 29500 + static_cast<int64_t>(id % 1000) : 29500;
+}
+
 std::shared_ptr<Communicator> Communicator::from_env(const CommunicatorOptions& base) {
-  const int64_t world = env_int("WORLD_SIZE", 1, "a positive integer");
-  TORCH_CHECK(world >= 1, "Communicator::from_env(): environment variable 'WORLD_SIZE' must be a positive integer, "
-              "but got ", world);
-  const int64_t rank = env_int("RANK", 0, "an integer in [0, WORLD_SIZE)");
-  TORCH_CHECK(rank >= 0 && rank < world, "Communicator::from_env(): environment variable 'RANK' must be in [0, ",
-              world, "), but got ", rank);
-  const int64_t local_rank = env_int("LOCAL_RANK", rank, "a non-negative integer");
+  // torchrun's variables win; SLURM's are the fallback, so that `srun` starts
+  // a job without a launcher and a launcher inside an allocation still works.
+  const bool torchrun = std::getenv("WORLD_SIZE") != nullptr && *std::getenv("WORLD_SIZE") != '\0';
+  const bool slurm = !torchrun && std::getenv("SLURM_NTASKS") != nullptr && *std::getenv("SLURM_NTASKS") != '\0';
+  const char* world_var = slurm ? "SLURM_NTASKS" : "WORLD_SIZE";
+  const char* rank_var = slurm ? "SLURM_PROCID" : "RANK";
+  const char* local_var = slurm ? "SLURM_LOCALID" : "LOCAL_RANK";
+  const int64_t world = env_int(world_var, 1, "a positive integer");
+  TORCH_CHECK(world >= 1, "Communicator::from_env(): environment variable '", world_var,
+              "' must be a positive integer, but got ", world);
+  const int64_t rank = env_int(rank_var, 0, "an integer in [0, WORLD_SIZE)");
+  TORCH_CHECK(rank >= 0 && rank < world, "Communicator::from_env(): environment variable '", rank_var,
+              "' must be in [0, ", world, "), but got ", rank);
+  const int64_t local_rank = env_int(local_var, rank, "a non-negative integer");
   CommunicatorOptions o = base;
   o.rank(rank).world_size(world);
   if (world > 1) {
     const char* addr = std::getenv("MASTER_ADDR");
-    TORCH_CHECK(addr != nullptr && *addr != '\0',
+    std::string master = addr != nullptr ? addr : "";
+    if (slurm && master.empty()) {
+      const char* list = std::getenv("SLURM_JOB_NODELIST");
+      if (list == nullptr || *list == '\0') list = std::getenv("SLURM_NODELIST");
+      TORCH_CHECK(list != nullptr && *list != '\0', "Communicator::from_env(): under SLURM (SLURM_NTASKS=", world,
+                  ") either MASTER_ADDR or SLURM_JOB_NODELIST must be set");
+      const auto hosts = expand_slurm_nodelist(list);
+      TORCH_CHECK(!hosts.empty(), "Communicator::from_env(): SLURM_JOB_NODELIST '", list, "' names no host");
+      master = hosts.front();
+    }
+    TORCH_CHECK(!master.empty(),
                 "Communicator::from_env(): environment variable 'MASTER_ADDR' must be set when WORLD_SIZE > 1");
-    TORCH_CHECK(std::getenv("MASTER_PORT") != nullptr,
-                "Communicator::from_env(): environment variable 'MASTER_PORT' must be set when WORLD_SIZE > 1");
-    o.master_addr(addr).master_port(env_int("MASTER_PORT", 0, "a port number"));
+    int64_t port = 0;
+    if (slurm && std::getenv("MASTER_PORT") == nullptr) {
+      port = slurm_default_master_port();
+    } else {
+      TORCH_CHECK(std::getenv("MASTER_PORT") != nullptr,
+                  "Communicator::from_env(): environment variable 'MASTER_PORT' must be set when WORLD_SIZE > 1");
+      port = env_int("MASTER_PORT", 0, "a port number");
+    }
+    o.master_addr(master).master_port(port);
   }
   auto comm = create(o);
   comm->impl_->local_rank = local_rank;
@@ -472,6 +953,22 @@ torch::Tensor Communicator::ring_exchange(const torch::Tensor& send, at::IntArra
 void Communicator::barrier() {
   if (world_size() == 1) return;
   wait_work(impl_->group->barrier(), "barrier", *impl_);
+}
+
+void with_collective_context(const Communicator& comm, const std::string& op, const std::function<void()>& fn) {
+  std::string raw;
+  try {
+    fn();
+    return;
+  } catch (const c10::Error& e) {
+    raw = e.what_without_backtrace();
+    if (comm.world_size() == 1 || !is_transport_failure(raw)) throw;
+  } catch (const std::exception& e) {
+    // Autograd may carry a backward-time failure as a plain std::exception.
+    raw = e.what();
+    if (comm.world_size() == 1 || !is_transport_failure(raw)) throw;
+  }
+  fail_collective(raw, op, comm.impl());
 }
 
 namespace detail {

@@ -18,6 +18,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +29,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <string>
@@ -42,9 +45,19 @@ using Clock = std::chrono::steady_clock;
 
 // Variables the launcher owns; inherited copies are dropped so that a launch
 // from inside a launched worker does not hand its children two RANKs.
-constexpr std::array<const char*, 7> kLauncherVars = {"RANK",       "LOCAL_RANK",  "WORLD_SIZE",
-                                                     "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                                                     "MASTER_PORT"};
+constexpr std::array<const char*, 9> kLauncherVars = {
+    "RANK",        "LOCAL_RANK",  "WORLD_SIZE",         "LOCAL_WORLD_SIZE", "GROUP_RANK",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "CONTRAX_ERROR_FILE"};
+
+constexpr const char* kErrorFileVar = "CONTRAX_ERROR_FILE";
+
+// A monotonic clock shared by all processes of the machine: the workers'
+// failure records and the launcher compare on it.
+int64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 // A line longer than this is forwarded in pieces: a worker printing a progress
 // bar without newlines must not make the launcher buffer without bound.
@@ -105,6 +118,7 @@ struct Stream {
   int fd = -1;         // read end of the worker's stdout or stderr pipe
   int out_fd = 1;      // where it is forwarded: our stdout or stderr
   std::string buffer;  // bytes after the last forwarded newline
+  std::string last_line;  // last non-empty complete line (stderr: the failure's reason)
 };
 
 struct Worker {
@@ -113,7 +127,44 @@ struct Worker {
   bool running = false;
   int status = 0;  // waitpid status once !running
   std::array<Stream, 2> streams;
+  int log_fd = -1;             // DIR/rank_<rank>.log, or -1
+  std::string error_file;      // CONTRAX_ERROR_FILE of this worker
+  bool failed = false;         // exited non-zero or by a signal the launcher did not send
+  int64_t failed_ns = 0;       // when the launcher saw that
+  bool stopped_when_failing = false;  // SIGSTOPped when the job began to stop
 };
+
+// What a worker recorded through record_worker_failure().
+struct FailureRecord {
+  bool present = false;
+  int64_t ns = 0;
+  bool by_peer = false;
+};
+
+FailureRecord read_failure_record(const std::string& path) {
+  FailureRecord r;
+  if (path.empty()) return r;
+  std::ifstream in(path);
+  long long ns = 0;
+  std::string kind;
+  if (in >> ns >> kind) {
+    r.present = true;
+    r.ns = ns;
+    r.by_peer = kind == "peer";
+  }
+  return r;
+}
+
+// True when the process is in state T (stopped by SIGSTOP/SIGTSTP) or t.
+bool process_stopped(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  // Field 3 follows the command name in parentheses, which may hold spaces.
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() &&
+         (stat[close + 2] == 'T' || stat[close + 2] == 't');
+}
 
 // Everything a launch holds, released in the destructor whichever way
 // launch() leaves: no worker outlives it, no descriptor leaks, and the
@@ -132,6 +183,7 @@ class Supervisor {
     for (auto& w : workers_) {
       if (w.running) wait_blocking(w);
       for (auto& s : w.streams) close_fd(s.fd);
+      close_fd(w.log_fd);
     }
     restore_signals();
   }
@@ -175,9 +227,15 @@ class Supervisor {
   }
 
   // Forks and execs one worker; returns errno of a failed exec, 0 on success.
-  int start(const std::vector<std::string>& argv, int64_t rank, const std::vector<std::string>& env) {
+  int start(const std::vector<std::string>& argv, int64_t rank, const std::vector<std::string>& env,
+            const std::string& log_path, const std::string& error_file) {
     Worker w;
     w.rank = rank;
+    w.error_file = error_file;
+    if (!log_path.empty()) {
+      w.log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      TORCH_CHECK(w.log_fd >= 0, "launch(): cannot open log file '", log_path, "': ", errno_text(errno));
+    }
     int out[2], err[2], exec_status[2];
     // CLOEXEC everywhere: a worker must not inherit another worker's pipe ends,
     // or that pipe would never see EOF.
@@ -277,7 +335,11 @@ class Supervisor {
   // workers left behind is swept once all are reaped (end of supervise()).
   void signal_all(int sig) {
     for (auto& w : workers_) {
-      if (w.running) ::kill(-w.pid, sig);
+      if (!w.running) continue;
+      ::kill(-w.pid, sig);
+      // A SIGSTOPped worker would hold SIGTERM pending until the grace period
+      // ends in SIGKILL; continuing it lets it act on the request now.
+      if (sig != SIGKILL) ::kill(-w.pid, SIGCONT);
     }
   }
 
@@ -351,6 +413,11 @@ class Supervisor {
   void begin_stop(int sig) {
     stopping_ = true;
     kill_deadline_ = Clock::now() + options_.grace;
+    // Noted before the SIGCONT below: a stopped rank is the likely reason its
+    // peers' collectives timed out.
+    for (auto& w : workers_) {
+      if (w.running && process_stopped(w.pid)) w.stopped_when_failing = true;
+    }
     signal_all(sig);
   }
 
@@ -388,8 +455,17 @@ class Supervisor {
         w.status = 0;
         continue;
       }
-      bool failed = !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0);
-      // Exits after the stop began are the stop's doing, not new failures.
+      const bool failed = !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0);
+      // Killed by the signal the launcher sent: the stop's doing. An exit
+      // status after the stop began may still be a root cause that merely
+      // took longer to exit than its peers (decided in result()).
+      const bool our_signal = stopping_ && WIFSIGNALED(w.status) &&
+                              (WTERMSIG(w.status) == SIGTERM || WTERMSIG(w.status) == SIGKILL ||
+                               WTERMSIG(w.status) == interrupted_by_);
+      if (failed && !our_signal) {
+        w.failed = true;
+        w.failed_ns = monotonic_ns();
+      }
       if (failed && !stopping_) {
         failed_ = &w;
         begin_stop(SIGTERM);
@@ -402,31 +478,65 @@ class Supervisor {
   }
 
   // Forwards complete lines of `s.buffer`, or everything at EOF / when the
-  // line grew past kMaxLine. Prefixing per line keeps concurrent workers'
-  // output readable; unprefixed output needs no line discipline.
+  // line grew past kMaxLine, one write per line: lines of different workers
+  // never interleave mid-line, prefixed or not. Without a prefix, a last line
+  // without newline is passed on as it is.
   void flush_lines(Stream& s, bool all) {
-    if (!options_.prefix_output) {
-      write_all(s.out_fd, s.buffer.data(), s.buffer.size());
-      s.buffer.clear();
-      return;
-    }
+    Worker& w = owner(s);
     const std::string p = prefix(s.rank);
     size_t start = 0;
     for (;;) {
-      size_t nl = s.buffer.find('\n', start);
+      const size_t nl = s.buffer.find('\n', start);
+      size_t end;  // one past the bytes forwarded now
+      bool add_newline = false;
       if (nl == std::string::npos) {
-        if (!all && s.buffer.size() - start < kMaxLine) break;
         if (start == s.buffer.size()) break;
-        std::string line = p + s.buffer.substr(start) + "\n";
-        write_all(s.out_fd, line.data(), line.size());
-        start = s.buffer.size();
-        break;
+        if (!all && s.buffer.size() - start < kMaxLine) break;
+        end = s.buffer.size();
+        add_newline = options_.prefix_output;
+      } else {
+        end = nl + 1;
       }
-      std::string line = p + s.buffer.substr(start, nl + 1 - start);
+      std::string body = s.buffer.substr(start, end - start);
+      if (&s == &w.streams[1]) {
+        std::string trimmed = body;
+        while (!trimmed.empty() && (trimmed.back() == '\n' || trimmed.back() == '\r')) trimmed.pop_back();
+        if (!trimmed.empty()) s.last_line = trimmed.substr(0, 2000);
+      }
+      if (w.log_fd >= 0) write_log(w, body + (add_newline ? "\n" : ""));
+      std::string line = p + body + (add_newline ? "\n" : "");
       write_all(s.out_fd, line.data(), line.size());
-      start = nl + 1;
+      start = end;
     }
     s.buffer.erase(0, start);
+  }
+
+  Worker& owner(Stream& s) {
+    for (auto& w : workers_) {
+      if (&s == &w.streams[0] || &s == &w.streams[1]) return w;
+    }
+    TORCH_INTERNAL_ASSERT(false, "launch(): stream without a worker");
+  }
+
+  // A log file that cannot be written (full disk) must not stop the job or
+  // the forwarding to the terminal: say so once and stop logging that rank.
+  void write_log(Worker& w, const std::string& text) {
+    const char* data = text.data();
+    size_t left = text.size();
+    while (left > 0) {
+      const ssize_t n = ::write(w.log_fd, data, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string msg = "launch: cannot write the log of rank " + std::to_string(w.rank) + " in '" +
+                                options_.log_dir + "': " + (n < 0 ? errno_text(errno) : "no progress") +
+                                "; that rank is no longer logged\n";
+        write_all(2, msg.data(), msg.size());
+        close_fd(w.log_fd);
+        return;
+      }
+      data += n;
+      left -= static_cast<size_t>(n);
+    }
   }
 
   void pump(Stream& s) {
@@ -462,18 +572,54 @@ class Supervisor {
     flush_lines(s, true);
   }
 
+  // The rank to blame: the earliest worker that recorded a failure of its own
+  // (CONTRAX_ERROR_FILE); without any such record, the first worker seen
+  // failing. A rank whose record says its collective failed is a consequence.
+  const Worker* root_cause() const {
+    const Worker* best = nullptr;
+    int64_t best_ns = 0;
+    // A record of its own counts even when the launcher's SIGTERM ended the
+    // worker afterwards: it says when the worker began to fail.
+    for (const auto& w : workers_) {
+      const FailureRecord rec = read_failure_record(w.error_file);
+      if (!rec.present || rec.by_peer) continue;
+      if (best == nullptr || rec.ns < best_ns) {
+        best = &w;
+        best_ns = rec.ns;
+      }
+    }
+    if (best != nullptr) return best;
+    // Without records, the first failure seen that is not a consequence:
+    // workers without a record that failed, earliest first.
+    for (const auto& w : workers_) {
+      if (!w.failed || read_failure_record(w.error_file).present) continue;
+      if (best == nullptr || w.failed_ns < best->failed_ns) best = &w;
+    }
+    return best != nullptr ? best : failed_;
+  }
+
   LaunchResult result() const {
     LaunchResult r;
-    if (failed_ != nullptr) {
-      const int st = failed_->status;
-      r.failed_rank = failed_->rank;
+    const Worker* culprit = failed_ != nullptr ? root_cause() : nullptr;
+    if (culprit != nullptr) {
+      const int st = culprit->status;
+      r.failed_rank = culprit->rank;
       if (WIFSIGNALED(st)) {
         r.exit_code = 128 + WTERMSIG(st);
-        r.message = "rank " + std::to_string(failed_->rank) + " was killed by signal " +
+        r.message = "rank " + std::to_string(culprit->rank) + " was killed by signal " +
                     std::to_string(WTERMSIG(st)) + " (" + ::strsignal(WTERMSIG(st)) + ")";
       } else {
         r.exit_code = WEXITSTATUS(st);
-        r.message = "rank " + std::to_string(failed_->rank) + " exited with status " + std::to_string(r.exit_code);
+        r.message = "rank " + std::to_string(culprit->rank) + " exited with status " + std::to_string(r.exit_code);
+      }
+      if (!culprit->streams[1].last_line.empty()) r.message += ": " + culprit->streams[1].last_line;
+      if (culprit != failed_) {
+        r.message += " (it failed first; rank " + std::to_string(failed_->rank) + " exited before it)";
+      }
+      for (const auto& w : workers_) {
+        if (w.stopped_when_failing) {
+          r.message += "; rank " + std::to_string(w.rank) + " was stopped (SIGSTOP) when the job failed";
+        }
       }
     } else if (interrupted_by_ != 0) {
       // The shell convention for "ended by signal N", so scripts see it as such.
@@ -484,6 +630,10 @@ class Supervisor {
     return r;
   }
 
+ public:
+  bool interrupted() const { return interrupted_by_ != 0 && failed_ == nullptr; }
+
+ private:
   const LaunchOptions& options_;
   std::vector<Worker> workers_;
   int signal_read_ = -1, signal_write_ = -1;
@@ -496,7 +646,8 @@ class Supervisor {
   const Worker* failed_ = nullptr;
 };
 
-std::vector<std::string> worker_environment(const LaunchOptions& o, int64_t local_rank, int64_t port) {
+std::vector<std::string> worker_environment(const LaunchOptions& o, int64_t local_rank, int64_t port,
+                                            int64_t restart, const std::string& error_file) {
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -511,10 +662,68 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int64_t loca
   env.push_back("GROUP_RANK=" + std::to_string(o.node_rank));
   env.push_back("MASTER_ADDR=" + o.master_addr);
   env.push_back("MASTER_PORT=" + std::to_string(port));
+  // torchrun's name for the attempt number, so a worker can tell a restart.
+  env.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart));
+  if (!error_file.empty()) env.push_back(std::string(kErrorFileVar) + "=" + error_file);
   return env;
 }
 
+// mkdir -p; errors name the directory.
+void make_dirs(const std::string& dir) {
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    cur = dir.substr(0, pos);
+    if (cur.empty()) continue;
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+      TORCH_CHECK(false, "launch(): cannot create log directory '", cur, "': ", errno_text(errno));
+    }
+  }
+}
+
+// The per-launch directory of the workers' failure records, removed with it.
+class ErrorFileDir {
+ public:
+  ErrorFileDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/contrax-launch-XXXXXX";
+    if (::mkdtemp(&templ[0]) != nullptr) path_ = templ;  // without it, blame falls back to exit order
+  }
+  ~ErrorFileDir() {
+    clear();
+    if (!path_.empty()) ::rmdir(path_.c_str());
+  }
+  std::string file(int64_t rank) const {
+    return path_.empty() ? std::string() : path_ + "/rank_" + std::to_string(rank);
+  }
+  // Records of a previous attempt must not blame a restarted worker.
+  void clear() {
+    for (const auto& f : files_) ::unlink(f.c_str());
+  }
+  void remember(const std::string& f) {
+    if (!f.empty()) files_.push_back(f);
+  }
+
+ private:
+  std::string path_;
+  std::vector<std::string> files_;
+};
+
 }  // namespace
+
+void record_worker_failure(bool caused_by_peer, const std::string& what) noexcept {
+  const char* path = std::getenv(kErrorFileVar);
+  if (path == nullptr || *path == '\0') return;
+  // O_EXCL: the first record of the process is the one that tells when it
+  // began failing; later ones (the unwinding after it) change nothing.
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  std::string first = what.substr(0, what.find('\n'));
+  std::string text = std::to_string(monotonic_ns()) + (caused_by_peer ? " peer\n" : " origin\n") + first + "\n";
+  write_all(fd, text.data(), text.size());
+  ::close(fd);
+}
 
 LaunchResult launch(const std::vector<std::string>& argv, const LaunchOptions& options) {
   TORCH_CHECK(!argv.empty() && !argv[0].empty(), "launch(): argument 'argv' must name a program, but got ",
@@ -533,26 +742,71 @@ LaunchResult launch(const std::vector<std::string>& argv, const LaunchOptions& o
   TORCH_CHECK(!options.master_addr.empty(), "launch(): argument 'master_addr' must not be empty");
   TORCH_CHECK(options.grace.count() >= 0, "launch(): argument 'grace' must be >= 0 ms, but got ",
               options.grace.count(), " ms");
+  TORCH_CHECK(options.max_restarts >= 0, "launch(): argument 'max_restarts' must be >= 0, but got ",
+              options.max_restarts);
 
   std::lock_guard<std::mutex> lock(g_launch_mutex);
-  const int64_t port = options.master_port != 0 ? options.master_port : find_free_port(options.master_addr);
-
-  // Output the caller buffered so far must come before the workers' output.
-  std::cout.flush();
-  std::cerr.flush();
-  std::fflush(nullptr);
-
-  Supervisor sup(options);
-  sup.install_signals();
-  for (int64_t local = 0; local < options.nproc; ++local) {
-    int exec_errno = sup.start(argv, options.node_rank * options.nproc + local, worker_environment(options, local, port));
-    if (exec_errno != 0) {
-      // Same program for every rank: once one cannot start, none can. The
-      // Supervisor's destructor kills and reaps the ones already running.
-      TORCH_CHECK(false, "launch(): cannot start '", argv[0], "': ", errno_text(exec_errno));
+  std::vector<std::string> log_paths(static_cast<size_t>(options.nproc));
+  if (!options.log_dir.empty()) {
+    make_dirs(options.log_dir);
+    for (int64_t local = 0; local < options.nproc; ++local) {
+      const std::string path =
+          options.log_dir + "/rank_" + std::to_string(options.node_rank * options.nproc + local) + ".log";
+      // One launch, one log: truncated here, appended to by restarts.
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      TORCH_CHECK(fd >= 0, "launch(): cannot create log file '", path, "': ", errno_text(errno));
+      ::close(fd);
+      log_paths[static_cast<size_t>(local)] = path;
     }
   }
-  return sup.supervise();
+  ErrorFileDir error_dir;
+
+  LaunchResult r;
+  for (int64_t attempt = 0;; ++attempt) {
+    // A fresh port per attempt when the launcher picks it: the previous
+    // store's port may linger in TIME_WAIT or be taken meanwhile.
+    const int64_t port = options.master_port != 0 ? options.master_port : find_free_port(options.master_addr);
+
+    // Output the caller buffered so far must come before the workers' output.
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+
+    error_dir.clear();
+    bool interrupted = false;
+    {
+      Supervisor sup(options);
+      sup.install_signals();
+      for (int64_t local = 0; local < options.nproc; ++local) {
+        const int64_t rank = options.node_rank * options.nproc + local;
+        const std::string error_file = error_dir.file(rank);
+        error_dir.remember(error_file);
+        int exec_errno = sup.start(argv, rank, worker_environment(options, local, port, attempt, error_file),
+                                   log_paths[static_cast<size_t>(local)], error_file);
+        if (exec_errno != 0) {
+          // Same program for every rank: once one cannot start, none can. The
+          // Supervisor's destructor kills and reaps the ones already running.
+          TORCH_CHECK(false, "launch(): cannot start '", argv[0], "': ", errno_text(exec_errno));
+        }
+      }
+      r = sup.supervise();
+      interrupted = sup.interrupted();
+    }
+    r.restarts = attempt;
+    if (r.exit_code == 0 || interrupted || attempt >= options.max_restarts) break;
+    const std::string note = "launch: " + r.message + "; restarting all workers (restart " +
+                             std::to_string(attempt + 1) + " of " + std::to_string(options.max_restarts) + ")\n";
+    write_all(2, note.data(), note.size());
+    for (const auto& path : log_paths) {
+      if (path.empty()) continue;
+      const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+      if (fd >= 0) {
+        write_all(fd, note.data(), note.size());
+        ::close(fd);
+      }
+    }
+  }
+  return r;
 }
 
 int64_t find_free_port(const std::string& addr) {
@@ -587,7 +841,15 @@ int64_t find_free_port(const std::string& addr) {
   return port;
 }
 
-bool in_launched_worker() { return std::getenv("WORLD_SIZE") != nullptr; }
+bool in_launched_worker() {
+  auto set = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0';
+  };
+  // A task of an `srun` job step: SLURM started the workers (SLURM_STEP_ID
+  // tells a step's task from the batch script, which must not wait for peers).
+  return set("WORLD_SIZE") || (set("SLURM_NTASKS") && set("SLURM_PROCID") && set("SLURM_STEP_ID"));
+}
 
 std::string self_executable() {
   std::vector<char> buf(256);

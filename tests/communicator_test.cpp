@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <future>
+#include <sstream>
+#include <thread>
 
 #include "contrax/communicator.h"
 #include "contrax/detail/c10d.h"
@@ -66,7 +70,7 @@ TEST(Communicator, CreateErrorsNameTheArgument) {
                        "argument 'master_port' must be in [1, 65535], but got 70000");
   CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).timeout(std::chrono::milliseconds(0))),
                        "argument 'timeout' must be positive");
-  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store("/tmp/x")),
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store("/tmp/contrax_nccl_probe_" + std::to_string(::getpid()))),
                        "without NCCL");
 }
 
@@ -92,7 +96,9 @@ TEST(Communicator, CollectiveWithMissingPeerTimesOut) {
         if (comm->rank() == 0) comm->all_gather_rows(torch::ones({2, 3}), {2, 2});
       },
       std::chrono::milliseconds(1500));
-  EXPECT_NE(errors[0].find("collective 'all_gather' failed on rank 0 of 2"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("collective 'all_gather' "), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(" on rank 0 of 2"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("rank 1 did not answer"), std::string::npos) << errors[0];
   EXPECT_TRUE(errors[1].empty()) << errors[1];
 }
 
@@ -171,4 +177,229 @@ TEST(Communicator, RendezvousOverTcp) {
   for (auto& t : ts) t.join();
   EXPECT_EQ(got[0], 3.0);
   EXPECT_EQ(got[1], 3.0);
+}
+
+// ---- issue 14 items 7, 8, 9 and issue 13 item 4 (SLURM) ----------------------
+
+namespace {
+
+using Ms = std::chrono::milliseconds;
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A port per test and process, away from the ones other tests pick.
+int64_t test_port(int64_t k) { return 31000 + (::getpid() * 7 + k * 131) % 4000; }
+
+// "ADDR:PORT" of every listening TCP socket on `port`, from /proc/net/tcp{,6}.
+std::vector<std::string> listeners(int64_t port) {
+  std::vector<std::string> out;
+  for (const char* file : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(file);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state;
+      f >> slot >> local >> remote >> state;
+      const auto colon = local.find(':');
+      if (state != "0A" || std::stol(local.substr(colon + 1), nullptr, 16) != port) continue;
+      out.push_back(std::string(file) + " " + local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
+// Creates rank `rank` of `world` over TCP on a thread; the future holds its
+// error ("" on success). The communicator stays alive until `release` is set.
+std::future<std::string> tcp_rank(int64_t rank, int64_t world, int64_t port, Ms timeout,
+                                  std::shared_future<void> release, const std::string& addr = "127.0.0.1") {
+  return std::async(std::launch::async, [=] {
+    try {
+      auto comm = Communicator::create(
+          CommunicatorOptions().rank(rank).world_size(world).master_addr(addr).master_port(port).timeout(timeout));
+      release.wait();
+      return std::string();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return std::string("not a c10::Error: ") + e.what();
+    }
+  });
+}
+
+}  // namespace
+
+TEST(Communicator, StoreListensOnLoopbackOnlyNotOnEveryInterface) {
+  // Before: the TCPStore server listened on [::] and 0.0.0.0, reachable from
+  // the network through the machine's address.
+  const int64_t port = test_port(1);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  auto r0 = tcp_rank(0, 2, port, Ms(20000), go);
+  auto r1 = tcp_rank(1, 2, port, Ms(20000), go);
+  // Both ranks up (the store is listening) before looking.
+  std::vector<std::string> seen;
+  for (int i = 0; i < 200 && seen.empty(); ++i) {
+    std::this_thread::sleep_for(Ms(50));
+    seen = listeners(port);
+  }
+  release.set_value();
+  EXPECT_EQ(r0.get(), "");
+  EXPECT_EQ(r1.get(), "");
+  ASSERT_FALSE(seen.empty()) << "no listener on port " << port;
+  for (const auto& l : seen) EXPECT_EQ(l, "/proc/net/tcp 0100007F") << "listener not on 127.0.0.1: " << l;
+}
+
+TEST(Communicator, MissingPeerOverTcpIsReportedOnceWithinTheTimeoutNamingIt) {
+  // Before: rank 0 alone waited for the store's workers and then for Gloo:
+  // twice the timeout, with no rank named.
+  const auto start = std::chrono::steady_clock::now();
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(0).world_size(3).master_port(test_port(2)).timeout(
+                           Ms(1500))),
+                       "Communicator::create(): rank 0 of 3: rendezvous timed out after 1500 ms; ranks 1, 2 never "
+                       "arrived (not started, failed before connecting, or given another MASTER_ADDR/MASTER_PORT)");
+  const double took = seconds_since(start);
+  EXPECT_GE(took, 1.4);
+  EXPECT_LT(took, 2.9) << "must not wait twice the timeout";
+  // A non-zero rank whose rank 0 never listens.
+  const auto start1 = std::chrono::steady_clock::now();
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(1).world_size(2).master_port(test_port(3)).timeout(
+                           Ms(1500))),
+                       "Communicator::create(): rank 1 could not reach the rendezvous store of rank 0 at MASTER_ADDR "
+                       "127.0.0.1:");
+  EXPECT_LT(seconds_since(start1), 4.5);
+}
+
+TEST(Communicator, WorldSizeMismatchIsNamedQuickly) {
+  // Before: Gloo's "address.cc:45 sizeof(impl_) == bytes.size(). 136 vs 272".
+  const int64_t port = test_port(4);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  release.set_value();
+  const auto start = std::chrono::steady_clock::now();
+  auto r0 = tcp_rank(0, 2, port, Ms(10000), go);
+  auto r1 = tcp_rank(1, 3, port, Ms(10000), go);
+  const std::string e0 = r0.get(), e1 = r1.get();
+  EXPECT_LT(seconds_since(start), 5.0);
+  for (const auto& e : {e0, e1}) {
+    EXPECT_NE(e.find("WORLD_SIZE differs between ranks: rank "), std::string::npos) << e;
+    EXPECT_EQ(e.find("address.cc"), std::string::npos) << e;
+  }
+  EXPECT_TRUE(e0.find("rank 0 has 2, rank 1 has 3") != std::string::npos ||
+              e1.find("rank 1 has 3, rank 0 has 2") != std::string::npos)
+      << e0 << "\n" << e1;
+}
+
+TEST(Communicator, DuplicateRankIsNamed) {
+  const int64_t port = test_port(5);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  release.set_value();
+  auto r0 = tcp_rank(0, 2, port, Ms(5000), go);
+  std::this_thread::sleep_for(Ms(200));  // rank 0's store first, so both rank-1s reach it
+  auto a = tcp_rank(1, 2, port, Ms(5000), go);
+  auto b = tcp_rank(1, 2, port, Ms(5000), go);
+  const std::string ea = a.get(), eb = b.get(), e0 = r0.get();
+  const std::string dup = "rank 1 was started twice (duplicate RANK 1; every process needs its own RANK in [0, WORLD_SIZE))";
+  EXPECT_TRUE(ea.find(dup) != std::string::npos || eb.find(dup) != std::string::npos) << ea << "\n" << eb;
+}
+
+TEST(Communicator, SecondRankZeroIsToldThePortIsInUse) {
+  const int64_t port = test_port(8);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  auto first = tcp_rank(0, 2, port, Ms(4000), go);  // waits for a rank 1 that never comes
+  std::this_thread::sleep_for(Ms(300));
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(0).world_size(2).master_port(port).timeout(
+                           Ms(4000))),
+                       "rank 0 cannot listen on MASTER_ADDR 127.0.0.1:" + std::to_string(port) +
+                           ": the port is in use (another job, or a second process started as rank 0; pick another "
+                           "MASTER_PORT)");
+  release.set_value();
+  EXPECT_NE(first.get().find("rank 1 never arrived"), std::string::npos);
+}
+
+TEST(Communicator, UnresolvableOrForeignMasterAddrIsNamedAtOnce) {
+  // Before: an unresolvable MASTER_ADDR waited out the whole timeout.
+  const auto start = std::chrono::steady_clock::now();
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(1).world_size(2).master_addr(
+                           "no-such-host.invalid").master_port(test_port(6)).timeout(Ms(20000))),
+                       "Communicator::create(): rank 1 cannot resolve MASTER_ADDR 'no-such-host.invalid': ");
+  EXPECT_LT(seconds_since(start), 10.0);
+  // 192.0.2.1 (TEST-NET-1) is no address of this machine: rank 0 cannot host
+  // the store there. Nothing is sent; the bind fails locally.
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(0).world_size(2).master_addr("192.0.2.1")
+                                                .master_port(test_port(7)).timeout(Ms(20000))),
+                       "rank 0 cannot listen on MASTER_ADDR 192.0.2.1 (192.0.2.1): it is not an address of this machine");
+}
+
+TEST(Communicator, HungPeerIsReportedWithinTimeoutPlusSecondsNamingCollectiveAndRank) {
+  // Rank 1 is alive but never enters the collective (as if SIGSTOPped).
+  const auto start = std::chrono::steady_clock::now();
+  double failed_after = -1;
+  auto errors = run_ranks_collect_errors(
+      2,
+      [&](const CommunicatorPtr& comm) {
+        if (comm->rank() == 0) {
+          auto t = torch::ones({4});
+          try {
+            comm->all_reduce_sum(t);
+          } catch (...) {
+            failed_after = seconds_since(start);
+            throw;
+          }
+        } else {
+          std::this_thread::sleep_for(Ms(6000));
+        }
+      },
+      Ms(1500));
+  EXPECT_NE(errors[0].find("contrax: collective 'all_reduce' timed out on rank 0 of 2 (backend gloo, timeout 1500 ms); "
+                           "rank 1 did not answer (hung, stopped or dead); cause: "),
+            std::string::npos)
+      << errors[0];
+  EXPECT_EQ(errors[0].find("contrax: collective 'all_reduce' timed out on rank 0 of 2 (backend gloo, timeout 1500 ms); "
+                           "rank 1 did not answer (hung, stopped or dead); cause: ["),
+            std::string::npos)
+      << "the raw Gloo source location is stripped: " << errors[0];
+  EXPECT_GT(failed_after, 1.4);
+  EXPECT_LT(failed_after, 1.5 + 4.0);
+}
+
+TEST(Communicator, SlurmNodelistExpansion) {
+  EXPECT_EQ(expand_slurm_nodelist("node[01-04,07]"),
+            (std::vector<std::string>{"node01", "node02", "node03", "node04", "node07"}));
+  EXPECT_EQ(expand_slurm_nodelist("gpu5,cpu[8-10],login"),
+            (std::vector<std::string>{"gpu5", "cpu8", "cpu9", "cpu10", "login"}));
+  EXPECT_EQ(expand_slurm_nodelist("r[1-2]-n[09-10]"),
+            (std::vector<std::string>{"r1-n09", "r1-n10", "r2-n09", "r2-n10"}));
+  EXPECT_EQ(expand_slurm_nodelist("single"), (std::vector<std::string>{"single"}));
+  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[01-"), "expand_slurm_nodelist(): unbalanced brackets in 'node[01-'");
+  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[5-2]"), "range '5-2' in 'node[5-2]' is descending");
+  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[a-b]"), "range 'a-b' in 'node[a-b]' is not N or N-M");
+}
+
+TEST(Communicator, FromEnvUnderSlurm) {
+  ::unsetenv("WORLD_SIZE");
+  ::unsetenv("RANK");
+  ::unsetenv("MASTER_ADDR");
+  ::unsetenv("MASTER_PORT");
+  ::setenv("SLURM_NTASKS", "1", 1);
+  ::setenv("SLURM_PROCID", "0", 1);
+  ::setenv("SLURM_LOCALID", "0", 1);
+  auto one = Communicator::from_env();
+  EXPECT_EQ(one->world_size(), 1);
+  ::setenv("SLURM_NTASKS", "2", 1);
+  ::setenv("SLURM_PROCID", "2", 1);
+  CONTRAX_EXPECT_ERROR(Communicator::from_env(), "environment variable 'SLURM_PROCID' must be in [0, 2), but got 2");
+  ::setenv("SLURM_PROCID", "1", 1);
+  ::unsetenv("SLURM_JOB_NODELIST");
+  ::unsetenv("SLURM_NODELIST");
+  CONTRAX_EXPECT_ERROR(Communicator::from_env(), "under SLURM (SLURM_NTASKS=2) either MASTER_ADDR or SLURM_JOB_NODELIST "
+                                                 "must be set");
+  // The first host of the list is the master; it must resolve.
+  ::setenv("SLURM_JOB_NODELIST", "no-such-node[7-9].invalid", 1);
+  CONTRAX_EXPECT_ERROR(Communicator::from_env(), "cannot resolve MASTER_ADDR 'no-such-node7.invalid'");
+  for (const char* v : {"SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_JOB_NODELIST"}) ::unsetenv(v);
 }

@@ -385,6 +385,157 @@ TEST(Launcher, InLaunchedWorkerAndSelfExecutable) {
   EXPECT_EQ(self.filename().string(), "launcher_test");
 }
 
+// ---- issue 14 item 10 and issue 13 item 4: blame, whole lines, logs, restarts ----
+
+TEST(Launcher, RankThatFailedFirstIsBlamedNotThePeerThatExitedFirst) {
+  // Rank 0 fails on its own and takes 0.8 s to exit; rank 1's failure is the
+  // consequence and exits at once. The exit order blames rank 1; the records
+  // in CONTRAX_ERROR_FILE must blame rank 0, with its last stderr line.
+  TempDir dir;
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "blame", dir.path.string()}, options(2));
+  cap.stop();
+  EXPECT_EQ(r.failed_rank, 0) << r.message;
+  EXPECT_EQ(r.exit_code, 4) << r.message;
+  EXPECT_EQ(r.message,
+            "rank 0 exited with status 4: error: cannot write '/ro/metrics.jsonl': Read-only file system "
+            "(it failed first; rank 1 exited before it)");
+}
+
+TEST(Launcher, LinesOfDifferentRanksNeverInterleaveWithOrWithoutPrefix) {
+  for (bool prefix : {true, false}) {
+    contrax::LaunchOptions o = options(3);
+    o.prefix_output = prefix;
+    CaptureOutput cap;
+    contrax::LaunchResult r = contrax::launch({kProbe, "chatter"}, o);
+    cap.stop();
+    ASSERT_EQ(r.exit_code, 0) << r.message;
+    std::istringstream lines(cap.out);
+    std::string line;
+    int count = 0;
+    const std::regex whole(prefix ? R"(\[rank (\d)\] rank(\d)-line\d+-([a-c])+)" : R"(()rank(\d)-line\d+-([a-c])+)");
+    while (std::getline(lines, line)) {
+      std::smatch m;
+      ASSERT_TRUE(std::regex_match(line, m, whole)) << "torn line: '" << line << "'";
+      if (prefix) EXPECT_EQ(m[1], m[2]) << line;
+      EXPECT_EQ(line.back(), static_cast<char>('a' + std::stoi(m[2]))) << line;
+      EXPECT_EQ(line.find_first_not_of(line.back(), line.rfind('-') + 1), std::string::npos) << line;
+      ++count;
+    }
+    EXPECT_EQ(count, 600);
+  }
+}
+
+TEST(Launcher, StoppedWorkerIsContinuedNamedAndDoesNotWaitForTheGrace) {
+  // Before: a SIGSTOPped worker kept SIGTERM pending, so the launcher waited
+  // the whole grace period (60 s under `contrax train`) before SIGKILL.
+  TempDir dir;
+  const auto start = std::chrono::steady_clock::now();
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "stop", dir.path.string()}, options(2, milliseconds(30000)));
+  cap.stop();
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, std::chrono::seconds(10));
+  EXPECT_EQ(r.failed_rank, 0);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.message.find("rank 0 exited with status 2: collective timed out"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("rank 1 was stopped (SIGSTOP) when the job failed"), std::string::npos) << r.message;
+}
+
+TEST(Launcher, LogDirHoldsEachRanksWholeOutput) {
+  TempDir dir;
+  contrax::LaunchOptions o = options(2);
+  o.log_dir = (dir.path / "logs" / "nested").string();
+  CaptureOutput cap;
+  contrax::LaunchResult r =
+      contrax::launch({"sh", "-c", "echo out of $RANK; echo err of $RANK >&2; printf 'tail'"}, o);
+  cap.stop();
+  ASSERT_EQ(r.exit_code, 0) << r.message;
+  for (int k = 0; k < 2; ++k) {
+    const std::string log = read_file(dir.path / "logs" / "nested" / ("rank_" + std::to_string(k) + ".log"));
+    const std::string rank = std::to_string(k);
+    EXPECT_NE(log.find("out of " + rank + "\n"), std::string::npos) << log;
+    EXPECT_NE(log.find("err of " + rank + "\n"), std::string::npos) << log;
+    EXPECT_NE(log.find("tail"), std::string::npos) << log;
+    EXPECT_EQ(log.find("[rank"), std::string::npos) << "logs are unprefixed: " << log;
+  }
+  // Still forwarded to the terminal as well.
+  EXPECT_NE(cap.out.find("[rank 1] out of 1\n"), std::string::npos) << cap.out;
+  // A log directory that cannot be made is an error naming it.
+  contrax::LaunchOptions bad = options(1);
+  bad.log_dir = "/proc/contrax-no-such-dir";
+  CONTRAX_EXPECT_ERROR(contrax::launch({"true"}, bad), "launch(): cannot create log directory '/proc/contrax-no-such-dir'");
+}
+
+TEST(Launcher, MaxRestartsRestartsAllWorkersAfterAFailure) {
+  {
+    // Without restarts the failure ends the job.
+    TempDir dir;
+    CaptureOutput cap;
+    contrax::LaunchResult r = contrax::launch({kProbe, "once", dir.path.string()}, options(2));
+    cap.stop();
+    EXPECT_EQ(r.exit_code, 3);
+    EXPECT_EQ(r.restarts, 0);
+  }
+  TempDir dir;
+  contrax::LaunchOptions o = options(2);
+  o.max_restarts = 1;
+  o.log_dir = (dir.path / "logs").string();
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "once", dir.path.string()}, o);
+  cap.stop();
+  EXPECT_EQ(r.exit_code, 0) << r.message;
+  EXPECT_EQ(r.restarts, 1);
+  EXPECT_NE(cap.err.find("launch: rank 1 exited with status 3: failing once; restarting all workers (restart 1 of 1)"),
+            std::string::npos)
+      << cap.err;
+  // Both ranks ran again (the restart count is in their environment), and each
+  // log holds both attempts.
+  EXPECT_NE(cap.out.find("[rank 0] attempt ok on rank 0 (restart 1)"), std::string::npos) << cap.out;
+  EXPECT_NE(cap.out.find("[rank 1] attempt ok on rank 1 (restart 1)"), std::string::npos) << cap.out;
+  const std::string log1 = read_file(dir.path / "logs" / "rank_1.log");
+  EXPECT_NE(log1.find("failing once\n"), std::string::npos) << log1;
+  EXPECT_NE(log1.find("restarting all workers"), std::string::npos) << log1;
+  EXPECT_NE(log1.find("attempt ok on rank 1 (restart 1)"), std::string::npos) << log1;
+
+  contrax::LaunchOptions neg = options(1);
+  neg.max_restarts = -1;
+  CONTRAX_EXPECT_ERROR(contrax::launch({"true"}, neg), "launch(): argument 'max_restarts' must be >= 0, but got -1");
+}
+
+TEST(Launcher, InterruptionIsNeverRestarted) {
+  TempDir dir;
+  contrax::LaunchOptions o = options(2, milliseconds(500));
+  o.max_restarts = 3;
+  std::thread interrupter([&] {
+    wait_for_pids(dir.path, {0, 1});
+    ::kill(::getpid(), SIGINT);
+  });
+  CaptureOutput cap;
+  contrax::LaunchResult r = contrax::launch({kProbe, "sleep", dir.path.string()}, o);
+  cap.stop();
+  interrupter.join();
+  EXPECT_EQ(r.exit_code, 128 + SIGINT);
+  EXPECT_EQ(r.restarts, 0);
+}
+
+TEST(Launcher, RecordWorkerFailureWritesTheFirstRecordOnly) {
+  // The format the launcher reads (and launcher_probe imitates): a monotonic
+  // time stamp, "origin" or "peer", then the message's first line.
+  TempDir dir;
+  const std::string file = (dir.path / "rank_0").string();
+  {
+    ScopedEnv unset("CONTRAX_ERROR_FILE", nullptr);
+    contrax::record_worker_failure(false, "ignored without a launcher");
+  }
+  EXPECT_FALSE(fs::exists(file));
+  ScopedEnv env("CONTRAX_ERROR_FILE", file.c_str());
+  contrax::record_worker_failure(true, "collective failed\nbacktrace line");
+  contrax::record_worker_failure(false, "later: must not replace the first");
+  const std::string text = read_file(file);
+  EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]+ peer\ncollective failed\n"))) << text;
+}
+
 // ---- the command-line tool -------------------------------------------------------
 
 TEST(LaunchCli, RunsWorkersWithoutPrefix) {

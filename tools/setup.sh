@@ -24,6 +24,7 @@ PACKAGES=(
   pybind11-dev python3-dev python3-pytest  # the Python binding and its tests
   python3-venv python3-setuptools python3-wheel python3-pip  # `pip install ./python`, offline
   python3-matplotlib              # curves.png of a run
+  iproute2 util-linux             # ip netns/veth for the two-node test; flock, mount for the fault tests
 )
 if [ "$CUDA" = 1 ]; then
   [ "$CODENAME" = trixie ] || { echo "setup: CONTRAX_CUDA=1 needs Debian trixie's contrib (this is $CODENAME); see tools/trixie.sh --cuda" >&2; exit 2; }

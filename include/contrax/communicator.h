@@ -93,6 +93,18 @@ class Communicator {
   /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); a process without `WORLD_SIZE`
   /// gets a world of size 1. Fields of `base` other than rank, world size,
   /// address and port (timeout, backend, device) are kept.
+  ///
+  /// Under SLURM (`srun`), when `WORLD_SIZE` is not set: `SLURM_NTASKS`,
+  /// `SLURM_PROCID` and `SLURM_LOCALID` give world size, rank and local rank;
+  /// MASTER_ADDR defaults to the first host of `SLURM_JOB_NODELIST` (the
+  /// compressed form `node[01-04,07]` is expanded) and MASTER_PORT to
+  /// 29500 + (SLURM_JOB_ID mod 1000), so that two jobs sharing a node do
+  /// not collide; set MASTER_PORT to choose.
+  ///
+  /// The rendezvous store listens on MASTER_ADDR only (127.0.0.1: loopback
+  /// only), never on every interface. Within `timeout` a missing rank, a
+  /// WORLD_SIZE that differs between ranks, a rank started twice or an
+  /// unresolvable MASTER_ADDR each end in an error saying so.
   static std::shared_ptr<Communicator> from_env(
       const CommunicatorOptions& base = CommunicatorOptions());
 
@@ -187,5 +199,9 @@ class Communicator {
 };
 
 using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+/// Expands a SLURM host list: "node[01-03,07],gpu5" gives node01, node02,
+/// node03, node07, gpu5 (zero padding kept, several bracket groups allowed).
+std::vector<std::string> expand_slurm_nodelist(const std::string& list);
 
 }  // namespace contrax

@@ -7,6 +7,15 @@
 // failed rank and how it ended. SIGINT/SIGTERM sent to the launcher are
 // forwarded to every worker. Multi-node jobs set the same variables by hand
 // (or through a scheduler) and need no launcher.
+//
+// Which rank failed first: a rank whose job fails for a reason of its own
+// takes its peers down with it (their collectives fail once its process group
+// is gone), and a peer often exits before the rank that caused it. Each
+// worker therefore gets CONTRAX_ERROR_FILE, a file where the communicator
+// records, with a monotonic time stamp, whether this rank began failing on its
+// own or because a collective with its peers failed; the launcher names the
+// earliest rank that failed on its own, and the last line that rank wrote to
+// stderr as the reason.
 #pragma once
 
 #include <chrono>
@@ -28,13 +37,23 @@ struct LaunchOptions {
   int64_t nnodes = 1;
   std::chrono::milliseconds grace{10000};
   bool prefix_output = true;
+  /// Non-empty: every rank's whole output (stdout and stderr, unprefixed) also
+  /// goes to DIR/rank_<rank>.log (created, truncated at the start of the launch,
+  /// appended to across restarts). The directory is created if missing.
+  std::string log_dir;
+  /// After a failure, stop all workers and start them all again, up to this
+  /// many times (torchrun's --max-restarts). A run that checkpoints and is
+  /// started with `--resume auto` continues from its last checkpoint. An
+  /// interruption by SIGINT/SIGTERM is never restarted.
+  int64_t max_restarts = 0;
 };
 
 /// How a launch ended.
 struct LaunchResult {
   int exit_code = 0;        // 0 when all workers succeeded
   int64_t failed_rank = -1; // first rank seen failing, -1 if none
-  std::string message;      // e.g. "rank 1 exited with status 3"
+  std::string message;      // e.g. "rank 1 exited with status 3: error: ..."
+  int64_t restarts = 0;     // how many times all workers were restarted
 };
 
 /// Runs `argv` (argv[0] is the program, looked up in PATH if it has no '/')
@@ -47,10 +66,20 @@ LaunchResult launch(const std::vector<std::string>& argv, const LaunchOptions& o
 int64_t find_free_port(const std::string& addr = "127.0.0.1");
 
 /// True when this process already runs under a launcher or scheduler
-/// (WORLD_SIZE is set in the environment).
+/// (WORLD_SIZE is set in the environment, or it is a task of a SLURM job step:
+/// SLURM_NTASKS, SLURM_PROCID and SLURM_STEP_ID set, as `srun` does).
 bool in_launched_worker();
 
 /// The absolute path of the running executable (/proc/self/exe).
 std::string self_executable();
+
+/// For the launcher that started this process (CONTRAX_ERROR_FILE; a no-op
+/// without it): records that this rank is failing, when, and whether the
+/// cause is its own (`caused_by_peer` false) or a failed collective with its
+/// peers. Only the first record of a process counts; never throws. Called by
+/// the communicator; a program may call it where it catches its own error.
+///
+///   contrax::record_worker_failure(false, e.what());
+void record_worker_failure(bool caused_by_peer, const std::string& what) noexcept;
 
 }  // namespace contrax

@@ -17,9 +17,33 @@ namespace {
 // Written first and checked first: a zip archive that opens but was not
 // written by Checkpoint::save is reported as such, not as a missing module.
 constexpr const char* kFormatKey = "contrax_checkpoint_format";
-constexpr int64_t kFormatVersion = 1;
+// Version 2 adds the floating dtype of every module ("module.<name>.dtype"),
+// so that a resume with another --dtype is refused by name before any tensor
+// is copied. Version 1 files still load: their tensors carry their dtype and
+// check_module_matches compares it.
+constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kOldestReadableVersion = 1;
 
 std::string errno_text() { return std::strerror(errno); }
+
+// "No space left on device (ENOSPC)": the symbolic name is what people search
+// for, the text is what they read.
+std::string errno_text(int err) {
+  const char* name = nullptr;
+  switch (err) {
+    case ENOSPC: name = "ENOSPC"; break;
+    case EIO: name = "EIO"; break;
+    case EROFS: name = "EROFS"; break;
+    case EDQUOT: name = "EDQUOT"; break;
+    case EFBIG: name = "EFBIG"; break;
+    case EACCES: name = "EACCES"; break;
+    case ENOENT: name = "ENOENT"; break;
+    default: break;
+  }
+  std::string text = std::strerror(err);
+  if (name != nullptr) text += std::string(" (") + name + ")";
+  return text;
+}
 
 std::string dir_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -43,50 +67,53 @@ void fsync_dir(const std::string& dir, const std::string& caller) {
   // Some file systems (e.g. certain network mounts) refuse fsync on
   // directories; the rename is still atomic there, only durability is weaker.
   TORCH_CHECK(rc == 0 || saved_errno == EINVAL || saved_errno == EROFS, caller, ": fsync of directory '", dir,
-              "' failed: ", err);
+              "' failed: ", errno_text(saved_errno));
+  (void)err;
 }
 
-// Streams bytes to `path`.tmp.<pid> through `fill`, then syncs and renames.
-void write_atomically(const std::string& path, const std::string& caller,
-                      const std::function<void(const std::function<size_t(const void*, size_t)>&)>& fill) {
+// Writes `bytes` to `path`.tmp.<pid> with checked POSIX calls, syncs and
+// renames it over `path`, then syncs the directory. Every failure (ENOSPC,
+// EIO, EROFS, EFBIG, ...) becomes one c10::Error naming the file and the
+// cause; the temporary is removed and `path` is untouched until the rename.
+// The bytes are complete before the first write: a serialiser that throws
+// from its destructor on a short write (LibTorch's archive writer aborts the
+// process that way) never sees the disk.
+void write_atomically(const std::string& path, const std::string& caller, const std::string& bytes) {
   TORCH_CHECK(!path.empty(), caller, ": argument 'path' must not be empty");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, caller, ": cannot create '", tmp, "': ", errno_text(), " (does the directory '",
-              dir_of(path), "' exist and is it writable?)");
-  std::string write_error;
-  auto writer = [&](const void* data, size_t n) -> size_t {
-    const char* p = static_cast<const char*>(data);
-    size_t done = 0;
-    while (done < n && write_error.empty()) {
-      const ssize_t w = ::write(fd, p + done, n - done);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        write_error = errno_text();
-        break;
-      }
-      done += static_cast<size_t>(w);
-    }
-    return done;
-  };
-  try {
-    fill(writer);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  if (fd < 0) {
+    const int err = errno;
+    TORCH_CHECK(false, caller, ": cannot create '", tmp, "': ", errno_text(err), " (does the directory '",
+                dir_of(path), "' exist and is it writable?); the previous '", path, "' is unchanged");
   }
-  if (write_error.empty() && ::fsync(fd) != 0) write_error = "fsync: " + errno_text();
-  if (::close(fd) != 0 && write_error.empty()) write_error = "close: " + errno_text();
+  std::string write_error;
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      write_error = errno_text(errno);
+      break;
+    }
+    if (w == 0) {  // not expected from a regular file; never spin on it
+      write_error = "write returned 0";
+      break;
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (write_error.empty() && ::fsync(fd) != 0) write_error = "fsync: " + errno_text(errno);
+  if (::close(fd) != 0 && write_error.empty()) write_error = "close: " + errno_text(errno);
   if (!write_error.empty()) {
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": writing '", tmp, "' failed: ", write_error, "; the previous '", path,
-                "' is unchanged");
+    TORCH_CHECK(false, caller, ": writing '", tmp, "' failed after ", done, " of ", bytes.size(),
+                " bytes: ", write_error, "; the previous '", path, "' is unchanged");
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = errno_text();
+    const std::string err = errno_text(errno);
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": renaming '", tmp, "' to '", path, "' failed: ", err);
+    TORCH_CHECK(false, caller, ": renaming '", tmp, "' to '", path, "' failed: ", err,
+                "; the previous '", path, "' is unchanged");
   }
   fsync_dir(dir_of(path), caller);
 }
@@ -132,6 +159,10 @@ void check_module_matches(torch::nn::Module& m, torch::serialize::InputArchive& 
     TORCH_CHECK(ar.try_read(p.key(), t), "parameter '", prefix + p.key(), "' is missing in the checkpoint");
     TORCH_CHECK(t.sizes() == p.value().sizes(), "parameter '", prefix + p.key(), "' has shape ", t.sizes(),
                 " in the checkpoint but ", p.value().sizes(), " in the model");
+    // Module::load copies with set_ semantics: a float tensor loaded into a
+    // double parameter reinterprets its storage (heap corruption, SIGSEGV).
+    TORCH_CHECK(t.scalar_type() == p.value().scalar_type(), "parameter '", prefix + p.key(), "' has dtype ",
+                t.scalar_type(), " in the checkpoint but ", p.value().scalar_type(), " in the model");
   }
   for (const auto& b : m.named_buffers(/*recurse=*/false)) {
     torch::Tensor t;
@@ -139,12 +170,29 @@ void check_module_matches(torch::nn::Module& m, torch::serialize::InputArchive& 
                 "' is missing in the checkpoint");
     TORCH_CHECK(t.sizes() == b.value().sizes(), "buffer '", prefix + b.key(), "' has shape ", t.sizes(),
                 " in the checkpoint but ", b.value().sizes(), " in the model");
+    TORCH_CHECK(t.scalar_type() == b.value().scalar_type(), "buffer '", prefix + b.key(), "' has dtype ",
+                t.scalar_type(), " in the checkpoint but ", b.value().scalar_type(), " in the model");
   }
   for (const auto& c : m.named_children()) {
     torch::serialize::InputArchive sub;
     TORCH_CHECK(ar.try_read(c.key(), sub), "submodule '", prefix + c.key(), "' is missing in the checkpoint");
     check_module_matches(*c.value(), sub, prefix + c.key() + ".");
   }
+}
+
+// The floating dtype of a module's parameters and buffers ("Float",
+// "Double", ...), "mixed" when they differ, "none" when it has none.
+std::string module_dtype(torch::nn::Module& m) {
+  std::string found;
+  auto note = [&](const torch::Tensor& t) {
+    if (!t.defined() || !t.is_floating_point()) return;
+    const std::string name = c10::toString(t.scalar_type());
+    if (found.empty()) found = name;
+    else if (found != name) found = "mixed";
+  };
+  for (const auto& p : m.parameters()) note(p);
+  for (const auto& b : m.buffers()) note(b);
+  return found.empty() ? "none" : found;
 }
 
 }  // namespace
@@ -172,6 +220,7 @@ void Checkpoint::save(const std::string& path) const {
     torch::serialize::OutputArchive sub;
     m.second->save(sub);
     ar.write("module." + m.first, sub);
+    ar.write("module." + m.first + ".dtype", c10::IValue(module_dtype(*m.second)));
   }
   for (const auto& o : optimizers_) {
     torch::serialize::OutputArchive sub;
@@ -191,9 +240,14 @@ void Checkpoint::save(const std::string& path) const {
   write_map(ar, "doubles", doubles);
   write_map(ar, "strings", strings);
   ar.write("metadata", c10::IValue(metadata));
-  write_atomically(path, "Checkpoint::save()", [&](const std::function<size_t(const void*, size_t)>& w) {
-    ar.save_to(w);
+  // Serialised to memory first: the archive writer cannot fail there, and the
+  // disk sees only the checked writes of write_atomically.
+  std::string bytes;
+  ar.save_to([&bytes](const void* data, size_t n) -> size_t {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
   });
+  write_atomically(path, "Checkpoint::save()", bytes);
 }
 
 void Checkpoint::load(const std::string& path) {
@@ -209,12 +263,21 @@ void Checkpoint::load(const std::string& path) {
   c10::IValue version;
   TORCH_CHECK(ar.try_read(kFormatKey, version) && version.isInt(), "Checkpoint::load(): '", path,
               "' is not a contrax checkpoint (no format marker)");
-  TORCH_CHECK(version.toInt() == kFormatVersion, "Checkpoint::load(): '", path, "' has format version ",
-              version.toInt(), ", this build reads version ", kFormatVersion);
+  TORCH_CHECK(version.toInt() >= kOldestReadableVersion && version.toInt() <= kFormatVersion,
+              "Checkpoint::load(): '", path, "' has format version ", version.toInt(), ", this build reads versions ",
+              kOldestReadableVersion, " to ", kFormatVersion);
   for (auto& m : modules_) {
     torch::serialize::InputArchive sub;
     TORCH_CHECK(ar.try_read("module." + m.first, sub), "Checkpoint::load(): '", path, "' holds no module '",
                 m.first, "'");
+    c10::IValue saved_dtype;
+    if (ar.try_read("module." + m.first + ".dtype", saved_dtype) && saved_dtype.isString()) {
+      const std::string want = module_dtype(*m.second);
+      TORCH_CHECK(saved_dtype.toStringRef() == want, "Checkpoint::load(): module '", m.first, "' in '", path,
+                  "' was saved in dtype ", saved_dtype.toStringRef(), " but the model is ", want,
+                  " (resume with the dtype the run was started with, e.g. --dtype ",
+                  saved_dtype.toStringRef() == "Double" ? "double" : "float", ")");
+    }
     try {
       check_module_matches(*m.second, sub, "");
       m.second->load(sub);
@@ -258,7 +321,8 @@ bool is_valid_checkpoint(const std::string& path) {
     torch::serialize::InputArchive ar;
     ar.load_from(path);
     c10::IValue version;
-    return ar.try_read(kFormatKey, version) && version.isInt() && version.toInt() == kFormatVersion;
+    return ar.try_read(kFormatKey, version) && version.isInt() && version.toInt() >= kOldestReadableVersion &&
+           version.toInt() <= kFormatVersion;
   } catch (...) {
     return false;
   }
@@ -284,10 +348,7 @@ int64_t remove_stale_temporaries(const std::string& path) {
 }
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
-  write_atomically(path, "write_file_atomically()", [&](const std::function<size_t(const void*, size_t)>& w) {
-    TORCH_CHECK(w(bytes.data(), bytes.size()) == bytes.size(), "write_file_atomically(): short write to '",
-                path, "'");
-  });
+  write_atomically(path, "write_file_atomically()", bytes);
 }
 
 }  // namespace train

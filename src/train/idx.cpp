@@ -7,6 +7,9 @@
 #include <sys/stat.h>
 
 #include <array>
+#include <cerrno>
+#include <unistd.h>
+#include <vector>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -24,6 +27,47 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// Why `path` cannot be read, in words: "does not exist" only when it does
+// not; a directory on the way without search permission is "permission
+// denied" (stat fails with EACCES, which a bare existence test calls missing).
+// Empty when the file is a readable regular file.
+std::string unreadable_reason(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    if (err == ENOENT || err == ENOTDIR) return "does not exist";
+    return std::string("cannot be accessed: ") + std::strerror(err);
+  }
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  if (::access(path.c_str(), R_OK) != 0) return std::string("cannot be read: ") + std::strerror(errno);
+  return "";
+}
+
+int64_t file_size_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int64_t>(st.st_size) : -1;
+}
+
+// Deflate cannot expand data more than about 1032:1, so a gzip file of n
+// bytes decompresses to at most this many: a header asking for more is
+// corrupt, and is refused before anything is allocated for it.
+int64_t max_payload_bytes(int64_t file_size, bool compressed) {
+  return compressed ? file_size * 1032 + 4096 : file_size;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+  int u = 0;
+  while (b >= 1000 && u < 6) {
+    b /= 1000;
+    ++u;
+  }
+  std::ostringstream o;
+  o.precision(3);
+  o << b << " " << units[u];
+  return o.str();
+}
+
 struct GzCloser {
   void operator()(gzFile_s* f) const {
     if (f != nullptr) gzclose(f);
@@ -35,7 +79,9 @@ struct GzCloser {
 class IdxFile {
  public:
   IdxFile(std::string path, const char* caller) : path_(std::move(path)), caller_(caller) {
-    TORCH_CHECK(file_exists(path_), caller_, "(): file '", path_, "' does not exist", kInstallHint);
+    const std::string why = unreadable_reason(path_);
+    TORCH_CHECK(why.empty(), caller_, "(): file '", path_, "' ", why,
+                why == "does not exist" ? kInstallHint : "");
     file_.reset(gzopen(path_.c_str(), "rb"));
     TORCH_CHECK(file_ != nullptr, caller_, "(): cannot open file '", path_, "': ", std::strerror(errno));
     gzbuffer(file_.get(), 1 << 20);
@@ -87,6 +133,29 @@ class IdxFile {
 
   const std::string& path() const { return path_; }
 
+  // Refuses a header whose payload (`bytes` of `payload`, announced as
+  // `what`) cannot be in this file, before the caller allocates for it. A
+  // plain file is simply too short (truncated, as a cut download is); a gzip
+  // file is bounded by deflate's largest expansion.
+  void check_payload_fits(int64_t bytes, const std::string& what, const char* payload, int64_t header_bytes) {
+    const bool compressed = gzdirect(file_.get()) == 0;
+    const int64_t size = file_size_of(path_);
+    if (!compressed) {
+      const int64_t have = std::max<int64_t>(0, size - header_bytes);
+      TORCH_CHECK(bytes <= have, caller_, "(): file '", path_, "' is truncated: expected ", bytes, " bytes of ",
+                  payload, ", got ", have,
+                  bytes > (int64_t{1} << 32) ? " (the header announces " + what + ", " +
+                                                   human_bytes(static_cast<double>(bytes)) + ": is it corrupt?)"
+                                             : std::string(),
+                  kInstallHint);
+      return;
+    }
+    const int64_t most = max_payload_bytes(size, true);
+    TORCH_CHECK(bytes <= most, caller_, "(): file '", path_, "' has a corrupt header: it announces ", what, " (",
+                human_bytes(static_cast<double>(bytes)), "), but a gzip file of ", size, " bytes holds at most ",
+                human_bytes(static_cast<double>(most)), kInstallHint);
+  }
+
  private:
   static std::string hex(uint32_t v) {
     std::ostringstream s;
@@ -117,6 +186,9 @@ torch::Tensor read_images(const std::string& path, int64_t limit, int64_t* heade
               "' has invalid image dimensions ", rows, "x", cols, " (expected 1..4096 each)", kInstallHint);
   *header_count = count;
   const int64_t n = items_to_read(count, limit);
+  f.check_payload_fits(n * rows * cols,
+                       std::to_string(n) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) + " pixels",
+                       "pixels", 16);
   auto images = torch::empty({n, rows, cols}, torch::kUInt8);
   f.read_payload(images.data_ptr<uint8_t>(), n * rows * cols, "pixels");
   return images;
@@ -128,12 +200,58 @@ torch::Tensor read_labels(const std::string& path, int64_t limit, int64_t* heade
   const int64_t count = f.read_u32("label count");
   *header_count = count;
   const int64_t n = items_to_read(count, limit);
+  f.check_payload_fits(n, std::to_string(n) + " labels", "labels", 8);
   auto labels = torch::empty({n}, torch::kUInt8);
   f.read_payload(labels.data_ptr<uint8_t>(), n, "labels");
   return labels.to(torch::kInt64);
 }
 
+// A missing or unreadable data file, named with the reason; a directory that
+// cannot be searched is reported as such, not as missing files.
+void check_readable(const std::string& dir, const std::string& path, const char* caller) {
+  const std::string dir_why = unreadable_reason(dir + "/.");
+  if (!dir_why.empty() && dir_why != "does not exist" && dir_why != "is not a regular file") {
+    TORCH_CHECK(false, caller, "(): data directory '", dir, "' ", dir_why);
+  }
+  const std::string why = unreadable_reason(path);
+  if (why == "does not exist") {
+    struct stat st {};
+    const bool no_dir = ::stat(dir.c_str(), &st) != 0;
+    TORCH_CHECK(false, caller, "(): file '", path, "' does not exist (nor without .gz)",
+                no_dir ? "; the directory '" + dir + "' does not exist either" : std::string(), kInstallHint);
+  }
+  TORCH_CHECK(why.empty(), caller, "(): file '", path, "' ", why);
+}
+
 }  // namespace
+
+void check_dataset_files(const std::string& dir, const std::vector<std::string>& splits) {
+  for (const auto& split : splits) {
+    const std::string images_path = idx_file_path(dir, split, "images");
+    const std::string labels_path = idx_file_path(dir, split, "labels");
+    check_readable(dir, images_path, "check_dataset_files");
+    check_readable(dir, labels_path, "check_dataset_files");
+    // Headers too: a corrupt test file must stop the run before training,
+    // not after it.
+    IdxFile fi(images_path, "check_dataset_files");
+    fi.check_magic(kIdxImagesMagic, "image");
+    const int64_t count = fi.read_u32("image count");
+    const int64_t rows = fi.read_u32("row count");
+    const int64_t cols = fi.read_u32("column count");
+    TORCH_CHECK(rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096, "check_dataset_files(): file '", images_path,
+                "' has invalid image dimensions ", rows, "x", cols, " (expected 1..4096 each)", kInstallHint);
+    fi.check_payload_fits(count * rows * cols,
+                          std::to_string(count) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) +
+                              " pixels",
+                          "pixels", 16);
+    IdxFile fl(labels_path, "check_dataset_files");
+    fl.check_magic(kIdxLabelsMagic, "label");
+    const int64_t labels = fl.read_u32("label count");
+    fl.check_payload_fits(labels, std::to_string(labels) + " labels", "labels", 8);
+    TORCH_CHECK(count == labels, "check_dataset_files(): '", images_path, "' holds ", count, " images but '",
+                labels_path, "' holds ", labels, " labels", kInstallHint);
+  }
+}
 
 torch::Tensor load_idx_images(const std::string& path, int64_t limit) {
   int64_t count = 0;
@@ -172,10 +290,8 @@ Dataset load_dataset(const std::string& dir, const std::string& split, int64_t l
   const std::string images_path = idx_file_path(dir, split, "images");
   const std::string labels_path = idx_file_path(dir, split, "labels");
   // Check both names up front so a missing directory gives one clear message.
-  TORCH_CHECK(file_exists(images_path), "load_dataset(): file '", images_path,
-              "' does not exist (nor without .gz)", kInstallHint);
-  TORCH_CHECK(file_exists(labels_path), "load_dataset(): file '", labels_path,
-              "' does not exist (nor without .gz)", kInstallHint);
+  check_readable(dir, images_path, "load_dataset");
+  check_readable(dir, labels_path, "load_dataset");
   int64_t image_count = 0, label_count = 0;
   auto images = read_images(images_path, limit, &image_count);
   auto labels = read_labels(labels_path, limit, &label_count);

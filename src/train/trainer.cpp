@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "contrax/data_parallel.h"
+#include "contrax/failure.h"
 #include "contrax/grad_cache.h"
 #include "contrax/losses.h"
 #include "contrax/train/augment.h"
@@ -28,6 +29,10 @@ namespace train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The DataParallel reducer waits on its gradient all-reduce inside backward,
+// outside the Communicator's own calls: named so its failures are not raw Gloo.
+constexpr const char* kReducerOp = "gradient all_reduce (DataParallel, in backward)";
 
 void make_dirs(const std::string& dir) {
   if (dir.empty()) return;
@@ -143,6 +148,15 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
                 ", seed ", saved.ints["seed"], ", ", saved.ints["dataset_size"], " examples, ",
                 saved.ints["total_steps"], " steps; this run has ", o.batch_size(), ", ", o.seed(), ", ",
                 data.size(), ", ", total, " (resume with the same flags)");
+    // Older checkpoints carry no dtype string; Checkpoint::load still refuses
+    // a dtype change by comparing the tensors themselves.
+    const std::string want_dtype = o.dtype() == torch::kDouble ? "double" : "float";
+    TORCH_CHECK(saved.strings.count("dtype") == 0 || saved.strings["dtype"] == want_dtype, "checkpoint ",
+                ckpt_file, " was written with --dtype ", saved.strings["dtype"], "; this run has --dtype ",
+                want_dtype, " (resume with the same flags)");
+    TORCH_CHECK(saved.ints.count("world_size") == 0 || saved.ints["world_size"] == world, "checkpoint ", ckpt_file,
+                " was written by a run of ", saved.ints["world_size"], " processes; this run has ", world,
+                " (resume with the same number of processes)");
     ckpt.load(ckpt_file);
     start = ckpt.ints["step"];
   }
@@ -157,7 +171,7 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
                  {"dataset_size", data.size()},
                  {"total_steps", total},
                  {"world_size", world}};
-    ckpt.strings = {{"recipe", o.recipe()}};
+    ckpt.strings = {{"recipe", o.recipe()}, {"dtype", o.dtype() == torch::kDouble ? "double" : "float"}};
     ckpt.doubles = {{"lr", o.lr()}, {"temperature", o.temperature()}};
     std::ostringstream meta;
     meta << "{\"recipe\":\"" << o.recipe() << "\",\"step\":" << step << ",\"total_steps\":" << total << "}";
@@ -194,6 +208,9 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   if (rank == 0 && !o.run_dir().empty()) {
     make_dirs(o.run_dir());
     const std::string mpath = o.run_dir() + "/metrics.jsonl";
+    // Partial files of writers killed mid-write (a full disk, SIGKILL).
+    remove_stale_temporaries(ckpt_file);
+    remove_stale_temporaries(mpath);
     if (o.resume()) {
       truncate_metrics(mpath, start);
       metrics.open(mpath, std::ios::app);
@@ -243,20 +260,22 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
       if (gc) {
         gc->cache(size_t{0}, v1);
         gc->cache(size_t{1}, v2);
-        loss = gc->finish([&](const std::vector<torch::Tensor>& r) { return moco_v3_loss(r[0], r[1], k1, k2, lopts); });
+        with_collective_context(*comm, kReducerOp, [&] {
+          loss = gc->finish([&](const std::vector<torch::Tensor>& r) { return moco_v3_loss(r[0], r[1], k1, k2, lopts); });
+        });
       } else {
         auto q = dp->forward([&] { return mocom->query(torch::cat({v1, v2})); });
         loss = moco_v3_loss(q.narrow(0, 0, b), q.narrow(0, b, b), k1, k2, lopts);
-        loss.backward();
+        with_collective_context(*comm, kReducerOp, [&] { loss.backward(); });
       }
     } else {
       if (gc) {
-        loss = gc->step({v1, v2});
+        with_collective_context(*comm, kReducerOp, [&] { loss = gc->step({v1, v2}); });
       } else {
         auto z = dp->forward([&] { return simclr->forward(torch::cat({v1, v2})); });
         loss = nt_xent_loss(z.narrow(0, 0, b), z.narrow(0, b, b),
                             NTXentLossOptions().temperature(o.temperature()).comm(comm));
-        loss.backward();
+        with_collective_context(*comm, kReducerOp, [&] { loss.backward(); });
       }
     }
     optimizer.step();

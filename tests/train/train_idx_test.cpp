@@ -5,9 +5,11 @@
 #include <zlib.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -227,4 +229,130 @@ TEST(IdxReader, RealFashionMnistTestSplit) {
   EXPECT_EQ(test.labels.max().item<int64_t>(), 9);
   // Fashion-MNIST's test split is balanced: 1000 per class.
   EXPECT_TRUE(torch::equal(torch::bincount(test.labels), torch::full({10}, 1000, torch::kInt64)));
+}
+
+// ---- issue 14 item 12: absurd headers, files checked up front, permissions ----
+
+namespace {
+
+// Only the 16-byte header of an image file claiming n images of rows x cols.
+std::string header_only(uint32_t n, uint32_t rows, uint32_t cols) {
+  std::string s;
+  put_u32(s, 0x803);
+  put_u32(s, n);
+  put_u32(s, rows);
+  put_u32(s, cols);
+  s += std::string(100, '\0');
+  return s;
+}
+
+// Runs `fn` in a child process as user nobody (root reads everything, so a
+// permission test must drop privileges); returns the error message it got.
+std::string error_as_nobody(const std::function<void()>& fn) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    std::string msg = "no error";
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) {
+      msg = "cannot drop privileges";
+    } else {
+      msg = error_of(fn);
+    }
+    ssize_t ignored = ::write(pipefd[1], msg.data(), msg.size());
+    (void)ignored;
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(pipefd[0]);
+  ::waitpid(pid, nullptr, 0);
+  return out;
+}
+
+}  // namespace
+
+TEST(IdxReader, AbsurdHeaderIsRefusedNamingTheFileBeforeAllocating) {
+  // Before: count 2^31 of 4096x4096 asked the allocator for 36 PB and failed
+  // with a raw allocator error that named no file.
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_plain(dir + "/big-idx3-ubyte", header_only(0x80000000u, 4096, 4096));
+  write_gz(dir + "/big-idx3-ubyte.gz", header_only(0x80000000u, 4096, 4096));
+  auto msg = error_of([&] { ct::load_idx_images(dir + "/big-idx3-ubyte"); });
+  EXPECT_NE(msg.find("load_idx_images(): file '" + dir + "/big-idx3-ubyte' is truncated: expected 36028797018963968 "
+                     "bytes of pixels, got 100 (the header announces 2147483648 images of 4096x4096 pixels, 36 PB: is "
+                     "it corrupt?)"),
+            std::string::npos)
+      << msg;
+  msg = error_of([&] { ct::load_idx_images(dir + "/big-idx3-ubyte.gz"); });
+  EXPECT_NE(msg.find("file '" + dir + "/big-idx3-ubyte.gz' has a corrupt header: it announces 2147483648 images"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("but a gzip file of "), std::string::npos) << msg;
+  // Labels: 2^32-1 labels in a file of a few bytes.
+  std::string labels;
+  put_u32(labels, 0x801);
+  put_u32(labels, 0xffffffffu);
+  write_plain(dir + "/l-idx1-ubyte", labels + "abc");
+  msg = error_of([&] { ct::load_idx_labels(dir + "/l-idx1-ubyte"); });
+  EXPECT_NE(msg.find("load_idx_labels(): file '" + dir + "/l-idx1-ubyte' is truncated: expected 4294967295 bytes of "
+                     "labels, got 3"),
+            std::string::npos)
+      << msg;
+  // A limit keeps what is read within the file: the header is then fine.
+  write_plain(dir + "/ok-idx3-ubyte", image_bytes(3));
+  EXPECT_EQ(ct::load_idx_images(dir + "/ok-idx3-ubyte", 2).size(0), 2);
+}
+
+TEST(IdxReader, CheckDatasetFilesFindsAMissingOrDamagedTestSplitUpFront) {
+  TempDir tmp;
+  const auto& dir = tmp.path;
+  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(4));
+  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(4));
+  ct::check_dataset_files(dir, {"train"});
+  auto msg = error_of([&] { ct::check_dataset_files(dir, {"train", "test"}); });
+  EXPECT_NE(msg.find("check_dataset_files(): file '" + dir + "/t10k-images-idx3-ubyte.gz' does not exist (nor without "
+                     ".gz)"),
+            std::string::npos)
+      << msg;
+  write_gz(dir + "/t10k-images-idx3-ubyte.gz", image_bytes(3));
+  write_gz(dir + "/t10k-labels-idx1-ubyte.gz", label_bytes(2));
+  msg = error_of([&] { ct::check_dataset_files(dir, {"train", "test"}); });
+  EXPECT_NE(msg.find("holds 3 images but '" + dir + "/t10k-labels-idx1-ubyte.gz' holds 2 labels"), std::string::npos)
+      << msg;
+  write_plain(dir + "/t10k-labels-idx1-ubyte.gz", "not gzip, not idx");
+  msg = error_of([&] { ct::check_dataset_files(dir, {"test"}); });
+  EXPECT_NE(msg.find("file '" + dir + "/t10k-labels-idx1-ubyte.gz' is not an IDX label file"), std::string::npos) << msg;
+}
+
+TEST(IdxReader, UnreadableDirectoryIsPermissionDeniedNotMissing) {
+  // Before: stat() failing with EACCES was reported as "does not exist".
+  TempDir tmp;
+  const std::string dir = tmp.path + "/data";
+  std::filesystem::create_directory(dir);
+  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(2));
+  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(2));
+  ::chmod(tmp.path.c_str(), 0755);
+  ::chmod(dir.c_str(), 0700);  // owned by root: nobody may not search it
+  std::string msg = error_as_nobody([&] { ct::load_dataset(dir, "train"); });
+  if (msg == "cannot drop privileges") GTEST_SKIP() << "not root: cannot test as another user";
+  EXPECT_NE(msg.find("load_dataset(): data directory '" + dir + "' cannot be accessed: Permission denied"),
+            std::string::npos)
+      << msg;
+  msg = error_as_nobody([&] { ct::load_idx_images(dir + "/train-images-idx3-ubyte.gz"); });
+  EXPECT_NE(msg.find("file '" + dir + "/train-images-idx3-ubyte.gz' cannot be accessed: Permission denied"),
+            std::string::npos)
+      << msg;
+  // An unreadable file in a searchable directory.
+  ::chmod(dir.c_str(), 0755);
+  ::chmod((dir + "/train-images-idx3-ubyte.gz").c_str(), 0600);
+  msg = error_as_nobody([&] { ct::check_dataset_files(dir, {"train"}); });
+  EXPECT_NE(msg.find("file '" + dir + "/train-images-idx3-ubyte.gz' cannot be read: Permission denied"),
+            std::string::npos)
+      << msg;
 }

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace contrax {
 namespace train {
@@ -66,6 +67,17 @@ std::string idx_file_path(const std::string& dir, const std::string& split, cons
 ///   auto test = contrax::train::load_dataset("/tmp/mnist", "test", 1000);
 Dataset load_dataset(const std::string& dir = kDefaultDataDir, const std::string& split = "train",
                      int64_t limit = -1);
+
+/// Checks, without loading them, that the IDX files of every split in
+/// `splits` exist, can be read, have plausible headers (magic, dimensions, a
+/// payload the file can hold) and agree in count. Call it before training so
+/// that a missing or damaged test split is found before the run, not after.
+/// Throws naming the file (or the directory, when it cannot be searched)
+/// and the reason.
+///
+///   contrax::train::check_dataset_files(data_dir, {"train", "test"});
+void check_dataset_files(const std::string& dir = kDefaultDataDir,
+                         const std::vector<std::string>& splits = {"train", "test"});
 
 }  // namespace train
 }  // namespace contrax
