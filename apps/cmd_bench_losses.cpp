@@ -4,11 +4,17 @@
 //       tensor, [B x B] logits, loss scaled by W (seed 003, GradCache helper);
 //   (b) "allreduce": [local x global] logits, gather whose backward all-reduces
 //       the full [B x d] gradient and slices (seed 000);
-//   (c) "contrax": contrax::clip_loss ([local x global], reduce-scatter backward).
+//   (c) "contrax": contrax::clip_loss (the engine: one row block per rank).
+//   (f) "floor": only the GEMMs of the old algorithm with the same shapes (six
+//       [b x B x d] for symmetric CLIP: two forward, four backward; twelve for
+//       NT-Xent with both views gathered with gradient), the time any
+//       implementation of it needs at least.
+// With `--loss nt_xent` the modes are contrax (nt_xent_loss) and floor.
 // Reports median time, bytes this rank sent in backward, and peak tensor memory
-// per rank, as ratios to (a), plus the agreement of the feature gradients.
+// per rank, as ratios to the first mode, plus the agreement of the feature
+// gradients.
 //
-//   contrax bench-losses --nproc 2,4 --batch 1024,4096 --width 256
+//   contrax bench-losses --nproc 2,4 --batch 1024,4096 --width 256 --modes floor,allreduce,contrax
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -83,9 +89,23 @@ torch::Tensor loss_allreduce(const torch::Tensor& a, const torch::Tensor& b, con
   return total * (static_cast<double>(W) / static_cast<double>(W * n));
 }
 
-torch::Tensor loss_contrax(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& ls,
-                           const CommunicatorPtr& comm) {
-  return contrax::clip_loss(a, b, ls, c10::nullopt, contrax::ClipLossOptions().comm(comm));
+
+// The old algorithm's GEMMs and nothing else: symmetric CLIP computed
+// a b_all^T and b a_all^T ([b x B], forward) and two GEMMs per product in
+// backward; NT-Xent four [b x B] products (two per view) and eight backward.
+torch::Tensor loss_floor(const torch::Tensor& a, const torch::Tensor& b, const CommunicatorPtr& comm,
+                         int64_t products) {
+  torch::NoGradGuard no_grad;
+  const int64_t W = comm->world_size();
+  auto all = comm->all_gather_rows(b, std::vector<int64_t>(W, b.size(0)), "all_gather");  // [B, d]
+  torch::Tensor acc = torch::zeros({}, a.options());
+  for (int64_t p = 0; p < products; ++p) {
+    auto logits = torch::mm(a, all.t());         // forward [b, B]
+    auto dq = torch::mm(logits, all);            // backward: dq
+    auto dk = torch::mm(logits.t(), a);          // backward: dk
+    acc += dq[0][0] + dk[0][0];
+  }
+  return acc;
 }
 
 struct Measure {
@@ -96,7 +116,9 @@ struct Measure {
 };
 
 int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t iters, const std::string& modes_s,
-           const std::string& out_path) {
+           const std::string& out_path, const std::string& loss_name) {
+  const bool nt = loss_name == "nt_xent";
+  TORCH_CHECK(nt || loss_name == "clip", "flag '--loss' takes clip or nt_xent; got '", loss_name, "'");
   contrax::MemoryTracker::install();
   const int64_t W = comm->world_size();
   std::vector<std::string> modes;
@@ -104,8 +126,9 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
     std::stringstream ss(modes_s);
     std::string m;
     while (std::getline(ss, m, ',')) {
-      TORCH_CHECK(m == "global" || m == "allreduce" || m == "contrax",
-                  "flag '--modes' takes global, allreduce, contrax; got '", m, "'");
+      TORCH_CHECK(m == "floor" || m == "contrax" || (!nt && (m == "global" || m == "allreduce")),
+                  "flag '--modes' takes ", nt ? "floor, contrax" : "global, allreduce, contrax, floor", "; got '", m,
+                  "'");
       modes.push_back(m);
     }
   }
@@ -121,19 +144,22 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
       comm->reset_stats();
       contrax::PeakScope peak;
       auto t0 = std::chrono::steady_clock::now();
-      torch::Tensor loss = m == "global" ? loss_global(a, b, ls, comm)
+      torch::Tensor loss = m == "global"      ? loss_global(a, b, ls, comm)
                            : m == "allreduce" ? loss_allreduce(a, b, ls, comm)
-                                              : loss_contrax(a, b, ls, comm);
+                           : m == "floor"     ? loss_floor(a, b, comm, nt ? 4 : 2)
+                           : nt ? contrax::nt_xent_loss(a, b, contrax::NTXentLossOptions().comm(comm).tile_size(-1))
+                                : contrax::clip_loss(a, b, ls, c10::nullopt,
+                                                     contrax::ClipLossOptions().comm(comm).tile_size(-1));
       const int64_t fwd = comm->stats().total_bytes_sent();
-      loss.backward();
+      if (loss.requires_grad()) loss.backward();
       auto t1 = std::chrono::steady_clock::now();
       auto& r = res[m];
       if (it >= 0) r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       r.fwd_bytes = fwd;
       r.bwd_bytes = comm->stats().total_bytes_sent() - fwd;
       r.peak = std::max(r.peak, peak.peak_above_start());
-      r.grad_a = a.grad();
-      r.scale_grad = ls.grad().item<double>();
+      r.grad_a = a.grad().defined() ? a.grad() : torch::zeros_like(a);
+      r.scale_grad = ls.grad().defined() ? ls.grad().item<double>() : 0.0;
     }
   }
   // Feature gradients must agree across modes (they are the same gradient).
@@ -177,13 +203,16 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
     for (size_t i = 0; i < modes.size(); ++i) {
       const auto& r = res[modes[i]];
       std::ostringstream row;
-      row << "| " << W << " | " << batch << " | " << (modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce" : "(c) contrax")
+      const std::string label = modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce"
+                              : modes[i] == "floor" ? "(f) old GEMM floor" : "(c) contrax";
+      row << "| " << loss_name << " | " << W << " | " << batch << " | " << label
           << " | " << std::fixed << std::setprecision(1) << tmax[i].item<double>() << " | " << std::setprecision(2)
           << tmax[i].item<double>() / base_ms << " | " << mib(r.fwd_bytes) << " | " << mib(r.bwd_bytes) << " | "
           << (ar_bwd > 0 ? [&] { std::ostringstream o; o << std::fixed << std::setprecision(2) << static_cast<double>(r.bwd_bytes) / ar_bwd; return o.str(); }() : std::string("-"))
           << " | " << mib(r.peak) << " | " << std::setprecision(3) << static_cast<double>(r.peak) / base.peak << " | "
           << std::scientific << std::setprecision(1) << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
-          << sgt[i].item<double>() / sgt[modes.size() - 1].item<double>() << " |\n";
+          << (sgt[modes.size() - 1].item<double>() != 0 ? sgt[i].item<double>() / sgt[modes.size() - 1].item<double>() : 0.0)
+          << " |\n";
       out << row.str();
     }
   }
@@ -199,6 +228,7 @@ int run_bench(const std::vector<std::string>& args) {
   const int64_t threads = a.get_int("threads", 0, "intra-op threads per rank (0: cores / W, at least 1)");
   const std::string modes = a.get("modes", "global,allreduce,contrax", "which of global, allreduce, contrax");
   const std::string out = a.get("out", "", "append the table rows to this file (default: stdout)");
+  const std::string loss_name = a.get("loss", "clip", "clip (symmetric) or nt_xent");
   if (a.finish()) return 0;
   TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
   TORCH_CHECK(iters > 0, "flag '--iters' must be positive, but got ", iters);
@@ -210,16 +240,16 @@ int run_bench(const std::vector<std::string>& args) {
     at::set_num_threads(static_cast<int>(nt));
     // One communicator for the whole run: the rendezvous store lives as long as the process.
     auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::minutes(10)));
-    for (int64_t b : batches) worker(comm, b, width, iters, modes, out);
+    for (int64_t b : batches) worker(comm, b, width, iters, modes, out, loss_name);
     return 0;
   }
   std::string path = out.empty() ? "/tmp/contrax_bench_losses_" + std::to_string(::getpid()) + ".md" : out;
   std::cout << "BLAS: " << contrax::cli::blas_library() << "; cores: " << std::thread::hardware_concurrency() << "; fp32, width "
             << width << ", median of " << iters << " iterations (slowest rank)\n\n";
-  std::cout << "| W | batch/rank | mode | fwd+bwd ms | time vs (a) | fwd MiB sent/rank | bwd MiB sent/rank "
-               "| bwd bytes vs (b) | peak MiB/rank | peak vs (a) | feature grad rel diff vs (c) "
-               "| logit-scale grad (rank mean) vs (c) |\n";
-  std::cout << "|---|---|---|---|---|---|---|---|---|---|---|---|\n" << std::flush;
+  std::cout << "| loss | W | batch/rank | mode | fwd+bwd ms | time vs first | fwd MiB sent/rank | bwd MiB sent/rank "
+               "| bwd bytes vs (b) | peak MiB/rank | peak vs first | feature grad rel diff vs last "
+               "| logit-scale grad (rank mean) vs last |\n";
+  std::cout << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n" << std::flush;
   int rc = 0;
   for (int64_t W : nprocs) {
     std::ofstream(path, std::ios::trunc).close();

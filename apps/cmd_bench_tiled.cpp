@@ -3,10 +3,11 @@
 // reduce-scatter. Prints markdown tables for docs/benchmarks.md.
 //
 // Single process (default): for each batch B, one-direction InfoNCE
-// (clip_loss with symmetric=false) on [B, width] fp32 features: peak bytes
+// (clip_loss with symmetric=false; `--symmetric`: symmetric CLIP) on [B, width] fp32 features: peak bytes
 // allocated during forward + backward (counting allocator) and wall time, both
 // as ratios to the materialised path, and time as a multiple of the GEMM floor
-// (the three [B x B] products of the materialised loss timed alone; extrapolated
+// (the old algorithm's [B x B] products timed alone: three, six with
+// --symmetric; extrapolated
 // from the measured GFLOP/s where a [B x B] buffer does not fit).
 //
 //   contrax bench-tiled --threads 2 --batches 4096,16384,32768,131072
@@ -82,9 +83,9 @@ std::vector<Run> measure_alternating(const std::vector<std::function<Run()>>& ru
 }
 
 int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile, int64_t max_materialised,
-               int64_t iters) {
+               int64_t iters, bool symmetric) {
   std::printf("| B | materialised time | materialised peak | tiled time | tiled peak | time ratio | memory ratio | "
-              "GEMM floor | tiled / floor |\n|---|---|---|---|---|---|---|---|---|\n");
+              "old GEMM floor | materialised / floor | tiled / floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   double gflops = 0;  // measured rate of the three GEMMs, for extrapolation
   {
     // Warm-up: thread pools, BLAS buffers and the allocator's first pages.
@@ -98,8 +99,12 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     auto a = (torch::randn({B, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [B, d]
     auto b = (torch::randn({B, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [B, d]
     auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
-    auto opts = contrax::ClipLossOptions().symmetric(false);
-    const double flops = 3.0 * 2.0 * static_cast<double>(B) * static_cast<double>(B) * static_cast<double>(width);
+    auto opts = contrax::ClipLossOptions().symmetric(symmetric);
+    // The floor is the old algorithm's: three GEMMs per direction (six for
+    // symmetric CLIP, which used to compute both directions' products).
+    const int64_t directions = symmetric ? 2 : 1;
+    const double flops =
+        directions * 3.0 * 2.0 * static_cast<double>(B) * static_cast<double>(B) * static_cast<double>(width);
 
     // The materialised loss peaks at three [B x B] fp32 buffers (logits,
     // log-probabilities, their gradient: 3088 MiB measured at B = 16384); 10% slack.
@@ -108,20 +113,18 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     Run mat;
     double floor_s = 0;
     bool floor_measured = false;
-    if (fits) {
-      {
-        torch::NoGradGuard no_grad;
-        auto t0 = Clock::now();
-        auto logits = torch::mm(a, b.t());  // [B, B]
-        auto ga = torch::mm(logits, b);      // [B, d]
-        auto gb = torch::mm(logits.t(), a);  // [B, d]
-        floor_s = seconds_since(t0);
-        floor_measured = true;
-        gflops = flops / floor_s / 1e9;
+    // The floor: the old algorithm's GEMMs alone, alternated with the contenders.
+    auto floor_run = [&]() -> Run {
+      torch::NoGradGuard no_grad;
+      contrax::PeakScope scope;
+      auto t0 = Clock::now();
+      for (int64_t dir = 0; dir < directions; ++dir) {
+        auto logits = torch::mm(dir == 0 ? a : b, (dir == 0 ? b : a).t());  // [B, B]
+        auto ga = torch::mm(logits, b);                                     // [B, d]
+        auto gb = torch::mm(logits.t(), a);                                 // [B, d]
       }
-    } else if (gflops > 0) {
-      floor_s = flops / (gflops * 1e9);
-    }
+      return {seconds_since(t0), scope.peak_above_start()};
+    };
     auto run_of = [&](std::function<torch::Tensor()> loss) {
       return [&a, &b, loss] {
         Run r = measure(loss);
@@ -137,19 +140,28 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     // above max_logits_bytes, and the baseline would measure the contender.
     auto materialised = contrax::ClipLossOptions(opts).tile_size(-1);
     if (fits) contenders.push_back(run_of([&] { return contrax::clip_loss(a, b, ls, {}, materialised); }));
+    if (fits) contenders.push_back(floor_run);
     auto runs = measure_alternating(contenders, iters);
     Run tiled = runs[0];
-    if (fits) mat = runs[1];
+    if (fits) {
+      mat = runs[1];
+      floor_s = runs[2].seconds;
+      floor_measured = true;
+      gflops = flops / floor_s / 1e9;
+    } else if (gflops > 0) {
+      floor_s = flops / (gflops * 1e9);
+    }
 
     auto cell = [](bool ok, const std::string& s) { return ok ? s : std::string("—"); };
     char buf[512];
-    std::snprintf(buf, sizeof buf, "| %lld | %s | %s | %.2f s | %s | %s | %s | %s | %s |\n", static_cast<long long>(B),
+    std::snprintf(buf, sizeof buf, "| %lld | %s | %s | %.2f s | %s | %s | %s | %s | %s | %s |\n", static_cast<long long>(B),
                   cell(fits, c10::str(std::round(mat.seconds * 100) / 100, " s")).c_str(),
                   cell(fits, mib(mat.peak)).c_str(), tiled.seconds, mib(tiled.peak).c_str(),
                   cell(fits, c10::str(std::round(tiled.seconds / mat.seconds * 100) / 100, "x")).c_str(),
                   cell(fits, c10::str("1/", std::round(static_cast<double>(mat.peak) / tiled.peak))).c_str(),
                   cell(floor_s > 0, c10::str(std::round(floor_s * 100) / 100, " s", floor_measured ? "" : " (extrap.)"))
                       .c_str(),
+                  cell(fits && floor_s > 0, c10::str(std::round(mat.seconds / floor_s * 100) / 100, "x")).c_str(),
                   cell(floor_s > 0, c10::str(std::round(tiled.seconds / floor_s * 100) / 100, "x")).c_str());
     std::cout << buf << std::flush;
   }
@@ -209,6 +221,7 @@ int run_bench_tiled(const std::vector<std::string>& args) {
   const int64_t max_mat = a.get_int("max-materialised", 32768, "largest B to run the materialised loss at");
   const int64_t iters = a.get_int("iters", 1, "timed runs per path and batch, alternated; the median is reported");
   const bool ring = a.flag("ring", "distributed: ring against gather + reduce-scatter (run under contrax launch)");
+  const bool symmetric = a.flag("symmetric", "single process: symmetric CLIP (floor: the old six GEMMs)");
   if (a.finish()) return 0;
   TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
   TORCH_CHECK(tile >= 0, "flag '--tile' must be >= 0, but got ", tile);
@@ -221,7 +234,7 @@ int run_bench_tiled(const std::vector<std::string>& args) {
   std::printf("bench-tiled: width %lld, fp32, tile %s, threads %d, BLAS %s, median of %lld\n\n",
               static_cast<long long>(width), tile > 0 ? std::to_string(tile).c_str() : "auto", at::get_num_threads(),
               contrax::cli::blas_library().c_str(), static_cast<long long>(iters));
-  return ring ? run_ring(width, list, tile) : run_single(width, list, tile, max_mat, iters);
+  return ring ? run_ring(width, list, tile) : run_single(width, list, tile, max_mat, iters, symmetric);
 }
 
 contrax::cli::Command bench_tiled_cmd("bench-tiled",

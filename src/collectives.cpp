@@ -150,6 +150,89 @@ torch::Tensor gather_rows_with_grad(const torch::Tensor& local, const Communicat
   if (!comm || comm->world_size() == 1) return local;
   return GatherRowsFunction::apply(local, comm, counts);
 }
+void ring_for_each_block(const CommunicatorPtr& comm, const std::vector<int64_t>& counts,
+                         const torch::Tensor& local,
+                         const std::function<void(int64_t, const torch::Tensor&)>& visit,
+                         const std::string& stat_name) {
+  const int64_t W = comm ? comm->world_size() : 1;
+  if (W == 1) {
+    visit(comm ? comm->rank() : 0, local);
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == W);
+  const int64_t r = comm->rank();
+  torch::Tensor cur = local;
+  for (int64_t t = 0; t < W; ++t) {
+    const int64_t owner = (r - t + W) % W;
+    Communicator::Pending pending;
+    if (t < W - 1) {
+      auto shape = cur.sizes().vec();
+      shape[0] = counts[(r - t - 1 + W) % W];
+      pending = comm->ring_exchange_async(cur, shape, 1, stat_name);
+    }
+    visit(owner, cur);
+    if (pending.valid()) cur = pending.wait();
+  }
+}
+
+torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::vector<int64_t>& counts,
+                                       const torch::Tensor& local,
+                                       const std::function<torch::Tensor(int64_t, const torch::Tensor&)>& visit,
+                                       const std::string& stat_name) {
+  const int64_t W = comm ? comm->world_size() : 1;
+  if (W == 1) return visit(comm ? comm->rank() : 0, local);
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == W);
+  const int64_t r = comm->rank();
+  auto count = [&](int64_t s) { return counts[((s % W) + W) % W]; };
+  // Schedule (identical on every rank, so the exchanges match): at step t rank r
+  // holds the key block of owner r - t. The partial gradient of block o starts
+  // at rank o + 1, picks up each holder's contribution and, after the visit at
+  // rank o - 1, makes one last hop home. Step t therefore sends the block in
+  // hand (t <= W-2, needed by rank+1 at step t+1) and the finished partial of
+  // the previous step's block (t >= 2); step W sends only that partial.
+  torch::Tensor cur = local, own, partial;
+  for (int64_t t = 0; t <= W; ++t) {
+    const bool send_block = t <= W - 2;
+    const bool send_partial = t >= 2;
+    Communicator::Pending pending;
+    int64_t recv_block_rows = 0, recv_partial_rows = 0;
+    if (send_block || send_partial) {
+      std::vector<torch::Tensor> parts;
+      if (send_block) parts.push_back(cur);
+      if (send_partial) parts.push_back(partial);
+      auto message = parts.size() == 1 ? parts[0] : torch::cat(parts, 0);
+      // What rank r-1 sends: its block in hand (owner r-1-t) and its partial
+      // for owner r-1-(t-1) = r-t, which is the block this rank visits now.
+      recv_block_rows = send_block ? count(r - t - 1) : 0;
+      recv_partial_rows = send_partial ? count(r - t) : 0;
+      auto shape = local.sizes().vec();
+      shape[0] = recv_block_rows + recv_partial_rows;
+      pending = comm->ring_exchange_async(message, shape, 1, stat_name);
+    }
+    torch::Tensor contribution;
+    if (t < W) {
+      contribution = visit((r - t + W) % W, cur);
+      TORCH_INTERNAL_ASSERT(contribution.sizes() == cur.sizes(), "ring visit returned a gradient of the wrong shape");
+    }
+    torch::Tensor received, partial_in;
+    if (pending.valid()) {
+      received = pending.wait();
+      partial_in = received.narrow(0, recv_block_rows, recv_partial_rows);
+    }
+    if (t == 0) {
+      own = contribution;
+    } else if (t == 1) {
+      partial = contribution;
+    } else if (t < W) {
+      partial = contribution + partial_in;
+    } else {
+      own = own + partial_in;
+    }
+    if (send_block) cur = received.narrow(0, 0, recv_block_rows);
+  }
+  return own;
+}
+
 }  // namespace detail
 
 Gathered gather_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller) {

@@ -1,11 +1,13 @@
-// Materialised `[local x global]` contrastive losses: CLIP/InfoNCE, NT-Xent,
-// MoCo v3, and the momentum-encoder helpers.
+// Front ends of the contrastive losses (CLIP/InfoNCE, NT-Xent, MoCo v3) and the
+// momentum-encoder helpers.
 //
 // Each loss validates its arguments locally, shares the verdict with every
 // rank while exchanging row counts (so one rank's bad input is an error on all
-// ranks, not a hang), gathers what it needs in one collective, and returns
-// L_r = (W/B) * sum_{i in r} l_i so that data-parallel gradient averaging gives
-// the exact global-batch gradient.
+// ranks, not a hang), chooses the memory path from those counts (so every rank
+// chooses the same), gathers what it needs in one collective and hands over to
+// the engine (contrax/detail/engine.h), which returns L_r = (W/B) * sum_{i in r}
+// l_i so that data-parallel gradient averaging gives the exact global-batch
+// gradient. fp16/bf16 features are computed in fp32 (the loss comes back fp32).
 #include "contrax/losses.h"
 
 #include <cmath>
@@ -13,26 +15,17 @@
 
 #include "contrax/collectives.h"
 #include "contrax/detail/check.h"
+#include "contrax/detail/engine.h"
 #include "contrax/tiled.h"
 
 namespace contrax {
-
-namespace F = torch::nn::functional;
 
 namespace {
 
 int64_t world_of(const CommunicatorPtr& comm) { return comm ? comm->world_size() : 1; }
 
 torch::Tensor maybe_normalize(const torch::Tensor& x, bool normalize) {
-  return normalize ? F::normalize(x, F::NormalizeFuncOptions().dim(1)) : x;
-}
-
-// Sum over local rows of -log softmax(logits_i)[off + i]: cross-entropy with the
-// positive of local row i at global column off + i.
-torch::Tensor ce_sum(const torch::Tensor& logits /* [b, B] */, int64_t offset) {
-  auto labels = torch::arange(offset, offset + logits.size(0),
-                              torch::TensorOptions().dtype(torch::kLong).device(logits.device()));
-  return F::cross_entropy(logits, labels, F::CrossEntropyFuncOptions().reduction(torch::kSum));
+  return normalize ? detail::safe_normalize(x) : x;
 }
 
 // Gathers `local` (with or without gradient) and checks that every rank agrees
@@ -103,137 +96,170 @@ std::string check_path_options(const Options& o, const char* caller) {
 
 // ---------------------------------------------------------------------------
 
-torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-                        const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options) {
-  const char* caller = "clip_loss";
+namespace {
+
+// Path-option checks of the forced tiled entry points (tiled_*_loss).
+void check_tiled(detail::ArgChecker& check, const TiledOptions& tiled) {
+  check.require(tiled.tile_size() >= 0, "argument 'tile_size' must be >= 0 (0 = automatic), but got ",
+                tiled.tile_size());
+  check.require(tiled.tile_bytes() > 0, "argument 'tile_bytes' must be positive, but got ", tiled.tile_bytes());
+}
+
+// Each loss has one implementation; `forced` is the tiled entry point's
+// TiledOptions (tiled path, whatever the size), null for the automatic front end.
+template <typename Options>
+std::string path_error(const detail::ArgChecker& check_in, const Options& options, const TiledOptions* forced,
+                       const char* caller) {
+  if (!check_in.error().empty()) return check_in.error();
+  if (!forced) return check_path_options(options, caller);
+  detail::ArgChecker check(caller);
+  check_tiled(check, *forced);
+  return check.error();
+}
+
+torch::Tensor clip_impl(const char* caller, const torch::Tensor& a, const torch::Tensor& b,
+                        const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
+                        const ClipLossOptions& options, const TiledOptions* forced) {
   detail::ArgChecker check(caller);
   check.paired_features(a, "a", b, "b");
   check.scalar(logit_scale, "logit_scale");
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
   check.positive(options.max_logit_scale(), "max_logit_scale");
-
-  std::string error = check.error().empty() ? check_path_options(options, caller) : check.error();
+  const std::string error = path_error(check, options, forced, caller);
 
   const auto& comm = options.comm();
   auto counts = exchange_checked(options.symmetric() ? a : b, comm, caller, options.symmetric() ? "a" : "b", error);
-  if (use_tiled(options, counts, a.element_size(), options.symmetric() ? 2 : 1)) {
-    return tiled_clip_loss(a, b, logit_scale, logit_bias, options, tiled_of(options));
+  const auto ct = detail::compute_dtype(a.scalar_type());  // fp16/bf16: fp32
+  // One [b x B] buffer whichever the direction (see contrax/detail/engine.h).
+  const bool tiled = forced || use_tiled(options, counts, c10::elementSize(ct), detail::logits_blocks("clip"));
+  const TiledOptions t = forced ? *forced : tiled_of(options);
+  auto a_n = maybe_normalize(a.to(ct), options.normalize());  // [b, d]
+  auto b_n = maybe_normalize(b.to(ct), options.normalize());  // [b, d]
+  auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale()).to(ct);
+  torch::Tensor bias;
+  if (logit_bias.has_value()) bias = logit_bias->to(ct);
+  auto layout = detail::make_layout(comm, counts);
+  const int64_t tile = detail::tile_side(t.tile_size(), t.tile_bytes(), c10::elementSize(ct));
+  if (tiled && t.ring() && layout.world > 1) {
+    return detail::tiled_clip_block_loss(a_n, b_n, scale, bias, layout, options.symmetric(), tile, /*ring=*/true);
   }
-  auto a_n = maybe_normalize(a, options.normalize());
-  auto b_n = maybe_normalize(b, options.normalize());
-  const int64_t d = a.size(1);
-
-  // One gather for both towers when both directions are needed.
-  torch::Tensor a_all, b_all;
-  Gathered g;
-  if (options.symmetric()) {
-    g = gather_checked(counts, torch::cat({a_n, b_n}, 1), comm, /*with_grad=*/true);
-    a_all = g.all.narrow(1, 0, d);
-    b_all = g.all.narrow(1, d, d);
-  } else {
-    g = gather_checked(counts, b_n, comm, /*with_grad=*/true);
-    b_all = g.all;
-  }
-  const int64_t B = g.total();
-  const int64_t W = world_of(comm);
-
-  auto scale = logit_scale.exp().clamp_max(options.max_logit_scale());
-  // Scale the [b, d] operand rather than the [b, B] product.
-  auto logits_ab = torch::mm(a_n * scale, b_all.t());  // [b, B]
-  if (logit_bias.has_value()) logits_ab = logits_ab + *logit_bias;
-  auto total = ce_sum(logits_ab, g.offset);
-  if (options.symmetric()) {
-    auto logits_ba = torch::mm(b_n * scale, a_all.t());  // [b, B]
-    if (logit_bias.has_value()) logits_ba = logits_ba + *logit_bias;
-    total = (total + ce_sum(logits_ba, g.offset)) * 0.5;
-  }
-  return total * (static_cast<double>(W) / static_cast<double>(B));
+  // Only the text tower is gathered (with gradient: its backward reduce-scatters
+  // dB_all to the owners); the image-to-text direction is the column softmax of
+  // the same block.
+  auto b_all = gather_checked(counts, b_n, comm, /*with_grad=*/true).all;  // [B, d]
+  if (tiled) return detail::tiled_clip_block_loss(a_n, b_all, scale, bias, layout, options.symmetric(), tile, false);
+  return detail::clip_block_loss(a_n, b_all, scale, bias, layout, options.symmetric());
 }
 
-// ---------------------------------------------------------------------------
-
-torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options) {
-  const char* caller = "nt_xent_loss";
+torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const torch::Tensor& z2,
+                           const NTXentLossOptions& options, const TiledOptions* forced) {
   detail::ArgChecker check(caller);
   check.features(z1, "z1").features(z2, "z2");
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
   check.positive(options.temperature(), "temperature");
-
-  std::string error = check.error().empty() ? check_path_options(options, caller) : check.error();
+  const std::string error = path_error(check, options, forced, caller);
   const auto& comm = options.comm();
   auto counts = exchange_checked(z1, comm, caller, "z1", error);
-  if (use_tiled(options, counts, z1.element_size(), 2)) return tiled_nt_xent_loss(z1, z2, options, tiled_of(options));
-  auto z1n = maybe_normalize(z1, options.normalize());
-  auto z2n = maybe_normalize(z2, options.normalize());
+  const auto ct = detail::compute_dtype(z1.scalar_type());
+  // One [2b x 2B] buffer: four [b x B] blocks.
+  const bool tiled = forced || use_tiled(options, counts, c10::elementSize(ct), detail::logits_blocks("nt_xent"));
+  const TiledOptions t = forced ? *forced : tiled_of(options);
+  auto z1n = maybe_normalize(z1.to(ct), options.normalize());  // [b, d]
+  auto z2n = maybe_normalize(z2.to(ct), options.normalize());  // [b, d]
+  auto layout = detail::make_layout(comm, counts);
+  const int64_t tile = detail::tile_side(t.tile_size(), t.tile_bytes(), c10::elementSize(ct));
+  if (tiled && t.ring() && layout.world > 1) {
+    return detail::ring_nt_xent_loss(z1n, z2n, options.temperature(), layout.comm, counts, tile);
+  }
   const int64_t d = z1.size(1);
-  auto g = gather_checked(counts, torch::cat({z1n, z2n}, 1), comm, /*with_grad=*/true);
-  auto z1_all = g.all.narrow(1, 0, d);  // [B, d]
-  auto z2_all = g.all.narrow(1, d, d);  // [B, d]
-  const int64_t B = g.total();
-  const int64_t W = world_of(comm);
-  const int64_t b = z1.size(0);
-  const double inv_t = 1.0 / options.temperature();
-
-  // For a view-v row i the softmax runs over [other view (B) | same view (B)]
-  // with its own same-view column off + i removed. Rather than materialise the
-  // [b, 2B] concatenation, combine the two blocks' log-sum-exps.
-  auto rows = torch::arange(b, torch::TensorOptions().dtype(torch::kLong).device(z1.device()));
-  auto cols = rows + g.offset;
-  auto view_loss = [&](const torch::Tensor& q, const torch::Tensor& other_all, const torch::Tensor& same_all) {
-    auto qs = q * inv_t;
-    auto cross = torch::mm(qs, other_all.t());  // [b, B]
-    auto self = torch::mm(qs, same_all.t());    // [b, B]
-    // -inf is exact in every floating dtype (unlike a large negative constant)
-    // and contributes exp(-inf) = 0 to the softmax and to its gradient.
-    self.index_put_({rows, cols}, -std::numeric_limits<double>::infinity());
-    auto lse = torch::logaddexp(cross.logsumexp(1), self.logsumexp(1));  // [b]
-    auto positive = cross.diagonal(g.offset);                              // [b]: (i, off + i)
-    return (lse - positive).sum();
-  };
-  auto total = view_loss(z1n, z2_all, z1_all) + view_loss(z2n, z1_all, z2_all);
-  return total * (static_cast<double>(W) / (2.0 * static_cast<double>(B)));
+  auto z = torch::cat({z1n, z2n}, 0);  // [2b, d]
+  // Z is gathered once, without gradient: the engine's backward needs no
+  // collective (each rank's gradient for its own rows is complete).
+  torch::Tensor z_all = z.detach();  // [2B, d] = [z1_all; z2_all]
+  if (layout.world > 1) {
+    auto all = gather_checked(counts, torch::cat({z1n, z2n}, 1), comm, /*with_grad=*/false).all;  // [B, 2d]
+    z_all = torch::cat({all.narrow(1, 0, d), all.narrow(1, d, d)}, 0);
+  }
+  if (tiled) return detail::tiled_nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, tile);
+  return detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout);
 }
 
-// ---------------------------------------------------------------------------
-
-torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
-                           const torch::Tensor& k2, const MocoV3LossOptions& options) {
-  const char* caller = "moco_v3_loss";
+torch::Tensor moco_impl(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
+                        const torch::Tensor& k2, const MocoV3LossOptions& options, const TiledOptions* forced) {
   detail::ArgChecker check(caller);
   check.features(q1, "q1").features(q2, "q2").features(k1, "k1").features(k2, "k2");
   if (check.error().empty()) {
     check.same_as(q2, "q2", q1, "q1").same_as(k1, "k1", q1, "q1").same_as(k2, "k2", q1, "q1");
   }
   check.positive(options.temperature(), "temperature");
-  std::string error = check.error().empty() ? check_path_options(options, caller) : check.error();
+  const std::string error = path_error(check, options, forced, caller);
   const auto& comm = options.comm();
   const double T = options.temperature();
   auto counts = exchange_checked(k1, comm, caller, "k1", error);
-  if (use_tiled(options, counts, q1.element_size(), 2)) {
-    return tiled_moco_v3_loss(q1, q2, k1, k2, options, tiled_of(options));
-  }
+  const auto ct = detail::compute_dtype(q1.scalar_type());
+  // Two [b x B] buffers: the two directions have different keys.
+  const bool tiled = forced || use_tiled(options, counts, c10::elementSize(ct), detail::logits_blocks("moco_v3"));
+  const TiledOptions t = forced ? *forced : tiled_of(options);
+  auto layout = detail::make_layout(comm, counts);
+  const int64_t tile = detail::tile_side(t.tile_size(), t.tile_bytes(), c10::elementSize(ct));
 
   // Keys come from the momentum encoder: constants for this loss, so they are
-  // gathered without gradient and nothing flows back to other ranks.
-  torch::Tensor keys;
+  // gathered (or passed around the ring) without gradient.
+  torch::Tensor k1n, k2n;
   {
     torch::NoGradGuard no_grad;
-    keys = torch::cat({maybe_normalize(k1.detach(), options.normalize()),
-                       maybe_normalize(k2.detach(), options.normalize())}, 1);
+    k1n = maybe_normalize(k1.detach().to(ct), options.normalize());
+    k2n = maybe_normalize(k2.detach().to(ct), options.normalize());
   }
-  auto g = gather_checked(counts, keys, comm, /*with_grad=*/false);
-  const int64_t d = q1.size(1);
-  auto k1_all = g.all.narrow(1, 0, d);
-  auto k2_all = g.all.narrow(1, d, d);
-  const int64_t B = g.total();
-  const int64_t W = world_of(comm);
-
-  auto ctr = [&](const torch::Tensor& q, const torch::Tensor& k_all) {
-    auto qn = maybe_normalize(q, options.normalize());
-    return ce_sum(torch::mm(qn * (1.0 / T), k_all.t()), g.offset);  // logits [b, B]
+  auto inv_t = torch::scalar_tensor(1.0 / T, torch::TensorOptions().dtype(ct).device(q1.device()));
+  auto q1n = maybe_normalize(q1.to(ct), options.normalize());
+  auto q2n = maybe_normalize(q2.to(ct), options.normalize());
+  const bool ring = tiled && t.ring() && layout.world > 1;
+  torch::Tensor k1_keys = k1n, k2_keys = k2n;  // own blocks (ring) or all keys
+  if (!ring) {
+    auto g = gather_checked(counts, torch::cat({k1n, k2n}, 1), comm, /*with_grad=*/false);
+    const int64_t d = q1.size(1);
+    k1_keys = g.all.narrow(1, 0, d);  // [B, d]
+    k2_keys = g.all.narrow(1, d, d);  // [B, d]
+  }
+  auto ctr = [&](const torch::Tensor& q, const torch::Tensor& k) {
+    if (tiled) return detail::tiled_clip_block_loss(q, k, inv_t, torch::Tensor(), layout, false, tile, ring);
+    return detail::clip_block_loss(q, k, inv_t, torch::Tensor(), layout, /*symmetric=*/false);
   };
-  auto total = ctr(q1, k2_all) + ctr(q2, k1_all);
-  return total * (2.0 * T * static_cast<double>(W) / static_cast<double>(B));
+  return (ctr(q1n, k2_keys) + ctr(q2n, k1_keys)) * (2.0 * T);
+}
+
+}  // namespace
+
+torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+                        const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options) {
+  return clip_impl("clip_loss", a, b, logit_scale, logit_bias, options, nullptr);
+}
+
+torch::Tensor tiled_clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+                              const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options,
+                              const TiledOptions& tiled) {
+  return clip_impl("tiled_clip_loss", a, b, logit_scale, logit_bias, options, &tiled);
+}
+
+torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options) {
+  return nt_xent_impl("nt_xent_loss", z1, z2, options, nullptr);
+}
+
+torch::Tensor tiled_nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options,
+                                 const TiledOptions& tiled) {
+  return nt_xent_impl("tiled_nt_xent_loss", z1, z2, options, &tiled);
+}
+
+torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
+                           const torch::Tensor& k2, const MocoV3LossOptions& options) {
+  return moco_impl("moco_v3_loss", q1, q2, k1, k2, options, nullptr);
+}
+
+torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
+                                 const torch::Tensor& k2, const MocoV3LossOptions& options,
+                                 const TiledOptions& tiled) {
+  return moco_impl("tiled_moco_v3_loss", q1, q2, k1, k2, options, &tiled);
 }
 
 // ---------------------------------------------------------------------------

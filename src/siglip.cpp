@@ -130,10 +130,10 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
   check.require(options.max_logit_scale() > 0.0, "argument 'max_logit_scale' must be positive, but got ",
                 options.max_logit_scale());
-  check.require(options.chunk_size() >= 0, "argument 'chunk_size' must be >= 0 (0 = automatic), but got ",
-                options.chunk_size());
-  check.require(options.chunk_bytes() > 0, "argument 'chunk_bytes' must be positive, but got ",
-                options.chunk_bytes());
+  check.require(options.tile_size() >= 0, "argument 'tile_size' must be >= 0 (0 = automatic), but got ",
+                options.tile_size());
+  check.require(options.tile_bytes() > 0, "argument 'tile_bytes' must be positive, but got ",
+                options.tile_bytes());
   const bool ok = check.error().empty();
   namespace F = torch::nn::functional;
   auto norm = [&](const torch::Tensor& x) {
@@ -150,7 +150,7 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   auto plan = c10::make_intrusive<SigLipPlan>();
   plan->comm = W > 1 ? comm : nullptr;
   plan->counts = counts;
-  plan->tile = detail::tile_side(options.chunk_size(), options.chunk_bytes(), a.element_size());
+  plan->tile = detail::tile_side(options.tile_size(), options.tile_bytes(), a.element_size());
   auto scale = logit_scale.exp();
   if (std::isfinite(options.max_logit_scale())) scale = scale.clamp_max(options.max_logit_scale());
   c10::optional<torch::Tensor> bias;

@@ -17,10 +17,19 @@ namespace contrax {
 
 namespace {
 
+// Below this magnitude a reference quantity is compared absolutely (scaled by
+// the floor): a loss or gradient that is exactly 0 (one global row; width 1,
+// where normalised rows are +-1 and their gradients vanish) otherwise turns
+// round-off into a "relative error" of 1e285. Round-off there is not 1e-17:
+// normalising a row of norm 1e-3 amplifies it to ~1e-14. With the default
+// tolerance 1e-10, absolute differences under 1e-13 pass this way; every
+// gradient of verify's default cases is above the floor (a mean over <= 30 rows).
+constexpr double kAbsFloor = 1e-3;
+
 double rel(const torch::Tensor& got, const torch::Tensor& want) {
   if (want.numel() == 0) return 0.0;
   auto g = got.detach().to(torch::kDouble), w = want.detach().to(torch::kDouble);
-  const double scale = std::max(w.abs().max().item<double>(), 1e-300);
+  const double scale = std::max(w.abs().max().item<double>(), kAbsFloor);
   return (g - w).abs().max().item<double>() / scale;
 }
 
@@ -170,12 +179,29 @@ std::vector<VerifyCase> builtin_cases() {
     cases.push_back(m);
   }
 
+  // The engine's tiled and ring forms with a bias and in one direction.
+  {
+    VerifyCase c = cases[1];  // clip_bias
+    c.name = "clip_bias_tiled";
+    c.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
+      return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3));
+    };
+    cases.push_back(c);
+    VerifyCase i = cases[3];  // infonce
+    i.name = "infonce_ring";
+    i.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
+      return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                       ClipLossOptions().symmetric(false).comm(comm).tile_size(2).ring(true));
+    };
+    cases.push_back(i);
+  }
+
   VerifyCase sig;
   sig.name = "siglip";
   sig.num_features = 2;
   sig.scalars = {std::log(10.0), -2.0};
   sig.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-    return siglip_loss(x[0], x[1], s[0], s[1], SigLipLossOptions().normalize(true).chunk_size(2).comm(comm));
+    return siglip_loss(x[0], x[1], s[0], s[1], SigLipLossOptions().normalize(true).tile_size(2).comm(comm));
   };
   sig.reference = [](const V& x, const V& s) { return reference::siglip_loss(x[0], x[1], s[0], s[1], true); };
   cases.push_back(sig);

@@ -8,6 +8,8 @@
 
 #include "contrax/collectives.h"
 #include "contrax/losses.h"
+#include "contrax/memory.h"
+#include "contrax/plan.h"
 #include "contrax/reference.h"
 #include "contrax/verify.h"
 #include "support/errors.h"
@@ -217,4 +219,271 @@ TEST(LossErrors, WidthOrDtypeMismatchBetweenRanks) {
               std::string::npos)
         << e;
   }
+}
+
+// ---- the engine: one row block per rank, one logits buffer, O(B) extra bytes ----
+
+namespace {
+int64_t sum_of(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (auto x : v) s += x;
+  return s;
+}
+}  // namespace
+
+// Symmetric CLIP gathers one tower (b_r d) and reduce-scatters its gradient
+// ((B - b_r) d), plus the column log-sum-exps ((W-1) B floats); the old
+// formulation moved both towers both ways.
+TEST(LossEngine, ClipMovesOneTowerPlusOrderB) {
+  for (int64_t W : {2, 3}) {
+    const int64_t d = 8;
+    std::vector<int64_t> counts(W, 5);
+    const int64_t B = sum_of(counts);
+    run_ranks(W, [&](const CommunicatorPtr& comm) {
+      const int64_t b = counts[comm->rank()];
+      auto a = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+      auto t = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+      auto ls = torch::tensor(1.0, torch::kDouble).requires_grad_(true);
+      comm->reset_stats();
+      auto loss = clip_loss(a, t, ls, c10::nullopt, ClipLossOptions().comm(comm).tile_size(-1));
+      auto fwd = comm->stats();
+      EXPECT_EQ(fwd.op("all_gather").bytes_sent, (W - 1) * b * d * 8);
+      EXPECT_EQ(fwd.op("lse_all_gather").bytes_sent, (W - 1) * B * 8);
+      EXPECT_EQ(fwd.op("reduce_scatter").calls, 0);
+      comm->reset_stats();
+      loss.backward();
+      auto bwd = comm->stats();
+      EXPECT_EQ(bwd.op("reduce_scatter").bytes_sent, (B - b) * d * 8);
+      EXPECT_EQ(bwd.total_bytes_sent(), (B - b) * d * 8);
+    });
+  }
+}
+
+// NT-Xent gathers Z once without gradient plus every row's lse, and moves
+// nothing at all in backward.
+TEST(LossEngine, NTXentHasNoBackwardCollective) {
+  for (int64_t W : {2, 4}) {
+    const int64_t d = 8, b = 3;
+    run_ranks(W, [&](const CommunicatorPtr& comm) {
+      auto z1 = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+      auto z2 = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+      comm->reset_stats();
+      auto loss = nt_xent_loss(z1, z2, NTXentLossOptions().comm(comm).tile_size(-1));
+      auto fwd = comm->stats();
+      EXPECT_EQ(fwd.op("all_gather_no_grad").bytes_sent, (W - 1) * b * 2 * d * 8);
+      EXPECT_EQ(fwd.op("lse_all_gather").bytes_sent, (W - 1) * b * 2 * 8);
+      EXPECT_EQ(fwd.op("all_gather").calls, 0);
+      comm->reset_stats();
+      loss.backward();
+      EXPECT_EQ(comm->stats().total_calls(), 0);
+      EXPECT_EQ(comm->stats().total_bytes_sent(), 0);
+    });
+  }
+}
+
+// Finite differences through the engine's functions on one device: CLIP in
+// both forms with bias, InfoNCE keys without gradient (MoCo's use), NT-Xent
+// without normalisation (the -inf mask in the raw block).
+TEST(LossEngine, FiniteDifferences) {
+  auto gen = at::detail::createCPUGenerator(9);
+  auto a = torch::randn({5, 3}, gen, torch::kDouble).requires_grad_(true);
+  auto b = torch::randn({5, 3}, gen, torch::kDouble).requires_grad_(true);
+  auto s = torch::tensor(std::log(2.5), torch::kDouble).requires_grad_(true);
+  auto bias = torch::tensor(-0.4, torch::kDouble).requires_grad_(true);
+  using V = std::vector<torch::Tensor>;
+  for (bool symmetric : {true, false}) {
+    EXPECT_LE(contrax::testing::finite_difference_error(
+                  [symmetric](const V& x) {
+                    return clip_loss(x[0], x[1], x[2], x[3], ClipLossOptions().symmetric(symmetric).tile_size(-1));
+                  },
+                  {a, b, s, bias}),
+              1e-7)
+        << "symmetric " << symmetric;
+  }
+  EXPECT_LE(contrax::testing::finite_difference_error(
+                [](const V& x) {
+                  return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.7).normalize(false).tile_size(-1));
+                },
+                {a, b}),
+            1e-7);
+}
+
+TEST(LossEngine, SecondBackwardThroughTheSameGraphIsAnError) {
+  auto a = torch::randn({4, 3}, torch::kDouble).requires_grad_(true);
+  auto s = torch::tensor(0.5, torch::kDouble);
+  auto loss = clip_loss(a, a * 2, s);
+  loss.backward({}, /*retain_graph=*/true);
+  CONTRAX_EXPECT_ERROR(loss.backward(), "clip_loss(): backward ran twice through the same graph");
+  auto nt = nt_xent_loss(a, a * 2);
+  nt.backward({}, /*retain_graph=*/true);
+  CONTRAX_EXPECT_ERROR(nt.backward(), "nt_xent_loss(): backward ran twice through the same graph");
+}
+
+// The materialised path holds one logits buffer per rank and no second one:
+// the old formulation held three per direction (logits, log_softmax, its
+// gradient).
+TEST(LossEngine, MaterialisedPathAllocatesOneLogitsBuffer) {
+  at::set_num_threads(1);
+  const int64_t B = 2048, d = 16;
+  const int64_t logits = B * B * 4;
+  // Besides the buffer: one 1 MiB chunk temporary (log-sum-exps, G) and a few
+  // feature-sized tensors (copies, gradients) of B d 4 bytes each.
+  const int64_t allowance = (int64_t{1} << 20) + 8 * B * d * 4;
+  torch::manual_seed(4);
+  auto a = torch::randn({B, d}).requires_grad_(true), t = torch::randn({B, d}).requires_grad_(true);
+  auto ls = torch::tensor(2.0f).requires_grad_(true);
+  auto peak = [](const std::function<void()>& fn) {
+    MemoryTracker::install();
+    PeakScope scope;
+    fn();
+    return scope.peak_above_start();
+  };
+  for (bool symmetric : {true, false}) {
+    const int64_t p = peak([&] {
+      clip_loss(a, t, ls, c10::nullopt, ClipLossOptions().symmetric(symmetric).normalize(true).tile_size(-1))
+          .backward();
+    });
+    std::cout << "[ memory ] clip symmetric=" << symmetric << " B=" << B << ": peak " << p << " bytes, [B x B] = "
+              << logits << "\n";
+    EXPECT_GE(p, logits);
+    EXPECT_LE(p, logits + allowance) << "symmetric " << symmetric;
+  }
+  // NT-Xent: one [2b x 2B] buffer.
+  const int64_t b = B / 2;
+  auto z1 = a.narrow(0, 0, b), z2 = t.narrow(0, 0, b);
+  const int64_t p = peak([&] { nt_xent_loss(z1, z2, NTXentLossOptions().tile_size(-1)).backward(); });
+  std::cout << "[ memory ] nt_xent b=" << b << ": peak " << p << " bytes, [2b x 2b] = " << 4 * b * b * 4 << "\n";
+  EXPECT_GE(p, 4 * b * b * 4);
+  EXPECT_LE(p, 4 * b * b * 4 + allowance);
+}
+
+// ---- extreme values (issue 14, item 13) ----
+
+// exp(89) overflows fp32: taking exp before the clamp gave a finite loss and a
+// NaN gradient for the logit scale. The clamp is now on the log side.
+TEST(LossExtremes, HugeLogitScaleHasZeroNotNaNGradient) {
+  auto a = torch::randn({6, 4}), b = torch::randn({6, 4});
+  for (float v : {89.0f, 100.0f, 1e30f}) {
+    auto ls = torch::tensor(v).requires_grad_(true);
+    for (int64_t tile : {int64_t{-1}, int64_t{2}}) {
+      ls.mutable_grad() = torch::Tensor();
+      auto loss = clip_loss(a, b, ls, c10::nullopt, ClipLossOptions().normalize(true).tile_size(tile));
+      loss.backward();
+      EXPECT_TRUE(std::isfinite(loss.item<float>())) << v;
+      EXPECT_EQ(ls.grad().item<float>(), 0.0f) << v << " tile " << tile;
+      auto ref = reference::clip_loss(a.to(torch::kDouble), b.to(torch::kDouble), torch::tensor(std::log(100.0), torch::kDouble),
+                                      c10::nullopt, true, 100.0, true);
+      EXPECT_NEAR(loss.item<float>(), ref.item<double>(), 1e-4 * std::max(1.0, ref.item<double>()));
+    }
+  }
+}
+
+// F::normalize squares fp32 entries of 1e20 into inf and returns zeros.
+TEST(LossExtremes, NormalizeDoesNotOverflow) {
+  torch::manual_seed(6);
+  auto a = torch::randn({5, 4}) * 1e20, b = torch::randn({5, 4}) * 1e20;
+  auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
+  auto ar = a.clone().requires_grad_(true);
+  auto loss = clip_loss(ar, b, ls, c10::nullopt, ClipLossOptions().normalize(true));
+  loss.backward();
+  auto ref = reference::clip_loss(a.to(torch::kDouble), b.to(torch::kDouble), torch::tensor(std::log(10.0), torch::kDouble),
+                                  c10::nullopt, true, 100.0, true);
+  EXPECT_NEAR(loss.item<float>(), ref.item<double>(), 1e-5 * ref.item<double>());
+  EXPECT_TRUE(ar.grad().isfinite().all().item<bool>());
+  auto nt = nt_xent_loss(a, b, NTXentLossOptions().temperature(0.5));
+  EXPECT_NEAR(nt.item<float>(), reference::nt_xent_loss(a.to(torch::kDouble), b.to(torch::kDouble), 0.5).item<double>(),
+              1e-5);
+}
+
+// fp16 and bf16 features are computed with fp32 accumulation; on CPU they used
+// to fail inside ATen ("exp_vml_cpu" not implemented for 'Half'). Tolerances:
+// the inputs are rounded to 8 (bf16) or 11 (fp16) bits before the reference
+// sees them, so the reference gets the same rounded inputs; what remains is
+// fp32 accumulation, 1e-5 relative.
+TEST(LossExtremes, HalfAndBFloat16AccumulateInFloat) {
+  torch::manual_seed(8);
+  for (auto dt : {torch::kHalf, torch::kBFloat16}) {
+    for (int64_t tile : {int64_t{-1}, int64_t{3}}) {
+      auto a = torch::randn({7, 8}).to(dt).requires_grad_(true), b = torch::randn({7, 8}).to(dt).requires_grad_(true);
+      auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
+      auto loss = clip_loss(a, b, ls, c10::nullopt, ClipLossOptions().normalize(true).tile_size(tile));
+      EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+      loss.backward();
+      EXPECT_EQ(a.grad().scalar_type(), dt);
+      auto a64 = a.detach().to(torch::kDouble).requires_grad_(true), b64 = b.detach().to(torch::kDouble);
+      auto ls64 = torch::tensor(std::log(10.0), torch::kDouble).requires_grad_(true);
+      auto ref = reference::clip_loss(a64, b64, ls64, c10::nullopt, true, 100.0, true);
+      ref.backward();
+      EXPECT_NEAR(loss.item<float>(), ref.item<double>(), 1e-5 * ref.item<double>()) << dt << " tile " << tile;
+      // The gradient is rounded to the feature dtype on the way out.
+      const double grad_tol = dt == torch::kHalf ? 2e-3 : 1e-2;
+      EXPECT_LE(contrax::testing::rel_err(a.grad().to(torch::kDouble), a64.grad()), grad_tol) << dt;
+      EXPECT_NEAR(ls.grad().item<float>(), ls64.grad().item<double>(), 1e-4) << dt;
+      auto nt = nt_xent_loss(a, b, NTXentLossOptions().temperature(0.5).tile_size(tile));
+      EXPECT_NEAR(nt.item<float>(), reference::nt_xent_loss(a64.detach(), b64, 0.5).item<double>(), 1e-5) << dt;
+      auto mo = moco_v3_loss(a, b, b, a, MocoV3LossOptions().temperature(0.5).tile_size(tile));
+      EXPECT_NEAR(mo.item<float>(), reference::moco_v3_loss(a64.detach(), b64, b64, a64.detach(), 0.5).item<double>(),
+                  1e-5) << dt;
+    }
+  }
+}
+
+// One global row (the exact loss and every gradient are 0) and width 1 (the
+// normalised features are +-1 and the input gradients 0): verify used to report
+// a relative error of 1e285 for round-off against an exact 0.
+TEST(LossExtremes, VerifyHasAnAbsoluteFloor) {
+  std::vector<std::vector<VerifyResult>> results(2);
+  run_ranks(2, [&](const CommunicatorPtr& comm) {
+    results[comm->rank()] = verify(comm, VerifyOptions().rows({1, 0}).cases({"clip", "nt_xent", "moco_v3", "clip_tiled"}));
+  });
+  for (const auto& r : results[0]) EXPECT_TRUE(r.passed) << to_json(r);
+  std::vector<std::vector<VerifyResult>> narrow(2);
+  run_ranks(2, [&](const CommunicatorPtr& comm) {
+    narrow[comm->rank()] = verify(comm, VerifyOptions().width(1).cases({"clip", "clip_clamped", "nt_xent", "moco_v3"}));
+  });
+  for (const auto& r : narrow[0]) EXPECT_TRUE(r.passed) << to_json(r);
+}
+
+// ---- plan_loss: the cost model against real calls ----
+
+TEST(LossPlan, BytesMatchTheCommunicatorsCounters) {
+  const int64_t W = 2, b = 5, d = 8;
+  for (const std::string loss : {"clip", "infonce", "nt_xent", "moco_v3"}) {
+    auto plan = plan_loss(PlanOptions().loss(loss).batch(W * b).width(d).world(W).dtype(torch::kDouble));
+    EXPECT_EQ(plan.chosen, "materialised");
+    const auto& mat = plan.paths[0];
+    run_ranks(W, [&](const CommunicatorPtr& comm) {
+      auto x = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+      auto y = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+      auto ls = torch::tensor(0.3, torch::kDouble);
+      comm->reset_stats();
+      torch::Tensor l = loss == "clip"      ? clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().comm(comm))
+                        : loss == "infonce" ? clip_loss(x, y, ls, c10::nullopt,
+                                                        ClipLossOptions().symmetric(false).comm(comm))
+                        : loss == "nt_xent" ? nt_xent_loss(x, y, NTXentLossOptions().comm(comm))
+                                            : moco_v3_loss(x, y, y, x, MocoV3LossOptions().comm(comm));
+      auto s = comm->stats();
+      EXPECT_EQ(s.total_bytes_sent() - s.op("metadata").bytes_sent, mat.bytes_sent_forward) << loss;
+      comm->reset_stats();
+      l.backward();
+      EXPECT_EQ(comm->stats().total_bytes_sent(), mat.bytes_sent_backward) << loss;
+    });
+  }
+}
+
+TEST(LossPlan, RoutingAndErrors) {
+  // 8192^2 fp32 logits are exactly the default 256 MiB threshold.
+  EXPECT_EQ(plan_loss(PlanOptions().batch(8192)).chosen, "materialised");
+  EXPECT_EQ(plan_loss(PlanOptions().batch(8193)).chosen, "tiled");
+  EXPECT_EQ(plan_loss(PlanOptions().batch(8192).loss("nt_xent")).chosen, "tiled");  // one [2B x 2B] buffer
+  EXPECT_EQ(plan_loss(PlanOptions().batch(8192).dtype(torch::kHalf)).chosen, "materialised");  // fp32 inside
+  EXPECT_EQ(plan_loss(PlanOptions().batch(100).world(2).tile_size(16).ring(true)).chosen, "ring");
+  auto p = plan_loss(PlanOptions().batch(8192).world(4));
+  EXPECT_EQ(p.paths[0].gemms * 2, p.old_gemms);
+  EXPECT_EQ(p.paths[0].logits_bytes, int64_t{2048} * 8192 * 4);
+  EXPECT_NE(to_string(p).find("materialised (chosen)"), std::string::npos) << to_string(p);
+  EXPECT_NE(to_json(p).find("\"chosen\": \"materialised\""), std::string::npos);
+  CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("triplet")),
+                       "plan_loss(): argument 'loss' must be clip, infonce, nt_xent or moco_v3, but got 'triplet'");
+  CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().batch(0)), "plan_loss(): argument 'batch' must be positive, but got 0");
 }

@@ -54,7 +54,7 @@ Grads distributed_grads(int64_t W, const std::vector<int64_t>& counts, const tor
     auto x = shard(a, counts, r).clone().requires_grad_(true);
     auto y = shard(b, counts, r).clone().requires_grad_(true);
     auto s = ls.clone().requires_grad_(true), c = bias.clone().requires_grad_(true);
-    auto l = contrax::siglip_loss(x, y, s, c, contrax::SigLipLossOptions().comm(comm).chunk_size(chunk));
+    auto l = contrax::siglip_loss(x, y, s, c, contrax::SigLipLossOptions().comm(comm).tile_size(chunk));
     l.backward();
     std::lock_guard<std::mutex> lock(m);
     per[r] = {l.item<double>(), x.grad(), y.grad(), s.grad(), c.grad()};
@@ -132,7 +132,7 @@ TEST(SigLip, FiniteDifferences) {
                                    torch::tensor(0.6, torch::kFloat64).requires_grad_(true),
                                    torch::tensor(-0.8, torch::kFloat64).requires_grad_(true)};
   auto f = [](const std::vector<torch::Tensor>& x) {
-    return contrax::siglip_loss(x[0], x[1], x[2], x[3], contrax::SigLipLossOptions().chunk_size(2));
+    return contrax::siglip_loss(x[0], x[1], x[2], x[3], contrax::SigLipLossOptions().tile_size(2));
   };
   EXPECT_LE(contrax::testing::finite_difference_error(f, in), 1e-6);
 }
@@ -192,10 +192,15 @@ TEST(SigLip, ArgumentErrors) {
   expect_error([&] { contrax::siglip_loss(a, b.to(torch::kFloat32), ls); },
                "siglip_loss(): arguments 'a' and 'b' must have the same dtype");
   expect_error([&] { contrax::siglip_loss(randn({3}), b, ls); }, "siglip_loss(): argument 'a' must be a 2-D");
+  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_size(-1)); },
+               "siglip_loss(): argument 'tile_size' must be >= 0");
+  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_bytes(0)); },
+               "siglip_loss(): argument 'tile_bytes' must be positive");
+  // The deprecated names set the same fields.
   expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_size(-1)); },
-               "siglip_loss(): argument 'chunk_size' must be >= 0");
+               "siglip_loss(): argument 'tile_size' must be >= 0");
   expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_bytes(0)); },
-               "siglip_loss(): argument 'chunk_bytes' must be positive");
+               "siglip_loss(): argument 'tile_bytes' must be positive");
   expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().max_logit_scale(-1)); },
                "siglip_loss(): argument 'max_logit_scale' must be positive");
   expect_error([&] { contrax::siglip_loss(torch::zeros({0, 2}, torch::kFloat64), torch::zeros({0, 2}, torch::kFloat64), ls); },

@@ -76,7 +76,7 @@ TEST(TiledMemory, SigLipChunkedNeverAllocatesLogits) {
   torch::manual_seed(2);
   auto in = make_inputs(kB);
   const int64_t peak = peak_of([&] {
-    contrax::siglip_loss(in.a, in.b, in.ls, in.bias, contrax::SigLipLossOptions().chunk_size(kTile)).backward();
+    contrax::siglip_loss(in.a, in.b, in.ls, in.bias, contrax::SigLipLossOptions().tile_size(kTile)).backward();
   });
   EXPECT_LT(peak, kLogitsBytes / 8);
 }
@@ -96,7 +96,7 @@ TEST(TiledMemory, RingNeverAllocatesLogits) {
     contrax::tiled_clip_loss(in.a, in.b, in.ls, {}, contrax::ClipLossOptions().comm(comm),
                              contrax::TiledOptions().tile_size(kTile).ring(true))
         .backward();
-    contrax::siglip_loss(in.a, in.b, in.ls, in.bias, contrax::SigLipLossOptions().comm(comm).chunk_size(kTile))
+    contrax::siglip_loss(in.a, in.b, in.ls, in.bias, contrax::SigLipLossOptions().comm(comm).tile_size(kTile))
         .backward();
   });
   // One rank's [b x B] logits would be kLogitsBytes / 2.

@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "contrax/communicator.h"
@@ -56,6 +58,30 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
 /// agreed on) the row counts: no metadata round trip.
 torch::Tensor gather_rows_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
                                     const std::vector<int64_t>& counts);
+
+// ---- the ring: key blocks (and their gradients) between neighbours
+
+/// Calls `visit(owner, block)` once for every rank's block of rows, starting
+/// with this rank's own `local` ([counts[rank], ...]) and then the blocks of
+/// rank-1, rank-2, ...: while `visit` runs on a block, that block is already on
+/// its way to rank+1 and the next one arriving from rank-1. At most the block
+/// in hand and the arriving one are held. Null or world-1 `comm`: one call.
+void ring_for_each_block(const CommunicatorPtr& comm, const std::vector<int64_t>& counts,
+                         const torch::Tensor& local,
+                         const std::function<void(int64_t owner, const torch::Tensor& block)>& visit,
+                         const std::string& stat_name = "ring");
+
+/// Like `ring_for_each_block`, but `visit` returns a gradient contribution for
+/// the block it was given (same shape and dtype as the block). Contributions
+/// travel with the ring, summed on the way, and reach the block's owner one
+/// step after the last visit; the function returns the total for `local`.
+/// Each step sends one message: the block in hand plus the partial sum of the
+/// previous block, so transfers overlap the next visit.
+torch::Tensor ring_for_each_block_grad(
+    const CommunicatorPtr& comm, const std::vector<int64_t>& counts, const torch::Tensor& local,
+    const std::function<torch::Tensor(int64_t owner, const torch::Tensor& block)>& visit,
+    const std::string& stat_name = "ring");
+
 }  // namespace detail
 
 }  // namespace contrax

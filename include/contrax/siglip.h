@@ -24,20 +24,39 @@ namespace contrax {
 
 /// Options for `siglip_loss`.
 ///
-/// Defaults: no clamp of the scale, no normalisation, square chunks of about
+/// Defaults: no clamp of the scale, no normalisation, square tiles of about
 /// 16 MiB of logits, world 1.
 struct SigLipLossOptions {
   /// exp(logit_scale) is clamped to at most this (default: no clamp).
   TORCH_ARG(double, max_logit_scale) = std::numeric_limits<double>::infinity();
   /// L2-normalise both feature sets inside the loss.
   TORCH_ARG(bool, normalize) = false;
-  /// Rows and columns of one logits chunk; 0 picks it from `chunk_bytes`.
-  TORCH_ARG(int64_t, chunk_size) = 0;
-  /// Budget of one logits chunk when `chunk_size` is 0 (at least 64 x 64 is used).
-  TORCH_ARG(int64_t, chunk_bytes) = int64_t{16} << 20;
+  /// Rows and columns of one logits tile; 0 picks it from `tile_bytes`. The
+  /// same names as the other losses' tiled path (TiledOptions).
+  TORCH_ARG(int64_t, tile_size) = 0;
+  /// Budget of one logits tile when `tile_size` is 0 (at least 64 x 64 is used).
+  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
   /// Process group; null means single device. With W > 1 the b blocks go
   /// around the ring.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
+
+ public:  // TORCH_ARG leaves the section private
+  /// Deprecated name of `tile_size` (kept for one release; warns once).
+  SigLipLossOptions& chunk_size(int64_t v) {
+    TORCH_WARN_ONCE("SigLipLossOptions::chunk_size is deprecated and will be removed in the next release; use "
+                    "tile_size (the name every loss uses)");
+    tile_size_ = v;
+    return *this;
+  }
+  int64_t chunk_size() const { return tile_size_; }
+  /// Deprecated name of `tile_bytes` (kept for one release; warns once).
+  SigLipLossOptions& chunk_bytes(int64_t v) {
+    TORCH_WARN_ONCE("SigLipLossOptions::chunk_bytes is deprecated and will be removed in the next release; use "
+                    "tile_bytes (the name every loss uses)");
+    tile_bytes_ = v;
+    return *this;
+  }
+  int64_t chunk_bytes() const { return tile_bytes_; }
 };
 
 /// SigLIP loss over the global batch.

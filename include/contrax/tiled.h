@@ -27,6 +27,7 @@
 #include <functional>
 #include <vector>
 
+#include "contrax/collectives.h"  // the ring driver (detail::ring_for_each_block*) lives there now
 #include "contrax/communicator.h"
 #include "contrax/losses.h"
 
@@ -109,6 +110,11 @@ torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q
 
 namespace detail {
 
+/// NT-Xent with the [other view | same view] key blocks passed around the ring
+/// (tiled InfoNCE per view); z1n, z2n: [b, d] already normalised, W > 1.
+torch::Tensor ring_nt_xent_loss(const torch::Tensor& z1n, const torch::Tensor& z2n, double temperature,
+                                const CommunicatorPtr& comm, const std::vector<int64_t>& counts, int64_t tile);
+
 /// Side of a square logits tile: `tile_size` if positive, otherwise the largest
 /// side whose tile fits `tile_bytes` at `element_size`, at least 64.
 int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size);
@@ -117,27 +123,6 @@ int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size);
 /// first column global column `col0`, for the entries (i, offset + i); may be
 /// empty. Used to mask or flip positives by index instead of by buffer.
 torch::Tensor tile_diagonal(const torch::Tensor& tile, int64_t row0, int64_t col0, int64_t offset);
-
-/// Calls `visit(owner, block)` once for every rank's block of rows, starting
-/// with this rank's own `local` ([counts[rank], ...]) and then the blocks of
-/// rank-1, rank-2, ...: while `visit` runs on a block, that block is already on
-/// its way to rank+1 and the next one arriving from rank-1. At most the block
-/// in hand and the arriving one are held. Null or world-1 `comm`: one call.
-void ring_for_each_block(const CommunicatorPtr& comm, const std::vector<int64_t>& counts,
-                         const torch::Tensor& local,
-                         const std::function<void(int64_t owner, const torch::Tensor& block)>& visit,
-                         const std::string& stat_name = "ring");
-
-/// Like `ring_for_each_block`, but `visit` returns a gradient contribution for
-/// the block it was given (same shape and dtype as the block). Contributions
-/// travel with the ring, summed on the way, and reach the block's owner one
-/// step after the last visit; the function returns the total for `local`.
-/// Each step sends one message: the block in hand plus the partial sum of the
-/// previous block, so transfers overlap the next visit.
-torch::Tensor ring_for_each_block_grad(
-    const CommunicatorPtr& comm, const std::vector<int64_t>& counts, const torch::Tensor& local,
-    const std::function<torch::Tensor(int64_t owner, const torch::Tensor& block)>& visit,
-    const std::string& stat_name = "ring");
 
 }  // namespace detail
 

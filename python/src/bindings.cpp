@@ -210,7 +210,7 @@ PYBIND11_MODULE(_contrax, m) {
                                     contrax::SigLipLossOptions()
                                         .max_logit_scale(max_logit_scale)
                                         .normalize(normalize)
-                                        .chunk_size(chunk_size)
+                                        .tile_size(chunk_size)
                                         .comm(comm));
       },
       "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a, "normalize"_a, "chunk_size"_a, "comm"_a);

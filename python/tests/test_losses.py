@@ -153,6 +153,25 @@ def test_float32_and_momentum_helpers():
     torch.testing.assert_close(t.weight.detach(), want)
 
 
+def test_half_and_bfloat16_accumulate_in_float32():
+    """fp16/bf16 features (what GPU training feeds) are computed with fp32
+    log-sum-exps; on CPU they used to fail inside ATen. The reference sees the
+    same rounded inputs in fp64, so what remains is fp32 accumulation."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float16, torch.bfloat16):
+        a = torch.randn(6, 8, generator=g).to(dtype).requires_grad_(True)
+        b = torch.randn(6, 8, generator=g).to(dtype)
+        s = torch.tensor(2.0, requires_grad=True)
+        loss = contrax.clip_loss(a, b, s, normalize=True)
+        assert loss.dtype == torch.float32
+        loss.backward()
+        assert a.grad.dtype == dtype
+        ref = clip_ref(a.detach().double(), b.double(), torch.tensor(2.0, dtype=F64), normalize=True)
+        assert abs(loss.item() - ref.item()) <= 1e-5 * ref.item()
+        nt = contrax.nt_xent_loss(a.detach(), b, temperature=0.5)
+        assert abs(nt.item() - nt_xent_ref(a.detach().double(), b.double(), 0.5).item()) <= 1e-5
+
+
 def _variants_worker(rank, world, rows):
     from distributed import siglip_ref
     for ring in (False, True):

@@ -1,0 +1,118 @@
+// The contrastive-loss engine: the autograd functions every InfoNCE-family loss
+// (CLIP symmetric and one-directional, NT-Xent, MoCo v3) runs on once its
+// front end (losses.cpp) has validated the arguments, exchanged the row counts
+// and gathered what it needs. Internal: the public API is contrax/losses.h.
+//
+// Two ideas make it cheaper than the usual "two directions, both towers
+// gathered with gradient" formulation, and both are exact:
+//
+// * Symmetric CLIP from one row block. Rank r owns S_r = s A_r B_all^T + bias
+//   ([b_r x B]). The text-to-image direction is the *column* softmax of the
+//   same global S, so each rank forms the partial log-sum-exp of every column
+//   over its own rows; combining the W partial vectors (O(B) floats each) gives
+//   every column's exact log-sum-exp. The gradient of the global loss with
+//   respect to S_r is then local (see ClipBlock::backward), so dA_r = s G_r
+//   B_all and dB_all = s G_r^T A_r: three GEMMs per rank instead of six, and
+//   only B is gathered (with gradient, i.e. reduce-scattered back).
+// * NT-Xent with no backward collective. S = Z Z^T / T over all 2B views is
+//   symmetric, so dZ = (G + G^T) Z / T, and the rows of G^T a rank needs come
+//   from its own row block and every row's log-sum-exp (all-gathered in the
+//   forward, O(B)). Z is gathered once without gradient; nothing moves in
+//   backward.
+//
+// Gradient convention (DESIGN.md): rank r returns L_r with (1/W) sum_r L_r = L,
+// and after every rank's backward the gradient held for rank r's rows (and the
+// mean over ranks of a scalar parameter's gradient) must equal W dL/dx_r
+// (resp. dL/ds). Both functions therefore inject into their own row block the
+// block of W dL/dS, scaled by the upstream gradient of L_r. This assumes every
+// rank backpropagates its L_r with the same upstream factor (loss.backward(),
+// or the same loss scale on every rank), which is what data-parallel training
+// does; the per-rank L_r value is exact regardless.
+//
+// Memory: one logits buffer per rank ([b x B] for CLIP, [2b x 2B] for NT-Xent),
+// saved by the forward and turned in place into G by the backward; the
+// log-sum-exps are computed over row chunks of a few MiB, never a second
+// [b x B] temporary. Hence one backward per graph: a second one (retain_graph)
+// is an error, not a wrong result.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "contrax/communicator.h"
+
+namespace contrax::detail {
+
+/// Where this rank's rows sit in the global batch; identical on every rank
+/// except `rank` and `offset`.
+struct EngineLayout {
+  CommunicatorPtr comm;         // null when W == 1
+  std::vector<int64_t> counts;  // b_s for every rank
+  int64_t rank = 0;
+  int64_t world = 1;
+  int64_t offset = 0;  // off_r
+  int64_t total = 0;   // B
+};
+
+/// Builds the layout from exchanged counts.
+EngineLayout make_layout(const CommunicatorPtr& comm, std::vector<int64_t> counts);
+
+/// The dtype the engine computes in for features of dtype `t`: fp16 and bf16
+/// are accumulated in fp32 (log-sum-exps, loss, gradients of the block); fp32
+/// and fp64 stay.
+c10::ScalarType compute_dtype(c10::ScalarType t);
+
+/// L2 normalisation of rows that cannot overflow: rows are divided by their
+/// largest magnitude before the norm is taken, so 1e20-sized fp32 inputs give
+/// unit rows instead of zeros. Same value and gradient as
+/// F::normalize(x, dim 1, eps 1e-12) wherever that one does not overflow.
+torch::Tensor safe_normalize(const torch::Tensor& x /* [n, d] */);
+
+/// The logit scale min(exp(logit_scale), max_scale) with the clamp taken on the
+/// log side: exp never sees a value above log(max_scale), so a huge
+/// logit_scale gives the clamped scale and a zero (not NaN) gradient.
+torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale);
+
+/// CLIP / InfoNCE on one row block. q: [b, d] this rank's queries (image
+/// tower), k_all: [B, d] every rank's keys in rank order (gathered with
+/// gradient for CLIP, without for MoCo v3), scale: 0-dim (the scale itself),
+/// bias: 0-dim or undefined. Returns
+///   symmetric:  L_r = (W/B) * 1/2 * sum_{i in r} (lse_row_i + lse_col_{off+i} - 2 S_{i,off+i})
+///   otherwise:  L_r = (W/B) * sum_{i in r} (lse_row_i - S_{i,off+i}).
+/// The symmetric form runs one collective in the forward (the column
+/// log-sum-exps, (W-1) B floats sent per rank) and none of its own in backward.
+torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k_all, const torch::Tensor& scale,
+                              const torch::Tensor& bias, const EngineLayout& layout, bool symmetric);
+
+/// NT-Xent on one row block. z: [2b, d] this rank's [z1_r; z2_r] (with
+/// gradient), z_all: [2B, d] = [z1_all; z2_all] gathered without gradient.
+/// Returns L_r = (W / 2B) sum over this rank's 2b rows of lse_u - S_{u,pos(u)},
+/// S = z z_all^T / T with the self column at -inf. One O(B) all-gather in the
+/// forward; the backward is local.
+torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
+                                 const EngineLayout& layout);
+
+/// `clip_block_loss` with the logits computed one [tile x tile] block at a time
+/// (same value and gradients). Gathered keys: k is k_all [B, d]. `ring`
+/// (W > 1): k is this rank's block [b, d] and the blocks travel around the ring
+/// (forward and backward), so no rank holds more than two remote blocks.
+torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
+                                    const torch::Tensor& bias, const EngineLayout& layout, bool symmetric,
+                                    int64_t tile, bool ring);
+
+/// `nt_xent_block_loss` with the logits computed one [tile x tile] block at a time.
+torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
+                                       const EngineLayout& layout, int64_t tile);
+
+/// How many [b x B] logits blocks the materialised path of `loss` holds per
+/// rank ("clip"/"infonce": 1, "nt_xent": 4 (one [2b x 2B]), "moco_v3": 2): the
+/// automatic routing and `plan_loss` compare this with `max_logits_bytes`.
+int64_t logits_blocks(const std::string& loss);
+
+/// Rows per chunk when walking a [rows x cols] buffer of `element_size` so that
+/// one chunk's temporaries stay near `chunk_bytes` (at least one row).
+int64_t chunk_rows(int64_t cols, int64_t element_size, int64_t chunk_bytes = int64_t{1} << 20);
+
+}  // namespace contrax::detail

@@ -1,0 +1,69 @@
+// What a contrastive loss will cost before it runs: for a global batch B of
+// width d over W ranks, the bytes each memory path holds per rank, the GEMM
+// work, the bytes each rank sends forward and backward, and which path the
+// automatic routing of clip_loss / nt_xent_loss / moco_v3_loss picks (the same
+// rule the losses apply, from the largest rank's row count).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace contrax {
+
+/// Options for `plan_loss`. Defaults: symmetric CLIP, B = 8192, d = 256,
+/// W = 1, fp32, automatic path with the losses' default threshold and tiles.
+///
+///   auto p = contrax::plan_loss(contrax::PlanOptions().batch(32768).world(4));
+///   std::cout << contrax::to_string(p);
+struct PlanOptions {
+  /// "clip" (symmetric), "infonce" (one direction), "nt_xent" or "moco_v3".
+  TORCH_ARG(std::string, loss) = "clip";
+  /// Global batch B (rows per view); ranks hold ceil(B/W) or floor(B/W) rows.
+  TORCH_ARG(int64_t, batch) = 8192;
+  TORCH_ARG(int64_t, width) = 256;
+  TORCH_ARG(int64_t, world) = 1;
+  /// Feature dtype; fp16/bf16 are computed in fp32 (the engine's rule).
+  TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
+  /// The losses' `tile_size`: 0 automatic, -1 materialised, > 0 tiled.
+  TORCH_ARG(int64_t, tile_size) = 0;
+  /// The losses' `ring` (tiled, W > 1).
+  TORCH_ARG(bool, ring) = false;
+  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
+  /// Tile budget when the tiled path picks its own side.
+  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
+};
+
+/// One path's cost for the rank with the most rows.
+struct PathCost {
+  std::string path;                 // "materialised", "tiled", "ring"
+  int64_t logits_bytes = 0;         // logits-sized buffers held at once
+  int64_t feature_bytes = 0;        // gathered features (and their gradient)
+  double gemm_flops = 0;            // multiply-adds x 2 of every GEMM, forward + backward
+  int64_t gemms = 0;                // in units of one [b x B x d] product
+  int64_t bytes_sent_forward = 0;   // per rank, bandwidth-optimal schedule (CommStats' rule)
+  int64_t bytes_sent_backward = 0;
+  bool available = true;            // ring needs W > 1
+};
+
+struct LossPlan {
+  PlanOptions options;
+  int64_t rows_per_rank = 0;  // the largest rank's
+  std::vector<PathCost> paths;
+  std::string chosen;         // what the loss would run
+  /// The old algorithm's GEMMs for the same loss (both directions with their
+  /// own products; NT-Xent's four [b x B] products), for comparison.
+  int64_t old_gemms = 0;
+};
+
+/// Plans a loss call. Throws on an unknown loss or a non-positive size.
+LossPlan plan_loss(const PlanOptions& options);
+
+/// Human-readable table.
+std::string to_string(const LossPlan& plan);
+/// One JSON object.
+std::string to_json(const LossPlan& plan);
+
+}  // namespace contrax

@@ -1,0 +1,136 @@
+// Cost model of the loss engine's paths (see contrax/plan.h). The counts follow
+// the code in src/engine.cpp and src/losses.cpp; tests/losses_test.cpp checks
+// the byte counts against the communicator's counters of a real call and the
+// routing against the losses' own choice.
+#include "contrax/plan.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "contrax/detail/engine.h"
+#include "contrax/tiled.h"
+
+namespace contrax {
+
+LossPlan plan_loss(const PlanOptions& o) {
+  const std::string& loss = o.loss();
+  TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "nt_xent" || loss == "moco_v3",
+              "plan_loss(): argument 'loss' must be clip, infonce, nt_xent or moco_v3, but got '", loss, "'");
+  TORCH_CHECK(o.batch() > 0, "plan_loss(): argument 'batch' must be positive, but got ", o.batch());
+  TORCH_CHECK(o.width() > 0, "plan_loss(): argument 'width' must be positive, but got ", o.width());
+  TORCH_CHECK(o.world() > 0, "plan_loss(): argument 'world' must be positive, but got ", o.world());
+  TORCH_CHECK(o.tile_size() >= -1, "plan_loss(): argument 'tile_size' must be -1, 0 or positive, but got ",
+              o.tile_size());
+  TORCH_CHECK(c10::isFloatingType(o.dtype()), "plan_loss(): argument 'dtype' must be a floating type, but got ",
+              o.dtype());
+  LossPlan p;
+  p.options = o;
+  const int64_t W = o.world(), B = o.batch(), d = o.width();
+  const int64_t b = (B + W - 1) / W;  // the largest rank
+  p.rows_per_rank = b;
+  const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
+  const double unit = 2.0 * static_cast<double>(b) * static_cast<double>(B) * static_cast<double>(d);
+  const int64_t blocks = detail::logits_blocks(loss);
+  const int64_t tile = detail::tile_side(std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), e);
+  const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
+  const int64_t gather = (W - 1) * b * d * e;  // one [b, d] tower all-gathered
+
+  PathCost mat{"materialised"}, tiled{"tiled"}, ring{"ring"};
+  ring.available = W > 1;
+  if (loss == "clip" || loss == "infonce") {
+    const bool sym = loss == "clip";
+    // Materialised: S = A B^T, dA = G B, dB = G^T A. Tiled: + one recomputation of S.
+    mat.gemms = 3;
+    tiled.gemms = ring.gemms = 4;
+    const int64_t lse = sym ? (W - 1) * B * e : 0;  // the column log-sum-exps
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = gather + lse;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * e;  // reduce-scatter of dB_all
+    ring.bytes_sent_forward = gather + lse;                                  // W-1 hops of a block
+    ring.bytes_sent_backward = 2 * gather;                                   // blocks again, with partials
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;                 // B_all and dB_all
+    ring.feature_bytes = 4 * b * d * e;                                      // two blocks, two partials
+    p.old_gemms = sym ? 6 : 3;
+  } else if (loss == "nt_xent") {
+    // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4 units).
+    mat.gemms = 8;
+    tiled.gemms = 12;
+    ring.gemms = 16;  // two views, InfoNCE each against [2B] keys with a key gradient
+    const int64_t z = (W - 1) * b * 2 * d * e, lse = (W - 1) * 2 * b * e;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = z + lse;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = 0;  // no backward collective
+    ring.bytes_sent_forward = 2 * z;
+    ring.bytes_sent_backward = 4 * z;
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
+    ring.feature_bytes = 8 * b * d * e;
+    p.old_gemms = 12;
+  } else {  // moco_v3: two directions, keys without gradient
+    mat.gemms = 4;
+    tiled.gemms = ring.gemms = 6;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = 2 * gather;
+    ring.bytes_sent_forward = 2 * gather;
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
+    ring.feature_bytes = 4 * b * d * e;
+    p.old_gemms = 4;
+  }
+  mat.logits_bytes = blocks * b * B * e;
+  tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
+  for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
+  p.paths = {mat, tiled, ring};
+
+  if (o.tile_size() < 0) {
+    p.chosen = "materialised";
+  } else if (o.tile_size() > 0 || o.ring()) {
+    p.chosen = o.ring() && W > 1 ? "ring" : "tiled";
+  } else {
+    p.chosen = b * B * e * blocks > o.max_logits_bytes() ? (o.ring() && W > 1 ? "ring" : "tiled") : "materialised";
+  }
+  return p;
+}
+
+namespace {
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1048576.0 << " MiB";
+  return os.str();
+}
+}  // namespace
+
+std::string to_string(const LossPlan& p) {
+  std::ostringstream os;
+  const auto& o = p.options;
+  os << "plan: " << o.loss() << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = "
+     << o.width() << ", W = " << o.world() << ", " << o.dtype() << "\n";
+  os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd |\n";
+  os << "|---|---|---|---|---|---|---|\n";
+  for (const auto& c : p.paths) {
+    if (!c.available) {
+      os << "| " << c.path << " | needs W > 1 | | | | | |\n";
+      continue;
+    }
+    os << "| " << c.path << (c.path == p.chosen ? " (chosen)" : "") << " | " << mib(c.logits_bytes) << " | "
+       << mib(c.feature_bytes) << " | " << c.gemms << " | " << std::fixed << std::setprecision(1)
+       << c.gemm_flops / 1e9 << " | " << mib(c.bytes_sent_forward) << " | " << mib(c.bytes_sent_backward) << " |\n";
+  }
+  os << "old algorithm: " << p.old_gemms << " GEMM units\n";
+  return os.str();
+}
+
+std::string to_json(const LossPlan& p) {
+  std::ostringstream os;
+  const auto& o = p.options;
+  os << "{\"loss\": \"" << o.loss() << "\", \"batch\": " << o.batch() << ", \"width\": " << o.width()
+     << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank << ", \"chosen\": \"" << p.chosen
+     << "\", \"old_gemms\": " << p.old_gemms << ", \"paths\": [";
+  for (size_t i = 0; i < p.paths.size(); ++i) {
+    const auto& c = p.paths[i];
+    os << (i ? ", " : "") << "{\"path\": \"" << c.path << "\", \"available\": " << (c.available ? "true" : "false")
+       << ", \"logits_bytes\": " << c.logits_bytes << ", \"feature_bytes\": " << c.feature_bytes
+       << ", \"gemms\": " << c.gemms << ", \"gemm_flops\": " << std::setprecision(17) << c.gemm_flops
+       << ", \"bytes_sent_forward\": " << c.bytes_sent_forward << ", \"bytes_sent_backward\": " << c.bytes_sent_backward
+       << "}";
+  }
+  os << "]}";
+  return os.str();
+}
+
+}  // namespace contrax
