@@ -12,6 +12,9 @@ PACKAGES=(
   libgtest-dev zlib1g-dev
   dataset-fashion-mnist           # the real data set of `contrax train`
   python3-torch pybind11-dev python3-dev python3-pytest  # the Python binding
+  libcli11-dev                    # CLI11: flags, --help and --config of the `contrax` tool
+  nlohmann-json3-dev              # nlohmann-json: metrics.jsonl, config.json, results.json, --json
+  python3-matplotlib              # curves.png of a run (tools/plot_run.py, `contrax plot`)
 )
 
 missing=()

@@ -28,6 +28,12 @@ struct LaunchOptions {
   int64_t nnodes = 1;
   std::chrono::milliseconds grace{10000};
   bool prefix_output = true;
+  /// Non-empty: each rank's output also goes to DIR/rank_<R>.log (one file
+  /// per rank), as torchrun's --log-dir. Empty: no log files.
+  std::string log_dir;
+  /// Restart all workers up to this many times after a worker fails (the
+  /// program resumes itself, e.g. `contrax train --resume auto`). 0: never.
+  int64_t max_restarts = 0;
 };
 
 /// How a launch ended.
