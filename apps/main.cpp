@@ -49,6 +49,9 @@ void setup_app(CLI::App& app) {
   // Every option's default is shown by --help and written by --dump-config,
   // so a dumped file is a complete record of the settings.
   app.option_defaults()->always_capture_default();
+  // A flag given twice takes its last value (a script appending an override),
+  // as in most tools; CLI11 would refuse it.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.set_help_flag("-h,--help", "print this help and exit")->configurable(false);
   app.set_version_flag("--version", version_string, "print the version, LibTorch and BLAS and exit");
   app.set_config("--config", "", "read flags from this TOML or INI file (see --dump-config); flags given too win");
@@ -114,11 +117,13 @@ CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, con
   opt->check(CLI::Validator(
       [flag, lo, hi](std::string& text) -> std::string {
         int64_t v = 0;
-        usage_check(parse_int64(text, v), "flag '", flag, "' must be an integer",
-                    lo > std::numeric_limits<int64_t>::min() || hi < std::numeric_limits<int64_t>::max()
-                        ? c10::str(" in [", lo, ", ", hi, "]")
-                        : std::string(),
-                    ", but got '", text, "'");
+        if (!parse_int64(text, v)) {
+          // Digits that overflow int64 get the range; anything else the type.
+          const bool digits = !text.empty() && text.find_first_not_of("+-0123456789") == std::string::npos;
+          throw UsageError(c10::str("flag '", flag, "' must be an integer",
+                                    digits ? c10::str(" in [", lo, ", ", hi, "]") : std::string(), ", but got '",
+                                    text, "'"));
+        }
         usage_check(v >= lo, "flag '", flag, "' must be >= ", lo, ", but got ", v);
         usage_check(v <= hi, "flag '", flag, "' must be <= ", hi, ", but got ", v);
         return std::string();

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -43,10 +44,15 @@ std::string temp_dir(const std::string& name) {
   return d;
 }
 
+// Each file's size and a hash of its bytes (printable when a test fails). The
+// lock file is not part of the run: a refused run records its pid there.
 std::map<std::string, std::string> snapshot(const std::string& dir) {
   std::map<std::string, std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) {
-    if (e.is_regular_file()) files[e.path().filename().string()] = read_file(e.path().string());
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == ".lock") continue;
+    const std::string bytes = read_file(e.path().string());
+    files[name] = std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>()(bytes));
   }
   return files;
 }
@@ -85,7 +91,10 @@ TEST(Cli, HelpOnEverySubcommandExitsZeroQuicklyAndStartsNothing) {
       auto r = run_cli_in(d, args);
       EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
       EXPECT_NE(r.out.find("Usage:"), std::string::npos) << args << "\n" << r.out;
-      EXPECT_LT(r.seconds, 1.0) << args;
+      // "Within a second": CPU time, which a loaded machine (others
+      // building on 2 cores) does not inflate the way it does wall time.
+      EXPECT_LT(r.cpu_seconds, 1.0) << args;
+      EXPECT_LT(r.seconds, 10.0) << args;
     }
   }
   // Nothing was started: no run directory, no file at all.
@@ -233,14 +242,14 @@ TEST(Cli, ResumeAutoStartsFreshThenReEvaluatesAFinishedRun) {
   EXPECT_EQ(s["steps"], 3);
   EXPECT_EQ(s["steps_run"], 3);
   EXPECT_EQ(s["start_step"], 0);
-  const std::string ckpt = read_file(d + "/checkpoint.pt");
+  const auto ckpt = snapshot(d)["checkpoint.pt"];
   auto again = run_cli(kTiny + " --json --resume auto --run-dir " + d);
   ASSERT_EQ(again.status, 0) << again.out;
   s = last_json_object(again.out);
   EXPECT_EQ(s["steps"], 3);
   EXPECT_EQ(s["steps_run"], 0) << "a finished run is re-evaluated, not trained again";
   EXPECT_EQ(parse_lines(d + "/metrics.jsonl").size(), 3u);
-  EXPECT_EQ(read_file(d + "/checkpoint.pt"), ckpt);
+  EXPECT_EQ(snapshot(d)["checkpoint.pt"], ckpt);
   // results.json is the summary.
   Json results = Json::parse(read_file(d + "/results.json"));
   EXPECT_EQ(results["steps"], 3);
@@ -299,13 +308,13 @@ TEST(Cli, DivergenceStopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
   const std::string d = temp_dir("diverge") + "/run";
   auto half = run_cli(kTiny + " --max-steps 6 --stop-at-step 2 --run-dir " + d);
   ASSERT_EQ(half.status, 0) << half.out;
-  const std::string good = read_file(d + "/checkpoint.pt");
+  const auto good = snapshot(d)["checkpoint.pt"];
   ASSERT_FALSE(good.empty());
   auto bad = run_cli(kTiny + " --max-steps 6 --lr 1e30 --resume --run-dir " + d);
   EXPECT_EQ(bad.status, 1) << bad.out;
   EXPECT_NE(bad.out.find("training diverged at step "), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("is not finite"), std::string::npos) << bad.out;
-  EXPECT_EQ(read_file(d + "/checkpoint.pt"), good) << "the last good checkpoint was overwritten";
+  EXPECT_EQ(snapshot(d)["checkpoint.pt"], good) << "the last good checkpoint was overwritten";
   EXPECT_NE(read_file(d + "/train.log").find("training diverged at step"), std::string::npos);
   // Every metrics line still parses; the bad step's loss is null and flagged.
   auto rows = parse_lines(d + "/metrics.jsonl");
@@ -400,4 +409,58 @@ TEST(Cli, VerifyFailsWhenToleranceIsImpossible) {
   EXPECT_NE(r.out.find("MISMATCH"), std::string::npos) << r.out;
   r = run_cli("verify --nproc 1 --case nope");
   EXPECT_NE(r.out.find("verify(): unknown case 'nope'; known cases: clip"), std::string::npos) << r.out;
+}
+
+TEST(Cli, LaunchTakesTorchrunsFlagNames) {
+  // torchrun's spellings, dashed and underscored, start the same workers.
+  for (const std::string flags : {"--nproc-per-node 2 --nnodes 1 --node-rank 0 --master-addr 127.0.0.1",
+                                  "--nproc_per_node 2 --nnodes 1 --node_rank 0 --master_addr 127.0.0.1",
+                                  "--nproc 2 --standalone"}) {
+    auto r = run_cli_stdout("launch " + flags + " --no-prefix -- sh -c 'echo r$RANK/$WORLD_SIZE/$MASTER_ADDR'");
+    ASSERT_EQ(r.status, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find("r0/2/127.0.0.1\n"), std::string::npos) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find("r1/2/127.0.0.1\n"), std::string::npos) << flags << "\n" << r.out;
+  }
+  // Without '--' the first word that is not a flag starts the program.
+  auto r = run_cli_stdout("launch --nproc 1 --no-prefix sh -c 'echo plain$RANK'");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("plain0"), std::string::npos) << r.out;
+  auto bogus = run_cli("launch --nproc 1 --bogus 1 -- true");
+  EXPECT_EQ(bogus.status, 2) << bogus.out;
+  EXPECT_NE(bogus.out.find("unknown flag '--bogus'"), std::string::npos) << bogus.out;
+  // --log-dir and --max-restarts are accepted (their behaviour: launcher_test).
+  auto help = run_cli("launch --help");
+  for (const char* flag : {"--log-dir", "--max-restarts", "--nproc-per-node", "--standalone"}) {
+    EXPECT_NE(help.out.find(flag), std::string::npos) << flag << "\n" << help.out;
+  }
+}
+
+TEST(Cli, AFailedMetricsWriteStopsTheRunWithTheCause) {
+  // RLIMIT_FSIZE of 8 KiB (SIGXFSZ ignored, so writes fail with EFBIG): the
+  // metrics file outgrows it after a few dozen steps, long before the end.
+  const std::string d = temp_dir("fsize") + "/run";
+  const std::string cmd = "bash -c \"trap '' XFSZ; ulimit -f 8; exec " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
+                          " --log-every 0 --train-limit 64 --max-steps 400 --checkpoint-every 0 --run-dir " + d +
+                          "\" 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  // The run stops at once with the cause. Its final checkpoint (2 MB) cannot
+  // be written under the same limit either: once checkpoint writes turn a
+  // write error into an error (issue 14, src/train/checkpoint.cpp) the status
+  // is 1 and the message says so; until then LibTorch's archive writer aborts
+  // (134) after the cause has been printed.
+  EXPECT_TRUE(WEXITSTATUS(st) == 1 || WEXITSTATUS(st) == 134) << out;
+  EXPECT_NE(out.find("contrax train: cannot write " + d + "/metrics.jsonl: File too large"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stopping at the next step boundary"), std::string::npos) << out;
+  if (WEXITSTATUS(st) == 1) EXPECT_NE(out.find("the run stopped at step"), std::string::npos) << out;
+  auto rows = parse_lines(d + "/metrics.jsonl");  // what was written is whole lines
+  EXPECT_GT(rows.size(), 10u);
+  EXPECT_LT(rows.size(), 400u);
 }

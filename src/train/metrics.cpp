@@ -2,6 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -90,20 +93,35 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_through_step)
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "cannot write ", path, ": ", e.what_without_backtrace());
   }
-  file_ = std::fopen(path.c_str(), "a");
-  TORCH_CHECK(file_ != nullptr, "cannot write ", path, ": ", std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  TORCH_CHECK(fd_ >= 0, "cannot write ", path, ": ", std::strerror(errno));
 }
 
 MetricsWriter::~MetricsWriter() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const StepMetrics& m) {
   const std::string line = metrics_json(m) + "\n";
-  errno = 0;
-  const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-  TORCH_CHECK(ok, "cannot write ", path_, ": ", errno != 0 ? std::strerror(errno) : "write failed",
-              " (metrics of step ", m.step, " not recorded; the run stops rather than lose them silently)");
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  size_t done = 0;
+  int err = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err != 0 && before >= 0) {
+    // No half line: a reader parses every line of the file strictly.
+    if (::ftruncate(fd_, before) != 0) {
+    }
+  }
+  TORCH_CHECK(err == 0, "cannot write ", path_, ": ", std::strerror(err), " (metrics of step ", m.step,
+              " not recorded; the run stops rather than lose them silently)");
 }
 
 }  // namespace train

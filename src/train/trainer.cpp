@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -278,10 +279,25 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   const auto t0 = Clock::now();
   const int64_t bytes0 = comm->stats().total_bytes_sent();
   int64_t step = start, examples = 0;
+  // A failed write of the metrics or the log (a full disk) stops the run at
+  // the next step boundary, with a checkpoint while one can still be written,
+  // then reports the cause: never a run that silently loses its record.
+  std::string write_error;
+  auto checked = [&](const std::function<void()>& write) {
+    if (!write_error.empty()) return;
+    try {
+      write();
+    } catch (const std::exception& e) {
+      const c10::Error* ce = dynamic_cast<const c10::Error*>(&e);
+      write_error = ce != nullptr ? ce->what_without_backtrace() : e.what();
+      // Said at once, straight to stderr (the log may be what failed).
+      std::cerr << "contrax train: " << write_error << "; stopping at the next step boundary\n" << std::flush;
+    }
+  };
   for (; step < total; ++step) {
     // Agree on stopping at the step boundary: any rank's request stops all.
-    const bool want_stop =
-        (o.stop_requested() && o.stop_requested()()) || (o.stop_at_step() >= 0 && step >= o.stop_at_step());
+    const bool want_stop = (o.stop_requested() && o.stop_requested()()) ||
+                           (o.stop_at_step() >= 0 && step >= o.stop_at_step()) || !write_error.empty();
     auto flag = torch::full({1}, want_stop ? 1.0 : 0.0, torch::kDouble);
     comm->all_reduce_sum(flag, "stop_flag");
     if (flag.item<double>() > 0) {
@@ -331,7 +347,7 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
         m.elapsed_s = elapsed;
         m.bytes_sent = comm->stats().total_bytes_sent() - step_bytes0;
         m.applied = finite;
-        metrics->write(m);
+        checked([&] { metrics->write(m); });
       }
       const int64_t done = step + 1 - start;
       if (o.log_every() > 0 && (done % o.log_every() == 0 || step + 1 == total || done == 1 || !finite)) {
@@ -345,7 +361,7 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
           line << "  (short batch: " << sampler.global_batch_rows(pos.step) << " rows)";
         }
         if (!finite) line << "  NOT APPLIED: non-finite " << (std::isfinite(gloss) ? "gradient" : "loss");
-        log(line.str() + "\n");
+        checked([&] { log(line.str() + "\n"); });
       }
     }
     if (!finite && result.skipped_steps > o.skip_nonfinite()) {
@@ -367,8 +383,18 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   result.examples_per_s = result.train_s > 0 ? examples / result.train_s : 0;
   result.epochs_done = step > 0 ? sampler.position(step - 1).epoch + 1 : 0;
   result.bytes_sent = comm->stats().total_bytes_sent() - bytes0;
-  save(step);
+  try {
+    // A resumed run that had nothing left to do (re-evaluating a finished
+    // run) leaves its checkpoint untouched.
+    if (step > start || !o.resume()) save(step);
+  } catch (const c10::Error& e) {
+    if (write_error.empty()) throw;
+    TORCH_CHECK(false, write_error, "; the run stopped at step ", step, "/", total,
+                " but its checkpoint could not be written either: ", e.what_without_backtrace());
+  }
   comm->barrier();  // the checkpoint is on disk before any rank moves on
+  TORCH_CHECK(write_error.empty(), write_error, "; the run stopped at step ", step, "/", total,
+              ckpt_file.empty() ? std::string() : " with checkpoint " + ckpt_file, " (free space, then --resume)");
 
   model.module->eval();
   result.encoder = moco ? model.moco->encoder() : model.simclr->encoder;

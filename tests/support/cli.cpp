@@ -1,5 +1,6 @@
 #include "support/cli.h"
 
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -12,8 +13,15 @@ namespace contrax::testing {
 
 namespace {
 
+double children_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_CHILDREN, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 CliRun run_shell(const std::string& cmd) {
   CliRun r;
+  const double cpu0 = children_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -22,6 +30,7 @@ CliRun run_shell(const std::string& cmd) {
   while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
   const int st = ::pclose(p);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.cpu_seconds = children_cpu_seconds() - cpu0;
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }

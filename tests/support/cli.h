@@ -10,6 +10,7 @@ struct CliRun {
   int status = -1;      // exit status; -1 when the tool did not exit normally
   std::string out;      // stdout and stderr, interleaved
   double seconds = 0;   // wall time of the run
+  double cpu_seconds = 0;  // user + system CPU time of the run (all its processes)
 };
 
 /// `contrax ARGS 2>&1` (ARGS is passed to the shell as it is).
