@@ -21,6 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "contrax/launcher.h"
+#include "contrax/train/trainer.h"
+#include "contrax/verify.h"
 #include "support/cli.h"
 
 namespace {
@@ -205,6 +208,32 @@ TEST(Cli, ConfigRoundTripsDumpConfig) {
   auto missing = run_cli("train --config " + d + "/none.toml");
   EXPECT_EQ(missing.status, 2) << missing.out;
   EXPECT_NE(missing.out.find("none.toml"), std::string::npos) << missing.out;
+}
+
+TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
+  // One place for every default: what `--dump-config` shows is what the
+  // options structs hold.
+  auto train = run_cli_stdout("train --dump-config");
+  ASSERT_EQ(train.status, 0);
+  const contrax::train::TrainOptions t;
+  for (const std::string line :
+       {"recipe=\"" + t.recipe() + "\"", "epochs=" + std::to_string(t.epochs()),
+        "batch-size=" + std::to_string(t.batch_size()), "warmup-steps=" + std::to_string(t.warmup_steps()),
+        "checkpoint-every=" + std::to_string(t.checkpoint_every()), "log-every=" + std::to_string(t.log_every()),
+        "skip-nonfinite=" + std::to_string(t.skip_nonfinite())}) {
+    EXPECT_NE(train.out.find("\n" + line + "\n"), std::string::npos) << line << "\n" << train.out;
+  }
+  EXPECT_EQ(t.lr(), 2e-3);  // the default run's recipe, unchanged
+  EXPECT_EQ(t.epochs(), 8);
+  EXPECT_NE(train.out.find("\nlr=0.002\n"), std::string::npos) << train.out;
+  auto verify = run_cli_stdout("verify --dump-config");
+  const contrax::VerifyOptions v;
+  EXPECT_NE(verify.out.find("\nwidth=" + std::to_string(v.width()) + "\n"), std::string::npos) << verify.out;
+  auto launch = run_cli_stdout("launch --dump-config");
+  const contrax::LaunchOptions l;
+  EXPECT_NE(launch.out.find("\ngrace-ms=" + std::to_string(l.grace.count()) + "\n"), std::string::npos)
+      << launch.out;
+  EXPECT_NE(launch.out.find("\nmaster-addr=\"" + l.master_addr + "\"\n"), std::string::npos) << launch.out;
 }
 
 TEST(Cli, SecondTrainIntoARunDirIsRefusedAndTheRunStaysByteIdentical) {
