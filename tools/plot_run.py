@@ -53,14 +53,18 @@ def main(argv):
         return xs, ys
 
     fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    x, y = series("loss")
-    axes[0].plot(x, y, lw=1, color="tab:blue", label="loss (global mean)")
-    # A short last batch of an epoch has a different loss scale: mark those steps.
+    # A short last batch of an epoch has fewer negatives, hence a lower loss:
+    # drawn as points of their own, not as dips in the line of full batches.
+    full_rows = max(r["rows"] for r in rows)
+    line = [(r["step"], r["loss"]) for r in rows
+            if r.get("loss") is not None and math.isfinite(r["loss"]) and r["rows"] == full_rows]
+    axes[0].plot([s for s, _ in line], [v for _, v in line], lw=1, color="tab:blue",
+                 label="loss (global mean, full batches)")
     short = [(r["step"], r["loss"]) for r in rows
-             if r.get("loss") is not None and r["rows"] < max(q["rows"] for q in rows)]
+             if r.get("loss") is not None and math.isfinite(r["loss"]) and r["rows"] < full_rows]
     if short:
         axes[0].scatter([s for s, _ in short], [v for _, v in short], s=12, color="tab:orange",
-                        label="short batch", zorder=3)
+                        label="short last batch of an epoch", zorder=3)
     bad = [r["step"] for r in rows if not r.get("applied", True)]
     for s in bad:
         axes[0].axvline(s, color="tab:red", lw=0.8, alpha=0.6)
