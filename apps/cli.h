@@ -1,9 +1,27 @@
-// Subcommand registry of the `contrax` tool. Each apps/cmd_*.cpp registers its
-// subcommand with a static `Command` object, so adding one touches no other file.
+// Subcommand registry and flag helpers of the `contrax` tool. Each
+// apps/cmd_*.cpp registers its subcommand with a static `Command` object, so
+// adding one touches no other file.
+//
+// Flags go through CLI11. The helpers below add typed flags whose values are
+// checked while parsing (integer syntax, overflow, range), so that every
+// usage error names the flag and what was expected and ends the tool with
+// exit status 2, before anything starts. Usage:
+//
+//   CLI::App app{"check ...", "verify"};
+//   contrax::cli::setup_app(app);
+//   int64_t nproc = 4;
+//   contrax::cli::add_int(app, "--nproc", nproc, "local processes", 1, contrax::cli::max_procs());
+//   if (int st = contrax::cli::parse(app, args); st >= 0) return st;  // --help, --dump-config, errors
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <c10/util/StringUtil.h>
+
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,34 +42,64 @@ struct Command {
   }
 };
 
-/// Minimal flag parsing shared by the subcommands: "--name value", "--name=value"
-/// and boolean "--flag". Unknown flags are an error naming the flag.
-class Args {
- public:
-  Args(std::string command, const std::vector<std::string>& args);
-  /// Declares and reads a flag; `help` is shown by --help.
-  std::string get(const std::string& name, const std::string& def, const std::string& help);
-  int64_t get_int(const std::string& name, int64_t def, const std::string& help);
-  double get_double(const std::string& name, double def, const std::string& help);
-  bool flag(const std::string& name, const std::string& help);
-  /// Comma-separated integers ("1024,4096"); "" gives an empty list.
-  std::vector<int64_t> get_int_list(const std::string& name, const std::string& def, const std::string& help);
-  /// Arguments after "--" (or the first non-flag), for `launch`.
-  const std::vector<std::string>& rest() const { return rest_; }
-  /// Call after all get()s: throws on unknown flags; returns true if --help was
-  /// given (the usage has been printed and the command should return 0).
-  bool finish();
-
- private:
-  std::string command_;
-  std::map<std::string, std::string> values_;
-  std::vector<std::string> order_, rest_, help_lines_;
-  std::map<std::string, bool> used_;
-  bool help_ = false;
+/// A mistake in the command line (bad flag value, stray word, refused run
+/// directory). main() prints "contrax CMD: error: MESSAGE" and exits with 2,
+/// the usual status of a usage error; other errors exit with 1.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
+
+/// Throws UsageError with the concatenated message unless `cond` holds.
+template <typename... Args>
+void usage_check(bool cond, const Args&... message) {
+  if (!cond) throw UsageError(c10::str(message...));
+}
+
+/// Sets up the app of a subcommand: --help, --version, --config FILE
+/// (TOML/INI) and --dump-config, defaults captured so that --help and
+/// --dump-config show them.
+///
+///   CLI::App app{"check ...", "verify"};
+///   contrax::cli::setup_app(app);
+void setup_app(CLI::App& app);
+
+/// Parses `args` (argv after the subcommand). Returns -1 when the command
+/// should run, otherwise the status to exit with: 0 after --help, --version or
+/// --dump-config (printed here), 2 after a usage error (printed to stderr).
+/// `-h`/`--help` anywhere before a `--` wins over everything else, so a help
+/// request never starts anything even next to a bad value.
+int parse(CLI::App& app, const std::vector<std::string>& args);
+
+/// Integer flag in [lo, hi]; errors: "flag '--x' must be an integer, but got
+/// 'v'", "... must be >= lo, but got v", "... must be <= hi, but got v".
+CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, const std::string& help,
+                     int64_t lo = std::numeric_limits<int64_t>::min(),
+                     int64_t hi = std::numeric_limits<int64_t>::max());
+
+/// Finite floating-point flag; `lo_open`: the value must be > lo (else >= lo).
+CLI::Option* add_double(CLI::App& app, const std::string& name, double& value, const std::string& help,
+                        double lo = -std::numeric_limits<double>::max(),
+                        double hi = std::numeric_limits<double>::max(), bool lo_open = false);
+
+/// String flag limited to `choices`: "flag '--x' must be a or b, but got 'c'".
+CLI::Option* add_choice(CLI::App& app, const std::string& name, std::string& value, const std::string& help,
+                        const std::vector<std::string>& choices);
+
+/// Comma-separated integers ("1024,4096"), each in [lo, hi]; the option keeps
+/// the text (so --dump-config writes it back) and `parse_int_list` reads it.
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
+
+/// Processes or threads a flag may ask for without --force: a small multiple of
+/// the cores (oversubscribing more than that only thrashes, and a typo such as
+/// --nproc 1000 would fork a thousand processes).
+int64_t max_procs();
+constexpr int64_t kMaxProcsPerCore = 8;
 
 /// The BLAS library this process actually mapped (Debian picks it through
 /// alternatives; benchmarks print it because it changes GEMM speed ~30x).
 std::string blas_library();
+
+/// "contrax 0.1.0, LibTorch 1.13.1, BLAS /usr/lib/..., N threads".
+std::string version_string();
 
 }  // namespace contrax::cli

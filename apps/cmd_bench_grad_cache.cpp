@@ -112,25 +112,21 @@ std::vector<Measured> measure_alternating(int64_t steps, const std::vector<torch
 }
 
 int run_bench_grad_cache(const std::vector<std::string>& args) {
-  contrax::cli::Args a("bench-grad-cache", args);
-  const auto batches = a.get_int_list("batches", "512,2048,8192", "global batches for both (a) and (b)");
-  const auto gc_batches = a.get_int_list("gc-batches", "32768", "further batches for (b) only");
-  const int64_t chunk = a.get_int("chunk", 128, "gradient-cache chunk size");
-  const int64_t hidden = a.get_int("hidden", 1024, "hidden width of both towers");
-  const int64_t steps = a.get_int("steps", 3, "timed steps per point and path, alternated; the median is reported");
-  const int64_t threads = a.get_int("threads", 0, "intra-op threads (0: keep LibTorch's default)");
-  const std::string loss_kind = a.get("loss", "tiled", "loss path: tiled or materialised");
-  if (a.finish()) return 0;
-  TORCH_CHECK(chunk > 0, "flag '--chunk' must be positive, but got ", chunk);
-  TORCH_CHECK(hidden > 0, "flag '--hidden' must be positive, but got ", hidden);
-  TORCH_CHECK(steps > 0, "flag '--steps' must be positive, but got ", steps);
-  TORCH_CHECK(threads >= 0, "flag '--threads' must be >= 0, but got ", threads);
-  TORCH_CHECK(loss_kind == "tiled" || loss_kind == "materialised",
-              "flag '--loss' must be 'tiled' or 'materialised', but got '", loss_kind, "'");
-  for (auto B : batches) TORCH_CHECK(B > 0, "flag '--batches': every batch size must be positive, but got ", B);
-  for (auto B : gc_batches) {
-    TORCH_CHECK(B > 0, "flag '--gc-batches': every batch size must be positive, but got ", B);
-  }
+  namespace cli = contrax::cli;
+  CLI::App app{"benchmark the gradient cache against the plain step", "bench-grad-cache"};
+  cli::setup_app(app);
+  std::string batches_s = "512,2048,8192", gc_batches_s = "32768", loss_kind = "tiled";
+  int64_t chunk = 128, hidden = 1024, steps = 3, threads = 0;
+  app.add_option("--batches", batches_s, "global batches for both (a) and (b)");
+  app.add_option("--gc-batches", gc_batches_s, "further batches for (b) only");
+  cli::add_int(app, "--chunk", chunk, "gradient-cache chunk size", 1, int64_t{1} << 30);
+  cli::add_int(app, "--hidden", hidden, "hidden width of both towers", 1, int64_t{1} << 20);
+  cli::add_int(app, "--steps", steps, "timed steps per point and path, alternated; the median is reported", 1, 100000);
+  cli::add_int(app, "--threads", threads, "intra-op threads (0: keep LibTorch's default)", 0, cli::max_procs());
+  cli::add_choice(app, "--loss", loss_kind, "loss path", {"tiled", "materialised"});
+  if (int st = cli::parse(app, args); st >= 0) return st;
+  const auto batches = cli::parse_int_list("--batches", batches_s, 1, int64_t{1} << 30);
+  const auto gc_batches = cli::parse_int_list("--gc-batches", gc_batches_s, 1, int64_t{1} << 30);
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
   contrax::MemoryTracker::install();
 

@@ -220,19 +220,25 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
 }
 
 int run_bench(const std::vector<std::string>& args) {
-  contrax::cli::Args a("bench-losses", args);
-  const auto nprocs = a.get_int_list("nproc", "2,4", "comma-separated world sizes (each a separate launch)");
-  const auto batches = a.get_int_list("batch", "1024,4096", "comma-separated per-rank batch sizes");
-  const int64_t width = a.get_int("width", 256, "feature width");
-  const int64_t iters = a.get_int("iters", 3, "timed iterations per mode (after one warm-up)");
-  const int64_t threads = a.get_int("threads", 0, "intra-op threads per rank (0: cores / W, at least 1)");
-  const std::string modes = a.get("modes", "global,allreduce,contrax", "which of global, allreduce, contrax");
-  const std::string out = a.get("out", "", "append the table rows to this file (default: stdout)");
-  const std::string loss_name = a.get("loss", "clip", "clip (symmetric) or nt_xent");
-  if (a.finish()) return 0;
-  TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
-  TORCH_CHECK(iters > 0, "flag '--iters' must be positive, but got ", iters);
-  TORCH_CHECK(!nprocs.empty() && !batches.empty(), "flags '--nproc' and '--batch' must not be empty");
+  namespace cli = contrax::cli;
+  CLI::App app{"benchmark the distributed losses against the all-gather baselines", "bench-losses"};
+  cli::setup_app(app);
+  std::string nprocs_s = "2,4", batches_s = "1024,4096", modes = "global,allreduce,contrax", out, loss_name = "clip";
+  int64_t width = 256, iters = 3, threads = 0;
+  app.add_option("--nproc", nprocs_s, "comma-separated world sizes (each a separate launch)");
+  app.add_option("--batch", batches_s, "comma-separated per-rank batch sizes");
+  cli::add_int(app, "--width", width, "feature width", 1, int64_t{1} << 20);
+  cli::add_int(app, "--iters", iters, "timed iterations per mode (after one warm-up)", 1, 100000);
+  cli::add_int(app, "--threads", threads, "intra-op threads per rank (0: cores / W, at least 1)", 0, cli::max_procs());
+  app.add_option("--modes", modes, "which of global, allreduce, contrax");
+  app.add_option("--out", out, "append the table rows to this file (default: stdout)");
+  app.add_option("--loss", loss_name, "clip (symmetric) or nt_xent");
+  if (int st = cli::parse(app, args); st >= 0) return st;
+  const auto nprocs = cli::parse_int_list("--nproc", nprocs_s, 1, cli::max_procs());
+  const auto batches = cli::parse_int_list("--batch", batches_s, 1, int64_t{1} << 30);
+  cli::usage_check(!nprocs.empty() && !batches.empty(), "flags '--nproc' and '--batch' must not be empty");
+  cli::usage_check(loss_name == "clip" || loss_name == "nt_xent", "flag '--loss' must be clip or nt_xent, but got '",
+                   loss_name, "'");
 
   if (contrax::in_launched_worker()) {
     int64_t W = std::stoll(std::getenv("WORLD_SIZE"));

@@ -213,22 +213,23 @@ int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
 }
 
 int run_bench_tiled(const std::vector<std::string>& args) {
-  contrax::cli::Args a("bench-tiled", args);
-  const int64_t width = a.get_int("width", 256, "feature width d");
-  const auto list = a.get_int_list("batches", "4096,16384,32768,65536,131072", "comma-separated global batch sizes");
-  const int64_t tile = a.get_int("tile", 0, "tile side (0: automatic, ~16 MiB of logits)");
-  const int64_t threads = a.get_int("threads", 0, "intra-op threads (0: keep LibTorch's default)");
-  const int64_t max_mat = a.get_int("max-materialised", 32768, "largest B to run the materialised loss at");
-  const int64_t iters = a.get_int("iters", 1, "timed runs per path and batch, alternated; the median is reported");
-  const bool ring = a.flag("ring", "distributed: ring against gather + reduce-scatter (run under contrax launch)");
-  const bool symmetric = a.flag("symmetric", "single process: symmetric CLIP (floor: the old six GEMMs)");
-  if (a.finish()) return 0;
-  TORCH_CHECK(width > 0, "flag '--width' must be positive, but got ", width);
-  TORCH_CHECK(tile >= 0, "flag '--tile' must be >= 0, but got ", tile);
-  TORCH_CHECK(threads >= 0, "flag '--threads' must be >= 0, but got ", threads);
-  TORCH_CHECK(iters > 0, "flag '--iters' must be positive, but got ", iters);
-  TORCH_CHECK(!list.empty(), "flag '--batches' needs at least one batch size");
-  for (auto B : list) TORCH_CHECK(B > 0, "flag '--batches': every batch size must be positive, but got ", B);
+  namespace cli = contrax::cli;
+  CLI::App app{"benchmark the tiled and ring losses against the materialised path", "bench-tiled"};
+  cli::setup_app(app);
+  std::string list_s = "4096,16384,32768,65536,131072";
+  int64_t width = 256, tile = 0, threads = 0, max_mat = 32768, iters = 1;
+  bool ring = false, symmetric = false;
+  cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
+  app.add_option("--batches", list_s, "comma-separated global batch sizes");
+  cli::add_int(app, "--tile", tile, "tile side (0: automatic, ~16 MiB of logits)", 0, int64_t{1} << 30);
+  cli::add_int(app, "--threads", threads, "intra-op threads (0: keep LibTorch's default)", 0, cli::max_procs());
+  cli::add_int(app, "--max-materialised", max_mat, "largest B to run the materialised loss at", 0, int64_t{1} << 30);
+  cli::add_int(app, "--iters", iters, "timed runs per path and batch, alternated; the median is reported", 1, 100000);
+  app.add_flag("--ring", ring, "distributed: ring against gather + reduce-scatter (run under contrax launch)");
+  app.add_flag("--symmetric", symmetric, "single process: symmetric CLIP (floor: the old six GEMMs)");
+  if (int st = cli::parse(app, args); st >= 0) return st;
+  const auto list = cli::parse_int_list("--batches", list_s, 1, int64_t{1} << 30);
+  cli::usage_check(!list.empty(), "flag '--batches' needs at least one batch size");
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
   contrax::MemoryTracker::install();
   std::printf("bench-tiled: width %lld, fp32, tile %s, threads %d, BLAS %s, median of %lld\n\n",

@@ -4,9 +4,11 @@
 // rank's (or 128+signal), so a script can tell a crash from a clean exit.
 //
 //   contrax launch --nproc 4 -- ./my_job --epochs 3
+//   contrax launch --nproc-per-node 4 --log-dir logs --max-restarts 1 -- contrax train --resume auto
 //   contrax launch --nproc 2 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 -- ./job
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 
@@ -16,24 +18,61 @@
 namespace {
 
 int run_launch(const std::vector<std::string>& args) {
-  contrax::cli::Args a("launch", args);
-  contrax::LaunchOptions o;
-  o.nproc = a.get_int("nproc", o.nproc, "worker processes on this node");
-  o.master_addr = a.get("master-addr", o.master_addr, "host of the rank-0 rendezvous (MASTER_ADDR)");
-  o.master_port = a.get_int("master-port", o.master_port, "rendezvous port (MASTER_PORT); 0 picks a free one");
-  o.nnodes = a.get_int("nnodes", o.nnodes, "number of nodes, each running its own `contrax launch`");
-  o.node_rank = a.get_int("node-rank", o.node_rank, "this node's index in [0, nnodes)");
-  o.grace = std::chrono::milliseconds(
-      a.get_int("grace-ms", o.grace.count(), "time between SIGTERM and SIGKILL when stopping workers"));
-  o.prefix_output = !a.flag("no-prefix", "forward worker output as is, without '[rank N] '");
-  if (a.finish()) {
-    std::cout << "then: [--] PROGRAM ARGS...   (use '--' when the program's own arguments start with '--')\n";
-    return 0;
+  namespace cli = contrax::cli;
+  // The program and its arguments follow the first "--", or the first word
+  // that is not a flag; CLI11 sees only what comes before.
+  std::vector<std::string> flags = args, program;
+  if (auto dd = std::find(args.begin(), args.end(), "--"); dd != args.end()) {
+    flags.assign(args.begin(), dd);
+    program.assign(dd + 1, args.end());
   }
-  // main() prefixes thrown messages with "contrax launch: error: ".
-  TORCH_CHECK(!a.rest().empty(), "no PROGRAM given (usage: contrax launch --nproc N [flags] -- PROGRAM ARGS...)");
+  CLI::App app{"run N local worker processes with the torchrun environment", "launch"};
+  cli::setup_app(app);
+  app.prefix_command();  // without "--": the first word that is no flag starts the program
+  app.footer("then: [--] PROGRAM ARGS...   (use '--' when the program's own arguments start with '-')");
+  contrax::LaunchOptions o;
+  int64_t grace_ms = o.grace.count();
+  bool no_prefix = false, force = false, standalone = false;
+  // torchrun's names are aliases, so its command lines work unchanged.
+  cli::add_int(app, "--nproc,--nproc-per-node,--nproc_per_node", o.nproc, "worker processes on this node", 1);
+  cli::add_int(app, "--nnodes", o.nnodes, "number of nodes, each running its own `contrax launch`", 1, 1 << 20);
+  cli::add_int(app, "--node-rank,--node_rank", o.node_rank, "this node's index in [0, nnodes)", 0, 1 << 20);
+  app.add_option("--master-addr,--master_addr", o.master_addr, "host of the rank-0 rendezvous (MASTER_ADDR)");
+  cli::add_int(app, "--master-port,--master_port", o.master_port, "rendezvous port (MASTER_PORT); 0 picks a free one",
+               0, 65535);
+  app.add_flag("--standalone", standalone,
+               "single node on 127.0.0.1 with a free port (as torchrun's --standalone); excludes --nnodes > 1");
+  cli::add_int(app, "--grace-ms", grace_ms, "time between SIGTERM and SIGKILL when stopping workers", 0,
+               int64_t{24} * 3600 * 1000);
+  app.add_option("--log-dir,--log_dir", o.log_dir, "also write each rank's output to DIR/rank_<R>.log");
+  cli::add_int(app, "--max-restarts,--max_restarts", o.max_restarts,
+               "restart all workers up to N times after a failure (the program resumes itself)", 0, 1000);
+  app.add_flag("--no-prefix", no_prefix, "forward worker output as is, without '[rank N] '");
+  app.add_flag("--force", force, "allow --nproc above " + std::to_string(cli::max_procs()) + " (" +
+                                     std::to_string(cli::kMaxProcsPerCore) + " per core)");
+  if (int st = cli::parse(app, flags); st >= 0) return st;
+  // Prefix mode hands back everything from the first word it does not know:
+  // an unknown flag there is a mistake, not the program.
+  const std::vector<std::string> rest = app.remaining();
+  if (!rest.empty()) {
+    cli::usage_check(rest.front().rfind("-", 0) != 0, "unknown flag '", rest.front(), "'");
+    cli::usage_check(program.empty(), "unexpected word '", rest.front(), "' before '--' (the program follows '--')");
+    program = rest;
+  }
+  o.grace = std::chrono::milliseconds(grace_ms);
+  o.prefix_output = !no_prefix;
+  cli::usage_check(force || o.nproc <= cli::max_procs(), "flag '--nproc' must be <= ", cli::max_procs(), " (",
+                   cli::kMaxProcsPerCore, " per core; --force allows more), but got ", o.nproc);
+  cli::usage_check(o.node_rank < o.nnodes, "flag '--node-rank' must be in [0, --nnodes = ", o.nnodes, "), but got ",
+                   o.node_rank);
+  if (standalone) {
+    cli::usage_check(o.nnodes == 1, "flag '--standalone' runs one node, but got --nnodes ", o.nnodes);
+    o.master_addr = "127.0.0.1";
+    o.master_port = 0;
+  }
+  cli::usage_check(!program.empty(), "no PROGRAM given (usage: contrax launch --nproc N [flags] -- PROGRAM ARGS...)");
 
-  contrax::LaunchResult r = contrax::launch(a.rest(), o);
+  contrax::LaunchResult r = contrax::launch(program, o);
   if (r.exit_code != 0) {
     std::cerr << "contrax launch: " << r.message << "\n";
     return r.exit_code;

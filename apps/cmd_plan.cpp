@@ -13,25 +13,33 @@
 namespace {
 
 c10::ScalarType dtype_of(const std::string& s) {
-  if (s == "float" || s == "fp32" || s == "float32") return c10::kFloat;
-  if (s == "double" || s == "fp64" || s == "float64") return c10::kDouble;
-  if (s == "half" || s == "fp16" || s == "float16") return c10::kHalf;
-  if (s == "bf16" || s == "bfloat16") return c10::kBFloat16;
-  TORCH_CHECK(false, "flag '--dtype' takes float, double, half or bf16, but got '", s, "'");
+  if (s == "double") return c10::kDouble;
+  if (s == "half") return c10::kHalf;
+  if (s == "bf16") return c10::kBFloat16;
+  return c10::kFloat;
 }
 
 int run_plan(const std::vector<std::string>& args) {
-  contrax::cli::Args a("plan", args);
-  const std::string loss = a.get("loss", "clip", "clip (symmetric), infonce, nt_xent or moco_v3");
-  const int64_t batch = a.get_int("batch", 8192, "global batch B (rows per view)");
-  const int64_t width = a.get_int("width", 256, "feature width d");
-  const int64_t world = a.get_int("world", 1, "number of ranks W");
-  const std::string dtype = a.get("dtype", "float", "feature dtype: float, double, half, bf16");
-  const int64_t tile = a.get_int("tile-size", 0, "the losses' tile_size: 0 automatic, -1 materialised, > 0 tiled");
-  const bool ring = a.flag("ring", "tiled path with key blocks around the ring");
-  const int64_t max_logits = a.get_int("max-logits-bytes", int64_t{256} << 20, "automatic routing threshold");
-  const bool json = a.flag("json", "print one JSON object instead of the table");
-  if (a.finish()) return 0;
+  namespace cli = contrax::cli;
+  CLI::App app{"cost of each loss path (memory, GEMMs, bytes) and the automatic choice", "plan"};
+  cli::setup_app(app);
+  const contrax::PlanOptions defaults;  // the library's defaults, one place
+  std::string loss = defaults.loss(), dtype = "float";
+  int64_t batch = defaults.batch(), width = defaults.width(), world = defaults.world();
+  int64_t tile = defaults.tile_size(), max_logits = defaults.max_logits_bytes();
+  bool ring = defaults.ring(), json = false;
+  cli::add_choice(app, "--loss", loss, "clip (symmetric), infonce, nt_xent or moco_v3",
+                  {"clip", "infonce", "nt_xent", "moco_v3"});
+  cli::add_int(app, "--batch", batch, "global batch B (rows per view)", 1, int64_t{1} << 40);
+  cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
+  cli::add_int(app, "--world", world, "number of ranks W", 1, int64_t{1} << 20);
+  cli::add_choice(app, "--dtype", dtype, "feature dtype", {"float", "double", "half", "bf16"});
+  cli::add_int(app, "--tile-size", tile, "the losses' tile_size: 0 automatic, -1 materialised, > 0 tiled", -1,
+               int64_t{1} << 30);
+  app.add_flag("--ring", ring, "tiled path with key blocks around the ring");
+  cli::add_int(app, "--max-logits-bytes", max_logits, "automatic routing threshold", 1, int64_t{1} << 50);
+  app.add_flag("--json", json, "print one JSON object instead of the table");
+  if (int st = cli::parse(app, args); st >= 0) return st;
   auto plan = contrax::plan_loss(contrax::PlanOptions()
                                      .loss(loss)
                                      .batch(batch)

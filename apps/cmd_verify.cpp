@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "json_util.h"
 #include "contrax/communicator.h"
 #include "contrax/launcher.h"
 #include "contrax/verify.h"
@@ -30,17 +31,29 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 int run_verify(const std::vector<std::string>& args) {
-  contrax::cli::Args a("verify", args);
-  const int64_t nproc = a.get_int("nproc", 4, "local processes to verify over (ignored under a launcher)");
-  const bool json = a.flag("json", "print one JSON object per loss instead of a table");
-  const double tol = a.get_double("tol", 1e-10, "largest relative error that passes");
-  const int64_t width = a.get_int("width", 16, "feature width");
-  const int64_t seed = a.get_int("seed", 0, "seed of the random inputs");
-  const auto rows = a.get_int_list("rows", "", "rows per rank, comma-separated (default: uneven, one empty rank)");
-  const std::string cases = a.get("case", "", "comma-separated cases to run (default: all)");
-  const int64_t timeout_s = a.get_int("timeout", 60, "seconds any collective may wait for a peer");
-  if (a.finish()) return 0;
-  TORCH_CHECK(nproc >= 1, "flag '--nproc' must be >= 1, but got ", nproc);
+  namespace cli = contrax::cli;
+  CLI::App app{"check every distributed loss and the gradient-cache step against the single-device reference",
+               "verify"};
+  cli::setup_app(app);
+  const contrax::VerifyOptions defaults;
+  int64_t nproc = 4, width = defaults.width(), seed = static_cast<int64_t>(defaults.seed()), timeout_s = 60;
+  double tol = defaults.tolerance();
+  bool json = false, force = false;
+  std::string rows_s, cases;
+  cli::add_int(app, "--nproc", nproc, "local processes to verify over (ignored under a launcher)", 1);
+  app.add_flag("--json", json, "print one JSON object per loss instead of a table");
+  cli::add_double(app, "--tol", tol, "largest relative error that passes");
+  cli::add_int(app, "--width", width, "feature width", 1, 1 << 20);
+  cli::add_int(app, "--seed", seed, "seed of the random inputs", 0);
+  app.add_option("--rows", rows_s, "rows per rank, comma-separated (default: uneven, one empty rank)");
+  app.add_option("--case", cases, "comma-separated cases to run (default: all)");
+  cli::add_int(app, "--timeout", timeout_s, "seconds any collective may wait for a peer", 1, 24 * 3600);
+  app.add_flag("--force", force, "allow --nproc above " + std::to_string(cli::max_procs()) + " (" +
+                                     std::to_string(cli::kMaxProcsPerCore) + " per core)");
+  if (int st = cli::parse(app, args); st >= 0) return st;
+  cli::usage_check(force || nproc <= cli::max_procs(), "flag '--nproc' must be <= ", cli::max_procs(), " (",
+                   cli::kMaxProcsPerCore, " per core; --force allows more), but got ", nproc);
+  const auto rows = cli::parse_int_list("--rows", rows_s, 0, int64_t{1} << 24);
 
   if (!contrax::in_launched_worker() && nproc > 1) {
     // Re-run ourselves as the workers; only rank 0 prints, without prefixes so
@@ -60,8 +73,8 @@ int run_verify(const std::vector<std::string>& args) {
   contrax::VerifyOptions o;
   o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ','));
   if (!rows.empty()) {
-    TORCH_CHECK(static_cast<int64_t>(rows.size()) == comm->world_size(), "flag '--rows' must have one entry per rank (",
-                comm->world_size(), "), but got ", rows.size());
+    cli::usage_check(static_cast<int64_t>(rows.size()) == comm->world_size(),
+                     "flag '--rows' must have one entry per rank (", comm->world_size(), "), but got ", rows.size());
     o.rows(rows);
   }
   auto results = contrax::verify(comm, o);
@@ -69,7 +82,7 @@ int run_verify(const std::vector<std::string>& args) {
   for (const auto& r : results) ok = ok && r.passed;
   if (comm->rank() == 0) {
     if (json) {
-      for (const auto& r : results) std::cout << contrax::to_json(r) << "\n";
+      for (const auto& r : results) std::cout << cli::verify_json(r).dump() << "\n";
     } else {
       std::ostringstream rs;
       for (size_t i = 0; i < results.front().rows.size(); ++i) rs << (i ? "," : "") << results.front().rows[i];

@@ -1,10 +1,18 @@
-// Entry point of the `contrax` tool: dispatches to the registered subcommands.
+// Entry point of the `contrax` tool: dispatches to the registered subcommands,
+// and the flag helpers they share (CLI11 with range-checked typed values).
+#include <malloc.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
+#include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <iostream>
+#include <sstream>
+#include <thread>
 
 #include "cli.h"
 
@@ -13,89 +21,6 @@ namespace contrax::cli {
 std::map<std::string, CommandInfo>& registry() {
   static std::map<std::string, CommandInfo> commands;
   return commands;
-}
-
-Args::Args(std::string command, const std::vector<std::string>& args) : command_(std::move(command)) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--") {
-      rest_.assign(args.begin() + i + 1, args.end());
-      break;
-    }
-    if (a.rfind("--", 0) != 0) {
-      rest_.assign(args.begin() + i, args.end());
-      break;
-    }
-    std::string name = a.substr(2), value;
-    auto eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
-      value = args[++i];
-    } else {
-      value = "\x01";  // boolean flag
-    }
-    if (name == "help") {
-      help_ = true;
-      continue;
-    }
-    values_[name] = value;
-    order_.push_back(name);
-  }
-}
-
-std::string Args::get(const std::string& name, const std::string& def, const std::string& help) {
-  help_lines_.push_back("  --" + name + " (default: " + (def.empty() ? "\"\"" : def) + ")  " + help);
-  used_[name] = true;
-  auto it = values_.find(name);
-  if (it == values_.end()) return def;
-  TORCH_CHECK(it->second != "\x01", "flag '--", name, "' needs a value");
-  return it->second;
-}
-
-int64_t Args::get_int(const std::string& name, int64_t def, const std::string& help) {
-  std::string v = get(name, std::to_string(def), help);
-  try {
-    size_t pos = 0;
-    int64_t x = std::stoll(v, &pos);
-    TORCH_CHECK(pos == v.size(), "");
-    return x;
-  } catch (...) {
-    TORCH_CHECK(false, "flag '--", name, "' must be an integer, but got '", v, "'");
-  }
-}
-
-double Args::get_double(const std::string& name, double def, const std::string& help) {
-  std::ostringstream d;
-  d << def;
-  std::string v = get(name, d.str(), help);
-  try {
-    size_t pos = 0;
-    double x = std::stod(v, &pos);
-    TORCH_CHECK(pos == v.size(), "");
-    return x;
-  } catch (...) {
-    TORCH_CHECK(false, "flag '--", name, "' must be a number, but got '", v, "'");
-  }
-}
-
-std::vector<int64_t> Args::get_int_list(const std::string& name, const std::string& def, const std::string& help) {
-  const std::string v = get(name, def, help);
-  std::vector<int64_t> out;
-  std::stringstream ss(v);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    try {
-      size_t pos = 0;
-      out.push_back(std::stoll(item, &pos));
-      TORCH_CHECK(pos == item.size(), "");
-    } catch (...) {
-      TORCH_CHECK(false, "flag '--", name, "' must be comma-separated integers, but got '", v, "'");
-    }
-  }
-  return out;
 }
 
 std::string blas_library() {
@@ -110,56 +35,215 @@ std::string blas_library() {
   return "unknown";
 }
 
-bool Args::flag(const std::string& name, const std::string& help) {
-  help_lines_.push_back("  --" + name + "  " + help);
-  used_[name] = true;
-  auto it = values_.find(name);
-  if (it == values_.end()) return false;
-  if (it->second == "\x01" || it->second == "1" || it->second == "true") return true;
-  if (it->second == "0" || it->second == "false") return false;
-  // "--flag positional": the value was really the first positional argument.
-  rest_.insert(rest_.begin(), it->second);
-  return true;
+std::string version_string() {
+  std::ostringstream o;
+  o << "contrax " << CONTRAX_VERSION << ", LibTorch " << TORCH_VERSION << ", BLAS " << blas_library() << ", "
+    << at::get_num_threads() << " intra-op thread" << (at::get_num_threads() == 1 ? "" : "s") << " by default, "
+    << std::thread::hardware_concurrency() << " cores";
+  return o.str();
 }
 
-bool Args::finish() {
-  if (help_) {
-    std::cout << "usage: contrax " << command_ << " [flags]\n";
-    for (const auto& l : help_lines_) std::cout << l << "\n";
-    return true;
+int64_t max_procs() { return kMaxProcsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
+
+void setup_app(CLI::App& app) {
+  // Every option's default is shown by --help and written by --dump-config,
+  // so a dumped file is a complete record of the settings.
+  app.option_defaults()->always_capture_default();
+  // A flag given twice takes its last value (a script appending an override),
+  // as in most tools; CLI11 would refuse it.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.set_help_flag("-h,--help", "print this help and exit")->configurable(false);
+  app.set_version_flag("--version", version_string, "print the version, LibTorch and BLAS and exit");
+  app.set_config("--config", "", "read flags from this TOML or INI file (see --dump-config); flags given too win");
+  app.add_flag("--dump-config", "print every setting as a TOML file for --config and exit")->configurable(false);
+  app.get_formatter()->column_width(34);
+}
+
+namespace {
+
+bool is_help(const std::string& a) { return a == "-h" || a == "--help"; }
+
+// The name errors use: the first of "--nproc,--nproc-per-node".
+std::string flag_of(const std::string& names) {
+  const std::string name = names.substr(0, names.find(','));
+  return name.rfind("--", 0) == 0 ? name : "--" + name;
+}
+
+// Strict base-10 int64: the whole text, no overflow, no "1e3" or "12abc".
+bool parse_int64(const std::string& s, int64_t& out) {
+  const char* b = s.data();
+  const char* e = b + s.size();
+  if (b != e && *b == '+') ++b;
+  auto [p, ec] = std::from_chars(b, e, out);
+  return ec == std::errc() && p == e && b != e;
+}
+
+std::string fmt_double(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+int parse(CLI::App& app, const std::vector<std::string>& args) {
+  for (const auto& a : args) {
+    if (a == "--") break;
+    if (is_help(a)) {
+      std::cout << app.help();
+      return 0;
+    }
   }
-  for (const auto& n : order_) {
-    TORCH_CHECK(used_.count(n), "unknown flag '--", n, "' (see contrax ", command_, " --help)");
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --version
+    std::cerr << "contrax " << app.get_name() << ": error: " << e.what() << " (see contrax " << app.get_name()
+              << " --help)\n";
+    return 2;
   }
-  return false;
+  if (app.count("--dump-config") > 0) {
+    std::cout << app.config_to_str(true, true);
+    return 0;
+  }
+  return -1;
+}
+
+CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, const std::string& help, int64_t lo,
+                     int64_t hi) {
+  const std::string flag = flag_of(name);
+  auto* opt = app.add_option(name, value, help);
+  opt->check(CLI::Validator(
+      [flag, lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        if (!parse_int64(text, v)) {
+          // Digits that overflow int64 get the range; anything else the type.
+          const bool digits = !text.empty() && text.find_first_not_of("+-0123456789") == std::string::npos;
+          throw UsageError(c10::str("flag '", flag, "' must be an integer",
+                                    digits ? c10::str(" in [", lo, ", ", hi, "]") : std::string(), ", but got '",
+                                    text, "'"));
+        }
+        usage_check(v >= lo, "flag '", flag, "' must be >= ", lo, ", but got ", v);
+        usage_check(v <= hi, "flag '", flag, "' must be <= ", hi, ", but got ", v);
+        return std::string();
+      },
+      lo > std::numeric_limits<int64_t>::min() ? c10::str("INT>=", lo) : std::string("INT")));
+  return opt;
+}
+
+CLI::Option* add_double(CLI::App& app, const std::string& name, double& value, const std::string& help, double lo,
+                        double hi, bool lo_open) {
+  const std::string flag = flag_of(name);
+  auto* opt = app.add_option(name, value, help);
+  opt->check(CLI::Validator(
+      [flag, lo, hi, lo_open](std::string& text) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(text.c_str(), &end);
+        usage_check(!text.empty() && end == text.c_str() + text.size(), "flag '", flag,
+                    "' must be a number, but got '", text, "'");
+        usage_check(std::isfinite(v) && errno != ERANGE, "flag '", flag, "' must be a finite number, but got '", text,
+                    "'");
+        usage_check(lo_open ? v > lo : v >= lo, "flag '", flag, "' must be ", lo_open ? "> " : ">= ", fmt_double(lo),
+                    ", but got ", text);
+        usage_check(v <= hi, "flag '", flag, "' must be <= ", fmt_double(hi), ", but got ", text);
+        return std::string();
+      },
+      "NUMBER"));
+  return opt;
+}
+
+CLI::Option* add_choice(CLI::App& app, const std::string& name, std::string& value, const std::string& help,
+                        const std::vector<std::string>& choices) {
+  const std::string flag = flag_of(name);
+  std::string list;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  }
+  auto* opt = app.add_option(name, value, help);
+  opt->check(CLI::Validator(
+      [flag, choices, list](std::string& text) -> std::string {
+        usage_check(std::find(choices.begin(), choices.end(), text) != choices.end(), "flag '", flag, "' must be ",
+                    list, ", but got '", text, "'");
+        return std::string();
+      },
+      "{" + list + "}"));
+  return opt;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo, int64_t hi) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int64_t v = 0;
+    usage_check(parse_int64(item, v), "flag '", flag, "' must be comma-separated integers, but got '", text, "'");
+    usage_check(v >= lo && v <= hi, "flag '", flag, "': every entry must be in [", lo, ", ", hi, "], but got ", v);
+    out.push_back(v);
+  }
+  return out;
 }
 
 }  // namespace contrax::cli
 
+namespace {
+
+// Keeps the heap between steps. glibc's defaults give each step's ~40 MB of
+// freed tensor memory back to the kernel (tensors above the mmap threshold
+// are unmapped on free; the top of the heap is trimmed above 128 KiB free),
+// so the next step page-faults it all in again: a quarter of a training
+// step's time on 2 cores. Big blocks now come from the heap and stay there;
+// the process's footprint is its peak, as with PyTorch's caching allocator.
+// Set before any allocation of size; GLIBC_TUNABLES still wins when given
+// (mallopt would override it, so it is skipped then).
+void keep_heap() {
+  if (std::getenv("GLIBC_TUNABLES") != nullptr) return;
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  keep_heap();
   using namespace contrax::cli;
   auto usage = [] {
     std::cout << "usage: contrax COMMAND [flags]   (contrax COMMAND --help for its flags)\n\ncommands:\n";
     for (const auto& [name, info] : registry()) std::cout << "  " << name << "  " << info.summary << "\n";
+    std::cout << "\n  --version  print the version, LibTorch and BLAS\n";
   };
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+  if (argc < 2) {
     usage();
-    return argc < 2 ? 2 : 0;
+    return 2;
   }
-  auto it = registry().find(argv[1]);
+  const std::string cmd = argv[1];
+  if (cmd == "--help" || cmd == "-h") {
+    usage();
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::cout << version_string() << "\n";
+    return 0;
+  }
+  auto it = registry().find(cmd);
   if (it == registry().end()) {
-    std::cerr << "contrax: unknown command '" << argv[1] << "'\n";
+    std::cerr << "contrax: unknown command '" << cmd << "'\n";
     usage();
     return 2;
   }
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     return it->second.run(args);
+  } catch (const UsageError& e) {
+    std::cerr << "contrax " << cmd << ": error: " << e.what() << " (see contrax " << cmd << " --help)\n";
+    return 2;
   } catch (const c10::Error& e) {
-    std::cerr << "contrax " << argv[1] << ": error: " << e.what_without_backtrace() << "\n";
+    std::cerr << "contrax " << cmd << ": error: " << e.what_without_backtrace() << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "contrax " << argv[1] << ": error: " << e.what() << "\n";
+    std::cerr << "contrax " << cmd << ": error: " << e.what() << "\n";
     return 1;
   }
 }

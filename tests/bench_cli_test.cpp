@@ -14,37 +14,39 @@ using contrax::testing::run_cli;
 
 void expect_flag_error(const std::string& args, const std::string& message) {
   auto r = run_cli(args);
-  EXPECT_NE(r.status, 0) << args << "\n" << r.out;
+  EXPECT_EQ(r.status, 2) << args << "\n" << r.out;
   EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
 }
 
 }  // namespace
 
 TEST(BenchCli, TiledFlagErrors) {
-  expect_flag_error("bench-tiled --width 0", "flag '--width' must be positive, but got 0");
+  expect_flag_error("bench-tiled --width 0", "flag '--width' must be >= 1, but got 0");
   expect_flag_error("bench-tiled --tile -1", "flag '--tile' must be >= 0, but got -1");
   expect_flag_error("bench-tiled --threads -2", "flag '--threads' must be >= 0, but got -2");
-  expect_flag_error("bench-tiled --iters 0", "flag '--iters' must be positive, but got 0");
-  expect_flag_error("bench-tiled --batches 64,0", "flag '--batches': every batch size must be positive, but got 0");
+  expect_flag_error("bench-tiled --iters 0", "flag '--iters' must be >= 1, but got 0");
+  expect_flag_error("bench-tiled --batches 64,0", "flag '--batches': every entry must be in [1, 1073741824], but got 0");
   expect_flag_error("bench-tiled --batches ,", "flag '--batches' needs at least one batch size");
 }
 
 TEST(BenchCli, LossesFlagErrors) {
-  expect_flag_error("bench-losses --width 0", "flag '--width' must be positive, but got 0");
-  expect_flag_error("bench-losses --iters 0", "flag '--iters' must be positive, but got 0");
+  expect_flag_error("bench-losses --width 0", "flag '--width' must be >= 1, but got 0");
+  expect_flag_error("bench-losses --iters 0", "flag '--iters' must be >= 1, but got 0");
   expect_flag_error("bench-losses --nproc , --batch 8", "flags '--nproc' and '--batch' must not be empty");
+  expect_flag_error("bench-losses --nproc 100000", "flag '--nproc': every entry must be in [1, ");
+  expect_flag_error("bench-losses stray", "not expected: stray");
 }
 
 TEST(BenchCli, GradCacheFlagErrors) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"--chunk 0", "flag '--chunk' must be positive, but got 0"},
-      {"--hidden 0", "flag '--hidden' must be positive, but got 0"},
-      {"--steps 0", "flag '--steps' must be positive, but got 0"},
+      {"--chunk 0", "flag '--chunk' must be >= 1, but got 0"},
+      {"--hidden 0", "flag '--hidden' must be >= 1, but got 0"},
+      {"--steps 0", "flag '--steps' must be >= 1, but got 0"},
       {"--threads -1", "flag '--threads' must be >= 0, but got -1"},
-      {"--batches 8,-4", "flag '--batches': every batch size must be positive, but got -4"},
-      {"--gc-batches 0", "flag '--gc-batches': every batch size must be positive, but got 0"},
+      {"--batches 8,-4", "flag '--batches': every entry must be in [1, 1073741824], but got -4"},
+      {"--gc-batches 0", "flag '--gc-batches': every entry must be in [1, 1073741824], but got 0"},
   };
   for (const auto& [flags, message] : cases) expect_flag_error("bench-grad-cache " + flags, message);
   expect_flag_error("bench-grad-cache --loss fancy",
-                    "flag '--loss' must be 'tiled' or 'materialised', but got 'fancy'");
+                    "flag '--loss' must be tiled or materialised, but got 'fancy'");
 }

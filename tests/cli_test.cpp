@@ -1,24 +1,421 @@
-// The `contrax` tool end to end: verify over real processes (through the
-// launcher) with --json and as a table, the gradient-cache cases among the
-// losses, and the command-line errors a user can cause.
+// The `contrax` tool end to end: --help and --version, flag errors (exit 2,
+// naming the flag), --config / --dump-config, the run directory's rules (an
+// existing run is refused and left byte-identical, --resume auto, the lock),
+// strict JSON in metrics.jsonl and the summary (also after a divergence), and
+// verify over real processes.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <functional>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "contrax/launcher.h"
+#include "contrax/train/trainer.h"
+#include "contrax/verify.h"
 #include "support/cli.h"
 
+namespace {
+
+namespace fs = std::filesystem;
+using contrax::testing::read_file;
 using contrax::testing::run_cli;
+using contrax::testing::run_cli_in;
+using contrax::testing::run_cli_stdout;
+using Json = nlohmann::json;
+
+// A few steps on a small subset: a second or two on one core.
+const std::string kTiny =
+    "train --nproc 1 --threads 1 --train-limit 256 --batch-size 64 --max-steps 3 --warmup-steps 1 --log-every 1 "
+    "--no-eval --no-verify --no-plot";
+
+std::string temp_dir(const std::string& name) {
+  const std::string d = ::testing::TempDir() + "contrax_cli_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+// Each file's size and a hash of its bytes (printable when a test fails). The
+// lock file is not part of the run: a refused run records its pid there.
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name == ".lock") continue;
+    const std::string bytes = read_file(e.path().string());
+    files[name] = std::to_string(bytes.size()) + " bytes, hash " + std::to_string(std::hash<std::string>()(bytes));
+  }
+  return files;
+}
+
+// Every line parses with nlohmann's strict parser (NaN, -nan, inf are not JSON).
+std::vector<Json> parse_lines(const std::string& path) {
+  std::vector<Json> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    EXPECT_NO_THROW(rows.push_back(Json::parse(line))) << path << ": " << line;
+  }
+  return rows;
+}
+
+// The last line of the output that parses as a JSON object (the --json summary).
+Json last_json_object(const std::string& out) {
+  std::istringstream in(out);
+  std::string line;
+  Json found;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] != '{') continue;
+    found = Json::parse(line);  // throws (fails the test) on anything not strict JSON
+  }
+  return found;
+}
+
+}  // namespace
+
+TEST(Cli, HelpOnEverySubcommandExitsZeroQuicklyAndStartsNothing) {
+  const std::string d = temp_dir("help");
+  for (const std::string cmd :
+       {"train", "verify", "launch", "plot", "bench-losses", "bench-tiled", "bench-grad-cache"}) {
+    // Help anywhere, also after other flags and next to a bad value.
+    for (const std::string args : {cmd + " -h", cmd + " --help", cmd + " --nproc 2 --help", cmd + " --width x -h"}) {
+      auto r = run_cli_in(d, args);
+      EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
+      EXPECT_NE(r.out.find("Usage:"), std::string::npos) << args << "\n" << r.out;
+      // "Within a second": CPU time, which a loaded machine (others
+      // building on 2 cores) does not inflate the way it does wall time.
+      EXPECT_LT(r.cpu_seconds, 1.0) << args;
+      EXPECT_LT(r.seconds, 10.0) << args;
+    }
+  }
+  // Nothing was started: no run directory, no file at all.
+  EXPECT_TRUE(fs::is_empty(d)) << "help created files in " << d;
+  auto h = run_cli("train --help");
+  for (const char* flag : {"--chunk-size", "--resume", "--overwrite", "--config", "--dump-config", "--skip-nonfinite",
+                           "--max-restarts", "--version"}) {
+    EXPECT_NE(h.out.find(flag), std::string::npos) << flag << "\n" << h.out;
+  }
+  auto top = run_cli("--help");
+  EXPECT_EQ(top.status, 0);
+  EXPECT_NE(top.out.find("plot"), std::string::npos) << top.out;
+}
+
+TEST(Cli, VersionNamesLibTorchAndBlas) {
+  for (const std::string args : {"--version", "train --version", "launch --version"}) {
+    auto r = run_cli(args);
+    EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("contrax 0."), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("LibTorch 1."), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("BLAS "), std::string::npos) << r.out;
+  }
+}
+
+TEST(Cli, BadValuesExitTwoNamingTheFlag) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::string max_procs = std::to_string(8 * std::max(1u, std::thread::hardware_concurrency()));
+  const std::vector<Case> cases = {
+      {"train --recipe byol", "flag '--recipe' must be simclr or moco-v3, but got 'byol'"},
+      {"train --batch-size 0", "flag '--batch-size' must be >= 1, but got 0"},
+      {"train --batch-size 9223372036854775807", "flag '--batch-size' must be <= 1048576, but got 9223372036854775807"},
+      {"train --batch-size 9223372036854775808", "flag '--batch-size' must be an integer in [1, 1048576], but got "
+                                                 "'9223372036854775808'"},
+      {"train --epochs 9223372036854775807", "flag '--epochs' must be <= 1048576"},
+      {"train --max-steps 0", "flag '--max-steps' must be -1 (none) or >= 1, but got 0"},
+      {"train --chunk-size -1", "flag '--chunk-size' must be >= 0, but got -1"},
+      {"train --nproc 0", "flag '--nproc' must be >= 1, but got 0"},
+      {"train --nproc 9223372036854775807", "flag '--nproc' must be <= " + max_procs},
+      {"train --nproc 1000", "flag '--nproc' must be <= " + max_procs + " (8 per core; --force allows more)"},
+      {"train --threads 100000", "flag '--threads' must be <= " + max_procs},
+      {"train --timeout 9223372036854775807", "flag '--timeout' must be <= 86400"},
+      {"train --timeout 0", "flag '--timeout' must be >= 1, but got 0"},
+      {"train --dtype half", "flag '--dtype' must be float or double, but got 'half'"},
+      {"train --eval-limit 0", "flag '--eval-limit' must be -1 (all) or >= 1, but got 0"},
+      {"train --probe-limit -2", "flag '--probe-limit' must be >= -1, but got -2"},
+      {"train --lr x", "flag '--lr' must be a number, but got 'x'"},
+      {"train --lr 0", "flag '--lr' must be > 0, but got 0"},
+      {"train --lr inf", "flag '--lr' must be a finite number, but got 'inf'"},
+      {"train --lr nan", "flag '--lr' must be a finite number, but got 'nan'"},
+      {"train --moco-momentum 1.5", "flag '--moco-momentum' must be <= 1, but got 1.5"},
+      {"train --resume elsewhere", "flag '--resume' must be never, always or auto, but got 'elsewhere'"},
+      {"train --overwrite --resume auto", "flags '--overwrite' and '--resume' exclude each other"},
+      {"train --skip-nonfinite -1", "flag '--skip-nonfinite' must be >= 0, but got -1"},
+      {"train --no-such-flag 1", "--no-such-flag"},
+      // A stray word is a usage error, not a silently ignored rest.
+      {"train typo --max-steps 3", "not expected: typo"},
+      {"train --max-steps 3 typo", "not expected: typo"},
+      {"train --epochs", "--epochs"},
+      {"verify --nproc two", "flag '--nproc' must be an integer, but got 'two'"},
+      {"verify --tol abc", "flag '--tol' must be a number, but got 'abc'"},
+      {"verify --width 0", "flag '--width' must be >= 1, but got 0"},
+      {"verify --nproc 1 --rows 1,x", "flag '--rows' must be comma-separated integers, but got '1,x'"},
+      {"verify --nproc 1 --rows 1,2", "flag '--rows' must have one entry per rank (1), but got 2"},
+      {"verify --nproc 0", "flag '--nproc' must be >= 1, but got 0"},
+      {"verify --nproc 100000", "flag '--nproc' must be <= " + max_procs},
+      {"launch --nproc 0 -- true", "flag '--nproc' must be >= 1, but got 0"},
+      {"launch --nproc-per-node 1000 -- true", "flag '--nproc' must be <= " + max_procs},
+      {"launch --master-port 70000 -- true", "flag '--master-port' must be <= 65535, but got 70000"},
+      {"launch --nnodes 2 --node-rank 2 -- true", "flag '--node-rank' must be in [0, --nnodes = 2), but got 2"},
+      {"launch --standalone --nnodes 2 -- true", "flag '--standalone' runs one node, but got --nnodes 2"},
+      {"launch --max-restarts -1 -- true", "flag '--max-restarts' must be >= 0, but got -1"},
+      {"launch --nproc 2", "no PROGRAM given"},
+      {"plot", "RUN_DIR is required"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\nexpected: " << c.message << "\n" << r.out;
+    EXPECT_LT(r.seconds, 5.0) << c.args << ": a usage error must not start anything";
+  }
+  auto unknown = run_cli("frobnicate");
+  EXPECT_EQ(unknown.status, 2);
+  EXPECT_NE(unknown.out.find("contrax: unknown command 'frobnicate'"), std::string::npos) << unknown.out;
+}
+
+TEST(Cli, ConfigRoundTripsDumpConfig) {
+  const std::string d = temp_dir("config");
+  auto first = run_cli_stdout("train --lr 0.5 --batch-size 32 --recipe moco-v3 --resume auto --no-eval --data " + d +
+                              " --dump-config");
+  ASSERT_EQ(first.status, 0) << first.out;
+  EXPECT_NE(first.out.find("lr=0.5"), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("recipe=\"moco-v3\""), std::string::npos) << first.out;
+  EXPECT_NE(first.out.find("epochs=8"), std::string::npos) << "defaults are written too\n" << first.out;
+  { std::ofstream(d + "/run.toml") << first.out; }
+  auto second = run_cli_stdout("train --config " + d + "/run.toml --dump-config");
+  ASSERT_EQ(second.status, 0) << second.out;
+  EXPECT_EQ(second.out, first.out);
+  // A flag given on the command line wins over the file.
+  auto third = run_cli_stdout("train --config " + d + "/run.toml --lr 0.25 --dump-config");
+  EXPECT_NE(third.out.find("lr=0.25"), std::string::npos) << third.out;
+  // Values in the file are checked like flags.
+  { std::ofstream(d + "/bad.toml") << "batch-size=0\n"; }
+  auto bad = run_cli("train --config " + d + "/bad.toml --dump-config");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("flag '--batch-size' must be >= 1, but got 0"), std::string::npos) << bad.out;
+  auto missing = run_cli("train --config " + d + "/none.toml");
+  EXPECT_EQ(missing.status, 2) << missing.out;
+  EXPECT_NE(missing.out.find("none.toml"), std::string::npos) << missing.out;
+}
+
+TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
+  // One place for every default: what `--dump-config` shows is what the
+  // options structs hold.
+  auto train = run_cli_stdout("train --dump-config");
+  ASSERT_EQ(train.status, 0);
+  const contrax::train::TrainOptions t;
+  for (const std::string line :
+       {"recipe=\"" + t.recipe() + "\"", "epochs=" + std::to_string(t.epochs()),
+        "batch-size=" + std::to_string(t.batch_size()), "warmup-steps=" + std::to_string(t.warmup_steps()),
+        "checkpoint-every=" + std::to_string(t.checkpoint_every()), "log-every=" + std::to_string(t.log_every()),
+        "skip-nonfinite=" + std::to_string(t.skip_nonfinite())}) {
+    EXPECT_NE(train.out.find("\n" + line + "\n"), std::string::npos) << line << "\n" << train.out;
+  }
+  EXPECT_EQ(t.lr(), 2e-3);  // the default run's recipe, unchanged
+  EXPECT_EQ(t.epochs(), 8);
+  EXPECT_NE(train.out.find("\nlr=0.002\n"), std::string::npos) << train.out;
+  auto verify = run_cli_stdout("verify --dump-config");
+  const contrax::VerifyOptions v;
+  EXPECT_NE(verify.out.find("\nwidth=" + std::to_string(v.width()) + "\n"), std::string::npos) << verify.out;
+  auto launch = run_cli_stdout("launch --dump-config");
+  const contrax::LaunchOptions l;
+  EXPECT_NE(launch.out.find("\ngrace-ms=" + std::to_string(l.grace.count()) + "\n"), std::string::npos)
+      << launch.out;
+  EXPECT_NE(launch.out.find("\nmaster-addr=\"" + l.master_addr + "\"\n"), std::string::npos) << launch.out;
+}
+
+TEST(Cli, SecondTrainIntoARunDirIsRefusedAndTheRunStaysByteIdentical) {
+  const std::string d = temp_dir("refuse") + "/run";
+  auto first = run_cli(kTiny + " --run-dir " + d);
+  ASSERT_EQ(first.status, 0) << first.out;
+  for (const char* f : {"checkpoint.pt", "metrics.jsonl", "config.json", "train.log", "results.json"}) {
+    EXPECT_TRUE(fs::exists(d + "/" + f)) << f;
+  }
+  // train.log holds what the console showed.
+  EXPECT_NE(read_file(d + "/train.log").find("step 3/3"), std::string::npos) << read_file(d + "/train.log");
+  const auto before = snapshot(d);
+  auto again = run_cli(kTiny + " --run-dir " + d);
+  EXPECT_EQ(again.status, 2) << again.out;
+  EXPECT_NE(again.out.find("run directory '" + d + "' already holds a run"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("--resume"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("--overwrite"), std::string::npos) << again.out;
+  EXPECT_EQ(snapshot(d), before) << "a refused run changed the first run's files";
+  // --resume without a checkpoint names the path and leaves no directory behind.
+  auto none = run_cli(kTiny + " --resume --run-dir " + d + "/missing");
+  EXPECT_EQ(none.status, 2) << none.out;
+  EXPECT_NE(none.out.find("no checkpoint " + d + "/missing/checkpoint.pt"), std::string::npos) << none.out;
+  EXPECT_FALSE(fs::exists(d + "/missing"));
+  // --overwrite replaces it.
+  auto over = run_cli(kTiny + " --overwrite --max-steps 2 --run-dir " + d);
+  ASSERT_EQ(over.status, 0) << over.out;
+  EXPECT_EQ(parse_lines(d + "/metrics.jsonl").size(), 2u);
+}
+
+TEST(Cli, ResumeAutoStartsFreshThenReEvaluatesAFinishedRun) {
+  const std::string d = temp_dir("auto") + "/run";
+  auto fresh = run_cli(kTiny + " --json --resume auto --run-dir " + d);
+  ASSERT_EQ(fresh.status, 0) << fresh.out;
+  Json s = last_json_object(fresh.out);
+  EXPECT_EQ(s["steps"], 3);
+  EXPECT_EQ(s["steps_run"], 3);
+  EXPECT_EQ(s["start_step"], 0);
+  const auto ckpt = snapshot(d)["checkpoint.pt"];
+  auto again = run_cli(kTiny + " --json --resume auto --run-dir " + d);
+  ASSERT_EQ(again.status, 0) << again.out;
+  s = last_json_object(again.out);
+  EXPECT_EQ(s["steps"], 3);
+  EXPECT_EQ(s["steps_run"], 0) << "a finished run is re-evaluated, not trained again";
+  EXPECT_EQ(parse_lines(d + "/metrics.jsonl").size(), 3u);
+  EXPECT_EQ(snapshot(d)["checkpoint.pt"], ckpt);
+  // results.json is the summary.
+  Json results = Json::parse(read_file(d + "/results.json"));
+  EXPECT_EQ(results["steps"], 3);
+  Json config = Json::parse(read_file(d + "/config.json"));
+  EXPECT_EQ(config["settings"]["resume"], "auto");
+  EXPECT_EQ(config["world_size"], 1);
+  EXPECT_EQ(config["resumed"], true);
+  EXPECT_NE(config["versions"]["libtorch"].get<std::string>().find("1."), std::string::npos);
+}
+
+TEST(Cli, ASecondRunWhileTheFirstHoldsTheLockIsRefused) {
+  const std::string d = temp_dir("lock");
+  // The test holds the lock as a running train would.
+  const int fd = ::open((d + "/.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_EQ(::write(fd, "4242\n", 5), 5);
+  auto r = run_cli(kTiny + " --run-dir " + d);
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.out.find("run directory '" + d + "' is in use by another run (pid 4242)"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d + "/metrics.jsonl"));
+  ::close(fd);
+  // Released (the holder ended): the run goes ahead; a stale temporary of a
+  // killed writer is removed at the start.
+  { std::ofstream(d + "/checkpoint.pt.tmp.999999999") << "partial"; }
+  r = run_cli(kTiny + " --run-dir " + d);
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_FALSE(fs::exists(d + "/checkpoint.pt.tmp.999999999"));
+}
+
+TEST(Cli, MetricsAndSummaryAreStrictJsonCountedFromOne) {
+  const std::string d = temp_dir("json") + "/run";
+  auto r = run_cli_stdout(kTiny + " --train-limit 160 --json --run-dir " + d);  // 64 + 64 + 32: a short last batch
+  ASSERT_EQ(r.status, 0) << r.out;
+  Json s = Json::parse(r.out);  // stdout is the summary alone
+  EXPECT_EQ(s["recipe"], "simclr");
+  EXPECT_TRUE(s["final_loss"].is_number());
+  EXPECT_FALSE(s.contains("nonfinite"));
+  auto rows = parse_lines(d + "/metrics.jsonl");
+  ASSERT_EQ(rows.size(), 3u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["step"], i + 1);
+    EXPECT_EQ(rows[i]["epoch"], 1);
+    EXPECT_EQ(rows[i]["step_in_epoch"], i + 1);
+    EXPECT_TRUE(rows[i]["loss"].is_number());
+    EXPECT_TRUE(rows[i]["lr"].is_number());
+    EXPECT_GT(rows[i]["examples_per_s"].get<double>(), 0);
+    EXPECT_EQ(rows[i]["bytes_sent"], 0) << "one process sends nothing";
+    EXPECT_EQ(rows[i]["applied"], true);
+  }
+  EXPECT_EQ(rows[0]["rows"], 64);
+  EXPECT_EQ(rows[2]["rows"], 32) << "the short last batch says it had fewer rows";
+}
+
+TEST(Cli, DivergenceStopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
+  const std::string d = temp_dir("diverge") + "/run";
+  auto half = run_cli(kTiny + " --max-steps 6 --stop-at-step 2 --run-dir " + d);
+  ASSERT_EQ(half.status, 0) << half.out;
+  const auto good = snapshot(d)["checkpoint.pt"];
+  ASSERT_FALSE(good.empty());
+  auto bad = run_cli(kTiny + " --max-steps 6 --lr 1e30 --resume --run-dir " + d);
+  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_NE(bad.out.find("training diverged at step "), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("is not finite"), std::string::npos) << bad.out;
+  EXPECT_EQ(snapshot(d)["checkpoint.pt"], good) << "the last good checkpoint was overwritten";
+  EXPECT_NE(read_file(d + "/train.log").find("training diverged at step"), std::string::npos);
+  // Every metrics line still parses; the bad step's loss is null and flagged.
+  auto rows = parse_lines(d + "/metrics.jsonl");
+  ASSERT_GE(rows.size(), 3u);
+  EXPECT_EQ(rows.back()["applied"], false);
+  EXPECT_TRUE(rows.back()["loss"].is_null() || rows.back()["loss"].is_number());
+}
+
+TEST(Cli, SkippedNonFiniteStepsGiveStrictJsonWithNullAndAFlag) {
+  const std::string d = temp_dir("lr1e30") + "/run";
+  auto r = run_cli_stdout(kTiny + " --max-steps 4 --lr 1e30 --skip-nonfinite 10 --json --run-dir " + d);
+  ASSERT_EQ(r.status, 0) << r.out;
+  Json s = Json::parse(r.out);
+  EXPECT_GE(s["skipped_steps"].get<int64_t>(), 1);
+  bool any_null = false;
+  for (const auto& row : parse_lines(d + "/metrics.jsonl")) {
+    if (row["loss"].is_null()) {
+      any_null = true;
+      EXPECT_EQ(row["nonfinite"], Json::array({"loss"})) << row.dump();
+      EXPECT_EQ(row["applied"], false) << row.dump();
+    }
+  }
+  EXPECT_TRUE(any_null) << read_file(d + "/metrics.jsonl");
+  EXPECT_TRUE(s["final_loss"].is_null()) << s.dump();
+  EXPECT_NE(s["nonfinite"].dump().find("final_loss"), std::string::npos) << s.dump();
+}
+
+TEST(Cli, PlotDrawsCurvesAndSaysWhatIsMissing) {
+  const std::string d = temp_dir("plot") + "/run";
+  ASSERT_EQ(run_cli(kTiny + " --run-dir " + d).status, 0);
+  auto r = run_cli("plot " + d);
+  ASSERT_EQ(r.status, 0) << r.out;
+  const std::string png = read_file(d + "/curves.png");
+  ASSERT_GT(png.size(), 1000u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+  auto none = run_cli("plot " + d + "/nothing");
+  EXPECT_EQ(none.status, 1) << none.out;
+  EXPECT_NE(none.out.find("cannot read " + d + "/nothing/metrics.jsonl"), std::string::npos) << none.out;
+  // Without matplotlib (a python path whose matplotlib import fails).
+  const std::string fake = temp_dir("nompl");
+  fs::create_directories(fake + "/matplotlib");
+  { std::ofstream(fake + "/matplotlib/__init__.py") << "raise ImportError('no matplotlib here')\n"; }
+  const std::string cmd = "PYTHONPATH=" + fake + " " + std::string(CONTRAX_CLI_PATH) + " plot " + d + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  EXPECT_EQ(WEXITSTATUS(st), 3) << out;
+  EXPECT_NE(out.find("matplotlib is missing"), std::string::npos) << out;
+  EXPECT_NE(out.find("apt-get install python3-matplotlib"), std::string::npos) << out;
+}
 
 TEST(Cli, VerifyOverThreeProcessesPrintsJsonPerLoss) {
-  auto r = run_cli("verify --nproc 3 --json --rows 4,0,2");
+  auto r = run_cli_stdout("verify --nproc 3 --json --rows 4,0,2");
   ASSERT_EQ(r.status, 0) << r.out;
+  std::map<std::string, Json> by_loss;
+  std::istringstream in(r.out);
+  std::string line;
+  while (std::getline(in, line)) {
+    Json j = Json::parse(line);
+    by_loss[j["loss"]] = j;
+  }
   for (const char* loss : {"clip", "clip_bias", "clip_clamped", "infonce", "nt_xent", "moco_v3", "grad_cache_clip",
                            "grad_cache_tiled_ring"}) {
-    EXPECT_NE(r.out.find(std::string("{\"loss\": \"") + loss + "\", \"world_size\": 3, \"rows\": [4, 0, 2]"),
-              std::string::npos)
-        << loss << "\n" << r.out;
+    ASSERT_TRUE(by_loss.count(loss)) << loss << "\n" << r.out;
+    EXPECT_EQ(by_loss[loss]["world_size"], 3);
+    EXPECT_EQ(by_loss[loss]["rows"], Json::array({4, 0, 2}));
+    EXPECT_EQ(by_loss[loss]["passed"], true) << by_loss[loss].dump();
   }
-  EXPECT_EQ(r.out.find("\"passed\": false"), std::string::npos) << r.out;
 }
 
 TEST(Cli, VerifySelectsTheGradientCacheCasesAndPrintsThemInTheTable) {
@@ -39,24 +436,60 @@ TEST(Cli, VerifyFailsWhenToleranceIsImpossible) {
   auto r = run_cli("verify --nproc 1 --tol -1 --case clip");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("MISMATCH"), std::string::npos) << r.out;
-}
-
-TEST(Cli, FlagErrorsNameTheFlag) {
-  auto r = run_cli("verify --nproc two");
-  EXPECT_NE(r.status, 0);
-  EXPECT_NE(r.out.find("contrax verify: error: flag '--nproc' must be an integer, but got 'two'"), std::string::npos)
-      << r.out;
-  r = run_cli("verify --tol abc");
-  EXPECT_NE(r.out.find("flag '--tol' must be a number, but got 'abc'"), std::string::npos) << r.out;
-  r = run_cli("verify --case");
-  EXPECT_NE(r.out.find("flag '--case' needs a value"), std::string::npos) << r.out;
   r = run_cli("verify --nproc 1 --case nope");
   EXPECT_NE(r.out.find("verify(): unknown case 'nope'; known cases: clip"), std::string::npos) << r.out;
-  r = run_cli("verify --nproc 1 --rows 1,2");
-  EXPECT_NE(r.out.find("flag '--rows' must have one entry per rank (1), but got 2"), std::string::npos) << r.out;
-  r = run_cli("verify --nproc 0");
-  EXPECT_NE(r.out.find("flag '--nproc' must be >= 1, but got 0"), std::string::npos) << r.out;
-  r = run_cli("frobnicate");
-  EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.out.find("contrax: unknown command 'frobnicate'"), std::string::npos) << r.out;
+}
+
+TEST(Cli, LaunchTakesTorchrunsFlagNames) {
+  // torchrun's spellings, dashed and underscored, start the same workers.
+  for (const std::string flags : {"--nproc-per-node 2 --nnodes 1 --node-rank 0 --master-addr 127.0.0.1",
+                                  "--nproc_per_node 2 --nnodes 1 --node_rank 0 --master_addr 127.0.0.1",
+                                  "--nproc 2 --standalone"}) {
+    auto r = run_cli_stdout("launch " + flags + " --no-prefix -- sh -c 'echo r$RANK/$WORLD_SIZE/$MASTER_ADDR'");
+    ASSERT_EQ(r.status, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find("r0/2/127.0.0.1\n"), std::string::npos) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find("r1/2/127.0.0.1\n"), std::string::npos) << flags << "\n" << r.out;
+  }
+  // Without '--' the first word that is not a flag starts the program.
+  auto r = run_cli_stdout("launch --nproc 1 --no-prefix sh -c 'echo plain$RANK'");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("plain0"), std::string::npos) << r.out;
+  auto bogus = run_cli("launch --nproc 1 --bogus 1 -- true");
+  EXPECT_EQ(bogus.status, 2) << bogus.out;
+  EXPECT_NE(bogus.out.find("unknown flag '--bogus'"), std::string::npos) << bogus.out;
+  // --log-dir and --max-restarts are accepted (their behaviour: launcher_test).
+  auto help = run_cli("launch --help");
+  for (const char* flag : {"--log-dir", "--max-restarts", "--nproc-per-node", "--standalone"}) {
+    EXPECT_NE(help.out.find(flag), std::string::npos) << flag << "\n" << help.out;
+  }
+}
+
+TEST(Cli, AFailedMetricsWriteStopsTheRunWithTheCause) {
+  // RLIMIT_FSIZE of 8 KiB (SIGXFSZ ignored, so writes fail with EFBIG): the
+  // metrics file outgrows it after a few dozen steps, long before the end.
+  const std::string d = temp_dir("fsize") + "/run";
+  const std::string cmd = "bash -c \"trap '' XFSZ; ulimit -f 8; exec " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
+                          " --log-every 0 --train-limit 64 --max-steps 400 --checkpoint-every 0 --run-dir " + d +
+                          "\" 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(st)) << out;
+  // The run stops at once with the cause. Its final checkpoint (2 MB) cannot
+  // be written under the same limit either: once checkpoint writes turn a
+  // write error into an error (issue 14, src/train/checkpoint.cpp) the status
+  // is 1 and the message says so; until then LibTorch's archive writer aborts
+  // (134) after the cause has been printed.
+  EXPECT_TRUE(WEXITSTATUS(st) == 1 || WEXITSTATUS(st) == 134) << out;
+  EXPECT_NE(out.find("contrax train: cannot write " + d + "/metrics.jsonl: File too large"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("stopping at the next step boundary"), std::string::npos) << out;
+  if (WEXITSTATUS(st) == 1) EXPECT_NE(out.find("the run stopped at step"), std::string::npos) << out;
+  auto rows = parse_lines(d + "/metrics.jsonl");  // what was written is whole lines
+  EXPECT_GT(rows.size(), 10u);
+  EXPECT_LT(rows.size(), 400u);
 }

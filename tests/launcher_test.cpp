@@ -586,7 +586,9 @@ TEST(LaunchCli, MissingProgramAndBadOptionsAreErrors) {
   CliRun bad = run_cli({"launch", "--nproc", "0", "--", "true"});
   ASSERT_TRUE(WIFEXITED(bad.status));
   EXPECT_NE(WEXITSTATUS(bad.status), 0);
-  EXPECT_NE(bad.err.find("launch(): argument 'nproc' must be >= 1, but got 0"), std::string::npos) << bad.err;
+  EXPECT_EQ(WEXITSTATUS(bad.status), 2) << "a usage error";
+  EXPECT_NE(bad.err.find("contrax launch: error: flag '--nproc' must be >= 1, but got 0"), std::string::npos)
+      << bad.err;
 }
 
 }  // namespace

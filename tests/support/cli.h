@@ -1,5 +1,5 @@
 // Runs the `contrax` tool as a child process and captures what it prints, for
-// tests of the command line (exit status and messages).
+// tests of the command line (exit status, messages, time taken).
 #pragma once
 
 #include <string>
@@ -7,11 +7,22 @@
 namespace contrax::testing {
 
 struct CliRun {
-  int status = -1;  // exit status; -1 when the tool did not exit normally
-  std::string out;  // stdout and stderr, interleaved
+  int status = -1;      // exit status; -1 when the tool did not exit normally
+  std::string out;      // stdout and stderr, interleaved
+  double seconds = 0;   // wall time of the run
+  double cpu_seconds = 0;  // user + system CPU time of the run (all its processes)
 };
 
 /// `contrax ARGS 2>&1` (ARGS is passed to the shell as it is).
 CliRun run_cli(const std::string& args);
+
+/// The same, with DIR as the working directory.
+CliRun run_cli_in(const std::string& dir, const std::string& args);
+
+/// `contrax ARGS` with stdout only (stderr discarded), e.g. for --json or --dump-config.
+CliRun run_cli_stdout(const std::string& args);
+
+/// The bytes of a file ("" when it cannot be read).
+std::string read_file(const std::string& path);
 
 }  // namespace contrax::testing

@@ -16,10 +16,14 @@
 // every collective of the step and contributes a zero loss and zero
 // gradients, which is exactly its share of the global-batch loss.
 //
-// Rank 0 writes run_dir/metrics.jsonl (one JSON object per step) and
-// run_dir/checkpoint.pt (every `checkpoint_every` steps, at the end and when
-// stopped). `resume` reloads the checkpoint on every rank and continues at
-// the saved step on the same loss curve.
+// Rank 0 writes run_dir/metrics.jsonl (one JSON object per step, see
+// metrics.h) and run_dir/checkpoint.pt (every `checkpoint_every` steps, at the
+// end and when stopped). `resume` reloads the checkpoint on every rank and
+// continues at the saved step on the same loss curve.
+//
+// A step whose global loss or any gradient is not finite is never applied:
+// training stops with an error naming the step (the last checkpoint is left
+// as it was), unless `skip_nonfinite` allows skipping that many such steps.
 #pragma once
 
 #include <torch/torch.h>
@@ -36,13 +40,16 @@
 namespace contrax {
 namespace train {
 
-/// Options of `train_contrastive`. Defaults: SimCLR, 1 epoch, global batch 256,
-/// AdamW lr 1e-3 with 20 warm-up steps then cosine to 0, temperature 0.2.
+/// Options of `train_contrastive`. The defaults are the recipe of the default
+/// `contrax train` run (its flags take their defaults from here): SimCLR, 8
+/// epochs, global batch 256, AdamW lr 2e-3 and weight decay 1e-4 with 20
+/// warm-up steps then cosine to 0, temperature 0.2, a checkpoint every 200
+/// steps when there is a run directory.
 struct TrainOptions {
   /// "simclr" or "moco-v3".
   TORCH_ARG(std::string, recipe) = "simclr";
   /// Epochs over the training set (used when max_steps <= 0).
-  TORCH_ARG(int64_t, epochs) = 1;
+  TORCH_ARG(int64_t, epochs) = 8;
   /// > 0: the run is this many steps (the schedule's length).
   TORCH_ARG(int64_t, max_steps) = -1;
   /// >= 0: stop (as if interrupted, with a checkpoint) once this global step
@@ -52,7 +59,8 @@ struct TrainOptions {
   TORCH_ARG(int64_t, batch_size) = 256;
   /// > 0: gradient cache with chunks of this many rows per view.
   TORCH_ARG(int64_t, chunk_size) = 0;
-  TORCH_ARG(double, lr) = 1e-3;
+  /// Peak learning rate of AdamW.
+  TORCH_ARG(double, lr) = 2e-3;
   TORCH_ARG(double, weight_decay) = 1e-4;
   TORCH_ARG(int64_t, warmup_steps) = 20;
   /// Temperature of NT-Xent / MoCo v3.
@@ -65,13 +73,19 @@ struct TrainOptions {
   /// Empty: no metrics or checkpoints written.
   TORCH_ARG(std::string, run_dir) = "";
   /// Checkpoint every K steps (0: only at the end / when stopped).
-  TORCH_ARG(int64_t, checkpoint_every) = 0;
+  TORCH_ARG(int64_t, checkpoint_every) = 200;
   /// Load run_dir/checkpoint.pt first and continue from it.
   TORCH_ARG(bool, resume) = false;
   /// Progress line on rank 0 every this many steps (0: never).
   TORCH_ARG(int64_t, log_every) = 10;
   /// Progress lines go to stderr instead of stdout (keeps --json clean).
   TORCH_ARG(bool, progress_to_stderr) = false;
+  /// Set: rank 0's progress lines go here instead (the tool copies them to
+  /// the console and RUN_DIR/train.log).
+  TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;
+  /// Steps with a non-finite loss or gradient that may be skipped (not
+  /// applied) before training stops with an error. 0: the first one stops it.
+  TORCH_ARG(int64_t, skip_nonfinite) = 0;
   /// Polled at every step boundary on every rank; when any rank sees true,
   /// all ranks stop together after a checkpoint.
   TORCH_ARG(std::function<bool()>, stop_requested) = nullptr;
@@ -89,6 +103,8 @@ struct TrainResult {
   double train_s = 0;       // wall time of the loop
   double examples_per_s = 0;
   std::vector<double> losses;  // global mean loss of each step run here
+  int64_t skipped_steps = 0;   // steps not applied for a non-finite loss or gradient
+  int64_t bytes_sent = 0;      // bytes this rank sent in the steps run here (rank 0's on rank 0)
   /// The trained encoder (the online encoder for MoCo v3), in eval mode.
   Encoder encoder{nullptr};
   /// All parameters of the trained model (for comparisons in tests).
@@ -104,6 +120,14 @@ TrainResult train_contrastive(const CommunicatorPtr& comm, const Dataset& data, 
 
 /// Path of the checkpoint in a run directory.
 std::string checkpoint_path(const std::string& run_dir);
+
+/// Path of the metrics file in a run directory.
+std::string metrics_path(const std::string& run_dir);
+
+/// Steps per run for `options` on `dataset_size` examples: max_steps when > 0,
+/// else epochs x steps per epoch. Throws (naming the flag) when that product
+/// overflows or exceeds 2^40 steps.
+int64_t total_steps(const TrainOptions& options, int64_t dataset_size);
 
 }  // namespace train
 }  // namespace contrax
