@@ -288,8 +288,10 @@ int run_train(const std::vector<std::string>& raw_args) {
   bool resume = false;
   const char* start_env = std::getenv(kStartEnv);
   const bool top = !contrax::in_launched_worker();
-  const bool outside_rank0 = !top && start_env == nullptr && std::getenv("RANK") != nullptr &&
-                             std::string(std::getenv("RANK")) == "0";
+  // The worker's rank as its launcher set it: torchrun-style RANK, or an srun
+  // task's SLURM_PROCID (what Communicator::from_env reads when RANK is unset).
+  const char* env_rank = std::getenv("RANK") != nullptr ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
+  const bool outside_rank0 = !top && start_env == nullptr && env_rank != nullptr && std::string(env_rank) == "0";
   if (top || outside_rank0) {
     if (mode == cli::ResumeMode::kAlways) {
       // Checked before the directory is created: a mistyped --run-dir with
@@ -336,6 +338,10 @@ int run_train(const std::vector<std::string>& raw_args) {
     cli::write_run_file(run_dir, "config.json", config.dump(2) + "\n");
   }
 
+  // Every file the run will read, before it trains: a missing or unreadable
+  // test split must not surface only after the training.
+  ct::check_dataset_files(f.data_dir, f.no_eval ? std::vector<std::string>{"train"}
+                                                : std::vector<std::string>{"train", "test"});
   auto train_data = ct::load_dataset(f.data_dir, "train", f.train_limit);
   // epochs x steps per epoch, before anything trains (the trainer checks it
   // too, but cannot name the flags).

@@ -280,15 +280,33 @@ TEST(Fault, LauncherBlamesTheRankThatFailedFirst) {
   TempDir t;
   std::ofstream(t.path + "/file") << "not a directory";
   const std::string rd = t.path + "/file/run";  // mkdir fails with ENOTDIR on rank 0 only
+  // Under an outside launcher rank 0 prepares the run directory, so it fails
+  // for a reason of its own while rank 1 waits for it and then loses it.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    auto d = run(cli("train " + kFast + " --nproc 2 --max-steps 4 --timeout 20 --run-dir " + rd), t.path);
+    auto d = run(cli("launch --nproc 2 -- " + cli("train " + kFast + " --max-steps 4 --timeout 20 --run-dir " + rd)),
+                 t.path);
     report("unwritable run directory on rank 0 (attempt " + std::to_string(attempt) + ")", d);
     EXPECT_TRUE(d.exited && d.status == 1) << d.output;
-    EXPECT_NE(d.output.find("contrax train: rank 0 exited with status 1: "), std::string::npos) << d.output;
-    EXPECT_NE(d.output.find("cannot create run directory '" + t.path + "/file/run/': Not a directory"), std::string::npos)
+    EXPECT_NE(d.output.find("rank 0 exited with status 1: "), std::string::npos) << d.output;
+    EXPECT_NE(d.output.find("cannot create run directory '" + rd + "': Not a directory"), std::string::npos)
         << d.output;
-    EXPECT_EQ(d.output.find("contrax train: rank 1 exited"), std::string::npos) << d.output;
+    EXPECT_EQ(d.output.find("rank 1 exited"), std::string::npos) << d.output;
   }
+}
+
+// Started by the user (no outside launcher), the same directory is refused
+// before any worker starts.
+TEST(Fault, UnwritableRunDirectoryIsNamedBeforeAnyWorkerStarts) {
+  REQUIRE_DATA();
+  TempDir t;
+  std::ofstream(t.path + "/file") << "not a directory";
+  const std::string rd = t.path + "/file/run";
+  auto d = run(cli("train " + kFast + " --nproc 2 --max-steps 4 --timeout 20 --run-dir " + rd), t.path);
+  report("unwritable run directory, train --nproc 2", d);
+  EXPECT_TRUE(d.exited && d.status == 1) << d.output;
+  EXPECT_NE(d.output.find("cannot create run directory '" + rd + "': Not a directory"), std::string::npos)
+      << d.output;
+  EXPECT_EQ(d.output.find("rank "), std::string::npos) << d.output;
 }
 
 // Item 7: the rendezvous store listens on MASTER_ADDR (127.0.0.1) only.
@@ -461,4 +479,28 @@ TEST(Fault, StaleCheckpointTemporariesAreRemovedAtStart) {
   EXPECT_TRUE(d.exited && d.status == 0) << d.output;
   EXPECT_FALSE(has_temporaries(rd));
   EXPECT_EQ(checkpoint_step(rd), 4);
+}
+
+TEST(Fault, MissingTestSplitIsFoundBeforeTraining) {
+  REQUIRE_DATA();
+  TempDir t;
+  // A data directory with the train split only.
+  const std::string data = t.path + "/data";
+  fs::create_directories(data);
+  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"}) {
+    fs::copy_file(std::string(kData) + "/" + f, data + "/" + f);
+  }
+  const std::string rd = t.path + "/run";
+  const auto t0 = Clock::now();
+  auto d = run(cli("train --train-limit 512 --batch-size 64 --max-steps 4 --no-verify --threads 1 --nproc 1 --data " +
+                   data + " --run-dir " + rd),
+               t.path);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  report("missing test split", d);
+  EXPECT_TRUE(d.exited && d.status == 1) << d.output;
+  EXPECT_NE(d.output.find("t10k-images-idx3-ubyte"), std::string::npos) << d.output;
+  // Nothing trained: no checkpoint, no metrics.
+  EXPECT_FALSE(fs::exists(rd + "/checkpoint.pt"));
+  EXPECT_EQ(metric_lines(rd + "/metrics.jsonl"), 0);
+  EXPECT_LT(s, 30.0);
 }
