@@ -481,15 +481,13 @@ TEST(Cli, AFailedMetricsWriteStopsTheRunWithTheCause) {
   const int st = ::pclose(p);
   ASSERT_TRUE(WIFEXITED(st)) << out;
   // The run stops at once with the cause. Its final checkpoint (2 MB) cannot
-  // be written under the same limit either: once checkpoint writes turn a
-  // write error into an error (issue 14, src/train/checkpoint.cpp) the status
-  // is 1 and the message says so; until then LibTorch's archive writer aborts
-  // (134) after the cause has been printed.
-  EXPECT_TRUE(WEXITSTATUS(st) == 1 || WEXITSTATUS(st) == 134) << out;
+  // be written under the same limit either: that is an error too (exit 1,
+  // never an abort from the archive writer).
+  EXPECT_EQ(WEXITSTATUS(st), 1) << out;
   EXPECT_NE(out.find("contrax train: cannot write " + d + "/metrics.jsonl: File too large"), std::string::npos)
       << out;
   EXPECT_NE(out.find("stopping at the next step boundary"), std::string::npos) << out;
-  if (WEXITSTATUS(st) == 1) EXPECT_NE(out.find("the run stopped at step"), std::string::npos) << out;
+  EXPECT_NE(out.find("the run stopped at step"), std::string::npos) << out;
   auto rows = parse_lines(d + "/metrics.jsonl");  // what was written is whole lines
   EXPECT_GT(rows.size(), 10u);
   EXPECT_LT(rows.size(), 400u);
