@@ -566,6 +566,12 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
 
   std::string backend = backend_req;
   if (backend == "auto") backend = o.device().is_cuda() ? "nccl" : "gloo";
+#ifdef USE_C10D_NCCL
+  // Before any rendezvous: NCCL cannot start without a GPU, and its own
+  // error would come only after the peers have gathered.
+  TORCH_CHECK(backend != "nccl" || torch::cuda::is_available(), "Communicator::create(): backend 'nccl' needs a "
+              "CUDA device, but this machine has none; use backend 'gloo'");
+#endif
 
   if (backend == "mpi") {
 #ifdef CONTRAX_HAVE_MPI

@@ -70,8 +70,17 @@ TEST(Communicator, CreateErrorsNameTheArgument) {
                        "argument 'master_port' must be in [1, 65535], but got 70000");
   CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).timeout(std::chrono::milliseconds(0))),
                        "argument 'timeout' must be positive");
+#ifdef USE_C10D_NCCL
+  // A CUDA build: NCCL is there, and refused at once where there is no GPU.
+  if (!torch::cuda::is_available()) {
+    CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store(
+                             "/tmp/contrax_nccl_probe_" + std::to_string(::getpid()))),
+                         "backend 'nccl' needs a CUDA device, but this machine has none; use backend 'gloo'");
+  }
+#else
   CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store("/tmp/contrax_nccl_probe_" + std::to_string(::getpid()))),
                        "without NCCL");
+#endif
 }
 
 TEST(Communicator, PeerThatNeverArrivesTimesOut) {
