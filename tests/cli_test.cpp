@@ -388,14 +388,9 @@ TEST(Cli, PlotDrawsCurvesAndSaysWhatIsMissing) {
   fs::create_directories(fake + "/matplotlib");
   { std::ofstream(fake + "/matplotlib/__init__.py") << "raise ImportError('no matplotlib here')\n"; }
   const std::string cmd = "PYTHONPATH=" + fake + " " + std::string(CONTRAX_CLI_PATH) + " plot " + d + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  EXPECT_EQ(WEXITSTATUS(st), 3) << out;
+  const auto without = contrax::testing::run_shell(cmd);
+  const std::string& out = without.out;
+  EXPECT_EQ(without.status, 3) << out;
   EXPECT_NE(out.find("matplotlib is missing"), std::string::npos) << out;
   EXPECT_NE(out.find("apt-get install python3-matplotlib"), std::string::npos) << out;
 }
@@ -472,18 +467,13 @@ TEST(Cli, AFailedMetricsWriteStopsTheRunWithTheCause) {
   const std::string cmd = "bash -c \"trap '' XFSZ; ulimit -f 8; exec " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
                           " --log-every 0 --train-limit 64 --max-steps 400 --checkpoint-every 0 --run-dir " + d +
                           "\" 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  ASSERT_TRUE(WIFEXITED(st)) << out;
+  const auto r = contrax::testing::run_shell(cmd);
+  const std::string& out = r.out;
+  ASSERT_NE(r.status, -1) << out;  // exited, not killed by a signal
   // The run stops at once with the cause. Its final checkpoint (2 MB) cannot
   // be written under the same limit either: that is an error too (exit 1,
   // never an abort from the archive writer).
-  EXPECT_EQ(WEXITSTATUS(st), 1) << out;
+  EXPECT_EQ(r.status, 1) << out;
   EXPECT_NE(out.find("contrax train: cannot write " + d + "/metrics.jsonl: File too large"), std::string::npos)
       << out;
   EXPECT_NE(out.find("stopping at the next step boundary"), std::string::npos) << out;

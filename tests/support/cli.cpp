@@ -19,6 +19,8 @@ double children_cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
+}  // namespace
+
 CliRun run_shell(const std::string& cmd) {
   CliRun r;
   const double cpu0 = children_cpu_seconds();
@@ -34,8 +36,6 @@ CliRun run_shell(const std::string& cmd) {
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
 }
-
-}  // namespace
 
 CliRun run_cli(const std::string& args) { return run_shell(std::string(CONTRAX_CLI_PATH) + " " + args + " 2>&1"); }
 

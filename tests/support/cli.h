@@ -13,6 +13,10 @@ struct CliRun {
   double cpu_seconds = 0;  // user + system CPU time of the run (all its processes)
 };
 
+/// Any shell command line (e.g. with an environment prefix or `ulimit`);
+/// captures what it writes to stdout (add `2>&1` for stderr too).
+CliRun run_shell(const std::string& cmd);
+
 /// `contrax ARGS 2>&1` (ARGS is passed to the shell as it is).
 CliRun run_cli(const std::string& args);
 
