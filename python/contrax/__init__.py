@@ -29,6 +29,7 @@ import torch
 
 from . import _contrax
 from .grad_cache import GradCache, GradCacheEncoder
+from .modules import ClipLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 __all__ = [
     "clip_loss",
@@ -46,6 +47,10 @@ __all__ = [
     "siglip_loss",
     "GradCache",
     "GradCacheEncoder",
+    "ClipLoss",
+    "NTXentLoss",
+    "MoCoV3Loss",
+    "SigLIPLoss",
 ]
 
 __version__ = "0.1.0"

@@ -129,3 +129,63 @@ class GradCache:
     def __call__(self, *inputs: Any) -> torch.Tensor: ...
     def cached_rows(self, encoder: Union[int, str]) -> int: ...
     def clear(self) -> None: ...
+
+class ClipLoss(torch.nn.Module):
+    logit_scale: torch.Tensor
+    logit_bias: Optional[torch.nn.Parameter]
+    symmetric: bool
+    max_logit_scale: float
+    normalize: bool
+    tiled: bool
+    tile_size: int
+    ring: bool
+    def __init__(
+        self,
+        *,
+        init_scale: float = ...,
+        learn_scale: bool = ...,
+        init_bias: Optional[float] = ...,
+        symmetric: bool = ...,
+        max_logit_scale: float = ...,
+        normalize: bool = ...,
+        tiled: bool = ...,
+        tile_size: int = ...,
+        ring: bool = ...,
+        group: Any = ...,
+    ) -> None: ...
+    def scale(self) -> torch.Tensor: ...
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    def extra_repr(self) -> str: ...
+
+class NTXentLoss(torch.nn.Module):
+    temperature: float
+    normalize: bool
+    def __init__(self, *, temperature: float = ..., normalize: bool = ..., group: Any = ...) -> None: ...
+    def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor: ...
+    def extra_repr(self) -> str: ...
+
+class MoCoV3Loss(torch.nn.Module):
+    temperature: float
+    normalize: bool
+    def __init__(self, *, temperature: float = ..., normalize: bool = ..., group: Any = ...) -> None: ...
+    def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
+    def extra_repr(self) -> str: ...
+
+class SigLIPLoss(torch.nn.Module):
+    logit_scale: torch.nn.Parameter
+    logit_bias: Optional[torch.nn.Parameter]
+    max_logit_scale: float
+    normalize: bool
+    chunk_size: int
+    def __init__(
+        self,
+        *,
+        init_scale: float = ...,
+        init_bias: Optional[float] = ...,
+        max_logit_scale: float = ...,
+        normalize: bool = ...,
+        chunk_size: int = ...,
+        group: Any = ...,
+    ) -> None: ...
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    def extra_repr(self) -> str: ...
