@@ -8,6 +8,7 @@
 // ValueError (argument errors) / RuntimeError (everything else).
 #include <torch/extension.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <map>
@@ -97,6 +98,31 @@ py::dict stats_dict(const contrax::CommStats& s) {
   return out;
 }
 
+// C++ warnings (TORCH_WARN / TORCH_WARN_ONCE: the logit_scale porting check,
+// deprecated option names) become Python UserWarnings, so `warnings` filters,
+// pytest.warns and -W error see them instead of a line on stderr. Installed on
+// the importing thread (the one that calls the losses' forwards); torch's own
+// calls install their handler around themselves and restore this one.
+class PyWarningForwarder : public c10::WarningHandler {
+ public:
+#if TORCH_VERSION_MAJOR >= 2
+  void process(const c10::Warning& warning) override { forward(warning.msg()); }
+#else
+  void process(const c10::SourceLocation& /*where*/, const std::string& msg, const bool /*verbatim*/) override {
+    forward(msg);
+  }
+#endif
+
+ private:
+  static void forward(const std::string& msg) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    // With -W error the warning is an exception that cannot cross this C++
+    // frame: it is reported as unraisable instead of being lost.
+    if (PyErr_WarnEx(PyExc_UserWarning, msg.c_str(), 1) < 0) PyErr_WriteUnraisable(nullptr);
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_contrax, m) {
@@ -116,6 +142,13 @@ PYBIND11_MODULE(_contrax, m) {
       PyErr_SetString(value_error ? PyExc_ValueError : PyExc_RuntimeError, msg.c_str());
     }
   });
+
+  static auto* forwarder = new PyWarningForwarder();  // lives as long as the process
+#if TORCH_VERSION_MAJOR >= 2
+  c10::WarningUtils::set_warning_handler(forwarder);
+#else
+  c10::Warning::set_warning_handler(forwarder);
+#endif
 
   using namespace pybind11::literals;
   m.def(
