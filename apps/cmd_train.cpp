@@ -60,8 +60,21 @@ constexpr int64_t kMaxSteps = int64_t{1} << 40;
 // Every setting of a run. The defaults of the training recipe come from
 // contrax::train::TrainOptions (the one place they are written); the rest are
 // the tool's own.
+std::string join_ints(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i > 0 ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
 struct TrainFlags {
+  explicit TrainFlags(ct::TrainOptions d = {}) : defaults(std::move(d)) {}
   ct::TrainOptions defaults;
+  // "default" or "peer" (ct::peer_recipe(): the recipe of the torch peer).
+  std::string variant = "default";
+  std::string channels = join_ints(defaults.model().encoder().channels());
+  std::string strides = join_ints(defaults.model().encoder().strides());
+  double crop_min = defaults.augment().scale_min();
+  int64_t pool_grid = defaults.model().encoder().pool_grid();
   std::string recipe = defaults.recipe();
   int64_t nproc = 2;
   std::string data_dir = ct::kDefaultDataDir;
@@ -98,6 +111,15 @@ void add_flags(CLI::App& app, TrainFlags& f) {
   const std::string force_note = " (at most " + std::to_string(cap) + ", " + std::to_string(cli::kMaxProcsPerCore) +
                                  " per core, unless --force)";
   cli::add_choice(app, "--recipe", f.recipe, "training recipe", {"simclr", "moco-v3"});
+  cli::add_choice(app, "--recipe-variant", f.variant,
+                  "default, or peer: the smaller recipe of simclr_torch_ddp.py (flags given explicitly still apply)",
+                  {"default", "peer"});
+  app.add_option("--encoder-channels", f.channels, "output channels of the encoder's conv stages (comma-separated)");
+  app.add_option("--encoder-strides", f.strides, "stride of each conv stage (comma-separated, one per stage)");
+  cli::add_int(app, "--encoder-pool-grid", f.pool_grid,
+               "1: global average pooling; g: average over a g x g grid of cells, flattened", 1, 16);
+  cli::add_double(app, "--crop-scale-min", f.crop_min, "smallest crop area of the augmentation (fraction of the image)",
+                  0, 1, true);
   cli::add_int(app, "--nproc", f.nproc, "local processes (ignored under a launcher)" + force_note, 1);
   app.add_option("--data", f.data_dir, "directory of the MNIST-format IDX files");
   cli::add_int(app, "--epochs", f.epochs, "epochs over the training subset (unless --max-steps)", 1, int64_t{1} << 20);
@@ -179,6 +201,11 @@ Json settings_json(const TrainFlags& f, const std::string& run_dir) {
   s["weight_decay"] = f.wd;
   s["warmup_steps"] = f.warmup;
   s["temperature"] = f.temperature;
+  s["recipe_variant"] = f.variant;
+  s["encoder_channels"] = f.channels;
+  s["encoder_strides"] = f.strides;
+  s["crop_scale_min"] = f.crop_min;
+  s["encoder_pool_grid"] = f.pool_grid;
   s["moco_momentum"] = f.moco_m;
   s["seed"] = f.seed;
   s["run_dir"] = run_dir;
@@ -273,9 +300,33 @@ int run_train(const std::vector<std::string>& raw_args) {
   const std::vector<std::string> args = expand_bare_resume(raw_args);
   CLI::App app{"train SimCLR or MoCo v3 on Fashion-MNIST over N processes, then evaluate", "train"};
   cli::setup_app(app);
-  TrainFlags f;
+  // The variant picks the defaults the flags start from (so that --help and
+  // --dump-config show them); one set in a config file is applied after parsing.
+  std::string variant = "default";
+  for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--recipe-variant" && i + 1 < args.size()) variant = args[i + 1];
+    if (args[i].rfind("--recipe-variant=", 0) == 0) variant = args[i].substr(17);
+  }
+  TrainFlags f(variant == "peer" ? ct::peer_recipe() : ct::TrainOptions());
   add_flags(app, f);
   if (int st = cli::parse(app, args); st >= 0) return st;
+  if (f.variant == "peer") {
+    // The peer's values, except where a flag (or the config file) sets one.
+    const TrainFlags p(ct::peer_recipe());
+    auto take = [&app](const char* name, auto& field, const auto& value) {
+      if (app.get_option(name)->count() == 0) field = value;
+    };
+    take("--epochs", f.epochs, p.epochs);
+    take("--batch-size", f.batch, p.batch);
+    take("--lr", f.lr, p.lr);
+    take("--weight-decay", f.wd, p.wd);
+    take("--warmup-steps", f.warmup, p.warmup);
+    take("--temperature", f.temperature, p.temperature);
+    take("--encoder-channels", f.channels, p.channels);
+    take("--encoder-strides", f.strides, p.strides);
+    take("--crop-scale-min", f.crop_min, p.crop_min);
+    take("--encoder-pool-grid", f.pool_grid, p.pool_grid);
+  }
   check_flags(f);
   const std::string run_dir = f.run_dir.empty() ? "runs/" + f.recipe : f.run_dir;
   const auto mode = cli::parse_resume_mode(f.resume);
@@ -348,6 +399,14 @@ int run_train(const std::vector<std::string>& raw_args) {
   const int64_t per_epoch = train_data.size() / f.batch + (train_data.size() % f.batch != 0);
   cli::usage_check(f.max_steps > 0 || f.epochs <= kMaxSteps / std::max<int64_t>(1, per_epoch), "flag '--epochs' x ",
                    per_epoch, " steps per epoch must be <= 2^40 steps, but got --epochs ", f.epochs);
+  const ct::TrainOptions base = f.variant == "peer" ? ct::peer_recipe() : ct::TrainOptions();
+  auto model_options = base.model();
+  model_options.encoder().channels(cli::parse_int_list("--encoder-channels", f.channels, 1, 1 << 16));
+  model_options.encoder().strides(cli::parse_int_list("--encoder-strides", f.strides, 1, 64));
+  model_options.encoder().pool_grid(f.pool_grid);
+  cli::usage_check(model_options.encoder().strides().size() == model_options.encoder().channels().size(),
+                   "flags '--encoder-channels' and '--encoder-strides' must have as many entries, but got ",
+                   f.channels, " and ", f.strides);
   auto opts = ct::TrainOptions()
                   .recipe(f.recipe)
                   .epochs(f.epochs)
@@ -367,6 +426,8 @@ int run_train(const std::vector<std::string>& raw_args) {
                   .resume(resume)
                   .log_every(f.log_every)
                   .skip_nonfinite(f.skip_nonfinite)
+                  .model(model_options)
+                  .augment(ct::AugmentOptions(base.augment()).scale_min(f.crop_min))
                   .log([&console](const std::string& line) { console.out(line); })
                   .stop_requested([] { return g_signal != 0; });
   if (rank == 0) {

@@ -211,6 +211,12 @@ TEST(Cli, ConfigRoundTripsDumpConfig) {
   EXPECT_NE(missing.out.find("none.toml"), std::string::npos) << missing.out;
 }
 
+static std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i > 0 ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
 TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
   // One place for every default: what `--dump-config` shows is what the
   // options structs hold.
@@ -221,7 +227,10 @@ TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
        {"recipe=\"" + t.recipe() + "\"", "epochs=" + std::to_string(t.epochs()),
         "batch-size=" + std::to_string(t.batch_size()), "warmup-steps=" + std::to_string(t.warmup_steps()),
         "checkpoint-every=" + std::to_string(t.checkpoint_every()), "log-every=" + std::to_string(t.log_every()),
-        "skip-nonfinite=" + std::to_string(t.skip_nonfinite())}) {
+        "skip-nonfinite=" + std::to_string(t.skip_nonfinite()),
+        "encoder-channels=\"" + join(t.model().encoder().channels()) + "\"",
+        "encoder-strides=\"" + join(t.model().encoder().strides()) + "\"",
+        "encoder-pool-grid=" + std::to_string(t.model().encoder().pool_grid())}) {
     EXPECT_NE(train.out.find("\n" + line + "\n"), std::string::npos) << line << "\n" << train.out;
   }
   EXPECT_EQ(t.lr(), 2e-3);  // the default run's recipe, unchanged
@@ -235,6 +244,46 @@ TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
   EXPECT_NE(launch.out.find("\ngrace-ms=" + std::to_string(l.grace.count()) + "\n"), std::string::npos)
       << launch.out;
   EXPECT_NE(launch.out.find("\nmaster-addr=\"" + l.master_addr + "\"\n"), std::string::npos) << launch.out;
+}
+
+TEST(Cli, RecipeVariantPeerRestoresThePeersRecipeAndFlagsStillWin) {
+  const auto p = contrax::train::peer_recipe();
+  const auto& enc = p.model().encoder();
+  std::ostringstream lr, t, crop;
+  lr << "\nlr=" << p.lr() << "\n";
+  t << "\ntemperature=" << p.temperature() << "\n";
+  crop << "\ncrop-scale-min=" << p.augment().scale_min() << "\n";
+  const std::vector<std::string> peer_lines{"\nencoder-channels=\"" + join(enc.channels()) + "\"\n",
+                                            "\nencoder-strides=\"" + join(enc.strides()) + "\"\n",
+                                            "\nencoder-pool-grid=" + std::to_string(enc.pool_grid()) + "\n",
+                                            "\nepochs=" + std::to_string(p.epochs()) + "\n",
+                                            lr.str(), t.str(), crop.str()};
+  EXPECT_EQ(join(enc.channels()), "32,64,128");  // what simclr_torch_ddp.py builds
+  EXPECT_EQ(join(enc.strides()), "2,2,1");
+  const std::string d = temp_dir("variant");
+  auto peer = run_cli_stdout("train --recipe-variant peer --dump-config");
+  ASSERT_EQ(peer.status, 0) << peer.out;
+  EXPECT_NE(peer.out.find("\nrecipe-variant=\"peer\"\n"), std::string::npos) << peer.out;
+  for (const auto& line : peer_lines) EXPECT_NE(peer.out.find(line), std::string::npos) << line << peer.out;
+  // A flag given explicitly wins over the variant's value, in either order.
+  for (const std::string args : {"--temperature 0.7 --recipe-variant peer", "--recipe-variant=peer --temperature 0.7"}) {
+    auto mixed = run_cli_stdout("train " + args + " --dump-config");
+    EXPECT_NE(mixed.out.find("\ntemperature=0.7\n"), std::string::npos) << args << "\n" << mixed.out;
+    EXPECT_NE(mixed.out.find(peer_lines[0]), std::string::npos) << args << "\n" << mixed.out;
+  }
+  // A variant set only in a config file applies too.
+  { std::ofstream(d + "/peer.toml") << "recipe-variant=\"peer\"\n"; }
+  auto from_file = run_cli("train --config " + d + "/peer.toml --no-eval --no-verify --no-plot --nproc 1 --threads 1 "
+                           "--train-limit 64 --batch-size 32 --max-steps 1 --json --run-dir " + d + "/run");
+  ASSERT_EQ(from_file.status, 0) << from_file.out;
+  std::ifstream cfg(d + "/run/config.json");
+  const auto settings = Json::parse(cfg)["settings"];
+  EXPECT_EQ(settings["encoder_channels"], join(enc.channels())) << settings.dump();
+  EXPECT_EQ(settings["crop_scale_min"], p.augment().scale_min()) << settings.dump();
+  EXPECT_EQ(settings["temperature"], p.temperature()) << settings.dump();
+  // The default is not the peer's encoder.
+  auto def = run_cli_stdout("train --dump-config");
+  EXPECT_EQ(def.out.find(peer_lines[0]), std::string::npos) << def.out;
 }
 
 TEST(Cli, SecondTrainIntoARunDirIsRefusedAndTheRunStaysByteIdentical) {

@@ -2,7 +2,9 @@
 # Training throughput side by side: `contrax train` (as shipped, and with
 # glibc's default heap trimming for comparison) against the plain PyTorch DDP
 # program ../shared/peers/simclr_torch_ddp.py run as its users run it (no
-# tunables). Same recipe, global batch 256, 2 processes x 1 thread, STEPS steps
+# tunables). Same recipe (contrax's `--recipe-variant peer`: the 32-64-128
+# encoder, crop scale 0.2-1, temperature 0.2, which the peer implements; the
+# default recipe has since changed), global batch 256, 2 processes x 1 thread, STEPS steps
 # each, alternating, REPEATS rounds, each run alone under `flock $LOCK` (the
 # lock other benchmarks on this machine take too).
 #   sh tools/bench_vs_peer.sh [STEPS] [REPEATS]
@@ -24,11 +26,11 @@ i=0
 while [ "$i" -lt "$REPEATS" ]; do
   i=$((i + 1))
   flock "$LOCK" sh -c "cd '$WORK' && l=\$(uptime | sed 's/.*load average: //') &&
-    eps=\$('$CONTRAX' train --max-steps $STEPS --data '$DATA' --run-dir run$i --no-eval --no-verify --no-plot --json 2>/dev/null |
+    eps=\$('$CONTRAX' train --recipe-variant peer --max-steps $STEPS --data '$DATA' --run-dir run$i --no-eval --no-verify --no-plot --json 2>/dev/null |
       '$PY' -c 'import json,sys; print(\"%.1f\" % json.load(sys.stdin)[\"examples_per_s\"])') &&
     echo \"contrax round $i load \$l examples_per_s \$eps\""
   flock "$LOCK" sh -c "cd '$WORK' && l=\$(uptime | sed 's/.*load average: //') &&
-    eps=\$(GLIBC_TUNABLES=glibc.malloc.trim_threshold=131072 '$CONTRAX' train --max-steps $STEPS --data '$DATA' --run-dir trim$i --no-eval --no-verify --no-plot --json 2>/dev/null |
+    eps=\$(GLIBC_TUNABLES=glibc.malloc.trim_threshold=131072 '$CONTRAX' train --recipe-variant peer --max-steps $STEPS --data '$DATA' --run-dir trim$i --no-eval --no-verify --no-plot --json 2>/dev/null |
       '$PY' -c 'import json,sys; print(\"%.1f\" % json.load(sys.stdin)[\"examples_per_s\"])') &&
     echo \"contrax-glibc-default-trim round $i load \$l examples_per_s \$eps\""
   flock "$LOCK" sh -c "cd '$WORK' && l=\$(uptime | sed 's/.*load average: //') &&

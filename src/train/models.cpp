@@ -19,6 +19,7 @@ EncoderImpl::EncoderImpl(EncoderOptions options_) : options(std::move(options_))
               options.convs_per_stage());
   TORCH_CHECK(options.strides().size() == ch.size(), "Encoder(): option 'strides' must have one entry per ",
               "stage (", ch.size(), "), but got ", options.strides().size());
+  TORCH_CHECK(options.pool_grid() >= 1, "Encoder(): option 'pool_grid' must be >= 1, but got ", options.pool_grid());
   TORCH_CHECK(options.in_channels() >= 1, "Encoder(): option 'in_channels' must be >= 1, but got ",
               options.in_channels());
   torch::nn::Sequential seq;
@@ -50,7 +51,12 @@ EncoderImpl::EncoderImpl(EncoderOptions options_) : options(std::move(options_))
 torch::Tensor EncoderImpl::forward(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() == 4 && x.size(1) == options.in_channels(), "Encoder: argument 'x' must have shape [b, ",
               options.in_channels(), ", H, W], but got ", x.sizes());
-  auto h = features_->forward(x).mean({2, 3});  // [b, C]
+  auto f = features_->forward(x);  // [b, C, h, w]
+  const int64_t g = options.pool_grid();
+  TORCH_CHECK(g == 1 || (f.size(2) >= g && f.size(3) >= g), "Encoder: option 'pool_grid' (", g, ") exceeds the ",
+              "last feature map, ", f.size(2), "x", f.size(3));
+  // [b, C] or [b, C * g * g]
+  auto h = g == 1 ? f.mean({2, 3}) : torch::adaptive_avg_pool2d(f, {g, g}).flatten(1);
   if (options.dropout() > 0) h = dropout_->forward(h);
   return h;
 }

@@ -298,7 +298,8 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
     }
   };
 
-  const AugmentOptions aopts = AugmentOptions().dtype(o.dtype());
+  AugmentOptions aopts = o.augment();
+  aopts.dtype(o.dtype());
   TrainResult result;
   result.start_step = start;
   result.total_steps = total;
@@ -426,6 +427,25 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   result.encoder = moco ? model.moco->encoder() : model.simclr->encoder;
   for (const auto& p : model.module->parameters()) result.parameters.push_back(p.detach());
   return result;
+}
+
+TrainOptions peer_recipe() {
+  return TrainOptions()
+      .recipe("simclr")
+      .epochs(8)
+      .batch_size(256)
+      .lr(2e-3)
+      .weight_decay(1e-4)
+      .warmup_steps(20)
+      .temperature(0.2)
+      .model(ContrastiveModelOptions()
+                 .encoder(EncoderOptions().channels({32, 64, 128}).strides({2, 2, 1}).norm("group").groups(8).pool_grid(1))
+                 .proj_hidden_dim(256)
+                 .proj_dim(128)
+                 .proj_layers(2)
+                 .head_layer_norm(false))
+      .augment(AugmentOptions().scale_min(0.2).scale_max(1.0).flip_prob(0.5).jitter_prob(0.8).brightness(0.4)
+                   .contrast(0.4).blur_prob(0.0).noise_prob(0.0));
 }
 
 }  // namespace train

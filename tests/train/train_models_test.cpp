@@ -37,6 +37,38 @@ TEST(Models, EncoderAndHeadShapes) {
   EXPECT_EQ(head(torch::randn({5, 128})).sizes(), (std::vector<int64_t>{5, 32}));
 }
 
+TEST(Models, PoolGridKeepsTheLayoutOfTheLastMap) {
+  torch::manual_seed(3);
+  // Strides 2-2-2: a 4x4 last map; a 2x2 grid averages its four 2x2 quadrants.
+  const auto base = ct::EncoderOptions().channels({8, 16, 16}).strides({2, 2, 2}).groups(4);
+  ct::Encoder global(base);
+  ct::Encoder grid(ct::EncoderOptions(base).pool_grid(2));
+  EXPECT_EQ(grid->output_dim(), 16 * 4);
+  for (size_t i = 0; i < global->parameters().size(); ++i) {
+    torch::NoGradGuard no_grad;
+    grid->parameters()[i].copy_(global->parameters()[i]);
+  }
+  auto x = torch::randn({3, 1, 28, 28});
+  auto g = grid(x).view({3, 16, 2, 2});  // [b, C, cell row, cell col]
+  // The cells together are the global average (equal quadrants of the 4x4 map).
+  EXPECT_TRUE(torch::allclose(g.mean({2, 3}), global(x), 1e-5, 1e-6));
+  // ... but each cell sees its own part of the image: without the norm (whose
+  // statistics span the whole map) a change confined to the top-left corner
+  // leaves the bottom-right cell as it was.
+  ct::Encoder local(ct::EncoderOptions(base).norm("none").pool_grid(2));
+  auto y = x.clone();
+  y.narrow(2, 0, 4).narrow(3, 0, 4).add_(3.0);
+  auto lx = local(x).view({3, 16, 2, 2}), ly = local(y).view({3, 16, 2, 2});
+  EXPECT_TRUE(torch::allclose(ly.select(2, 1).select(2, 1), lx.select(2, 1).select(2, 1), 1e-6, 1e-7));
+  EXPECT_FALSE(torch::allclose(ly.select(2, 0).select(2, 0), lx.select(2, 0).select(2, 0)));
+  EXPECT_NE(error_of([] { ct::Encoder(ct::EncoderOptions().pool_grid(0)); })
+                .find("Encoder(): option 'pool_grid' must be >= 1, but got 0"),
+            std::string::npos);
+  ct::Encoder too_fine(ct::EncoderOptions(base).pool_grid(5));
+  EXPECT_NE(error_of([&] { too_fine(x); }).find("Encoder: option 'pool_grid' (5) exceeds the last feature map, 4x4"),
+            std::string::npos);
+}
+
 TEST(Models, ExampleOutputIndependentOfItsBatch) {
   // No BatchNorm: a row's output must not depend on the other rows (what makes
   // a rank's forward equal to the single process's), exactly in fp64.

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "contrax/communicator.h"
+#include "contrax/train/augment.h"
 #include "contrax/train/idx.h"
 #include "contrax/train/models.h"
 
@@ -91,7 +92,19 @@ struct TrainOptions {
   TORCH_ARG(std::function<bool()>, stop_requested) = nullptr;
   /// Model architecture.
   TORCH_ARG(ContrastiveModelOptions, model) = {};
+  /// Augmentations of the two views (their dtype is taken from `dtype`).
+  TORCH_ARG(AugmentOptions, augment) = {};
 };
+
+/// The recipe of `contrax train` before its current default, which the torch
+/// peer (simclr_torch_ddp.py, see docs/benchmarks.md) implements and
+/// `--recipe-variant peer` selects: every field written out so that it stays
+/// fixed when the defaults change. Encoder 32-64-128 with strides 2-2-1 (a
+/// 15-pixel receptive field), crop scale (0.2, 1), temperature 0.2, AdamW lr
+/// 2e-3, weight decay 1e-4, 20 warm-up steps, 8 epochs at global batch 256.
+///
+///   auto r = contrax::train::train_contrastive(comm, data, contrax::train::peer_recipe().run_dir("runs/p"));
+TrainOptions peer_recipe();
 
 /// What a run returns (identical on every rank except where noted).
 struct TrainResult {
