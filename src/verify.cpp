@@ -26,9 +26,10 @@ namespace {
 // gradient of verify's default cases is above the floor (a mean over <= 30 rows).
 constexpr double kAbsFloor = 1e-3;
 
+// Compared on the CPU: the distributed side may live on a CUDA device.
 double rel(const torch::Tensor& got, const torch::Tensor& want) {
   if (want.numel() == 0) return 0.0;
-  auto g = got.detach().to(torch::kDouble), w = want.detach().to(torch::kDouble);
+  auto g = got.detach().to(torch::kCPU, torch::kDouble), w = want.detach().to(torch::kCPU, torch::kDouble);
   const double scale = std::max(w.abs().max().item<double>(), kAbsFloor);
   return (g - w).abs().max().item<double>() / scale;
 }
@@ -240,6 +241,11 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   }
   TORCH_CHECK(B > 0, "verify(): option 'rows' must sum to a positive batch");
   TORCH_CHECK(o.width() > 0, "verify(): option 'width' must be positive, but got ", o.width());
+  const torch::Device dev = o.device();
+  const int64_t n_cuda = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+  TORCH_CHECK(dev.is_cpu() || (dev.is_cuda() && dev.index() < n_cuda && n_cuda > 0),
+              "verify(): option 'device' must be the CPU or an available CUDA device, but got ", dev.str(),
+              " (this process sees ", n_cuda, " CUDA device", n_cuda == 1 ? "" : "s", ")");
 
   // Same global inputs on every rank.
   auto gen = at::detail::createCPUGenerator(o.seed());
@@ -259,13 +265,14 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   auto ref_loss = c.reference(ref_x, ref_s);
   ref_loss.backward();
 
-  // This rank's share.
+  // This rank's share, on the device under test (clone(): a fresh leaf also
+  // where to() returns the CPU tensor itself).
   std::vector<torch::Tensor> loc_x, loc_s;
   for (int64_t k = 0; k < c.num_features; ++k) {
-    loc_x.push_back(global[k].narrow(0, off, rows[r]).clone().requires_grad_(needs_grad(k)));
+    loc_x.push_back(global[k].narrow(0, off, rows[r]).to(dev).clone().requires_grad_(needs_grad(k)));
   }
-  for (double v : c.scalars) loc_s.push_back(torch::tensor(v, f64).requires_grad_(true));
-  for (const auto& p : params) loc_s.push_back(p.value().clone().requires_grad_(true));
+  for (double v : c.scalars) loc_s.push_back(torch::tensor(v, f64).to(dev).requires_grad_(true));
+  for (const auto& p : params) loc_s.push_back(p.value().to(dev).clone().requires_grad_(true));
   auto loss = c.distributed(loc_x, loc_s, comm);
   if (loss.requires_grad()) loss.backward();
 
@@ -273,6 +280,7 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   res.loss = c.name;
   res.world_size = W;
   res.rows = rows;
+  res.device = loss.device().str();
   auto note = [&](double e, const std::string& what) {
     if (std::isnan(e)) e = INFINITY;
     if (res.worst.empty() || e > res.max_rel_err) {
@@ -286,7 +294,7 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   for (size_t k = 0; k < n_scalars; ++k) to_sum.push_back(grad_of(loc_s[k]).reshape({1}));
   auto packed = torch::cat(to_sum).contiguous();
   comm->all_reduce_sum(packed, "verify");
-  packed = packed / static_cast<double>(W);
+  packed = packed.cpu() / static_cast<double>(W);
   res.loss_rel_err = rel(packed[0], ref_loss);
   note(res.loss_rel_err, "loss");
   for (size_t k = 0; k < n_scalars; ++k) {
@@ -306,18 +314,22 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
       errs.push_back(rel(grad_of(loc_s[n_scalars + k]), grad_of(ref_s[n_scalars + k])));
     }
     auto worst_rank = std::get<0>(
-        gather_no_grad(torch::tensor(errs, f64).reshape({1, -1}), comm, "verify").all.max(0));  // [P]
+        gather_no_grad(torch::tensor(errs, f64).reshape({1, -1}).to(dev), comm, "verify").all.cpu().max(0));  // [P]
     for (size_t k = 0; k < params.size(); ++k) {
       note(worst_rank[k].item<double>(), "grad " + params.keys()[k]);
     }
   }
   for (int64_t k = 0; k < c.num_features; ++k) {
-    auto all = gather_no_grad(grad_of(loc_x[k]), comm, "verify").all / static_cast<double>(W);
+    auto all = gather_no_grad(grad_of(loc_x[k]), comm, "verify").all.cpu() / static_cast<double>(W);
     if (!needs_grad(k)) {
       note(all.abs().max().item<double>(), "grad of constant input " + std::to_string(k));
       continue;
     }
     note(rel(all, ref_x[k].grad()), "grad input " + std::to_string(k));
+  }
+  // A loss that left the device means the case did not test it.
+  if (loss.device() != dev && !(dev.is_cuda() && loss.is_cuda() && dev.index() < 0)) {
+    note(INFINITY, "loss on " + res.device + ", not " + dev.str());
   }
   res.passed = res.max_rel_err <= o.tolerance();
   return res;
@@ -344,10 +356,10 @@ std::string to_json(const VerifyResult& r) {
   std::ostringstream os;
   os << std::setprecision(6) << "{\"loss\": \"" << r.loss << "\", \"world_size\": " << r.world_size << ", \"rows\": [";
   for (size_t i = 0; i < r.rows.size(); ++i) os << (i ? ", " : "") << r.rows[i];
-    // JSON has no infinity; a non-finite error is reported as the largest double.
+  // JSON has no infinity; a non-finite error is reported as the largest double.
   auto num = [](double x) { return std::isfinite(x) ? x : 1.7976931348623157e308; };
   os << "], \"max_rel_err\": " << num(r.max_rel_err) << ", \"loss_rel_err\": " << num(r.loss_rel_err) << ", \"worst\": \""
-     << r.worst << "\", \"passed\": " << (r.passed ? "true" : "false") << "}";
+     << r.worst << "\", \"device\": \"" << r.device << "\", \"passed\": " << (r.passed ? "true" : "false") << "}";
   return os.str();
 }
 

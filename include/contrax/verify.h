@@ -28,7 +28,10 @@
 namespace contrax {
 
 /// Options for `verify`. Defaults: width 16, seed 0, tolerance 1e-10, the
-/// default uneven row pattern (see `default_row_counts`), every case.
+/// default uneven row pattern (see `default_row_counts`), every case, on the
+/// CPU.
+///
+///   auto results = contrax::verify(comm, contrax::VerifyOptions().device(torch::Device(torch::kCUDA, 0)));
 struct VerifyOptions {
   TORCH_ARG(int64_t, width) = 16;
   TORCH_ARG(uint64_t, seed) = 0;
@@ -37,6 +40,11 @@ struct VerifyOptions {
   TORCH_ARG(std::vector<int64_t>, rows) = {};
   /// Case names to run; empty means all registered cases.
   TORCH_ARG(std::vector<std::string>, cases) = {};
+  /// Where each rank's inputs, parameters and distributed computation live.
+  /// The inputs are drawn on the CPU (the same numbers on every device) and
+  /// the reference always runs on the CPU; the communicator must carry tensors
+  /// of this device (Gloo and NCCL carry CUDA tensors).
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
 };
 
 /// The outcome of one case on this world.
@@ -47,6 +55,7 @@ struct VerifyResult {
   double loss_rel_err = 0;  // |mean_r L_r - L_ref| / |L_ref|
   double max_rel_err = 0;   // max over the loss value and every gradient
   std::string worst;        // which quantity had max_rel_err
+  std::string device;       // where the distributed loss was computed ("cpu", "cuda:0")
   bool passed = false;
 };
 
