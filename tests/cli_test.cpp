@@ -593,7 +593,8 @@ TEST(Cli, VerifyOnCudaRunsThereOrSaysWhyNot) {
   }
   auto r = run_cli("verify --nproc 2 --device cuda");
   EXPECT_EQ(r.status, 2) << r.out;
-  const std::string why = at::Context::hasCUDART() ? "no CUDA device is visible" : "this LibTorch was built without CUDA";
+  const std::string why =
+      at::Context::hasCUDART() ? "no CUDA device is visible" : "this LibTorch was built without CUDA";
   EXPECT_NE(r.out.find("contrax verify: error: flag '--device' is 'cuda', but " + why), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("; use --device cpu"), std::string::npos) << r.out;
   // The CPU, named or by default, runs; the table says where.

@@ -298,8 +298,9 @@ TEST_P(GradCacheOnDevice, ReplaysTheDevicesRandomStateForDropout) {
   torch::manual_seed(1234);
   {
     std::vector<torch::Tensor> za, zb;
-    for (int64_t s = 0; s < B; s += ca) za.push_back(tower(ref, true)(BatchInput(x.narrow(0, s, std::min(ca, B - s)))).toTensor());
-    for (int64_t s = 0; s < B; s += cb) zb.push_back(tower(ref, false)(BatchInput(y.narrow(0, s, std::min(cb, B - s)))).toTensor());
+    const auto encode_a = tower(ref, true), encode_b = tower(ref, false);
+    for (int64_t s = 0; s < B; s += ca) za.push_back(encode_a(x.narrow(0, s, std::min(ca, B - s))).toTensor());
+    for (int64_t s = 0; s < B; s += cb) zb.push_back(encode_b(y.narrow(0, s, std::min(cb, B - s))).toTensor());
     loss_of(ref)({torch::cat(za), torch::cat(zb)}).backward();
   }
   const auto want = grads_of(*ref);

@@ -42,8 +42,9 @@ struct VerifyOptions {
   TORCH_ARG(std::vector<std::string>, cases) = {};
   /// Where each rank's inputs, parameters and distributed computation live.
   /// The inputs are drawn on the CPU (the same numbers on every device) and
-  /// the reference always runs on the CPU; the communicator must carry tensors
-  /// of this device (Gloo and NCCL carry CUDA tensors).
+  /// the reference always runs on the CPU. For CUDA over W > 1 ranks, use a
+  /// Gloo communicator (it carries CUDA tensors through host memory and lets
+  /// ranks share a GPU; what `contrax verify --device cuda` does).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
 };
 
