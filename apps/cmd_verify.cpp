@@ -50,7 +50,7 @@ int run_verify(const std::vector<std::string>& args) {
   int64_t nproc = 4, width = defaults.width(), seed = static_cast<int64_t>(defaults.seed()), timeout_s = 60;
   double tol = defaults.tolerance();
   bool json = false, force = false;
-  std::string rows_s, cases, device = "cpu";
+  std::string rows_s, cases, device = defaults.device().is_cuda() ? "cuda" : "cpu";
   cli::add_int(app, "--nproc", nproc, "local processes to verify over (ignored under a launcher)", 1);
   app.add_flag("--json", json, "print one JSON object per loss instead of a table");
   cli::add_double(app, "--tol", tol, "largest relative error that passes");
