@@ -184,12 +184,17 @@ std::vector<std::string> words_of(const std::string& text) {
   return out;
 }
 
-std::vector<int64_t> query_features(const std::string& text, int64_t buckets, int64_t max_features) {
+std::vector<int64_t> query_features(const std::string& text, int64_t buckets, int64_t max_features, bool chargrams,
+                                    int64_t min_n, int64_t max_n) {
   TORCH_CHECK(buckets >= 2, "query_features(): argument 'buckets' must be >= 2, but got ", buckets);
   const auto w = words_of(text);
   std::vector<int64_t> f;
   for (size_t i = 0; i < w.size(); ++i) f.push_back(bucket(w[i], 1, buckets));
   for (size_t i = 0; i + 1 < w.size(); ++i) f.push_back(bucket(w[i] + " " + w[i + 1], 2, buckets));
+  if (chargrams) {
+    const auto c = passage_features(text, buckets, min_n, max_n, max_features);
+    f.insert(f.end(), c.begin(), c.end());
+  }
   if (static_cast<int64_t>(f.size()) > max_features) f.resize(max_features);
   return f;
 }
@@ -237,11 +242,13 @@ RetrievalCorpus make_retrieval_corpus(std::vector<Synset> synsets, const Retriev
                 " appears twice");
     const bool held = static_cast<int64_t>(splitmix64(static_cast<uint64_t>(s.key)) % 10000) < o.heldout_per_10000();
     (held ? c.heldout : c.train).push_back(i);
-    push_row(c.query_features, query_features(c.queries[i], o.query_buckets(), o.max_features()));
+    push_row(c.query_features, query_features(c.queries[i], o.query_buckets(), o.max_features(), o.query_chargrams(),
+                                                   o.min_ngram(), o.max_ngram()));
     push_row(c.passage_features,
              passage_features(p, o.passage_buckets(), o.min_ngram(), o.max_ngram(), o.max_features()));
   }
   c.num_passage_ids = static_cast<int64_t>(ids.size());
+  if (o.train_limit() > 0 && static_cast<int64_t>(c.train.size()) > o.train_limit()) c.train.resize(o.train_limit());
 
   // Pools over the training split only: a held-out passage never appears in
   // training, not even as a negative.

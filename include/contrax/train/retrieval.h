@@ -32,14 +32,18 @@ namespace train {
 // ---------------------------------------------------------------------------
 // Towers
 
-/// A hashed feature bag encoder: mean of feature embeddings (EmbeddingBag with
-/// per-feature weights), then Linear - GELU - Linear, L2-normalised.
+/// A hashed feature bag encoder: the mean of the features' embeddings,
+/// layer-normalised (h), then z = skip(h) + fc2(GELU(fc1(h))), L2-normalised.
+/// The layer norm keeps h at unit scale whatever the bag's length and the
+/// embeddings' size; the linear skip lets a lexical match pass straight through.
 struct BagTowerOptions {
   BagTowerOptions(int64_t buckets = int64_t{1} << 16) : buckets_(buckets) {}
   TORCH_ARG(int64_t, buckets);
   TORCH_ARG(int64_t, embed_dim) = 128;
   TORCH_ARG(int64_t, hidden_dim) = 256;
   TORCH_ARG(int64_t, out_dim) = 128;
+  /// Standard deviation of the initial feature embeddings.
+  TORCH_ARG(double, init_std) = 0.1;
 };
 
 class BagTowerImpl : public torch::nn::Module {
@@ -49,7 +53,8 @@ class BagTowerImpl : public torch::nn::Module {
   torch::Tensor forward(const std::vector<torch::Tensor>& x);
   BagTowerOptions options;
   torch::Tensor embedding;  // [buckets, embed_dim]
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, skip{nullptr};
 };
 TORCH_MODULE(BagTower);
 

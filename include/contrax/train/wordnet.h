@@ -75,7 +75,12 @@ struct RetrievalCorpusOptions {
   TORCH_ARG(int64_t, min_ngram) = 3;
   TORCH_ARG(int64_t, max_ngram) = 5;
   /// At most this many features per query / passage (the rest dropped).
-  TORCH_ARG(int64_t, max_features) = 160;
+  TORCH_ARG(int64_t, max_features) = 256;
+  /// Queries also get the character n-grams of their words (as passages do),
+  /// so that the towers can learn the morphological overlap BM25 uses.
+  TORCH_ARG(bool, query_chargrams) = true;
+  /// > 0: keep only the first N training synsets (short runs, tests).
+  TORCH_ARG(int64_t, train_limit) = -1;
 };
 
 /// Ragged integer lists (one per synset) in one flat buffer.
@@ -115,8 +120,10 @@ RetrievalCorpus make_retrieval_corpus(std::vector<Synset> synsets, const Retriev
 std::vector<std::string> words_of(const std::string& text);
 
 /// Hashed word unigram and bigram features of a query, each in [1, buckets)
-/// (0 is the padding row). Deterministic (FNV-1a).
-std::vector<int64_t> query_features(const std::string& text, int64_t buckets, int64_t max_features);
+/// (0 is the padding row), then, with `chargrams`, the passage features of
+/// the text (n-grams min_n..max_n). Deterministic (FNV-1a).
+std::vector<int64_t> query_features(const std::string& text, int64_t buckets, int64_t max_features,
+                                    bool chargrams = false, int64_t min_n = 3, int64_t max_n = 5);
 
 /// Hashed character n-grams (lengths min_n..max_n) of every word of a passage,
 /// each word marked as "<word>", plus the marked word itself; in [1, buckets).
