@@ -29,6 +29,26 @@ def clip_loss(
     symmetric: bool = ...,
     max_logit_scale: float = ...,
     normalize: bool = ...,
+    labels: Optional[torch.Tensor] = ...,
+    label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
+    group: Optional[ProcessGroup] = ...,
+) -> torch.Tensor: ...
+
+def grouped_loss(
+    queries: torch.Tensor,
+    candidates: torch.Tensor,
+    logit_scale: torch.Tensor,
+    logit_bias: Optional[torch.Tensor] = ...,
+    *,
+    labels: Optional[torch.Tensor] = ...,
+    candidate_labels: Optional[torch.Tensor] = ...,
+    label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
+    max_logit_scale: float = ...,
+    normalize: bool = ...,
+    tile_size: int = ...,
+    ring: bool = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 
@@ -38,6 +58,7 @@ def nt_xent_loss(
     *,
     temperature: float = ...,
     normalize: bool = ...,
+    reduction: Literal["mean", "sum"] = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 
@@ -49,6 +70,7 @@ def moco_v3_loss(
     *,
     temperature: float = ...,
     normalize: bool = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "contrax/communicator.h"
+#include "contrax/losses.h"
 
 namespace contrax::detail {
 
@@ -75,16 +76,39 @@ torch::Tensor safe_normalize(const torch::Tensor& x /* [n, d] */);
 /// logit_scale gives the clamped scale and a zero (not NaN) gradient.
 torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale);
 
-/// CLIP / InfoNCE on one row block. q: [b, d] this rank's queries (image
-/// tower), k_all: [B, d] every rank's keys in rank order (gathered with
+/// The shape of an InfoNCE-family problem beyond plain CLIP.
+///
+/// Columns: the keys of every rank in rank order, `group` per row (N = B g);
+/// the designated positive of global row u is column u g. With labels,
+/// P_ij = [row_labels_i == col_labels_j] or j the designated positive of i:
+///   kMaskDuplicates: the P_ij other than the designated one are -inf in S
+///     (out of both softmaxes), the positive term stays S_{i,pos(i)};
+///   kMultiPositive: nothing is masked and the positive term of row i is
+///     (1/n_i) sum_j P_ij S_ij, n_i = sum_j P_ij (of column j, when symmetric,
+///     (1/m_j) sum_i P_ij S_ij over all ranks' rows, m_j = sum_i P_ij).
+/// Per-row loss l_i = l^row_i, or (l^row_i + l^col_{off+i}) / 2 when symmetric
+/// (group 1 only). Reduction as in contrax/losses.h:
+///   kMean: L_r = (W/B) sum_{i in r} l_i; kSum: W sum_{i in r} l_i; kNone: [b] l_i.
+struct BlockSpec {
+  bool symmetric = false;
+  int64_t group = 1;
+  Reduction reduction = Reduction::kMean;
+  torch::Tensor row_labels;  // int64 [b] (this rank's rows) or undefined
+  torch::Tensor col_labels;  // int64 [N] (every column, global order) or undefined
+  LabelMode label_mode = LabelMode::kMultiPositive;
+};
+
+/// CLIP / InfoNCE / grouped on one row block. q: [b, d] this rank's queries
+/// (image tower), k_all: [N, d] every rank's keys in rank order (gathered with
 /// gradient for CLIP, without for MoCo v3), scale: 0-dim (the scale itself),
-/// bias: 0-dim or undefined. Returns
-///   symmetric:  L_r = (W/B) * 1/2 * sum_{i in r} (lse_row_i + lse_col_{off+i} - 2 S_{i,off+i})
-///   otherwise:  L_r = (W/B) * sum_{i in r} (lse_row_i - S_{i,off+i}).
-/// The symmetric form runs one collective in the forward (the column
-/// log-sum-exps, (W-1) B floats sent per rank) and none of its own in backward.
+/// bias: 0-dim or undefined. Plain symmetric CLIP returns
+///   L_r = (W/B) * 1/2 * sum_{i in r} (lse_row_i + lse_col_{off+i} - 2 S_{i,off+i})
+/// (see BlockSpec for the general form). The symmetric form runs one
+/// collective in the forward (the column log-sum-exps, (W-1) B floats sent
+/// per rank; three such vectors with multi-positive labels) and, except with
+/// kNone (the upstream gradients, O(B)), none of its own in backward.
 torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k_all, const torch::Tensor& scale,
-                              const torch::Tensor& bias, const EngineLayout& layout, bool symmetric);
+                              const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec);
 
 /// NT-Xent on one row block. z: [2b, d] this rank's [z1_r; z2_r] (with
 /// gradient), z_all: [2B, d] = [z1_all; z2_all] gathered without gradient.
@@ -97,9 +121,10 @@ torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_
 /// `clip_block_loss` with the logits computed one [tile x tile] block at a time
 /// (same value and gradients). Gathered keys: k is k_all [B, d]. `ring`
 /// (W > 1): k is this rank's block [b, d] and the blocks travel around the ring
-/// (forward and backward), so no rank holds more than two remote blocks.
+/// (forward and backward), so no rank holds more than two remote blocks
+/// (with `spec.group` g, rank s's block has g counts[s] rows).
 torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
-                                    const torch::Tensor& bias, const EngineLayout& layout, bool symmetric,
+                                    const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
                                     int64_t tile, bool ring);
 
 /// `nt_xent_block_loss` with the logits computed one [tile x tile] block at a time.
