@@ -314,10 +314,6 @@ int run_train(const std::vector<std::string>& raw_args) {
         .stop_requested([] { return g_signal != 0; });
     o.query_tower(ct::BagTowerOptions(o.query_tower()).buckets(f.buckets).embed_dim(f.embed_dim))
         .passage_tower(ct::BagTowerOptions(o.passage_tower()).buckets(f.buckets).embed_dim(f.embed_dim));
-    if (const char* e = std::getenv("CONTRAX_TUNE_INIT_STD")) {
-      o.query_tower(ct::BagTowerOptions(o.query_tower()).init_std(std::atof(e)))
-          .passage_tower(ct::BagTowerOptions(o.passage_tower()).init_std(std::atof(e)));
-    }
     retrieval.wordnet_dir = f.wordnet_dir;
     retrieval.query_chargrams = f.query_features == "words+chargrams";
     retrieval.train_limit = f.train_limit;

@@ -338,7 +338,14 @@ std::vector<int64_t> sample_hard_negatives(const RetrievalCorpus& c, const std::
           const int64_t m = lex[static_cast<int64_t>(h % lex.size())];
           if (c.passage_id[c.train[m]] != own) pick = m;
         }
-        if (pick < 0) pick = static_cast<int64_t>(h % static_cast<uint64_t>(T));
+        // Then the first synset with another passage from a random start
+        // (the query's own when there is none: the duplicate mask drops it).
+        const int64_t from = static_cast<int64_t>(h % static_cast<uint64_t>(T));
+        for (int64_t k = 0; k < T && pick < 0; ++k) {
+          const int64_t m = (from + k) % T;
+          if (c.passage_id[c.train[m]] != own) pick = m;
+        }
+        if (pick < 0) pick = t;
       }
       out.push_back(pick);
     }

@@ -109,7 +109,7 @@ TEST(WordNet, ErrorsNameTheLineAndTheProblem) {
   EXPECT_NE(error_of([&] { parse("00000100 03 v 01 run 0 000 | g\n"); })
                 .find("x line 1: ss_type 'v' does not belong in data.noun"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { parse("00000100 03 n 02 a 0 | g\n"); }).find("x line 1: line ends before its lex_id"),
+  EXPECT_NE(error_of([&] { parse("00000100 03 n 02 a 0 | g\n"); }).find("x line 1: line ends before its words"),
             std::string::npos);
   EXPECT_NE(error_of([&] { parse("00000100 03 n 00 000 | g\n"); }).find("w_cnt must be >= 1, but got 0"),
             std::string::npos);
@@ -170,7 +170,7 @@ TEST(WordNet, CorpusIdsSplitAndHardNegatives) {
   for (int j = 0; j < 3; ++j) {
     EXPECT_TRUE(a[j] == 2 || a[j] == 3);
     EXPECT_EQ(a[3 + j], 1);
-    EXPECT_NE(c.passage_id[c.train[a[6 + j]]], c.passage_id[0]);  // fallback: same lexicographer file or any
+    EXPECT_NE(c.passage_id[c.train[a[6 + j]]], c.passage_id[0]);  // fallback: same lexicographer file, else any other
   }
   // The split is a function of the key alone: all held out at 10000/10000.
   auto held = ct::make_retrieval_corpus(all, ct::RetrievalCorpusOptions().heldout_per_10000(10000));

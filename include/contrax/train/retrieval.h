@@ -37,9 +37,9 @@ namespace train {
 /// The layer norm keeps h at unit scale whatever the bag's length and the
 /// embeddings' size; the linear skip lets a lexical match pass straight through.
 struct BagTowerOptions {
-  BagTowerOptions(int64_t buckets = int64_t{1} << 16) : buckets_(buckets) {}
+  BagTowerOptions(int64_t buckets = int64_t{1} << 15) : buckets_(buckets) {}
   TORCH_ARG(int64_t, buckets);
-  TORCH_ARG(int64_t, embed_dim) = 128;
+  TORCH_ARG(int64_t, embed_dim) = 64;
   TORCH_ARG(int64_t, hidden_dim) = 256;
   TORCH_ARG(int64_t, out_dim) = 128;
   /// Standard deviation of the initial feature embeddings.
@@ -161,7 +161,7 @@ struct RetrievalOptions {
   TORCH_ARG(int64_t, passage_chunk_size) = 0;
   /// Hard negatives per query (g = 1 + this candidates per query).
   TORCH_ARG(int64_t, hard_negatives) = 1;
-  TORCH_ARG(double, lr) = 2e-3;
+  TORCH_ARG(double, lr) = 1e-2;
   TORCH_ARG(double, weight_decay) = 1e-4;
   TORCH_ARG(int64_t, warmup_steps) = 20;
   /// Initial temperature: logit_scale starts at log(1 / temperature).
@@ -175,8 +175,10 @@ struct RetrievalOptions {
   TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;
   TORCH_ARG(int64_t, skip_nonfinite) = 0;
   TORCH_ARG(std::function<bool()>, stop_requested) = nullptr;
-  TORCH_ARG(BagTowerOptions, query_tower) = BagTowerOptions(int64_t{1} << 16);
-  TORCH_ARG(BagTowerOptions, passage_tower) = BagTowerOptions(int64_t{1} << 16);
+  /// Towers: 2^15 buckets of 64-dim features (each tower's table is 2M
+  /// floats: its dense gradient is all-reduced every step), 256 hidden, 128 out.
+  TORCH_ARG(BagTowerOptions, query_tower) = BagTowerOptions();
+  TORCH_ARG(BagTowerOptions, passage_tower) = BagTowerOptions();
 };
 
 struct RetrievalTrainResult {
