@@ -450,3 +450,25 @@ TEST(RetrievalCli, ResumeGivesTheSameMetricsAsAnUninterruptedRun) {
     EXPECT_EQ(ra[k], rb[k]) << k;
   }
 }
+
+TEST(RetrievalCli, FlagErrorsNameTheFlag) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--hard-negatives 65", "flag '--hard-negatives' must be <= 64, but got 65"},
+      {"--query-features chars", "flag '--query-features' must be words or words+chargrams, but got 'chars'"},
+      {"--buckets 1", "flag '--buckets' must be >= 2, but got 1"},
+      {"--passage-chunk-size -1", "flag '--passage-chunk-size' must be >= 0, but got -1"},
+  };
+  for (const auto& [flags, message] : cases) {
+    auto r = contrax::testing::run_cli("train --recipe retrieval " + flags);
+    EXPECT_EQ(r.status, 2) << flags << ": " << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << flags << ": " << r.out;
+  }
+  // A missing corpus names the file and the package.
+  const std::string d = temp_dir("cli_no_wordnet");
+  auto r = contrax::testing::run_cli("train --recipe retrieval --nproc 1 --no-plot --wordnet /nonexistent --run-dir " +
+                                     d + "/run");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.out.find("cannot read WordNet file /nonexistent/data.noun (install Debian's 'wordnet-base'"),
+            std::string::npos)
+      << r.out;
+}
