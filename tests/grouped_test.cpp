@@ -5,7 +5,10 @@
 // memory path; finite differences; the error messages; the porting warning.
 #include <gtest/gtest.h>
 
+#include <torch/version.h>
+
 #include <cmath>
+#include <limits>
 #include <mutex>
 
 #include "contrax/grouped.h"
@@ -318,6 +321,80 @@ TEST(Grouped, NTXentReductionsAcrossRanks) {
   EXPECT_NEAR((v[0] + v[1] + v[2]) / 3, ref, 1e-10);
 }
 
+namespace {
+// NT-Xent per-example losses on the whole batch (no normalisation): the mean of
+// the two views' cross-entropies. [B].
+torch::Tensor nt_xent_rows_ref(const torch::Tensor& z1, const torch::Tensor& z2, double T) {
+  const int64_t B = z1.size(0);
+  auto z = torch::cat({z1, z2});
+  auto sim = torch::mm(z, z.t()) / T;
+  sim = sim.masked_fill(torch::eye(2 * B, torch::kBool), -std::numeric_limits<double>::infinity());
+  auto idx = torch::arange(2 * B, torch::kLong);
+  auto labels = torch::where(idx < B, idx + B, idx - B);
+  namespace F = torch::nn::functional;
+  auto rows = F::cross_entropy(sim, labels, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+  return rows.view({2, B}).mean(0);
+}
+}  // namespace
+
+TEST(Grouped, NTXentEveryReductionAcrossRanks) {
+  for (int64_t W : {1, 2, 3, 4}) {
+    const auto rows = default_row_counts(W);
+    int64_t B = 0;
+    for (auto r : rows) B += r;
+    auto gen = at::detail::createCPUGenerator(13);
+    auto z1 = torch::randn({B, 4}, gen, torch::kDouble), z2 = torch::randn({B, 4}, gen, torch::kDouble);
+    auto up = torch::randn({B}, gen, torch::kDouble);
+    for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+      for (int64_t tile : {-1, 3}) {
+        auto r1 = z1.clone().requires_grad_(true), r2 = z2.clone().requires_grad_(true);
+        auto ref_rows = nt_xent_rows_ref(r1, r2, 0.5);
+        auto R = red == Reduction::kNone ? (ref_rows * up).sum() : reference::reduce(ref_rows, red);
+        R.backward();
+        const double factor = red == Reduction::kNone ? 1.0 : static_cast<double>(W);
+        std::vector<double> values(W);
+        run_ranks(W, [&](const CommunicatorPtr& comm) {
+          const int64_t r = comm->rank();
+          auto l1 = shard(z1, rows, r).clone().requires_grad_(true), l2 = shard(z2, rows, r).clone().requires_grad_(true);
+          auto out = nt_xent_loss(l1, l2, NTXentLossOptions().temperature(0.5).normalize(false).comm(comm).reduction(red)
+                                              .tile_size(tile));
+          const std::string what = c10::str("W=", W, " tile ", tile, " reduction ", static_cast<int>(red), " rank ", r);
+          if (red == Reduction::kNone) {
+            EXPECT_LE(rel_err(out.detach(), shard(ref_rows.detach(), rows, r)), 1e-10) << what;
+            out.backward(shard(up, rows, r).clone());
+          } else {
+            values[r] = out.item<double>();
+            out.backward();
+          }
+          if (rows[r] > 0) {
+            EXPECT_LE(rel_err(l1.grad(), shard(r1.grad(), rows, r) * factor), 1e-10) << what;
+            EXPECT_LE(rel_err(l2.grad(), shard(r2.grad(), rows, r) * factor), 1e-10) << what;
+          }
+        });
+        if (red != Reduction::kNone) {
+          double mean = 0;
+          for (auto v : values) mean += v / static_cast<double>(W);
+          EXPECT_NEAR(mean, R.item<double>(), 1e-10 * std::abs(R.item<double>()));
+        }
+      }
+    }
+  }
+}
+
+TEST(Grouped, NTXentFiniteDifferences) {
+  auto gen = at::detail::createCPUGenerator(14);
+  auto z1 = torch::randn({4, 3}, gen, torch::kDouble).requires_grad_(true);
+  auto z2 = torch::randn({4, 3}, gen, torch::kDouble).requires_grad_(true);
+  using V = std::vector<torch::Tensor>;
+  for (int64_t tile : {-1, 3}) {
+    for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+      auto o = NTXentLossOptions().temperature(0.4).tile_size(tile).reduction(red);
+      EXPECT_LE(finite_difference_error([&](const V& x) { return nt_xent_loss(x[0], x[1], o); }, {z1, z2}), 1e-7)
+          << "tile " << tile << " reduction " << static_cast<int>(red);
+    }
+  }
+}
+
 TEST(GroupedErrors, LocalArgumentChecks) {
   auto q = torch::randn({3, 4}), k = torch::randn({6, 4}), s = torch::tensor(1.0);
   CONTRAX_EXPECT_ERROR(grouped_loss(q, torch::randn({7, 4}), s),
@@ -358,8 +435,8 @@ TEST(GroupedErrors, LocalArgumentChecks) {
                        "argument 'labels' must have shape [3]");
   CONTRAX_EXPECT_ERROR(clip_loss(a, b, s, {}, ClipLossOptions().label_mode(LabelMode::kMaskDuplicates)),
                        "argument 'label_mode' (kMaskDuplicates) needs 'labels'");
-  CONTRAX_EXPECT_ERROR(nt_xent_loss(a, b, NTXentLossOptions().reduction(Reduction::kNone)),
-                       "nt_xent_loss(): argument 'reduction' kNone is not supported by NT-Xent");
+  CONTRAX_EXPECT_ERROR(nt_xent_loss(a, b, NTXentLossOptions().reduction(Reduction::kNone).ring(true)),
+                       "nt_xent_loss(): argument 'reduction' kNone is not supported with 'ring'");
 }
 
 TEST(GroupedErrors, LabelsOnAnotherDevice) {

@@ -114,9 +114,11 @@ torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k_all
 /// gradient), z_all: [2B, d] = [z1_all; z2_all] gathered without gradient.
 /// Returns L_r = (W / 2B) sum over this rank's 2b rows of lse_u - S_{u,pos(u)},
 /// S = z z_all^T / T with the self column at -inf. One O(B) all-gather in the
-/// forward; the backward is local.
+/// forward; the backward is local. kNone returns the [b] per-example losses
+/// (the mean of the two views'), and its backward all-gathers the upstream
+/// gradients (O(B)); kSum is not handled here (the front end scales kMean).
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                 const EngineLayout& layout);
+                                 const EngineLayout& layout, Reduction reduction = Reduction::kMean);
 
 /// `clip_block_loss` with the logits computed one [tile x tile] block at a time
 /// (same value and gradients). Gathered keys: k is k_all [B, d]. `ring`
@@ -129,7 +131,8 @@ torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor&
 
 /// `nt_xent_block_loss` with the logits computed one [tile x tile] block at a time.
 torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                       const EngineLayout& layout, int64_t tile);
+                                       const EngineLayout& layout, int64_t tile,
+                                       Reduction reduction = Reduction::kMean);
 
 /// How many [b x B] logits blocks the materialised path of `loss` holds per
 /// rank ("clip"/"infonce": 1, "nt_xent": 4 (one [2b x 2B]), "moco_v3": 2): the
