@@ -247,6 +247,15 @@ TEST(Grouped, LabelsChangeTheLoss) {
   EXPECT_GT(std::abs(plain - mask), 1e-3);
   EXPECT_GT(std::abs(plain - multi), 1e-3);
   EXPECT_GT(std::abs(mask - multi), 1e-3);
+  // g = 1: candidate_labels default to labels, and the loss is one-directional
+  // CLIP with the same labels.
+  auto k1 = k.narrow(0, 0, 4);
+  for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
+    EXPECT_NEAR(grouped_loss(q, k1, s, {}, GroupedLossOptions().labels(labels).label_mode(mode)).item<double>(),
+                clip_loss(q, k1, s, {}, ClipLossOptions().symmetric(false).labels(labels).label_mode(mode))
+                    .item<double>(),
+                1e-12);
+  }
 }
 
 TEST(Grouped, FiniteDifferences) {

@@ -29,6 +29,16 @@
 // or the same loss scale on every rank), which is what data-parallel training
 // does; the per-rank L_r value is exact regardless.
 //
+// Beyond plain CLIP the same block form carries grouped candidates (g keys per
+// row, the positive of global row u at column u g), labels (duplicates masked
+// to -inf, or extra positives with the row's positive term their mean) and the
+// per-row reductions; see BlockSpec and the derivation above ClipBlock in
+// engine.cpp. The convention is unchanged: with kNone rank r's upstream is a
+// [b_r] vector g_r and the gradient held for rank r's rows is that of
+// sum_{all rows u} g_u l_u (i.e. W times that of (1/W) sum_r <g_r, out_r>); the
+// symmetric column term then needs every column owner's g, all-gathered in
+// backward (O(B)), so every rank must run backward.
+//
 // Memory: one logits buffer per rank ([b x B] for CLIP, [2b x 2B] for NT-Xent),
 // saved by the forward and turned in place into G by the backward; the
 // log-sum-exps are computed over row chunks of a few MiB, never a second
