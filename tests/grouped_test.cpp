@@ -579,3 +579,26 @@ TEST(GroupedReadme, SnippetRuns) {
   EXPECT_TRUE(q.grad().defined() && cands.grad().defined() && img.grad().defined());
   EXPECT_TRUE(std::isfinite(loss.item<double>()));
 }
+
+TEST(Grouped, HalfPrecisionWithLabelsAccumulatesInFloat) {
+  auto gen = at::detail::createCPUGenerator(15);
+  auto q = torch::randn({6, 8}, gen, torch::kDouble), k = torch::randn({12, 8}, gen, torch::kDouble);
+  auto s = torch::tensor(std::log(10.0), torch::kDouble);
+  auto labels = torch::tensor({0, 1, 0, 2, 1, 3}, torch::kLong);
+  auto cand = torch::tensor({0, 1, 1, 0, 0, 2, 2, 1, 1, 3, 3, 0}, torch::kLong);
+  for (auto dt : {torch::kHalf, torch::kBFloat16}) {
+    for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
+      for (int64_t tile : {-1, 4}) {
+        auto o = GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(mode).tile_size(tile).normalize(
+            true);
+        auto want = grouped_loss(q, k, s, {}, o).item<double>();
+        auto qh = q.to(dt).requires_grad_(true);
+        auto l = grouped_loss(qh, k.to(dt), s.to(torch::kFloat), {}, o);
+        EXPECT_EQ(l.scalar_type(), torch::kFloat);
+        EXPECT_NEAR(l.item<double>(), want, 2e-2 * std::abs(want));
+        l.backward();
+        EXPECT_TRUE(qh.grad().isfinite().all().item<bool>());
+      }
+    }
+  }
+}
