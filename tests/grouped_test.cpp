@@ -3,15 +3,15 @@
 // plain-autograd single-process references of contrax/reference.h on the
 // concatenated batch: fp64, W = 1..4, uneven batches and an empty rank, every
 // memory path; finite differences; the error messages; the porting warning.
-#include <gtest/gtest.h>
+#include "contrax/grouped.h"
 
+#include <gtest/gtest.h>
 #include <torch/version.h>
 
 #include <cmath>
 #include <limits>
 #include <mutex>
 
-#include "contrax/grouped.h"
 #include "contrax/losses.h"
 #include "contrax/reference.h"
 #include "contrax/tiled.h"
@@ -44,8 +44,8 @@ std::string describe(const Case& c) {
   static const char* red[] = {"mean", "sum", "none"};
   static const char* path[] = {"materialised", "tiled", "ring"};
   return c10::str(c.group == 0 ? (c.symmetric ? "clip" : "infonce") : c10::str("grouped_g", c.group),
-                  c.labels ? (c.mode == LabelMode::kMultiPositive ? "+multi" : "+mask") : "", " reduction=",
-                  red[static_cast<int>(c.reduction)], " path=", path[static_cast<int>(c.path)]);
+                  c.labels ? (c.mode == LabelMode::kMultiPositive ? "+multi" : "+mask") : "",
+                  " reduction=", red[static_cast<int>(c.reduction)], " path=", path[static_cast<int>(c.path)]);
 }
 
 // Global fp64 inputs, the same on every rank.
@@ -74,8 +74,12 @@ torch::Tensor run_loss(const Case& c, const torch::Tensor& q, const torch::Tenso
                        const CommunicatorPtr& comm) {
   const int64_t tile = c.path == Path::kMaterialised ? -1 : 3;
   if (c.group == 0) {
-    auto o = ClipLossOptions().symmetric(c.symmetric).comm(comm).reduction(c.reduction).tile_size(tile).ring(
-        c.path == Path::kRing);
+    auto o = ClipLossOptions()
+                 .symmetric(c.symmetric)
+                 .comm(comm)
+                 .reduction(c.reduction)
+                 .tile_size(tile)
+                 .ring(c.path == Path::kRing);
     if (c.labels) o.labels(labels).label_mode(c.mode);
     return clip_loss(q, k, scale, bias, o);
   }
@@ -223,8 +227,7 @@ TEST(GroupedReference, DistinctLabelsAreThePlainLoss) {
               reference::clip_loss(a, b, s, c10::nullopt, false).item<double>(), 1e-12);
   // duplicates do change it (the test above would not catch a no-op otherwise)
   auto dup = torch::tensor({0, 0, 1, 1, 2, 2}, torch::kLong);
-  EXPECT_GT(std::abs(reference::clip_rows(a, b, s, c10::nullopt, true, 100.0, false, dup,
-                                          LabelMode::kMaskDuplicates)
+  EXPECT_GT(std::abs(reference::clip_rows(a, b, s, c10::nullopt, true, 100.0, false, dup, LabelMode::kMaskDuplicates)
                          .mean()
                          .item<double>() -
                      plain.item<double>()),
@@ -240,10 +243,10 @@ TEST(Grouped, LabelsChangeTheLoss) {
   auto labels = torch::tensor({0, 0, 1, 2}, torch::kLong), cand = torch::tensor({0, 1, 0, 2, 1, 1, 2, 0}, torch::kLong);
   auto plain = grouped_loss(q, k, s).item<double>();
   auto mask = grouped_loss(q, k, s, {}, GroupedLossOptions().labels(labels).candidate_labels(cand)).item<double>();
-  auto multi = grouped_loss(q, k, s, {},
-                            GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(
-                                LabelMode::kMultiPositive))
-                   .item<double>();
+  auto multi =
+      grouped_loss(q, k, s, {},
+                   GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(LabelMode::kMultiPositive))
+          .item<double>();
   EXPECT_GT(std::abs(plain - mask), 1e-3);
   EXPECT_GT(std::abs(plain - multi), 1e-3);
   EXPECT_GT(std::abs(mask - multi), 1e-3);
@@ -251,10 +254,10 @@ TEST(Grouped, LabelsChangeTheLoss) {
   // CLIP with the same labels.
   auto k1 = k.narrow(0, 0, 4);
   for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
-    EXPECT_NEAR(grouped_loss(q, k1, s, {}, GroupedLossOptions().labels(labels).label_mode(mode)).item<double>(),
-                clip_loss(q, k1, s, {}, ClipLossOptions().symmetric(false).labels(labels).label_mode(mode))
-                    .item<double>(),
-                1e-12);
+    EXPECT_NEAR(
+        grouped_loss(q, k1, s, {}, GroupedLossOptions().labels(labels).label_mode(mode)).item<double>(),
+        clip_loss(q, k1, s, {}, ClipLossOptions().symmetric(false).labels(labels).label_mode(mode)).item<double>(),
+        1e-12);
   }
 }
 
@@ -270,8 +273,8 @@ TEST(Grouped, FiniteDifferences) {
   for (int64_t tile : {-1, 3}) {
     for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
       for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
-        auto go = GroupedLossOptions().tile_size(tile).reduction(red).labels(labels).candidate_labels(cand).label_mode(
-            mode);
+        auto go =
+            GroupedLossOptions().tile_size(tile).reduction(red).labels(labels).candidate_labels(cand).label_mode(mode);
         EXPECT_LE(finite_difference_error([&](const V& x) { return grouped_loss(x[0], x[1], x[2], x[3], go); },
                                           {q, k, s, bias}),
                   1e-7)
@@ -364,9 +367,10 @@ TEST(Grouped, NTXentEveryReductionAcrossRanks) {
         std::vector<double> values(W);
         run_ranks(W, [&](const CommunicatorPtr& comm) {
           const int64_t r = comm->rank();
-          auto l1 = shard(z1, rows, r).clone().requires_grad_(true), l2 = shard(z2, rows, r).clone().requires_grad_(true);
-          auto out = nt_xent_loss(l1, l2, NTXentLossOptions().temperature(0.5).normalize(false).comm(comm).reduction(red)
-                                              .tile_size(tile));
+          auto l1 = shard(z1, rows, r).clone().requires_grad_(true),
+               l2 = shard(z2, rows, r).clone().requires_grad_(true);
+          auto out = nt_xent_loss(
+              l1, l2, NTXentLossOptions().temperature(0.5).normalize(false).comm(comm).reduction(red).tile_size(tile));
           const std::string what = c10::str("W=", W, " tile ", tile, " reduction ", static_cast<int>(red), " rank ", r);
           if (red == Reduction::kNone) {
             EXPECT_LE(rel_err(out.detach(), shard(ref_rows.detach(), rows, r)), 1e-10) << what;
@@ -419,13 +423,15 @@ TEST(GroupedErrors, LocalArgumentChecks) {
   CONTRAX_EXPECT_ERROR(grouped_loss(torch::randn({4}), k, s), "argument 'queries' must be a 2-D tensor");
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, torch::ones({2})), "argument 'logit_scale' must be a 0-dim tensor");
   auto lab = torch::tensor({0, 1, 2}, torch::kLong), cand = torch::zeros({6}, torch::kLong);
-  CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab.to(torch::kInt)).candidate_labels(cand)),
-                       "argument 'labels' must be an int64 tensor");
-  CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(torch::zeros({4}, torch::kLong))
-                                                    .candidate_labels(cand)),
-                       "argument 'labels' must have shape [3]");
-  CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab).candidate_labels(torch::zeros({3}, torch::kLong))),
-                       "argument 'candidate_labels' must have shape [6]");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab.to(torch::kInt)).candidate_labels(cand)),
+      "argument 'labels' must be an int64 tensor");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(q, k, s, {}, GroupedLossOptions().labels(torch::zeros({4}, torch::kLong)).candidate_labels(cand)),
+      "argument 'labels' must have shape [3]");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab).candidate_labels(torch::zeros({3}, torch::kLong))),
+      "argument 'candidate_labels' must have shape [6]");
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab)),
                        "argument 'labels' needs 'candidate_labels' when there are hard negatives (g = 2");
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().candidate_labels(cand)),
@@ -455,9 +461,10 @@ TEST(GroupedErrors, LabelsOnAnotherDevice) {
   CONTRAX_EXPECT_ERROR(clip_loss(a, a, s, {}, ClipLossOptions().labels(meta)),
                        "clip_loss(): argument 'labels' must be on the features' device (cpu), but got meta");
   auto cand = torch::empty({6}, torch::TensorOptions().dtype(torch::kLong).device(torch::kMeta));
-  CONTRAX_EXPECT_ERROR(grouped_loss(a, torch::randn({6, 4}), s, {},
-                                    GroupedLossOptions().labels(torch::zeros({3}, torch::kLong)).candidate_labels(cand)),
-                       "grouped_loss(): argument 'candidate_labels' must be on the features' device (cpu)");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(a, torch::randn({6, 4}), s, {},
+                   GroupedLossOptions().labels(torch::zeros({3}, torch::kLong)).candidate_labels(cand)),
+      "grouped_loss(): argument 'candidate_labels' must be on the features' device (cpu)");
 }
 
 TEST(GroupedErrors, GroupSizeMustAgreeAcrossRanks) {
@@ -563,14 +570,17 @@ TEST(GroupedReadme, SnippetRuns) {
   // query's positive, then g-1 mined negatives); every rank's candidates are
   // negatives of every query. A candidate that is the same document as the
   // query's answer (elsewhere in the global batch) is masked, not a negative.
-  auto loss = contrax::grouped_loss(q, cands, logit_scale, {},
-                                    contrax::GroupedLossOptions().comm(comm).normalize(true)
-                                        .labels(doc_id).candidate_labels(cand_doc_id));
+  auto loss = contrax::grouped_loss(
+      q, cands, logit_scale, {},
+      contrax::GroupedLossOptions().comm(comm).normalize(true).labels(doc_id).candidate_labels(cand_doc_id));
   loss.backward();
   // CLIP with class labels (supervised-contrastive positives), per-row losses
   // weighted by the caller.
   auto rows = contrax::clip_loss(img, txt, logit_scale, {},
-                                 contrax::ClipLossOptions().comm(comm).normalize(true).labels(cls)
+                                 contrax::ClipLossOptions()
+                                     .comm(comm)
+                                     .normalize(true)
+                                     .labels(cls)
                                      .label_mode(contrax::LabelMode::kMultiPositive)
                                      .reduction(contrax::Reduction::kNone));  // [b_r]
   (rows * weight).sum().backward();
@@ -589,8 +599,8 @@ TEST(Grouped, HalfPrecisionWithLabelsAccumulatesInFloat) {
   for (auto dt : {torch::kHalf, torch::kBFloat16}) {
     for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
       for (int64_t tile : {-1, 4}) {
-        auto o = GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(mode).tile_size(tile).normalize(
-            true);
+        auto o =
+            GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(mode).tile_size(tile).normalize(true);
         auto want = grouped_loss(q, k, s, {}, o).item<double>();
         auto qh = q.to(dt).requires_grad_(true);
         auto l = grouped_loss(qh, k.to(dt), s.to(torch::kFloat), {}, o);
