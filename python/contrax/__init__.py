@@ -29,7 +29,7 @@ import torch
 
 from . import _contrax
 from .grad_cache import GradCache, GradCacheEncoder
-from .modules import ClipLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
+from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 __all__ = [
     "clip_loss",
@@ -52,6 +52,7 @@ __all__ = [
     "NTXentLoss",
     "MoCoV3Loss",
     "SigLIPLoss",
+    "GroupedLoss",
 ]
 
 __version__ = "0.1.0"

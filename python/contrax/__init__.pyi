@@ -170,26 +170,32 @@ class ClipLoss(torch.nn.Module):
         symmetric: bool = ...,
         max_logit_scale: float = ...,
         normalize: bool = ...,
+        label_mode: str = ...,
+        reduction: str = ...,
         tiled: bool = ...,
         tile_size: int = ...,
         ring: bool = ...,
         group: Any = ...,
     ) -> None: ...
     def scale(self) -> torch.Tensor: ...
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...
 
 class NTXentLoss(torch.nn.Module):
     temperature: float
     normalize: bool
-    def __init__(self, *, temperature: float = ..., normalize: bool = ..., group: Any = ...) -> None: ...
+    def __init__(
+        self, *, temperature: float = ..., normalize: bool = ..., reduction: str = ..., group: Any = ...
+    ) -> None: ...
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...
 
 class MoCoV3Loss(torch.nn.Module):
     temperature: float
     normalize: bool
-    def __init__(self, *, temperature: float = ..., normalize: bool = ..., group: Any = ...) -> None: ...
+    def __init__(
+        self, *, temperature: float = ..., normalize: bool = ..., reduction: str = ..., group: Any = ...
+    ) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...
 
@@ -210,4 +216,36 @@ class SigLIPLoss(torch.nn.Module):
         group: Any = ...,
     ) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    def extra_repr(self) -> str: ...
+
+class GroupedLoss(torch.nn.Module):
+    logit_scale: torch.Tensor
+    logit_bias: Optional[torch.nn.Parameter]
+    label_mode: str
+    reduction: str
+    max_logit_scale: float
+    normalize: bool
+    tile_size: int
+    ring: bool
+    def __init__(
+        self,
+        *,
+        init_scale: float = ...,
+        learn_scale: bool = ...,
+        init_bias: Optional[float] = ...,
+        label_mode: str = ...,
+        reduction: str = ...,
+        max_logit_scale: float = ...,
+        normalize: bool = ...,
+        tile_size: int = ...,
+        ring: bool = ...,
+        group: Any = ...,
+    ) -> None: ...
+    def forward(
+        self,
+        queries: torch.Tensor,
+        candidates: torch.Tensor,
+        labels: Optional[torch.Tensor] = ...,
+        candidate_labels: Optional[torch.Tensor] = ...,
+    ) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...
