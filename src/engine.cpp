@@ -389,6 +389,40 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
 //   dz_r = G~ Z / T,  G~ = g W/(2B) [exp(S_r - lse_row) + exp(S_r - lse_all) - 2 Y_r],
 // computed from rank r's block alone: no backward collective, and Z needs no
 // gradient path (each rank's gradient for its own rows is complete).
+// NT-Xent's backward weights. kMean/kSum: a 0-dim factor c (W/(2B) g / T, as
+// before). kNone: the per-example upstream g_i weighs each of the example's two
+// view rows by g_i / 2 (an example's loss is the mean of its views'); the
+// transposed term of the gradient (P_vw, see below) needs the weight of every
+// row v, so the upstream gradients are all-gathered (O(B)), and then
+//   G~_wv = w_w (exp(S_wv - lse_w) - Y_wv) + w_v (exp(S_wv - lse_v) - Y_wv),
+// with w_{pos(w)} = w_w: the positive entry loses 2 w_w. c = 1/T.
+struct NtWeights {
+  torch::Tensor c, row, all;  // row: [2b], all: [2B] (kNone only)
+};
+
+NtWeights nt_weights(const BlockPlan& plan, const torch::Tensor& grad, c10::ScalarType dt) {
+  const auto& L = plan.layout;
+  const double B = static_cast<double>(L.total);
+  NtWeights w;
+  if (plan.reduction != Reduction::kNone) {
+    w.c = grad.to(dt) * (static_cast<double>(L.world) / (2.0 * B) * plan.inv_temperature);
+    return w;
+  }
+  auto half = grad.to(dt).contiguous() * 0.5;  // [b]
+  auto all = L.world == 1 ? half : L.comm->all_gather_rows(half, L.counts, "grad_all_gather");  // [B]
+  w.row = torch::cat({half, half});
+  w.all = torch::cat({all, all});
+  w.c = torch::scalar_tensor(plan.inv_temperature, grad.options().dtype(dt));
+  return w;
+}
+
+// Per-row NT-Xent losses [2b] -> what the loss returns.
+torch::Tensor nt_reduce(const torch::Tensor& l /* [2b] */, const BlockPlan& plan) {
+  const auto& L = plan.layout;
+  if (plan.reduction == Reduction::kNone) return l.view({2, -1}).mean(0);  // [b]
+  return l.sum() * (static_cast<double>(L.world) / (2.0 * static_cast<double>(L.total)));
+}
+
 class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& z /* [2b, d] */,
@@ -416,7 +450,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["lse_all"] = lse_all;
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
-    return (lse - positive).sum() * (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)));
+    return nt_reduce(lse - positive, *plan);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -428,18 +462,22 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b2 = S.size(0), b = b2 / 2, B = L.total;
-    auto c = grads[0].to(S.scalar_type()) *
-             (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)) * plan->inv_temperature);
+    const auto w = nt_weights(*plan, grads[0], S.scalar_type());
     const int64_t R = chunk_rows(2 * B, S.element_size());
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
       auto Sc = S.narrow(0, r0, n);
       auto transposed = (Sc - lse_all.unsqueeze(0)).exp_();  // P^T rows; 0 on the self column
-      Sc.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_().add_(transposed);
+      if (w.all.defined()) transposed.mul_(w.all.unsqueeze(0));
+      Sc.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();
+      if (w.row.defined()) Sc.mul_(w.row.narrow(0, r0, n).unsqueeze(1));
+      Sc.add_(transposed);
     }
     auto idx = self_and_positive(b, L, S.device());
-    S.index_put_({idx[0], idx[2]}, S.index({idx[0], idx[2]}) - 2.0);
+    auto minus = w.row.defined() ? w.row * 2.0 : torch::full({b2}, 2.0, S.options());
+    S.index_put_({idx[0], idx[2]}, S.index({idx[0], idx[2]}) - minus);
     // G~ Z / T: the scalar c (which holds 1/T) goes on the [2b, d] product, not the buffer.
+    const auto& c = w.c;
     return {torch::mm(S, z_all).mul_(c), torch::Tensor(), torch::Tensor()};
   }
 
@@ -645,7 +683,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["lse_all"] = lse_all;
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
-    return (lse - positive).sum() * (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)));
+    return nt_reduce(lse - positive, *plan);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -659,8 +697,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b = z.size(0) / 2, B = L.total;
-    auto c = grads[0].to(z.scalar_type()) *
-             (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)) * plan->inv_temperature);
+    const auto w = nt_weights(*plan, grads[0], z.scalar_type());
     auto zs = z * plan->inv_temperature;
     auto A = torch::zeros_like(z);  // [2b, d]
     for_each_tile(b, 2 * B, plan->tile, L,
@@ -669,9 +706,21 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
                     auto t = torch::mm(zs.narrow(0, r0, R), zt.t());  // [R, C], then in place G
                     tile_diag(t, r0, c0, self_off).fill_(-kInf);
                     auto transposed = (t - lse_all.narrow(0, c0, C).unsqueeze(0)).exp_();
-                    t.sub_(lse.narrow(0, r0, R).unsqueeze(1)).exp_().add_(transposed);
-                    tile_diag(t, r0, c0, pos_off).sub_(2.0);
-                    A.narrow(0, r0, R).addmm_(t.mul_(c), zt);
+                    if (w.all.defined()) transposed.mul_(w.all.narrow(0, c0, C).unsqueeze(0));
+                    t.sub_(lse.narrow(0, r0, R).unsqueeze(1)).exp_();
+                    if (w.row.defined()) t.mul_(w.row.narrow(0, r0, R).unsqueeze(1));
+                    t.add_(transposed);
+                    auto pos = tile_diag(t, r0, c0, pos_off);
+                    if (pos.numel() == 0) {
+                      // no positive in this tile
+                    } else if (w.row.defined()) {
+                      // The diagonal's first row: max(0, -(pos_off + r0 - c0)) within the tile.
+                      const int64_t first = std::max<int64_t>(0, -(pos_off + r0 - c0));
+                      pos.sub_(w.row.narrow(0, r0 + first, pos.numel()) * 2.0);
+                    } else {
+                      pos.sub_(2.0);
+                    }
+                    A.narrow(0, r0, R).addmm_(t.mul_(w.c), zt);
                   });
     return {A, torch::Tensor(), torch::Tensor()};
   }
@@ -750,18 +799,20 @@ torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor&
 }
 
 torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                       const EngineLayout& layout, int64_t tile) {
+                                       const EngineLayout& layout, int64_t tile, Reduction reduction) {
   auto plan = c10::make_intrusive<TiledPlan>();
   plan->layout = layout;
+  plan->reduction = reduction;
   plan->inv_temperature = inv_temperature;
   plan->tile = tile;
   return TiledNtXentBlock::apply(z, z_all, plan);
 }
 
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                 const EngineLayout& layout) {
+                                 const EngineLayout& layout, Reduction reduction) {
   auto plan = c10::make_intrusive<BlockPlan>();
   plan->layout = layout;
+  plan->reduction = reduction;
   plan->inv_temperature = inv_temperature;
   return NtXentBlock::apply(z, z_all, plan);
 }

@@ -303,8 +303,8 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
   check.features(z1, "z1").features(z2, "z2");
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
   check.positive(options.temperature(), "temperature");
-  check.require(options.reduction() != Reduction::kNone,
-                "argument 'reduction' kNone is not supported by NT-Xent (use kMean or kSum)");
+  check.require(options.reduction() != Reduction::kNone || !options.ring(),
+                "argument 'reduction' kNone is not supported with 'ring' (use the gathered tiled path, ring(false))");
   const std::string error = path_error(check, options, forced, caller);
   const auto& comm = options.comm();
   auto counts = exchange_checked(z1, comm, caller, "z1", error);
@@ -332,8 +332,10 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
     auto all = gather_checked(counts, torch::cat({z1n, z2n}, 1), comm, /*with_grad=*/false).all;  // [B, 2d]
     z_all = torch::cat({all.narrow(1, 0, d), all.narrow(1, d, d)}, 0);
   }
-  if (tiled) return reduce(detail::tiled_nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, tile));
-  return reduce(detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout));
+  // kSum is kMean scaled (reduce); kNone is the engine's.
+  const auto r = options.reduction() == Reduction::kNone ? Reduction::kNone : Reduction::kMean;
+  if (tiled) return reduce(detail::tiled_nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, tile, r));
+  return reduce(detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, r));
 }
 
 torch::Tensor moco_impl(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,

@@ -632,7 +632,9 @@ GroupedBatch make_grouped_batch(int64_t B, int64_t g, int64_t seed) {
 
 torch::Tensor grouped_of(const contrax::ClipLoss& clip, const torch::Tensor& q, const torch::Tensor& c,
                          const CommunicatorPtr& comm) {
-  return contrax::grouped_loss(q, c, clip->logit_scale, {}, contrax::GroupedLossOptions().comm(comm));
+  // Normalised: without it a shift of every candidate leaves each softmax unchanged, so the candidate
+  // tower's output bias would have an all-zero (round-off) gradient that no relative check can compare.
+  return contrax::grouped_loss(q, c, clip->logit_scale, {}, contrax::GroupedLossOptions().comm(comm).normalize(true));
 }
 
 }  // namespace

@@ -3,12 +3,15 @@
 // plain-autograd single-process references of contrax/reference.h on the
 // concatenated batch: fp64, W = 1..4, uneven batches and an empty rank, every
 // memory path; finite differences; the error messages; the porting warning.
+#include "contrax/grouped.h"
+
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <cmath>
+#include <limits>
 #include <mutex>
 
-#include "contrax/grouped.h"
 #include "contrax/losses.h"
 #include "contrax/reference.h"
 #include "contrax/tiled.h"
@@ -41,8 +44,8 @@ std::string describe(const Case& c) {
   static const char* red[] = {"mean", "sum", "none"};
   static const char* path[] = {"materialised", "tiled", "ring"};
   return c10::str(c.group == 0 ? (c.symmetric ? "clip" : "infonce") : c10::str("grouped_g", c.group),
-                  c.labels ? (c.mode == LabelMode::kMultiPositive ? "+multi" : "+mask") : "", " reduction=",
-                  red[static_cast<int>(c.reduction)], " path=", path[static_cast<int>(c.path)]);
+                  c.labels ? (c.mode == LabelMode::kMultiPositive ? "+multi" : "+mask") : "",
+                  " reduction=", red[static_cast<int>(c.reduction)], " path=", path[static_cast<int>(c.path)]);
 }
 
 // Global fp64 inputs, the same on every rank.
@@ -71,8 +74,12 @@ torch::Tensor run_loss(const Case& c, const torch::Tensor& q, const torch::Tenso
                        const CommunicatorPtr& comm) {
   const int64_t tile = c.path == Path::kMaterialised ? -1 : 3;
   if (c.group == 0) {
-    auto o = ClipLossOptions().symmetric(c.symmetric).comm(comm).reduction(c.reduction).tile_size(tile).ring(
-        c.path == Path::kRing);
+    auto o = ClipLossOptions()
+                 .symmetric(c.symmetric)
+                 .comm(comm)
+                 .reduction(c.reduction)
+                 .tile_size(tile)
+                 .ring(c.path == Path::kRing);
     if (c.labels) o.labels(labels).label_mode(c.mode);
     return clip_loss(q, k, scale, bias, o);
   }
@@ -220,8 +227,7 @@ TEST(GroupedReference, DistinctLabelsAreThePlainLoss) {
               reference::clip_loss(a, b, s, c10::nullopt, false).item<double>(), 1e-12);
   // duplicates do change it (the test above would not catch a no-op otherwise)
   auto dup = torch::tensor({0, 0, 1, 1, 2, 2}, torch::kLong);
-  EXPECT_GT(std::abs(reference::clip_rows(a, b, s, c10::nullopt, true, 100.0, false, dup,
-                                          LabelMode::kMaskDuplicates)
+  EXPECT_GT(std::abs(reference::clip_rows(a, b, s, c10::nullopt, true, 100.0, false, dup, LabelMode::kMaskDuplicates)
                          .mean()
                          .item<double>() -
                      plain.item<double>()),
@@ -237,13 +243,22 @@ TEST(Grouped, LabelsChangeTheLoss) {
   auto labels = torch::tensor({0, 0, 1, 2}, torch::kLong), cand = torch::tensor({0, 1, 0, 2, 1, 1, 2, 0}, torch::kLong);
   auto plain = grouped_loss(q, k, s).item<double>();
   auto mask = grouped_loss(q, k, s, {}, GroupedLossOptions().labels(labels).candidate_labels(cand)).item<double>();
-  auto multi = grouped_loss(q, k, s, {},
-                            GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(
-                                LabelMode::kMultiPositive))
-                   .item<double>();
+  auto multi =
+      grouped_loss(q, k, s, {},
+                   GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(LabelMode::kMultiPositive))
+          .item<double>();
   EXPECT_GT(std::abs(plain - mask), 1e-3);
   EXPECT_GT(std::abs(plain - multi), 1e-3);
   EXPECT_GT(std::abs(mask - multi), 1e-3);
+  // g = 1: candidate_labels default to labels, and the loss is one-directional
+  // CLIP with the same labels.
+  auto k1 = k.narrow(0, 0, 4);
+  for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
+    EXPECT_NEAR(
+        grouped_loss(q, k1, s, {}, GroupedLossOptions().labels(labels).label_mode(mode)).item<double>(),
+        clip_loss(q, k1, s, {}, ClipLossOptions().symmetric(false).labels(labels).label_mode(mode)).item<double>(),
+        1e-12);
+  }
 }
 
 TEST(Grouped, FiniteDifferences) {
@@ -258,8 +273,8 @@ TEST(Grouped, FiniteDifferences) {
   for (int64_t tile : {-1, 3}) {
     for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
       for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
-        auto go = GroupedLossOptions().tile_size(tile).reduction(red).labels(labels).candidate_labels(cand).label_mode(
-            mode);
+        auto go =
+            GroupedLossOptions().tile_size(tile).reduction(red).labels(labels).candidate_labels(cand).label_mode(mode);
         EXPECT_LE(finite_difference_error([&](const V& x) { return grouped_loss(x[0], x[1], x[2], x[3], go); },
                                           {q, k, s, bias}),
                   1e-7)
@@ -318,6 +333,81 @@ TEST(Grouped, NTXentReductionsAcrossRanks) {
   EXPECT_NEAR((v[0] + v[1] + v[2]) / 3, ref, 1e-10);
 }
 
+namespace {
+// NT-Xent per-example losses on the whole batch (no normalisation): the mean of
+// the two views' cross-entropies. [B].
+torch::Tensor nt_xent_rows_ref(const torch::Tensor& z1, const torch::Tensor& z2, double T) {
+  const int64_t B = z1.size(0);
+  auto z = torch::cat({z1, z2});
+  auto sim = torch::mm(z, z.t()) / T;
+  sim = sim.masked_fill(torch::eye(2 * B, torch::kBool), -std::numeric_limits<double>::infinity());
+  auto idx = torch::arange(2 * B, torch::kLong);
+  auto labels = torch::where(idx < B, idx + B, idx - B);
+  namespace F = torch::nn::functional;
+  auto rows = F::cross_entropy(sim, labels, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+  return rows.view({2, B}).mean(0);
+}
+}  // namespace
+
+TEST(Grouped, NTXentEveryReductionAcrossRanks) {
+  for (int64_t W : {1, 2, 3, 4}) {
+    const auto rows = default_row_counts(W);
+    int64_t B = 0;
+    for (auto r : rows) B += r;
+    auto gen = at::detail::createCPUGenerator(13);
+    auto z1 = torch::randn({B, 4}, gen, torch::kDouble), z2 = torch::randn({B, 4}, gen, torch::kDouble);
+    auto up = torch::randn({B}, gen, torch::kDouble);
+    for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+      for (int64_t tile : {-1, 3}) {
+        auto r1 = z1.clone().requires_grad_(true), r2 = z2.clone().requires_grad_(true);
+        auto ref_rows = nt_xent_rows_ref(r1, r2, 0.5);
+        auto R = red == Reduction::kNone ? (ref_rows * up).sum() : reference::reduce(ref_rows, red);
+        R.backward();
+        const double factor = red == Reduction::kNone ? 1.0 : static_cast<double>(W);
+        std::vector<double> values(W);
+        run_ranks(W, [&](const CommunicatorPtr& comm) {
+          const int64_t r = comm->rank();
+          auto l1 = shard(z1, rows, r).clone().requires_grad_(true),
+               l2 = shard(z2, rows, r).clone().requires_grad_(true);
+          auto out = nt_xent_loss(
+              l1, l2, NTXentLossOptions().temperature(0.5).normalize(false).comm(comm).reduction(red).tile_size(tile));
+          const std::string what = c10::str("W=", W, " tile ", tile, " reduction ", static_cast<int>(red), " rank ", r);
+          if (red == Reduction::kNone) {
+            EXPECT_LE(rel_err(out.detach(), shard(ref_rows.detach(), rows, r)), 1e-10) << what;
+            out.backward(shard(up, rows, r).clone());
+          } else {
+            values[r] = out.item<double>();
+            out.backward();
+          }
+          if (rows[r] > 0) {
+            EXPECT_LE(rel_err(l1.grad(), shard(r1.grad(), rows, r) * factor), 1e-10) << what;
+            EXPECT_LE(rel_err(l2.grad(), shard(r2.grad(), rows, r) * factor), 1e-10) << what;
+          }
+        });
+        if (red != Reduction::kNone) {
+          double mean = 0;
+          for (auto v : values) mean += v / static_cast<double>(W);
+          EXPECT_NEAR(mean, R.item<double>(), 1e-10 * std::abs(R.item<double>()));
+        }
+      }
+    }
+  }
+}
+
+TEST(Grouped, NTXentFiniteDifferences) {
+  auto gen = at::detail::createCPUGenerator(14);
+  auto z1 = torch::randn({4, 3}, gen, torch::kDouble).requires_grad_(true);
+  auto z2 = torch::randn({4, 3}, gen, torch::kDouble).requires_grad_(true);
+  using V = std::vector<torch::Tensor>;
+  for (int64_t tile : {-1, 3}) {
+    for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+      auto o = NTXentLossOptions().temperature(0.4).tile_size(tile).reduction(red);
+      EXPECT_LE(finite_difference_error([&](const V& x) { return nt_xent_loss(x[0], x[1], o); }, {z1, z2}), 1e-7)
+          << "tile " << tile << " reduction " << static_cast<int>(red);
+    }
+  }
+}
+
 TEST(GroupedErrors, LocalArgumentChecks) {
   auto q = torch::randn({3, 4}), k = torch::randn({6, 4}), s = torch::tensor(1.0);
   CONTRAX_EXPECT_ERROR(grouped_loss(q, torch::randn({7, 4}), s),
@@ -333,13 +423,15 @@ TEST(GroupedErrors, LocalArgumentChecks) {
   CONTRAX_EXPECT_ERROR(grouped_loss(torch::randn({4}), k, s), "argument 'queries' must be a 2-D tensor");
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, torch::ones({2})), "argument 'logit_scale' must be a 0-dim tensor");
   auto lab = torch::tensor({0, 1, 2}, torch::kLong), cand = torch::zeros({6}, torch::kLong);
-  CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab.to(torch::kInt)).candidate_labels(cand)),
-                       "argument 'labels' must be an int64 tensor");
-  CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(torch::zeros({4}, torch::kLong))
-                                                    .candidate_labels(cand)),
-                       "argument 'labels' must have shape [3]");
-  CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab).candidate_labels(torch::zeros({3}, torch::kLong))),
-                       "argument 'candidate_labels' must have shape [6]");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab.to(torch::kInt)).candidate_labels(cand)),
+      "argument 'labels' must be an int64 tensor");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(q, k, s, {}, GroupedLossOptions().labels(torch::zeros({4}, torch::kLong)).candidate_labels(cand)),
+      "argument 'labels' must have shape [3]");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab).candidate_labels(torch::zeros({3}, torch::kLong))),
+      "argument 'candidate_labels' must have shape [6]");
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().labels(lab)),
                        "argument 'labels' needs 'candidate_labels' when there are hard negatives (g = 2");
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().candidate_labels(cand)),
@@ -358,8 +450,8 @@ TEST(GroupedErrors, LocalArgumentChecks) {
                        "argument 'labels' must have shape [3]");
   CONTRAX_EXPECT_ERROR(clip_loss(a, b, s, {}, ClipLossOptions().label_mode(LabelMode::kMaskDuplicates)),
                        "argument 'label_mode' (kMaskDuplicates) needs 'labels'");
-  CONTRAX_EXPECT_ERROR(nt_xent_loss(a, b, NTXentLossOptions().reduction(Reduction::kNone)),
-                       "nt_xent_loss(): argument 'reduction' kNone is not supported by NT-Xent");
+  CONTRAX_EXPECT_ERROR(nt_xent_loss(a, b, NTXentLossOptions().reduction(Reduction::kNone).ring(true)),
+                       "nt_xent_loss(): argument 'reduction' kNone is not supported with 'ring'");
 }
 
 TEST(GroupedErrors, LabelsOnAnotherDevice) {
@@ -369,9 +461,10 @@ TEST(GroupedErrors, LabelsOnAnotherDevice) {
   CONTRAX_EXPECT_ERROR(clip_loss(a, a, s, {}, ClipLossOptions().labels(meta)),
                        "clip_loss(): argument 'labels' must be on the features' device (cpu), but got meta");
   auto cand = torch::empty({6}, torch::TensorOptions().dtype(torch::kLong).device(torch::kMeta));
-  CONTRAX_EXPECT_ERROR(grouped_loss(a, torch::randn({6, 4}), s, {},
-                                    GroupedLossOptions().labels(torch::zeros({3}, torch::kLong)).candidate_labels(cand)),
-                       "grouped_loss(): argument 'candidate_labels' must be on the features' device (cpu)");
+  CONTRAX_EXPECT_ERROR(
+      grouped_loss(a, torch::randn({6, 4}), s, {},
+                   GroupedLossOptions().labels(torch::zeros({3}, torch::kLong)).candidate_labels(cand)),
+      "grouped_loss(): argument 'candidate_labels' must be on the features' device (cpu)");
 }
 
 TEST(GroupedErrors, GroupSizeMustAgreeAcrossRanks) {
@@ -477,14 +570,17 @@ TEST(GroupedReadme, SnippetRuns) {
   // query's positive, then g-1 mined negatives); every rank's candidates are
   // negatives of every query. A candidate that is the same document as the
   // query's answer (elsewhere in the global batch) is masked, not a negative.
-  auto loss = contrax::grouped_loss(q, cands, logit_scale, {},
-                                    contrax::GroupedLossOptions().comm(comm).normalize(true)
-                                        .labels(doc_id).candidate_labels(cand_doc_id));
+  auto loss = contrax::grouped_loss(
+      q, cands, logit_scale, {},
+      contrax::GroupedLossOptions().comm(comm).normalize(true).labels(doc_id).candidate_labels(cand_doc_id));
   loss.backward();
   // CLIP with class labels (supervised-contrastive positives), per-row losses
   // weighted by the caller.
   auto rows = contrax::clip_loss(img, txt, logit_scale, {},
-                                 contrax::ClipLossOptions().comm(comm).normalize(true).labels(cls)
+                                 contrax::ClipLossOptions()
+                                     .comm(comm)
+                                     .normalize(true)
+                                     .labels(cls)
                                      .label_mode(contrax::LabelMode::kMultiPositive)
                                      .reduction(contrax::Reduction::kNone));  // [b_r]
   (rows * weight).sum().backward();
@@ -492,4 +588,27 @@ TEST(GroupedReadme, SnippetRuns) {
   EXPECT_EQ(rows.sizes(), torch::IntArrayRef({b}));
   EXPECT_TRUE(q.grad().defined() && cands.grad().defined() && img.grad().defined());
   EXPECT_TRUE(std::isfinite(loss.item<double>()));
+}
+
+TEST(Grouped, HalfPrecisionWithLabelsAccumulatesInFloat) {
+  auto gen = at::detail::createCPUGenerator(15);
+  auto q = torch::randn({6, 8}, gen, torch::kDouble), k = torch::randn({12, 8}, gen, torch::kDouble);
+  auto s = torch::tensor(std::log(10.0), torch::kDouble);
+  auto labels = torch::tensor({0, 1, 0, 2, 1, 3}, torch::kLong);
+  auto cand = torch::tensor({0, 1, 1, 0, 0, 2, 2, 1, 1, 3, 3, 0}, torch::kLong);
+  for (auto dt : {torch::kHalf, torch::kBFloat16}) {
+    for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
+      for (int64_t tile : {-1, 4}) {
+        auto o =
+            GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(mode).tile_size(tile).normalize(true);
+        auto want = grouped_loss(q, k, s, {}, o).item<double>();
+        auto qh = q.to(dt).requires_grad_(true);
+        auto l = grouped_loss(qh, k.to(dt), s.to(torch::kFloat), {}, o);
+        EXPECT_EQ(l.scalar_type(), torch::kFloat);
+        EXPECT_NEAR(l.item<double>(), want, 2e-2 * std::abs(want));
+        l.backward();
+        EXPECT_TRUE(qh.grad().isfinite().all().item<bool>());
+      }
+    }
+  }
 }

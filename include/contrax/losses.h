@@ -106,7 +106,7 @@ struct NTXentLossOptions {
   /// Tiled path only: key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
   /// Reduction over the B examples (per example: the mean of its two views'
-  /// losses).
+  /// losses). kNone is not available with `ring`.
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
 };
 

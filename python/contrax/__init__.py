@@ -179,9 +179,8 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1
         z1, z2: ``[b_r, d]`` projections of the two views of the same images.
         temperature: softmax temperature, > 0.
         normalize: L2-normalise inside the loss (cosine similarity).
-        reduction: ``"mean"`` or ``"sum"`` over the ``B`` examples (an
-            example's loss is the mean of its two views'); ``"none"`` is not
-            supported.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[b_r]``) over the
+            ``B`` examples (an example's loss is the mean of its two views').
         group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
 
     Returns:

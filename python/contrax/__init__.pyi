@@ -58,7 +58,7 @@ def nt_xent_loss(
     *,
     temperature: float = ...,
     normalize: bool = ...,
-    reduction: Literal["mean", "sum"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 

@@ -29,6 +29,16 @@
 // or the same loss scale on every rank), which is what data-parallel training
 // does; the per-rank L_r value is exact regardless.
 //
+// Beyond plain CLIP the same block form carries grouped candidates (g keys per
+// row, the positive of global row u at column u g), labels (duplicates masked
+// to -inf, or extra positives with the row's positive term their mean) and the
+// per-row reductions; see BlockSpec and the derivation above ClipBlock in
+// engine.cpp. The convention is unchanged: with kNone rank r's upstream is a
+// [b_r] vector g_r and the gradient held for rank r's rows is that of
+// sum_{all rows u} g_u l_u (i.e. W times that of (1/W) sum_r <g_r, out_r>); the
+// symmetric column term then needs every column owner's g, all-gathered in
+// backward (O(B)), so every rank must run backward.
+//
 // Memory: one logits buffer per rank ([b x B] for CLIP, [2b x 2B] for NT-Xent),
 // saved by the forward and turned in place into G by the backward; the
 // log-sum-exps are computed over row chunks of a few MiB, never a second
@@ -114,9 +124,11 @@ torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k_all
 /// gradient), z_all: [2B, d] = [z1_all; z2_all] gathered without gradient.
 /// Returns L_r = (W / 2B) sum over this rank's 2b rows of lse_u - S_{u,pos(u)},
 /// S = z z_all^T / T with the self column at -inf. One O(B) all-gather in the
-/// forward; the backward is local.
+/// forward; the backward is local. kNone returns the [b] per-example losses
+/// (the mean of the two views'), and its backward all-gathers the upstream
+/// gradients (O(B)); kSum is not handled here (the front end scales kMean).
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                 const EngineLayout& layout);
+                                 const EngineLayout& layout, Reduction reduction = Reduction::kMean);
 
 /// `clip_block_loss` with the logits computed one [tile x tile] block at a time
 /// (same value and gradients). Gathered keys: k is k_all [B, d]. `ring`
@@ -129,7 +141,8 @@ torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor&
 
 /// `nt_xent_block_loss` with the logits computed one [tile x tile] block at a time.
 torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                       const EngineLayout& layout, int64_t tile);
+                                       const EngineLayout& layout, int64_t tile,
+                                       Reduction reduction = Reduction::kMean);
 
 /// How many [b x B] logits blocks the materialised path of `loss` holds per
 /// rank ("clip"/"infonce": 1, "nt_xent": 4 (one [2b x 2B]), "moco_v3": 2): the
