@@ -9,6 +9,7 @@
 #include "contrax/collectives.h"
 #include "contrax/data_parallel.h"
 #include "contrax/grad_cache.h"
+#include "contrax/grouped.h"
 #include "contrax/losses.h"
 #include "contrax/reference.h"
 #include "contrax/siglip.h"
@@ -110,6 +111,56 @@ VerifyCase grad_cache_case(std::string name, ClipLossOptions loss_options) {
   return c;
 }
 
+// Labels derived from the rows themselves (the signs of the first two
+// features: 4 classes, so a batch of a dozen rows has many duplicates), so that
+// every rank and the reference agree on them without sending them around.
+torch::Tensor labels_of(const torch::Tensor& x /* [n, d] */) {
+  auto sign = [&](int64_t j) { return (x.select(1, std::min<int64_t>(j, x.size(1) - 1)).detach() > 0).to(torch::kLong); };
+  return sign(0) + 2 * sign(1);
+}
+
+// Grouped cases: feature 1 is [b_r, g * width] and holds each query's g
+// candidates side by side, reshaped to the loss's [b_r g, width].
+VerifyCase grouped_case(std::string name, int64_t g, bool labels, LabelMode mode, int64_t tile_size, bool ring) {
+  using V = std::vector<torch::Tensor>;
+  VerifyCase c;
+  c.name = std::move(name);
+  c.num_features = 2;
+  c.scalars = {std::log(8.0), 0.2};
+  c.feature_widths = {1, g};
+  c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
+    auto cands = x[1].reshape({-1, x[0].size(1)});
+    auto o = GroupedLossOptions().normalize(true).comm(comm).tile_size(tile_size).ring(ring);
+    if (labels) o.labels(labels_of(x[0])).candidate_labels(labels_of(cands)).label_mode(mode);
+    return grouped_loss(x[0], cands, s[0], s[1], o);
+  };
+  c.reference = [=](const V& x, const V& s) {
+    auto cands = x[1].reshape({-1, x[0].size(1)});
+    return reference::grouped_rows(x[0], cands, s[0], s[1], 100.0, true,
+                                   labels ? labels_of(x[0]) : torch::Tensor(),
+                                   labels ? labels_of(cands) : torch::Tensor(), mode)
+        .mean();
+  };
+  return c;
+}
+
+VerifyCase clip_labels_case(std::string name, bool symmetric, LabelMode mode, int64_t tile_size, bool ring) {
+  using V = std::vector<torch::Tensor>;
+  VerifyCase c;
+  c.name = std::move(name);
+  c.num_features = 2;
+  c.scalars = {std::log(1 / 0.07)};
+  c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                     ClipLossOptions().symmetric(symmetric).normalize(true).comm(comm).labels(labels_of(x[0]))
+                         .label_mode(mode).tile_size(tile_size).ring(ring));
+  };
+  c.reference = [=](const V& x, const V& s) {
+    return reference::clip_rows(x[0], x[1], s[0], c10::nullopt, symmetric, 100.0, true, labels_of(x[0]), mode).mean();
+  };
+  return c;
+}
+
 std::vector<VerifyCase> builtin_cases() {
   using V = std::vector<torch::Tensor>;
   std::vector<VerifyCase> cases;
@@ -207,6 +258,15 @@ std::vector<VerifyCase> builtin_cases() {
   sig.reference = [](const V& x, const V& s) { return reference::siglip_loss(x[0], x[1], s[0], s[1], true); };
   cases.push_back(sig);
 
+  // Grouped candidates (hard negatives) and labels.
+  cases.push_back(grouped_case("grouped_hard_negatives", 3, false, LabelMode::kMaskDuplicates, -1, false));
+  cases.push_back(grouped_case("grouped_hard_negatives_ring", 3, false, LabelMode::kMaskDuplicates, 4, true));
+  cases.push_back(grouped_case("grouped_mask_duplicates", 2, true, LabelMode::kMaskDuplicates, -1, false));
+  cases.push_back(grouped_case("grouped_multi_positive_tiled", 2, true, LabelMode::kMultiPositive, 3, false));
+  cases.push_back(clip_labels_case("clip_multi_positive", true, LabelMode::kMultiPositive, -1, false));
+  cases.push_back(clip_labels_case("clip_mask_duplicates_ring", true, LabelMode::kMaskDuplicates, 3, true));
+  cases.push_back(clip_labels_case("infonce_multi_positive_tiled", false, LabelMode::kMultiPositive, 2, false));
+
   cases.push_back(grad_cache_case("grad_cache_clip", ClipLossOptions().normalize(true)));
   // Tiles of 3 rows divide none of the default row counts.
   cases.push_back(grad_cache_case("grad_cache_tiled_ring", ClipLossOptions().normalize(true).tile_size(3).ring(true)));
@@ -251,7 +311,10 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   auto gen = at::detail::createCPUGenerator(o.seed());
   auto f64 = torch::TensorOptions().dtype(torch::kDouble);
   std::vector<torch::Tensor> global;
-  for (int64_t k = 0; k < c.num_features; ++k) global.push_back(torch::randn({B, o.width()}, gen, f64));
+  for (int64_t k = 0; k < c.num_features; ++k) {
+    const int64_t times = c.feature_widths.empty() ? 1 : c.feature_widths.at(k);
+    global.push_back(torch::randn({B, o.width() * times}, gen, f64));
+  }
   auto needs_grad = [&](int64_t k) { return c.feature_grad.empty() || c.feature_grad[k]; };
   torch::OrderedDict<std::string, torch::Tensor> params;
   if (c.parameters) params = c.parameters(o.width(), gen);

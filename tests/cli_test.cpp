@@ -132,7 +132,7 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
   };
   const std::string max_procs = std::to_string(8 * std::max(1u, std::thread::hardware_concurrency()));
   const std::vector<Case> cases = {
-      {"train --recipe byol", "flag '--recipe' must be simclr or moco-v3, but got 'byol'"},
+      {"train --recipe byol", "flag '--recipe' must be simclr, moco-v3 or retrieval, but got 'byol'"},
       {"train --batch-size 0", "flag '--batch-size' must be >= 1, but got 0"},
       {"train --batch-size 9223372036854775807", "flag '--batch-size' must be <= 1048576, but got 9223372036854775807"},
       {"train --batch-size 9223372036854775808", "flag '--batch-size' must be an integer in [1, 1048576], but got "

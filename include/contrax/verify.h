@@ -66,6 +66,9 @@ struct VerifyCase {
   std::string name;
   int64_t num_features = 2;             // [B, d] inputs drawn per case
   std::vector<bool> feature_grad;       // which features require grad (default all)
+  /// Width of each feature in multiples of the width option (default all 1):
+  /// grouped cases draw g candidates per row side by side and reshape them.
+  std::vector<int64_t> feature_widths;
   std::vector<double> scalars;          // initial values of 0-dim parameters
   /// Model parameters of any shape, drawn from the feature width and verify's
   /// seeded generator; they follow the scalars in the functions' `s`. Their
@@ -83,7 +86,10 @@ struct VerifyCase {
 };
 
 /// The built-in cases (clip, clip_bias, clip_clamped, infonce, nt_xent, moco_v3,
-/// their tiled and ring forms, siglip, and the gradient-cache steps
+/// their tiled and ring forms, siglip, grouped candidates and labels
+/// (grouped_hard_negatives[_ring], grouped_mask_duplicates,
+/// grouped_multi_positive_tiled, clip_multi_positive, clip_mask_duplicates_ring,
+/// infonce_multi_positive_tiled), and the gradient-cache steps
 /// grad_cache_clip and grad_cache_tiled_ring).
 std::vector<VerifyCase>& verify_cases();
 
