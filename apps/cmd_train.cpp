@@ -37,6 +37,7 @@
 #include "contrax/verify.h"
 #include "json_util.h"
 #include "run_dir.h"
+#include "train_retrieval.h"
 
 namespace {
 
@@ -104,13 +105,20 @@ struct TrainFlags {
   bool no_eval = false, no_verify = false, no_plot = false, force = false;
   int64_t timeout_s = 300;
   int64_t max_restarts = 0;
+  // --recipe retrieval only (train_retrieval.h).
+  int64_t hard_negatives = contrax::train::RetrievalOptions().hard_negatives();
+  int64_t passage_chunk = 0;
+  std::string wordnet_dir = contrax::train::kDefaultWordNetDir;
+  std::string query_features = "words+chargrams";
+  int64_t buckets = contrax::train::RetrievalOptions().query_tower().buckets();
+  int64_t embed_dim = contrax::train::RetrievalOptions().query_tower().embed_dim();
 };
 
 void add_flags(CLI::App& app, TrainFlags& f) {
   const int64_t cap = cli::max_procs();
   const std::string force_note = " (at most " + std::to_string(cap) + ", " + std::to_string(cli::kMaxProcsPerCore) +
                                  " per core, unless --force)";
-  cli::add_choice(app, "--recipe", f.recipe, "training recipe", {"simclr", "moco-v3"});
+  cli::add_choice(app, "--recipe", f.recipe, "training recipe", {"simclr", "moco-v3", "retrieval"});
   cli::add_choice(app, "--recipe-variant", f.variant,
                   "default, or peer: the smaller recipe of simclr_torch_ddp.py (flags given explicitly still apply)",
                   {"default", "peer"});
@@ -160,6 +168,16 @@ void add_flags(CLI::App& app, TrainFlags& f) {
   cli::add_int(app, "--timeout", f.timeout_s, "seconds any collective may wait for a peer", 1, 24 * 3600);
   cli::add_int(app, "--max-restarts", f.max_restarts,
                "restart all processes up to N times after a failure, resuming from the last checkpoint", 0, 1000);
+  cli::add_int(app, "--hard-negatives", f.hard_negatives, "retrieval: hard-negative passages per query", 0, 64);
+  cli::add_int(app, "--passage-chunk-size", f.passage_chunk,
+               "retrieval: gradient-cache chunk of passages (0: --chunk-size x (1 + hard negatives))", 0, kMaxBatch);
+  cli::add_choice(app, "--query-features", f.query_features,
+                  "retrieval: gloss features: word uni/bigrams, or those plus character 3-5-grams",
+                  {"words", "words+chargrams"});
+  cli::add_int(app, "--buckets", f.buckets, "retrieval: hash buckets of each tower's feature embedding", 2,
+               int64_t{1} << 26);
+  cli::add_int(app, "--embed-dim", f.embed_dim, "retrieval: width of the feature embeddings", 1, 1 << 16);
+  app.add_option("--wordnet", f.wordnet_dir, "retrieval: directory of the WordNet data files (Debian wordnet-base)");
   app.add_flag("--force", f.force, "allow --nproc and --threads above " + std::to_string(cap));
 }
 
@@ -328,7 +346,36 @@ int run_train(const std::vector<std::string>& raw_args) {
     take("--encoder-pool-grid", f.pool_grid, p.pool_grid);
   }
   check_flags(f);
+  cli::RetrievalRun retrieval;
+  if (f.recipe == "retrieval") {
+    // Flags given keep their value; the others take the retrieval defaults.
+    auto& o = retrieval.options;
+    auto given = [&app](const char* flag) { return app.count(flag) > 0; };
+    if (given("--epochs")) o.epochs(f.epochs);
+    if (given("--batch-size")) o.batch_size(f.batch);
+    if (given("--lr")) o.lr(f.lr);
+    if (given("--weight-decay")) o.weight_decay(f.wd);
+    if (given("--warmup-steps")) o.warmup_steps(f.warmup);
+    if (given("--temperature")) o.temperature(f.temperature);
+    if (given("--checkpoint-every")) o.checkpoint_every(f.ckpt_every);
+    if (given("--log-every")) o.log_every(f.log_every);
+    o.max_steps(f.max_steps).stop_at_step(f.stop_at).query_chunk_size(f.chunk).passage_chunk_size(f.passage_chunk)
+        .hard_negatives(f.hard_negatives).seed(static_cast<uint64_t>(f.seed))
+        .dtype(f.dtype == "double" ? torch::kDouble : torch::kFloat).skip_nonfinite(f.skip_nonfinite)
+        .stop_requested([] { return g_signal != 0; });
+    o.query_tower(ct::BagTowerOptions(o.query_tower()).buckets(f.buckets).embed_dim(f.embed_dim))
+        .passage_tower(ct::BagTowerOptions(o.passage_tower()).buckets(f.buckets).embed_dim(f.embed_dim));
+    retrieval.wordnet_dir = f.wordnet_dir;
+    retrieval.query_chargrams = f.query_features == "words+chargrams";
+    retrieval.train_limit = f.train_limit;
+    retrieval.eval_limit = f.eval_limit;
+    retrieval.json = f.json;
+    retrieval.no_eval = f.no_eval;
+    retrieval.no_verify = f.no_verify;
+    retrieval.no_plot = f.no_plot;
+  }
   const std::string run_dir = f.run_dir.empty() ? "runs/" + f.recipe : f.run_dir;
+  retrieval.run_dir = run_dir;
   const auto mode = cli::parse_resume_mode(f.resume);
 
   // The process the user started decides fresh or resume and holds the
@@ -380,13 +427,26 @@ int run_train(const std::vector<std::string>& raw_args) {
   if (rank == 0) {
     console.open_log(run_dir + "/train.log", resume);
     Json config;
-    config["settings"] = settings_json(f, run_dir);
+    config["settings"] = f.recipe == "retrieval" ? cli::retrieval_settings_json(retrieval) : settings_json(f, run_dir);
     config["command"] = raw_args;
     config["resumed"] = resume;
     config["world_size"] = world;
     config["threads_per_process"] = at::get_num_threads();
     config["versions"] = {{"contrax", CONTRAX_VERSION}, {"libtorch", TORCH_VERSION}, {"blas", cli::blas_library()}};
     cli::write_run_file(run_dir, "config.json", config.dump(2) + "\n");
+  }
+
+  if (f.recipe == "retrieval") {
+    retrieval.options.resume(resume);
+    cli::RetrievalIo io;
+    io.out = [&console](const std::string& s) { console.out(s); };
+    io.result = [&console](const std::string& s) { console.result(s); };
+    io.err = [&console](const std::string& s) { console.err(s); };
+    io.log_only = [&console](const std::string& s) { console.log_only(s); };
+    io.interrupted_status = [] {
+      return g_signal != 0 && !contrax::in_launched_worker() ? 128 + static_cast<int>(g_signal) : 0;
+    };
+    return cli::run_retrieval(retrieval, comm, io, wall0);
   }
 
   // Every file the run will read, before it trains: a missing or unreadable

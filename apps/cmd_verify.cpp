@@ -8,6 +8,9 @@
 //   contrax verify --nproc 4            # table
 //   contrax verify --nproc 2 --json     # one JSON object per case
 //   contrax verify --case grad_cache_clip,grad_cache_tiled_ring
+//   contrax verify --nproc 2 --device cuda   # every case on CUDA tensors (Gloo between the ranks)
+#include <ATen/Context.h>
+
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
@@ -30,6 +33,14 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// Why `--device cuda` cannot run here, or "" when it can.
+std::string cuda_unavailable_reason() {
+  if (torch::cuda::is_available()) return "";
+  if (!at::Context::hasCUDART()) return "this LibTorch was built without CUDA (a CPU-only build)";
+  return "no CUDA device is visible (torch::cuda::is_available() is false: no GPU, no driver, or "
+         "CUDA_VISIBLE_DEVICES hides them)";
+}
+
 int run_verify(const std::vector<std::string>& args) {
   namespace cli = contrax::cli;
   CLI::App app{"check every distributed loss and the gradient-cache step against the single-device reference",
@@ -39,7 +50,7 @@ int run_verify(const std::vector<std::string>& args) {
   int64_t nproc = 4, width = defaults.width(), seed = static_cast<int64_t>(defaults.seed()), timeout_s = 60;
   double tol = defaults.tolerance();
   bool json = false, force = false;
-  std::string rows_s, cases;
+  std::string rows_s, cases, device = defaults.device().is_cuda() ? "cuda" : "cpu";
   cli::add_int(app, "--nproc", nproc, "local processes to verify over (ignored under a launcher)", 1);
   app.add_flag("--json", json, "print one JSON object per loss instead of a table");
   cli::add_double(app, "--tol", tol, "largest relative error that passes");
@@ -47,6 +58,10 @@ int run_verify(const std::vector<std::string>& args) {
   cli::add_int(app, "--seed", seed, "seed of the random inputs", 0);
   app.add_option("--rows", rows_s, "rows per rank, comma-separated (default: uneven, one empty rank)");
   app.add_option("--case", cases, "comma-separated cases to run (default: all)");
+  cli::add_choice(app, "--device", device,
+                  "where each rank computes: cpu, or cuda (rank r on GPU r mod #GPUs; Gloo between the ranks, which "
+                  "carries CUDA tensors through host memory, since NCCL refuses two ranks on one GPU)",
+                  {"cpu", "cuda"});
   cli::add_int(app, "--timeout", timeout_s, "seconds any collective may wait for a peer", 1, 24 * 3600);
   app.add_flag("--force", force, "allow --nproc above " + std::to_string(cli::max_procs()) + " (" +
                                      std::to_string(cli::kMaxProcsPerCore) + " per core)");
@@ -54,6 +69,10 @@ int run_verify(const std::vector<std::string>& args) {
   cli::usage_check(force || nproc <= cli::max_procs(), "flag '--nproc' must be <= ", cli::max_procs(), " (",
                    cli::kMaxProcsPerCore, " per core; --force allows more), but got ", nproc);
   const auto rows = cli::parse_int_list("--rows", rows_s, 0, int64_t{1} << 24);
+  if (device == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    cli::usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
+  }
 
   if (!contrax::in_launched_worker() && nproc > 1) {
     // Re-run ourselves as the workers; only rank 0 prints, without prefixes so
@@ -68,10 +87,17 @@ int run_verify(const std::vector<std::string>& args) {
     return r.exit_code;
   }
 
+  // Gloo in both cases: it carries CPU and CUDA tensors, and lets several
+  // ranks share one GPU (the "auto" backend of a CUDA device is NCCL).
   auto comm = contrax::Communicator::from_env(
-      contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s)));
+      contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s)).backend("gloo"));
+  torch::Device dev(torch::kCPU);
+  if (device == "cuda") {
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    dev = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(comm->local_rank() % gpus));
+  }
   contrax::VerifyOptions o;
-  o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ','));
+  o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ',')).device(dev);
   if (!rows.empty()) {
     cli::usage_check(static_cast<int64_t>(rows.size()) == comm->world_size(),
                      "flag '--rows' must have one entry per rank (", comm->world_size(), "), but got ", rows.size());
@@ -87,7 +113,7 @@ int run_verify(const std::vector<std::string>& args) {
       std::ostringstream rs;
       for (size_t i = 0; i < results.front().rows.size(); ++i) rs << (i ? "," : "") << results.front().rows[i];
       std::cout << "contrax verify: W=" << comm->world_size() << ", rows per rank [" << rs.str()
-                << "], fp64, tolerance " << tol << "\n";
+                << "], fp64 on " << results.front().device << ", tolerance " << tol << "\n";
       int name_width = 14;
       for (const auto& r : results) name_width = std::max(name_width, static_cast<int>(r.loss.size()) + 2);
       std::cout << std::left << std::setw(name_width) << "case" << std::setw(14) << "loss rel err" << std::setw(14)

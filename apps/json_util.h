@@ -34,6 +34,7 @@ inline Json verify_json(const VerifyResult& r) {
   put_number(j, "loss_rel_err", r.loss_rel_err);
   put_number(j, "max_rel_err", r.max_rel_err);
   j["worst"] = r.worst;
+  j["device"] = r.device;
   j["passed"] = r.passed;
   return j;
 }

@@ -20,7 +20,16 @@ namespace detail {
 namespace {
 // Metadata layout exchanged before any data collective.
 constexpr int64_t kMaxTrailingDims = 6;
-enum Field : int64_t { kError = 0, kRows, kDim, kDtype, kDevice, kTrailing, kFields = kTrailing + kMaxTrailingDims };
+enum Field : int64_t {
+  kError = 0,
+  kRows,
+  kDim,
+  kDtype,
+  kDevice,
+  kExtra,  // a caller's integer riding along (grouped_loss: candidates per query)
+  kTrailing,
+  kFields = kTrailing + kMaxTrailingDims
+};
 
 std::string shape_str(const std::vector<int64_t>& m) {
   std::ostringstream os;
@@ -33,6 +42,12 @@ std::string shape_str(const std::vector<int64_t>& m) {
 
 std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller,
                                          const char* arg, const std::string& local_error) {
+  return exchange_row_counts(local, comm, caller, arg, local_error, 0, nullptr);
+}
+
+std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller,
+                                         const char* arg, const std::string& local_error, int64_t extra,
+                                         std::vector<int64_t>* extras) {
   std::string error = local_error;
   if (error.empty() && !local.defined()) error = c10::str(caller, "(): argument '", arg, "' is undefined");
   if (error.empty() && local.dim() < 1) {
@@ -45,6 +60,7 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
   const bool distributed = comm && comm->world_size() > 1;
   if (!distributed) {
     TORCH_CHECK(error.empty(), error);
+    if (extras) *extras = {extra};
     return {local.size(0)};
   }
   std::vector<int64_t> meta(kFields, 0);
@@ -55,6 +71,7 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
     meta[kDim] = local.dim();
     meta[kDtype] = static_cast<int64_t>(local.scalar_type());
     meta[kDevice] = static_cast<int64_t>(local.device().type());
+    meta[kExtra] = extra;
     for (int64_t i = 1; i < local.dim(); ++i) meta[kTrailing + i - 1] = local.size(i);
   }
   auto all = comm->all_gather_ints(meta);
@@ -80,6 +97,10 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
                 "' must be on the same device type on every rank, but it is on ", c10::DeviceType(m[kDevice]),
                 " on rank ", s, " and on ", c10::DeviceType(ref[kDevice]), " on rank 0");
     counts[s] = m[kRows];
+  }
+  if (extras) {
+    extras->resize(W);
+    for (int64_t s = 0; s < W; ++s) (*extras)[s] = all[s][kExtra];
   }
   return counts;
 }

@@ -510,6 +510,7 @@ struct Communicator::Pending::State {
   c10::intrusive_ptr<c10d::Work> send_work, recv_work;
   torch::Tensor send_buffer;  // kept alive until the send completes
   torch::Tensor received;
+  c10::optional<torch::Device> deliver_to;  // set when `received` is a host copy of a CUDA exchange
   const detail::CommunicatorImpl* impl = nullptr;
   bool done = false;
 };
@@ -520,6 +521,7 @@ torch::Tensor Communicator::Pending::wait() {
     if (state_->send_work) wait_work(state_->send_work, "ring(send)", *state_->impl);
     if (state_->recv_work) wait_work(state_->recv_work, "ring(recv)", *state_->impl);
     state_->send_buffer = torch::Tensor();
+    if (state_->deliver_to) state_->received = state_->received.to(*state_->deliver_to);
     state_->done = true;
   }
   return state_->received;
@@ -942,8 +944,14 @@ Communicator::Pending Communicator::ring_exchange_async(const torch::Tensor& sen
   // counter gives matching tags without any negotiation.
   static_assert(sizeof(int) >= 4, "");
   const int tag = static_cast<int>(ring_tag_++ & 0x3fffffff);
-  p.state_->send_buffer = send.contiguous();
-  p.state_->received = torch::empty(recv_shape, send.options());
+  // Gloo's send/recv hand the tensor's pointer to its TCP transport as host
+  // memory (its collectives stage CUDA tensors; its point-to-point does not):
+  // a CUDA exchange over Gloo goes through host copies both ways.
+  const bool via_host = send.is_cuda() && impl_->backend == "gloo";
+  p.state_->send_buffer = via_host ? send.to(torch::kCPU).contiguous() : send.contiguous();
+  p.state_->received = torch::empty(recv_shape, send.options().device(via_host ? torch::Device(torch::kCPU)
+                                                                                : send.device()));
+  if (via_host) p.state_->deliver_to = send.device();
   std::vector<at::Tensor> sv{p.state_->send_buffer}, rv{p.state_->received};
   if (p.state_->send_buffer.numel() > 0) p.state_->send_work = impl_->group->send(sv, dst, tag);
   if (p.state_->received.numel() > 0) p.state_->recv_work = impl_->group->recv(rv, src, tag);

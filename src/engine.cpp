@@ -21,14 +21,6 @@ using torch::autograd::variable_list;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Non-tensor state of one engine call, kept alive in the graph until backward.
-struct BlockPlan : torch::CustomClassHolder {
-  EngineLayout layout;
-  bool symmetric = false;
-  double inv_temperature = 1.0;  // NT-Xent
-  bool consumed = false;         // the buffer has become G: a second backward would be wrong
-};
-
 // Log-sum-exp of every row of `x` ([R, C]), one [R, C] temporary. A row that
 // is -inf throughout (a tile holding only a masked self column) gives -inf, not
 // the NaN of -inf - -inf.
@@ -39,10 +31,12 @@ torch::Tensor rows_lse(const torch::Tensor& x) {
 }
 
 // Log-sum-exp of every column of `x` ([R, C]), one [R, C] temporary; -inf for
-// R == 0 (an empty rank's partial contributes nothing).
+// R == 0 (an empty rank's partial contributes nothing) and for a column that is
+// -inf throughout.
 torch::Tensor cols_lse(const torch::Tensor& x) {
   if (x.size(0) == 0) return torch::full({x.size(1)}, -kInf, x.options());
-  auto m = x.amax(0);                                          // [C]
+  auto m = x.amax(0);  // [C]
+  m.masked_fill_(m == -kInf, 0.0);  // a column masked throughout (duplicates) gives -inf
   return (x - m.unsqueeze(0)).exp_().sum(0).log_().add_(m);  // [C]
 }
 
@@ -57,6 +51,71 @@ torch::Tensor combine_lse(const torch::Tensor& partial /* [C] */, const EngineLa
   return all.logsumexp(0);
 }
 
+
+// ---------------------------------------------------------------------------
+// CLIP / InfoNCE / grouped on one row block: the shared structure.
+//
+// Notation (BlockSpec): S = s Q K^T + bias over this rank's b rows and all N
+// columns; pos(i) = (off + i) g the designated positive; P_ij the positive set
+// (designated, or equal labels in kMultiPositive, where n_i = sum_j P_ij and,
+// for columns, m_j = sum_{all rows i} P_ij); duplicates masked to -inf in
+// kMaskDuplicates. Per-row losses
+//   l^row_i = lse_row_i - sum_j Y_ij S_ij,        Y_ij = P_ij / n_i
+//   l^col_j = lse_col_j - sum_i Yc_ij S_ij,       Yc_ij = P_ij / m_j   (symmetric)
+// (without labels or with kMaskDuplicates P is the designated entry alone and
+// n = m = 1), l_i = l^row_i, or (l^row_i + l^col_{off+i}) / 2 when symmetric.
+//
+// Backward. The effective objective of rank r's backward is sum_i w_i l_i with
+// w_i = (upstream of L_r) dL_r/dl_i: c W/B (kMean), c W (kSum), g_i (kNone).
+// Under the gradient convention (engine.h) the gradient held for rank r's rows
+// must be W dL/dx_r with L = (1/W) sum_r <upstream_r, out_r>, i.e. the gradient
+// of sum_{all rows u} w_u l_u. With a masked entry constant (-inf: P = 0 there)
+// and Y constant (labels),
+//   d/dS_ij sum_u w_u l_u = h [w_i (exp(S_ij - lse_row_i) - Y_ij)
+//                              + w_j (exp(S_ij - lse_col_j) - Yc_ij)]   (second term if symmetric)
+// with h = 1/2 when symmetric, else 1. The column term needs w_j of the column's
+// owner: for kMean/kSum it is the same c on every rank (every rank
+// backpropagates its L_r with the same factor, as data-parallel training does);
+// for kNone the upstream g is all-gathered in backward (O(B)); the
+// one-directional losses need nothing. Then, as before,
+//   dq = s G k_all,  dk_all = s G^T q,  ds = sum(q * (G k_all)),  dbias = sum G.
+// Summed over ranks these are W times the global gradients, as required.
+
+// The designated positives inside a tile of local rows [r0, r0 + R) and global
+// columns [c0, c0 + C): `n` entries starting at tile entry (row, col), one row
+// down and g columns right each (pos(i) = (off + i) g).
+struct PositiveRun {
+  int64_t row = 0, col = 0, n = 0;
+};
+
+PositiveRun positives_in(int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t offset, int64_t g) {
+  auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
+  const int64_t lo = std::max(r0, ceil_div(c0, g) - offset);
+  const int64_t hi = std::min(r0 + R, ceil_div(c0 + C, g) - offset);
+  if (hi <= lo) return {};
+  return {lo - r0, (offset + lo) * g - c0, hi - lo};
+}
+
+// The run as a 1-D view of the 2-D tile `t` (any row stride, unit column stride
+// or not): writable in place.
+torch::Tensor run_view(const torch::Tensor& t, const PositiveRun& p, int64_t g) {
+  if (p.n == 0) return torch::empty({0}, t.options());
+  return t.as_strided({p.n}, {t.stride(0) + g * t.stride(1)},
+                      t.storage_offset() + p.row * t.stride(0) + p.col * t.stride(1));
+}
+
+struct BlockPlan : torch::CustomClassHolder {
+  EngineLayout layout;
+  BlockSpec spec;
+  double inv_temperature = 1.0;  // NT-Xent
+  Reduction reduction = Reduction::kMean;  // NT-Xent
+  bool consumed = false;         // the buffer has become G: a second backward would be wrong
+
+  bool labeled() const { return spec.row_labels.defined(); }
+  bool multi() const { return labeled() && spec.label_mode == LabelMode::kMultiPositive; }
+  int64_t n_cols() const { return layout.total * spec.group; }
+};
+
 void check_single_backward(BlockPlan& plan, const char* caller) {
   TORCH_CHECK(!torch::GradMode::is_enabled(), caller,
               "(): double backward (create_graph=true) is not supported");
@@ -66,103 +125,249 @@ void check_single_backward(BlockPlan& plan, const char* caller) {
   plan.consumed = true;
 }
 
+// Label structure of a tile (local rows [r0, r0+R), global columns [c0, c0+C)):
+// kMaskDuplicates masks the duplicates of `t` in place and returns undefined;
+// kMultiPositive returns P as a [R, C] tensor of t's dtype; no labels: undefined.
+torch::Tensor apply_labels(const BlockPlan& plan, torch::Tensor& t, int64_t r0, int64_t c0) {
+  if (!plan.labeled()) return {};
+  const int64_t R = t.size(0), C = t.size(1), g = plan.spec.group;
+  auto eq = plan.spec.row_labels.narrow(0, r0, R).unsqueeze(1) ==
+            plan.spec.col_labels.narrow(0, c0, C).unsqueeze(0);  // [R, C] bool, contiguous
+  auto run = positives_in(r0, R, c0, C, plan.layout.offset, g);
+  if (!plan.multi()) {
+    run_view(eq, run, g).fill_(false);  // the designated positive is never masked
+    t.masked_fill_(eq, -kInf);
+    return {};
+  }
+  run_view(eq, run, g).fill_(true);  // ... and always a positive
+  return eq.to(t.scalar_type());
+}
+
+// Forward accumulators over tiles (materialised: one chunk of rows, all columns).
+struct ForwardStats {
+  torch::Tensor lse_row, pos_row, n_row;  // [b]; pos/n only for multi-positive
+  torch::Tensor lse_col, pos_col, n_col;  // [N] partials over this rank's rows (symmetric)
+
+  ForwardStats(const BlockPlan& plan, int64_t b, const torch::TensorOptions& opt) {
+    const bool sym = plan.spec.symmetric, multi = plan.multi();
+    const int64_t N = plan.n_cols();
+    lse_row = torch::full({b}, -kInf, opt);
+    if (multi) pos_row = torch::zeros({b}, opt), n_row = torch::zeros({b}, opt);
+    if (sym) lse_col = torch::full({N}, -kInf, opt);
+    if (sym && multi) pos_col = torch::zeros({N}, opt), n_col = torch::zeros({N}, opt);
+  }
+
+  // t: the (masked) tile at local rows [r0, ..), global columns [c0, ..); P as apply_labels.
+  void add(const torch::Tensor& t, const torch::Tensor& P, int64_t r0, int64_t c0) {
+    const int64_t R = t.size(0), C = t.size(1);
+    auto lr = lse_row.narrow(0, r0, R);
+    lr.copy_(torch::logaddexp(lr, rows_lse(t)));
+    if (lse_col.defined()) {
+      auto lc = lse_col.narrow(0, c0, C);
+      lc.copy_(torch::logaddexp(lc, cols_lse(t)));
+    }
+    if (P.defined()) {
+      auto tp = t * P;  // multi-positive masks nothing: t is finite
+      pos_row.narrow(0, r0, R).add_(tp.sum(1));
+      n_row.narrow(0, r0, R).add_(P.sum(1));
+      if (pos_col.defined()) {
+        pos_col.narrow(0, c0, C).add_(tp.sum(0));
+        n_col.narrow(0, c0, C).add_(P.sum(0));
+      }
+    }
+  }
+};
+
+// What the backward needs besides the inputs.
+struct RowTerms {
+  torch::Tensor lse_row, lse_col, inv_n_row, inv_n_col;  // inv_n: multi-positive only
+};
+
+// Finishes the forward: combines the column statistics across ranks, forms the
+// per-row losses and reduces them. `designated`: [b] S_{i,pos(i)}.
+torch::Tensor finish_forward(const BlockPlan& plan, ForwardStats& st, const torch::Tensor& designated,
+                             RowTerms& out) {
+  const auto& L = plan.layout;
+  const int64_t b = designated.size(0), N = plan.n_cols();
+  out.lse_row = st.lse_row;
+  auto l = st.lse_row - (plan.multi() ? st.pos_row / st.n_row : designated);  // [b]
+  if (plan.multi()) out.inv_n_row = st.n_row.reciprocal();
+  if (plan.spec.symmetric) {
+    torch::Tensor col_pos;  // [b]: the positive term of this rank's columns
+    if (plan.multi()) {
+      // lse, positive sum and count of every column, over all ranks' rows: one gather.
+      auto mine = torch::cat({st.lse_col, st.pos_col, st.n_col}).unsqueeze(0);  // [1, 3N]
+      auto all = L.world == 1 ? mine
+                              : L.comm->all_gather_rows(mine.contiguous(), std::vector<int64_t>(L.world, 1),
+                                                        "lse_all_gather");  // [W, 3N]
+      out.lse_col = all.narrow(1, 0, N).logsumexp(0);
+      auto pos_sum = all.narrow(1, N, N).sum(0), n = all.narrow(1, 2 * N, N).sum(0);
+      out.inv_n_col = n.reciprocal();
+      col_pos = (pos_sum * out.inv_n_col).narrow(0, L.offset, b);
+    } else {
+      out.lse_col = combine_lse(st.lse_col, L);
+      col_pos = designated;  // S_{i, off+i}: group is 1
+    }
+    l = (l + out.lse_col.narrow(0, L.offset, b) - col_pos) * 0.5;
+  }
+  return l;
+}
+
+torch::Tensor reduce_rows(const torch::Tensor& l /* [b] */, const EngineLayout& L, Reduction r) {
+  switch (r) {
+    case Reduction::kNone:
+      return l;
+    case Reduction::kSum:
+      return l.sum() * static_cast<double>(L.world);
+    case Reduction::kMean:
+      break;
+  }
+  return l.sum() * (static_cast<double>(L.world) / static_cast<double>(L.total));
+}
+
+// Backward weights (see the derivation above): a 0-dim factor c applied to the
+// products, and per-row / per-column weights for kNone (undefined otherwise:
+// weight 1, the factor carrying c W/B or c W).
+struct Weights {
+  torch::Tensor c, row, col;
+};
+
+Weights backward_weights(const BlockPlan& plan, const torch::Tensor& grad, c10::ScalarType dt) {
+  const auto& L = plan.layout;
+  const double h = plan.spec.symmetric ? 0.5 : 1.0;
+  Weights w;
+  if (plan.spec.reduction == Reduction::kNone) {
+    w.c = torch::scalar_tensor(h, grad.options().dtype(dt));
+    w.row = grad.to(dt).contiguous();  // [b]
+    if (plan.spec.symmetric) {
+      // Every column's owner's upstream gradient: one O(B) gather, which is
+      // why every rank must run backward with kNone.
+      w.col = L.world == 1 ? w.row : L.comm->all_gather_rows(w.row, L.counts, "grad_all_gather");  // [B]
+    }
+    return w;
+  }
+  const double f = plan.spec.reduction == Reduction::kSum
+                       ? static_cast<double>(L.world)
+                       : static_cast<double>(L.world) / static_cast<double>(L.total);
+  w.c = grad.to(dt) * (f * h);
+  return w;
+}
+
+// S tile -> G / c in place (see the derivation above). `P` as apply_labels.
+void tile_gradient(const BlockPlan& plan, const RowTerms& rt, const Weights& w, torch::Tensor& t,
+                   const torch::Tensor& P, int64_t r0, int64_t c0) {
+  const int64_t R = t.size(0), C = t.size(1), g = plan.spec.group;
+  const bool sym = plan.spec.symmetric;
+  torch::Tensor col;
+  if (sym) col = (t - rt.lse_col.narrow(0, c0, C).unsqueeze(0)).exp_();
+  t.sub_(rt.lse_row.narrow(0, r0, R).unsqueeze(1)).exp_();
+  if (w.row.defined()) {
+    t.mul_(w.row.narrow(0, r0, R).unsqueeze(1));
+    if (sym) col.mul_(w.col.narrow(0, c0, C).unsqueeze(0));
+  }
+  if (sym) t.add_(col);
+  if (P.defined()) {
+    auto yr = rt.inv_n_row.narrow(0, r0, R);
+    if (w.row.defined()) yr = yr * w.row.narrow(0, r0, R);
+    t.sub_(P * yr.unsqueeze(1));
+    if (sym) {
+      auto yc = rt.inv_n_col.narrow(0, c0, C);
+      if (w.col.defined()) yc = yc * w.col.narrow(0, c0, C);
+      t.sub_(P * yc.unsqueeze(0));
+    }
+    return;
+  }
+  const auto run = positives_in(r0, R, c0, C, plan.layout.offset, g);
+  if (run.n == 0) return;
+  auto diag = run_view(t, run, g);
+  if (!w.row.defined()) {
+    diag.sub_(sym ? 2.0 : 1.0);
+    return;
+  }
+  diag.sub_(w.row.narrow(0, r0 + run.row, run.n));
+  if (sym) diag.sub_(w.col.narrow(0, c0 + run.col, run.n));  // group 1: columns consecutive
+}
+
 // ---------------------------------------------------------------------------
-// CLIP / InfoNCE on one row block.
-//
-// Forward. S = (s q) k_all^T + bias, [b x B], the only [b x B] buffer. Row r0
-// chunks give lse_row_i = log sum_j exp S_ij and, when symmetric, the partial
-// column log-sum-exps over this rank's rows, combined across ranks into
-// lse_col_j = log sum_{all global rows i} exp S_ij.
-//
-// Backward. Global loss (symmetric)
-//   L = 1/(2B) sum_i (lse_row_i - S_ii) + 1/(2B) sum_j (lse_col_j - S_jj),
-// so dL/dS_ij = 1/(2B) [softmax_row(S)_ij - [i=j] + exp(S_ij - lse_col_j) - [i=j]].
-// Rank r's rows of that are computable locally once lse_col is known:
-//   G_r = g (W/B)/2 [exp(S_r - lse_row) + exp(S_r - lse_col) - 2 I_r],
-// the W from the gradient convention (engine.h), I_r the ones at (i, off+i).
-// One direction: G_r = g (W/B) [exp(S_r - lse_row) - I_r]. With S = s q k^T + bias:
-//   dq = s G k_all                     ([b, d], one GEMM)
-//   dk_all = s G^T q                   ([B, d], one GEMM; the gather's backward
-//                                       reduce-scatters it to the owners)
-//   ds = sum_ij G_ij q_i.k_j = sum(q * (G k_all))   (reuses the dq GEMM)
-//   dbias = sum_ij G_ij.
-// Summed over ranks these are W times the global gradients, as required.
+// The materialised form: S ([b x N]) is the only such buffer; it is masked in
+// place, kept, and turned into G / c in place by the backward.
 class ClipBlock : public torch::autograd::Function<ClipBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
-                               const torch::Tensor& k_all /* [B, d] */, const torch::Tensor& scale /* [] */,
+                               const torch::Tensor& k_all /* [N, d] */, const torch::Tensor& scale /* [] */,
                                const c10::optional<torch::Tensor>& bias /* [] */,
                                const c10::intrusive_ptr<BlockPlan>& plan) {
-    const auto& L = plan->layout;
-    const int64_t b = q.size(0), B = k_all.size(0);
-    auto S = torch::mm(q * scale, k_all.t());  // [b, B]
+    const int64_t b = q.size(0), N = k_all.size(0), g = plan->spec.group;
+    auto S = torch::mm(q * scale, k_all.t());  // [b, N]
     if (bias.has_value() && bias->defined()) S.add_(*bias);
-    auto lse_row = torch::empty({b}, S.options());
-    auto col_partial = torch::full({B}, -kInf, S.options());
-    const int64_t R = chunk_rows(B, S.element_size());
+    ForwardStats st(*plan, b, S.options());
+    const int64_t R = chunk_rows(N, S.element_size());
     for (int64_t r0 = 0; r0 < b; r0 += R) {
-      auto Sc = S.narrow(0, r0, std::min(R, b - r0));  // [R, B]
-      lse_row.narrow(0, r0, Sc.size(0)).copy_(rows_lse(Sc));
-      if (plan->symmetric) col_partial = torch::logaddexp(col_partial, cols_lse(Sc));
+      auto Sc = S.narrow(0, r0, std::min(R, b - r0));  // [R, N]
+      auto P = apply_labels(*plan, Sc, r0, 0);
+      st.add(Sc, P, r0, 0);
     }
-    auto positive = S.diagonal(L.offset).clone();  // [b]: S_{i, off+i}
-    auto total = (lse_row - positive).sum();
-    torch::Tensor lse_col;
-    if (plan->symmetric) {
-      lse_col = combine_lse(col_partial, L);  // [B]
-      total = (total + (lse_col.narrow(0, L.offset, b) - positive).sum()) * 0.5;
-    }
+    auto designated = run_view(S, positives_in(0, b, 0, N, plan->layout.offset, g), g).clone();  // [b]
+    RowTerms rt;
+    auto l = finish_forward(*plan, st, designated, rt);
     ctx->save_for_backward({q, k_all, scale});
     ctx->saved_data["S"] = S;
-    ctx->saved_data["lse_row"] = lse_row;
-    if (plan->symmetric) ctx->saved_data["lse_col"] = lse_col;
+    ctx->saved_data["lse_row"] = rt.lse_row;
+    if (rt.lse_col.defined()) ctx->saved_data["lse_col"] = rt.lse_col;
+    if (rt.inv_n_row.defined()) ctx->saved_data["inv_n_row"] = rt.inv_n_row;
+    if (rt.inv_n_col.defined()) ctx->saved_data["inv_n_col"] = rt.inv_n_col;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
-    return total * (static_cast<double>(L.world) / static_cast<double>(L.total));
+    return reduce_rows(l, plan->layout, plan->spec.reduction);
+  }
+
+  static RowTerms saved_terms(AutogradContext* ctx) {
+    RowTerms rt;
+    auto get = [&](const char* key) {
+      return ctx->saved_data.count(key) ? ctx->saved_data[key].toTensor() : torch::Tensor();
+    };
+    rt.lse_row = get("lse_row");
+    rt.lse_col = get("lse_col");
+    rt.inv_n_row = get("inv_n_row");
+    rt.inv_n_col = get("inv_n_col");
+    return rt;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto plan = c10::static_intrusive_pointer_cast<BlockPlan>(ctx->saved_data["plan"].toCapsule());
     check_single_backward(*plan, "clip_loss");
-    const auto& L = plan->layout;
     auto saved = ctx->get_saved_variables();
     const auto& q = saved[0];
     const auto& k_all = saved[1];
     const auto& scale = saved[2];
     auto S = ctx->saved_data["S"].toTensor();
-    auto lse_row = ctx->saved_data["lse_row"].toTensor();
-    torch::Tensor lse_col;
-    if (plan->symmetric) lse_col = ctx->saved_data["lse_col"].toTensor();
-    const int64_t b = q.size(0), B = k_all.size(0);
-    // g (W/B) (1/2 when symmetric), as a 0-dim tensor so that no host sync is needed.
-    auto c = grads[0].to(S.scalar_type()) *
-             (static_cast<double>(L.world) / static_cast<double>(L.total) * (plan->symmetric ? 0.5 : 1.0));
-    const double ones = plan->symmetric ? 2.0 : 1.0;
+    const auto rt = saved_terms(ctx);
+    const int64_t b = q.size(0), N = k_all.size(0);
+    const auto w = backward_weights(*plan, grads[0], S.scalar_type());
 
-    // S -> G in place, chunk by chunk (one [R, B] temporary for the column part).
-    const int64_t R = chunk_rows(B, S.element_size());
+    // S -> G / c in place, chunk by chunk (one [R, N] temporary for the column part).
+    const int64_t R = chunk_rows(N, S.element_size());
     for (int64_t r0 = 0; r0 < b; r0 += R) {
-      const int64_t n = std::min(R, b - r0);
-      auto Sc = S.narrow(0, r0, n);
-      torch::Tensor col;
-      if (plan->symmetric) col = (Sc - lse_col.unsqueeze(0)).exp_();
-      Sc.sub_(lse_row.narrow(0, r0, n).unsqueeze(1)).exp_();
-      if (plan->symmetric) Sc.add_(col);
-      Sc.diagonal(L.offset + r0).sub_(ones);
+      auto Sc = S.narrow(0, r0, std::min(R, b - r0));
+      torch::Tensor P;
+      if (plan->multi()) {
+        auto scratch = Sc;  // multi-positive masks nothing: only P is wanted
+        P = apply_labels(*plan, scratch, r0, 0);
+      }
+      tile_gradient(*plan, rt, w, Sc, P, r0, 0);
     }
-    // S now holds G / c; the scalar c goes on the [b, d] and [B, d] products
-    // instead of on the [b, B] buffer (one pass over it fewer).
-    const auto& G_over_c = S;  // [b, B]
-    auto Gk = torch::mm(G_over_c, k_all).mul_(c);  // [b, d]: G k_all
+    // The scalar c goes on the [b, d] and [N, d] products instead of on the
+    // [b, N] buffer (one pass over it fewer).
+    const auto& G_over_c = S;                        // [b, N]
+    auto Gk = torch::mm(G_over_c, k_all).mul_(w.c);  // [b, d]: G k_all
     auto dq = Gk * scale;
     torch::Tensor dk, ds, dbias;
-    if (ctx->needs_input_grad(1)) dk = torch::mm(G_over_c.t(), q * (scale * c));  // [B, d]
+    if (ctx->needs_input_grad(1)) dk = torch::mm(G_over_c.t(), q * (scale * w.c));  // [N, d]
     if (ctx->needs_input_grad(2)) ds = (Gk * q).sum().reshape(scale.sizes());
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3)) dbias = G_over_c.sum() * c;
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3)) dbias = G_over_c.sum() * w.c;
     return {dq, dk, ds, dbias, torch::Tensor()};
   }
 };
-
 // ---------------------------------------------------------------------------
 // NT-Xent on one row block.
 //
@@ -184,6 +389,40 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
 //   dz_r = G~ Z / T,  G~ = g W/(2B) [exp(S_r - lse_row) + exp(S_r - lse_all) - 2 Y_r],
 // computed from rank r's block alone: no backward collective, and Z needs no
 // gradient path (each rank's gradient for its own rows is complete).
+// NT-Xent's backward weights. kMean/kSum: a 0-dim factor c (W/(2B) g / T, as
+// before). kNone: the per-example upstream g_i weighs each of the example's two
+// view rows by g_i / 2 (an example's loss is the mean of its views'); the
+// transposed term of the gradient (P_vw, see below) needs the weight of every
+// row v, so the upstream gradients are all-gathered (O(B)), and then
+//   G~_wv = w_w (exp(S_wv - lse_w) - Y_wv) + w_v (exp(S_wv - lse_v) - Y_wv),
+// with w_{pos(w)} = w_w: the positive entry loses 2 w_w. c = 1/T.
+struct NtWeights {
+  torch::Tensor c, row, all;  // row: [2b], all: [2B] (kNone only)
+};
+
+NtWeights nt_weights(const BlockPlan& plan, const torch::Tensor& grad, c10::ScalarType dt) {
+  const auto& L = plan.layout;
+  const double B = static_cast<double>(L.total);
+  NtWeights w;
+  if (plan.reduction != Reduction::kNone) {
+    w.c = grad.to(dt) * (static_cast<double>(L.world) / (2.0 * B) * plan.inv_temperature);
+    return w;
+  }
+  auto half = grad.to(dt).contiguous() * 0.5;  // [b]
+  auto all = L.world == 1 ? half : L.comm->all_gather_rows(half, L.counts, "grad_all_gather");  // [B]
+  w.row = torch::cat({half, half});
+  w.all = torch::cat({all, all});
+  w.c = torch::scalar_tensor(plan.inv_temperature, grad.options().dtype(dt));
+  return w;
+}
+
+// Per-row NT-Xent losses [2b] -> what the loss returns.
+torch::Tensor nt_reduce(const torch::Tensor& l /* [2b] */, const BlockPlan& plan) {
+  const auto& L = plan.layout;
+  if (plan.reduction == Reduction::kNone) return l.view({2, -1}).mean(0);  // [b]
+  return l.sum() * (static_cast<double>(L.world) / (2.0 * static_cast<double>(L.total)));
+}
+
 class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& z /* [2b, d] */,
@@ -211,7 +450,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["lse_all"] = lse_all;
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
-    return (lse - positive).sum() * (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)));
+    return nt_reduce(lse - positive, *plan);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -223,18 +462,22 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b2 = S.size(0), b = b2 / 2, B = L.total;
-    auto c = grads[0].to(S.scalar_type()) *
-             (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)) * plan->inv_temperature);
+    const auto w = nt_weights(*plan, grads[0], S.scalar_type());
     const int64_t R = chunk_rows(2 * B, S.element_size());
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
       auto Sc = S.narrow(0, r0, n);
       auto transposed = (Sc - lse_all.unsqueeze(0)).exp_();  // P^T rows; 0 on the self column
-      Sc.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_().add_(transposed);
+      if (w.all.defined()) transposed.mul_(w.all.unsqueeze(0));
+      Sc.sub_(lse.narrow(0, r0, n).unsqueeze(1)).exp_();
+      if (w.row.defined()) Sc.mul_(w.row.narrow(0, r0, n).unsqueeze(1));
+      Sc.add_(transposed);
     }
     auto idx = self_and_positive(b, L, S.device());
-    S.index_put_({idx[0], idx[2]}, S.index({idx[0], idx[2]}) - 2.0);
+    auto minus = w.row.defined() ? w.row * 2.0 : torch::full({b2}, 2.0, S.options());
+    S.index_put_({idx[0], idx[2]}, S.index({idx[0], idx[2]}) - minus);
     // G~ Z / T: the scalar c (which holds 1/T) goes on the [2b, d] product, not the buffer.
+    const auto& c = w.c;
     return {torch::mm(S, z_all).mul_(c), torch::Tensor(), torch::Tensor()};
   }
 
@@ -267,6 +510,19 @@ torch::Tensor tile_diag(const torch::Tensor& tile, int64_t row0, int64_t col0, i
 struct TiledPlan : BlockPlan {
   int64_t tile = 64;
   bool ring = false;  // k is this rank's block and blocks travel around the ring
+
+  // Rows of every rank's key block (g per row) and their first global column.
+  std::vector<int64_t> key_counts() const {
+    auto c = layout.counts;
+    for (auto& x : c) x *= spec.group;
+    return c;
+  }
+  std::vector<int64_t> key_starts() const {
+    auto c = key_counts();
+    std::vector<int64_t> s(c.size(), 0);
+    for (size_t i = 1; i < c.size(); ++i) s[i] = s[i - 1] + c[i - 1];
+    return s;
+  }
 };
 
 // Visits every key block: the gathered keys as one block at column 0, or the
@@ -275,60 +531,52 @@ void for_each_key_block(const TiledPlan& plan, const torch::Tensor& k,
                         const std::function<void(int64_t owner, int64_t col0, const torch::Tensor&)>& visit) {
   const auto& L = plan.layout;
   if (!plan.ring) return visit(L.rank, 0, k);
-  std::vector<int64_t> starts(L.world, 0);
-  for (int64_t s = 1; s < L.world; ++s) starts[s] = starts[s - 1] + L.counts[s - 1];
-  ring_for_each_block(L.comm, L.counts, k,
+  const auto starts = plan.key_starts();
+  ring_for_each_block(L.comm, plan.key_counts(), k,
                       [&](int64_t owner, const torch::Tensor& block) { visit(owner, starts[owner], block); });
 }
 
-// CLIP / InfoNCE, tiled. Gradient as ClipBlock's, entry by entry:
-// G_ij = c [exp(S_ij - lse_row_i) (+ exp(S_ij - lse_col_j)) - (1 or 2)[j = off+i]],
-// dq = s sum_j G_ij k_j, dk_j = s sum_i G_ij q_i, ds = sum_i q_i . (sum_j G_ij k_j),
-// dbias = sum G; each tile adds its share.
+// CLIP / InfoNCE / grouped, tiled: ClipBlock's forward statistics and gradient
+// (see the derivation above ClipBlock), one [tile x tile] block at a time; the
+// label structure is recomputed per tile from the labels (O(R + C) each).
 class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
-                               const torch::Tensor& k /* [B, d], or [b, d] in ring mode */,
+                               const torch::Tensor& k /* [N, d], or [b g, d] in ring mode */,
                                const torch::Tensor& scale /* [] */, const c10::optional<torch::Tensor>& bias /* [] */,
                                const c10::intrusive_ptr<TiledPlan>& plan) {
     const auto& L = plan->layout;
-    const int64_t b = q.size(0), B = L.total, tile = plan->tile;
+    const int64_t b = q.size(0), tile = plan->tile, g = plan->spec.group, d = q.size(1);
     const bool has_bias = bias.has_value() && bias->defined();
     auto qs = q * scale;  // [b, d]
-    auto lse_row = torch::full({b}, -kInf, qs.options());
-    auto col_partial = torch::full({plan->symmetric ? B : 0}, -kInf, qs.options());
+    ForwardStats st(*plan, b, qs.options());
     for_each_key_block(*plan, k, [&](int64_t, int64_t col0, const torch::Tensor& block) {
       for (int64_t r0 = 0; r0 < b; r0 += tile) {
         const int64_t R = std::min(tile, b - r0);
-        auto lr = lse_row.narrow(0, r0, R);
         for (int64_t c0 = 0; c0 < block.size(0); c0 += tile) {
           const int64_t C = std::min(tile, block.size(0) - c0);
           auto t = torch::mm(qs.narrow(0, r0, R), block.narrow(0, c0, C).t());  // [R, C]
           if (has_bias) t.add_(*bias);
-          lr.copy_(torch::logaddexp(lr, rows_lse(t)));
-          if (plan->symmetric) {
-            auto lc = col_partial.narrow(0, col0 + c0, C);
-            lc.copy_(torch::logaddexp(lc, cols_lse(t)));
-          }
+          auto P = apply_labels(*plan, t, r0, col0 + c0);
+          st.add(t, P, r0, col0 + c0);
         }
       }
     });
-    auto own_keys = plan->ring ? k : k.narrow(0, L.offset, b);  // [b, d]: the positives
-    auto positive = (qs * own_keys).sum(1);                      // [b]
-    if (has_bias) positive = positive + *bias;
-    auto total = (lse_row - positive).sum();
-    torch::Tensor lse_col;
-    if (plan->symmetric) {
-      lse_col = combine_lse(col_partial, L);
-      total = (total + (lse_col.narrow(0, L.offset, b) - positive).sum()) * 0.5;
-    }
+    // The designated positives: every g-th row of this rank's own candidates.
+    auto own = plan->ring ? k : k.narrow(0, L.offset * g, b * g);   // [b g, d]
+    auto designated = (qs * own.reshape({b, g, d}).select(1, 0)).sum(1);  // [b]
+    if (has_bias) designated = designated + *bias;
+    RowTerms rt;
+    auto l = finish_forward(*plan, st, designated, rt);
     ctx->save_for_backward({q, k, scale});
-    ctx->saved_data["lse_row"] = lse_row;
-    if (plan->symmetric) ctx->saved_data["lse_col"] = lse_col;
+    ctx->saved_data["lse_row"] = rt.lse_row;
+    if (rt.lse_col.defined()) ctx->saved_data["lse_col"] = rt.lse_col;
+    if (rt.inv_n_row.defined()) ctx->saved_data["inv_n_row"] = rt.inv_n_row;
+    if (rt.inv_n_col.defined()) ctx->saved_data["inv_n_col"] = rt.inv_n_col;
     ctx->saved_data["has_bias"] = has_bias;
     if (has_bias) ctx->saved_data["bias"] = bias->detach();
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
-    return total * (static_cast<double>(L.world) / static_cast<double>(B));
+    return reduce_rows(l, L, plan->spec.reduction);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -339,23 +587,18 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const auto& q = saved[0];
     const auto& k = saved[1];
     const auto& scale = saved[2];
-    auto lse_row = ctx->saved_data["lse_row"].toTensor();
-    torch::Tensor lse_col, bias;
-    if (plan->symmetric) lse_col = ctx->saved_data["lse_col"].toTensor();
+    const auto rt = ClipBlock::saved_terms(ctx);
+    torch::Tensor bias;
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     if (has_bias) bias = ctx->saved_data["bias"].toTensor();
     const int64_t b = q.size(0), tile = plan->tile;
     const bool want_dk = ctx->needs_input_grad(1);
     const bool want_bias = has_bias && ctx->needs_input_grad(3);
-    auto c = grads[0].to(q.scalar_type()) *
-             (static_cast<double>(L.world) / static_cast<double>(L.total) * (plan->symmetric ? 0.5 : 1.0));
-    const double ones = plan->symmetric ? 2.0 : 1.0;
-    auto qs = q * scale;                 // [b, d]
-    auto A = torch::zeros_like(q);       // [b, d]: sum_j G_ij k_j
+    const auto w = backward_weights(*plan, grads[0], q.scalar_type());
+    auto qs = q * scale;            // [b, d]
+    auto A = torch::zeros_like(q);  // [b, d]: sum_j G_ij k_j
     auto g_sum = torch::zeros({}, q.options());
-    auto visit = [&](int64_t owner, int64_t col0, const torch::Tensor& block) {
-      const bool own = owner == L.rank;
-      const int64_t pos_offset = plan->ring ? 0 : L.offset;  // column of row 0's positive inside the block
+    auto visit = [&](int64_t, int64_t col0, const torch::Tensor& block) {
       torch::Tensor dk = want_dk ? torch::zeros_like(block) : torch::Tensor();  // [n, d]
       for (int64_t c0 = 0; c0 < block.size(0); c0 += tile) {
         const int64_t C = std::min(tile, block.size(0) - c0);
@@ -364,12 +607,9 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
           const int64_t R = std::min(tile, b - r0);
           auto t = torch::mm(qs.narrow(0, r0, R), kt.t());  // [R, C], then in place G
           if (has_bias) t.add_(bias);
-          torch::Tensor col;
-          if (plan->symmetric) col = (t - lse_col.narrow(0, col0 + c0, C).unsqueeze(0)).exp_();
-          t.sub_(lse_row.narrow(0, r0, R).unsqueeze(1)).exp_();
-          if (plan->symmetric) t.add_(col);
-          if (own) tile_diag(t, r0, c0, pos_offset).sub_(ones);
-          t.mul_(c);
+          auto P = apply_labels(*plan, t, r0, col0 + c0);
+          tile_gradient(*plan, rt, w, t, P, r0, col0 + c0);
+          t.mul_(w.c);
           A.narrow(0, r0, R).addmm_(t, kt);
           if (want_dk) dk.narrow(0, c0, C).addmm_(t.t(), qs.narrow(0, r0, R));
           if (want_bias) g_sum.add_(t.sum());
@@ -381,14 +621,14 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     if (!plan->ring) {
       dk = visit(L.rank, 0, k);
     } else {
-      std::vector<int64_t> starts(L.world, 0);
-      for (int64_t s = 1; s < L.world; ++s) starts[s] = starts[s - 1] + L.counts[s - 1];
+      const auto counts = plan->key_counts();
+      const auto starts = plan->key_starts();
       if (want_dk) {
-        dk = ring_for_each_block_grad(L.comm, L.counts, k, [&](int64_t owner, const torch::Tensor& block) {
+        dk = ring_for_each_block_grad(L.comm, counts, k, [&](int64_t owner, const torch::Tensor& block) {
           return visit(owner, starts[owner], block);
         });
       } else {
-        ring_for_each_block(L.comm, L.counts, k,
+        ring_for_each_block(L.comm, counts, k,
                             [&](int64_t owner, const torch::Tensor& block) { visit(owner, starts[owner], block); });
       }
     }
@@ -443,7 +683,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["lse_all"] = lse_all;
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
-    return (lse - positive).sum() * (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)));
+    return nt_reduce(lse - positive, *plan);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -457,8 +697,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b = z.size(0) / 2, B = L.total;
-    auto c = grads[0].to(z.scalar_type()) *
-             (static_cast<double>(L.world) / (2.0 * static_cast<double>(B)) * plan->inv_temperature);
+    const auto w = nt_weights(*plan, grads[0], z.scalar_type());
     auto zs = z * plan->inv_temperature;
     auto A = torch::zeros_like(z);  // [2b, d]
     for_each_tile(b, 2 * B, plan->tile, L,
@@ -467,9 +706,21 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
                     auto t = torch::mm(zs.narrow(0, r0, R), zt.t());  // [R, C], then in place G
                     tile_diag(t, r0, c0, self_off).fill_(-kInf);
                     auto transposed = (t - lse_all.narrow(0, c0, C).unsqueeze(0)).exp_();
-                    t.sub_(lse.narrow(0, r0, R).unsqueeze(1)).exp_().add_(transposed);
-                    tile_diag(t, r0, c0, pos_off).sub_(2.0);
-                    A.narrow(0, r0, R).addmm_(t.mul_(c), zt);
+                    if (w.all.defined()) transposed.mul_(w.all.narrow(0, c0, C).unsqueeze(0));
+                    t.sub_(lse.narrow(0, r0, R).unsqueeze(1)).exp_();
+                    if (w.row.defined()) t.mul_(w.row.narrow(0, r0, R).unsqueeze(1));
+                    t.add_(transposed);
+                    auto pos = tile_diag(t, r0, c0, pos_off);
+                    if (pos.numel() == 0) {
+                      // no positive in this tile
+                    } else if (w.row.defined()) {
+                      // The diagonal's first row: max(0, -(pos_off + r0 - c0)) within the tile.
+                      const int64_t first = std::max<int64_t>(0, -(pos_off + r0 - c0));
+                      pos.sub_(w.row.narrow(0, r0 + first, pos.numel()) * 2.0);
+                    } else {
+                      pos.sub_(2.0);
+                    }
+                    A.narrow(0, r0, R).addmm_(t.mul_(w.c), zt);
                   });
     return {A, torch::Tensor(), torch::Tensor()};
   }
@@ -523,21 +774,23 @@ int64_t chunk_rows(int64_t cols, int64_t element_size, int64_t chunk_bytes) {
 }
 
 torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k_all, const torch::Tensor& scale,
-                              const torch::Tensor& bias, const EngineLayout& layout, bool symmetric) {
+                              const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec) {
+  TORCH_INTERNAL_ASSERT(spec.group >= 1 && (!spec.symmetric || spec.group == 1));
   auto plan = c10::make_intrusive<BlockPlan>();
   plan->layout = layout;
-  plan->symmetric = symmetric;
+  plan->spec = spec;
   c10::optional<torch::Tensor> opt_bias;
   if (bias.defined()) opt_bias = bias;
   return ClipBlock::apply(q, k_all, scale, opt_bias, plan);
 }
 
 torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
-                                    const torch::Tensor& bias, const EngineLayout& layout, bool symmetric,
+                                    const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
                                     int64_t tile, bool ring) {
+  TORCH_INTERNAL_ASSERT(spec.group >= 1 && (!spec.symmetric || spec.group == 1));
   auto plan = c10::make_intrusive<TiledPlan>();
   plan->layout = layout;
-  plan->symmetric = symmetric;
+  plan->spec = spec;
   plan->tile = tile;
   plan->ring = ring && layout.world > 1;
   c10::optional<torch::Tensor> opt_bias;
@@ -546,18 +799,20 @@ torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor&
 }
 
 torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                       const EngineLayout& layout, int64_t tile) {
+                                       const EngineLayout& layout, int64_t tile, Reduction reduction) {
   auto plan = c10::make_intrusive<TiledPlan>();
   plan->layout = layout;
+  plan->reduction = reduction;
   plan->inv_temperature = inv_temperature;
   plan->tile = tile;
   return TiledNtXentBlock::apply(z, z_all, plan);
 }
 
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                 const EngineLayout& layout) {
+                                 const EngineLayout& layout, Reduction reduction) {
   auto plan = c10::make_intrusive<BlockPlan>();
   plan->layout = layout;
+  plan->reduction = reduction;
   plan->inv_temperature = inv_temperature;
   return NtXentBlock::apply(z, z_all, plan);
 }

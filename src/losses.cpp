@@ -10,12 +10,15 @@
 // gradient. fp16/bf16 features are computed in fp32 (the loss comes back fp32).
 #include "contrax/losses.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
 #include "contrax/collectives.h"
 #include "contrax/detail/check.h"
 #include "contrax/detail/engine.h"
+#include "contrax/grouped.h"
 #include "contrax/tiled.h"
 
 namespace contrax {
@@ -92,6 +95,51 @@ std::string check_path_options(const Options& o, const char* caller) {
   return "";
 }
 
+// `labels` must be an int64 vector of `rows` entries on `device` (name: `arg`).
+void check_labels(detail::ArgChecker& check, const torch::Tensor& labels, const char* arg, int64_t rows,
+                  const torch::Device& device) {
+  if (!labels.defined()) return;
+  check.require(labels.scalar_type() == torch::kLong, "argument '", arg, "' must be an int64 tensor, but got dtype ",
+                labels.scalar_type());
+  check.require(labels.dim() == 1 && labels.size(0) == rows, "argument '", arg, "' must have shape [", rows,
+                "] (one label per row on this rank), but got ", labels.sizes());
+  check.require(labels.device() == device, "argument '", arg, "' must be on the features' device (", device,
+                "), but got ", labels.device());
+}
+
+// The commonest porting mistake: open_clip and Inf-CL pass the scale itself
+// (1/0.07 = 14.3, or 100) where Contrax takes its log. Reading the value needs a
+// host sync, so parameters off the CPU are looked at only in the first calls of
+// a process (the mistake is made once, at construction, and shows at once).
+void warn_if_scale_not_log(const torch::Tensor& logit_scale, double max_logit_scale) {
+  static std::atomic<int64_t> device_checks{0};
+  if (!logit_scale.defined() || logit_scale.dim() != 0 || !c10::isFloatingType(logit_scale.scalar_type())) return;
+  if (!logit_scale.device().is_cpu() && device_checks.fetch_add(1) >= 16) return;
+  const double v = logit_scale.detach().item<double>();
+  if (!(v > std::log(max_logit_scale) + 1.0)) return;
+  TORCH_WARN_ONCE("logit_scale=", v, " is the log of the scale (Contrax clamps exp(logit_scale) at ",
+                  max_logit_scale, "): pass log(1/0.07)=2.66, not 1/0.07=14.3 as open_clip/Inf-CL do");
+}
+
+// Every rank's labels in rank order (`counts` rows each); `local` undefined: undefined.
+torch::Tensor gather_labels(const torch::Tensor& local, const CommunicatorPtr& comm,
+                            const std::vector<int64_t>& counts) {
+  if (!local.defined() || world_of(comm) == 1) return local;
+  return comm->all_gather_rows(local.contiguous(), counts, "labels_all_gather");
+}
+
+std::vector<int64_t> scaled(std::vector<int64_t> counts, int64_t g) {
+  for (auto& c : counts) c *= g;
+  return counts;
+}
+
+// kSum = B times kMean for the losses that reduce by scaling (NT-Xent, MoCo v3).
+torch::Tensor sum_from_mean(const torch::Tensor& mean_form, const std::vector<int64_t>& counts) {
+  int64_t B = 0;
+  for (auto c : counts) B += c;
+  return mean_form * static_cast<double>(B);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -125,7 +173,11 @@ torch::Tensor clip_impl(const char* caller, const torch::Tensor& a, const torch:
   check.scalar(logit_scale, "logit_scale");
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
   check.positive(options.max_logit_scale(), "max_logit_scale");
+  if (check.error().empty()) check_labels(check, options.labels(), "labels", a.size(0), a.device());
+  check.require(options.labels().defined() || options.label_mode() == LabelMode::kMultiPositive,
+                "argument 'label_mode' (kMaskDuplicates) needs 'labels'");
   const std::string error = path_error(check, options, forced, caller);
+  if (error.empty()) warn_if_scale_not_log(logit_scale, options.max_logit_scale());
 
   const auto& comm = options.comm();
   auto counts = exchange_checked(options.symmetric() ? a : b, comm, caller, options.symmetric() ? "a" : "b", error);
@@ -140,15 +192,109 @@ torch::Tensor clip_impl(const char* caller, const torch::Tensor& a, const torch:
   if (logit_bias.has_value()) bias = logit_bias->to(ct);
   auto layout = detail::make_layout(comm, counts);
   const int64_t tile = detail::tile_side(t.tile_size(), t.tile_bytes(), c10::elementSize(ct));
+  detail::BlockSpec spec;
+  spec.symmetric = options.symmetric();
+  spec.reduction = options.reduction();
+  spec.label_mode = options.label_mode();
+  if (options.labels().defined()) {
+    spec.row_labels = options.labels();
+    spec.col_labels = gather_labels(options.labels(), comm, counts);  // [B]
+  }
   if (tiled && t.ring() && layout.world > 1) {
-    return detail::tiled_clip_block_loss(a_n, b_n, scale, bias, layout, options.symmetric(), tile, /*ring=*/true);
+    return detail::tiled_clip_block_loss(a_n, b_n, scale, bias, layout, spec, tile, /*ring=*/true);
   }
   // Only the text tower is gathered (with gradient: its backward reduce-scatters
   // dB_all to the owners); the image-to-text direction is the column softmax of
   // the same block.
   auto b_all = gather_checked(counts, b_n, comm, /*with_grad=*/true).all;  // [B, d]
-  if (tiled) return detail::tiled_clip_block_loss(a_n, b_all, scale, bias, layout, options.symmetric(), tile, false);
-  return detail::clip_block_loss(a_n, b_all, scale, bias, layout, options.symmetric());
+  if (tiled) return detail::tiled_clip_block_loss(a_n, b_all, scale, bias, layout, spec, tile, false);
+  return detail::clip_block_loss(a_n, b_all, scale, bias, layout, spec);
+}
+
+torch::Tensor grouped_impl(const char* caller, const torch::Tensor& queries, const torch::Tensor& candidates,
+                           const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
+                           const GroupedLossOptions& options) {
+  detail::ArgChecker check(caller);
+  check.features(queries, "queries").features(candidates, "candidates");
+  int64_t g = 0;  // candidates per query; 0 on a rank with no queries (any g fits)
+  if (check.error().empty()) {
+    const int64_t b = queries.size(0), n = candidates.size(0);
+    check.require(queries.size(1) == candidates.size(1),
+                  "arguments 'queries' and 'candidates' must have the same width, but got ", queries.size(1), " and ",
+                  candidates.size(1));
+    check.require(queries.scalar_type() == candidates.scalar_type(),
+                  "arguments 'queries' and 'candidates' must have the same dtype, but got ", queries.scalar_type(),
+                  " and ", candidates.scalar_type());
+    check.require(queries.device() == candidates.device(),
+                  "arguments 'queries' and 'candidates' must be on the same device, but got ", queries.device(),
+                  " and ", candidates.device());
+    if (b > 0) {
+      check.require(n >= b && n % b == 0, "argument 'candidates' must have g * queries.size(0) rows (g >= 1 per ",
+                    "query: its positive, then g-1 hard negatives), but got ", n, " rows for ", b, " queries");
+      if (n >= b && n % b == 0) g = n / b;
+    } else {
+      check.require(n == 0, "argument 'candidates' must be empty on a rank with no queries, but got ", n, " rows");
+    }
+  }
+  check.scalar(logit_scale, "logit_scale");
+  if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
+  check.positive(options.max_logit_scale(), "max_logit_scale");
+  if (check.error().empty()) {
+    check_labels(check, options.labels(), "labels", queries.size(0), queries.device());
+    check_labels(check, options.candidate_labels(), "candidate_labels", candidates.size(0), queries.device());
+  }
+  check.require(!options.candidate_labels().defined() || options.labels().defined(),
+                "argument 'candidate_labels' needs 'labels' (the id of each query's positive)");
+  check.require(!options.labels().defined() || options.candidate_labels().defined() || g <= 1,
+                "argument 'labels' needs 'candidate_labels' when there are hard negatives (g = ", g,
+                " candidates per query): the id of every candidate");
+  check.require(options.labels().defined() || options.label_mode() == LabelMode::kMaskDuplicates,
+                "argument 'label_mode' (kMultiPositive) needs 'labels'");
+  const std::string error = path_error(check, options, nullptr, caller);
+  if (error.empty()) warn_if_scale_not_log(logit_scale, options.max_logit_scale());
+
+  const auto& comm = options.comm();
+  std::vector<int64_t> gs;
+  auto counts = detail::exchange_row_counts(queries, comm, caller, "queries", error, g, &gs);
+  int64_t total = 0;
+  g = 0;  // the first non-empty rank's g, the same on every rank (and known to an empty one)
+  for (size_t s = 0; s < counts.size(); ++s) {
+    total += counts[s];
+    if (gs[s] > 0 && g == 0) g = gs[s];
+  }
+  TORCH_CHECK(total > 0, caller, "(): the global batch is empty (every rank passed 0 queries)");
+  for (size_t s = 0; s < gs.size(); ++s) {
+    TORCH_CHECK(gs[s] == 0 || gs[s] == g, caller,
+                "(): argument 'candidates' must hold the same number of candidates per query (g) on every rank, ",
+                "but g is ", gs[s], " on rank ", s, " and ", g, " on rank ", std::find(gs.begin(), gs.end(), g) - gs.begin());
+  }
+  const auto ct = detail::compute_dtype(queries.scalar_type());
+  // One [b x B g] buffer: g [b x B] blocks.
+  const bool tiled = use_tiled(options, counts, c10::elementSize(ct), g);
+  auto q_n = maybe_normalize(queries.to(ct), options.normalize());     // [b, d]
+  auto c_n = maybe_normalize(candidates.to(ct), options.normalize());  // [b g, d]
+  auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale()).to(ct);
+  torch::Tensor bias;
+  if (logit_bias.has_value()) bias = logit_bias->to(ct);
+  auto layout = detail::make_layout(comm, counts);
+  const auto key_counts = scaled(counts, g);
+  const int64_t tile = detail::tile_side(std::max<int64_t>(options.tile_size(), 0), TiledOptions().tile_bytes(),
+                                         c10::elementSize(ct));
+  detail::BlockSpec spec;
+  spec.group = g;
+  spec.reduction = options.reduction();
+  spec.label_mode = options.label_mode();
+  if (options.labels().defined()) {
+    spec.row_labels = options.labels();
+    auto cl = options.candidate_labels().defined() ? options.candidate_labels() : options.labels();  // g == 1
+    spec.col_labels = gather_labels(cl, comm, key_counts);  // [B g]
+  }
+  if (tiled && options.ring() && layout.world > 1) {
+    return detail::tiled_clip_block_loss(q_n, c_n, scale, bias, layout, spec, tile, /*ring=*/true);
+  }
+  auto c_all = gather_checked(key_counts, c_n, comm, /*with_grad=*/true).all;  // [B g, d]
+  if (tiled) return detail::tiled_clip_block_loss(q_n, c_all, scale, bias, layout, spec, tile, false);
+  return detail::clip_block_loss(q_n, c_all, scale, bias, layout, spec);
 }
 
 torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const torch::Tensor& z2,
@@ -157,9 +303,15 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
   check.features(z1, "z1").features(z2, "z2");
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
   check.positive(options.temperature(), "temperature");
+  check.require(options.reduction() != Reduction::kNone || !options.ring(),
+                "argument 'reduction' kNone is not supported with 'ring' (use the gathered tiled path, ring(false))");
   const std::string error = path_error(check, options, forced, caller);
   const auto& comm = options.comm();
   auto counts = exchange_checked(z1, comm, caller, "z1", error);
+  // kSum = B times the mean form (the per-example loss is the mean of its two views').
+  auto reduce = [&](const torch::Tensor& mean_form) {
+    return options.reduction() == Reduction::kSum ? sum_from_mean(mean_form, counts) : mean_form;
+  };
   const auto ct = detail::compute_dtype(z1.scalar_type());
   // One [2b x 2B] buffer: four [b x B] blocks.
   const bool tiled = forced || use_tiled(options, counts, c10::elementSize(ct), detail::logits_blocks("nt_xent"));
@@ -169,7 +321,7 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
   auto layout = detail::make_layout(comm, counts);
   const int64_t tile = detail::tile_side(t.tile_size(), t.tile_bytes(), c10::elementSize(ct));
   if (tiled && t.ring() && layout.world > 1) {
-    return detail::ring_nt_xent_loss(z1n, z2n, options.temperature(), layout.comm, counts, tile);
+    return reduce(detail::ring_nt_xent_loss(z1n, z2n, options.temperature(), layout.comm, counts, tile));
   }
   const int64_t d = z1.size(1);
   auto z = torch::cat({z1n, z2n}, 0);  // [2b, d]
@@ -180,8 +332,10 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
     auto all = gather_checked(counts, torch::cat({z1n, z2n}, 1), comm, /*with_grad=*/false).all;  // [B, 2d]
     z_all = torch::cat({all.narrow(1, 0, d), all.narrow(1, d, d)}, 0);
   }
-  if (tiled) return detail::tiled_nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, tile);
-  return detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout);
+  // kSum is kMean scaled (reduce); kNone is the engine's.
+  const auto r = options.reduction() == Reduction::kNone ? Reduction::kNone : Reduction::kMean;
+  if (tiled) return reduce(detail::tiled_nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, tile, r));
+  return reduce(detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, r));
 }
 
 torch::Tensor moco_impl(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
@@ -222,9 +376,11 @@ torch::Tensor moco_impl(const char* caller, const torch::Tensor& q1, const torch
     k1_keys = g.all.narrow(1, 0, d);  // [B, d]
     k2_keys = g.all.narrow(1, d, d);  // [B, d]
   }
+  detail::BlockSpec spec;  // one direction, no labels
+  spec.reduction = options.reduction();
   auto ctr = [&](const torch::Tensor& q, const torch::Tensor& k) {
-    if (tiled) return detail::tiled_clip_block_loss(q, k, inv_t, torch::Tensor(), layout, false, tile, ring);
-    return detail::clip_block_loss(q, k, inv_t, torch::Tensor(), layout, /*symmetric=*/false);
+    if (tiled) return detail::tiled_clip_block_loss(q, k, inv_t, torch::Tensor(), layout, spec, tile, ring);
+    return detail::clip_block_loss(q, k, inv_t, torch::Tensor(), layout, spec);
   };
   return (ctr(q1n, k2_keys) + ctr(q2n, k1_keys)) * (2.0 * T);
 }
@@ -240,6 +396,12 @@ torch::Tensor tiled_clip_loss(const torch::Tensor& a, const torch::Tensor& b, co
                               const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options,
                               const TiledOptions& tiled) {
   return clip_impl("tiled_clip_loss", a, b, logit_scale, logit_bias, options, &tiled);
+}
+
+torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& candidates,
+                           const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
+                           const GroupedLossOptions& options) {
+  return grouped_impl("grouped_loss", queries, candidates, logit_scale, logit_bias, options);
 }
 
 torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options) {

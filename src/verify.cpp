@@ -9,6 +9,7 @@
 #include "contrax/collectives.h"
 #include "contrax/data_parallel.h"
 #include "contrax/grad_cache.h"
+#include "contrax/grouped.h"
 #include "contrax/losses.h"
 #include "contrax/reference.h"
 #include "contrax/siglip.h"
@@ -26,9 +27,10 @@ namespace {
 // gradient of verify's default cases is above the floor (a mean over <= 30 rows).
 constexpr double kAbsFloor = 1e-3;
 
+// Compared on the CPU: the distributed side may live on a CUDA device.
 double rel(const torch::Tensor& got, const torch::Tensor& want) {
   if (want.numel() == 0) return 0.0;
-  auto g = got.detach().to(torch::kDouble), w = want.detach().to(torch::kDouble);
+  auto g = got.detach().to(torch::kCPU, torch::kDouble), w = want.detach().to(torch::kCPU, torch::kDouble);
   const double scale = std::max(w.abs().max().item<double>(), kAbsFloor);
   return (g - w).abs().max().item<double>() / scale;
 }
@@ -105,6 +107,56 @@ VerifyCase grad_cache_case(std::string name, ClipLossOptions loss_options) {
     const V wa(s.begin(), s.begin() + kTowerParams), wb(s.begin() + kTowerParams, s.begin() + 2 * kTowerParams);
     return reference::clip_loss(mlp_tower(x[0], wa, 1), mlp_tower(x[1], wb, 2), s[2 * kTowerParams], c10::nullopt,
                                 true, 100.0, normalize);
+  };
+  return c;
+}
+
+// Labels derived from the rows themselves (the signs of the first two
+// features: 4 classes, so a batch of a dozen rows has many duplicates), so that
+// every rank and the reference agree on them without sending them around.
+torch::Tensor labels_of(const torch::Tensor& x /* [n, d] */) {
+  auto sign = [&](int64_t j) { return (x.select(1, std::min<int64_t>(j, x.size(1) - 1)).detach() > 0).to(torch::kLong); };
+  return sign(0) + 2 * sign(1);
+}
+
+// Grouped cases: feature 1 is [b_r, g * width] and holds each query's g
+// candidates side by side, reshaped to the loss's [b_r g, width].
+VerifyCase grouped_case(std::string name, int64_t g, bool labels, LabelMode mode, int64_t tile_size, bool ring) {
+  using V = std::vector<torch::Tensor>;
+  VerifyCase c;
+  c.name = std::move(name);
+  c.num_features = 2;
+  c.scalars = {std::log(8.0), 0.2};
+  c.feature_widths = {1, g};
+  c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
+    auto cands = x[1].reshape({-1, x[0].size(1)});
+    auto o = GroupedLossOptions().normalize(true).comm(comm).tile_size(tile_size).ring(ring);
+    if (labels) o.labels(labels_of(x[0])).candidate_labels(labels_of(cands)).label_mode(mode);
+    return grouped_loss(x[0], cands, s[0], s[1], o);
+  };
+  c.reference = [=](const V& x, const V& s) {
+    auto cands = x[1].reshape({-1, x[0].size(1)});
+    return reference::grouped_rows(x[0], cands, s[0], s[1], 100.0, true,
+                                   labels ? labels_of(x[0]) : torch::Tensor(),
+                                   labels ? labels_of(cands) : torch::Tensor(), mode)
+        .mean();
+  };
+  return c;
+}
+
+VerifyCase clip_labels_case(std::string name, bool symmetric, LabelMode mode, int64_t tile_size, bool ring) {
+  using V = std::vector<torch::Tensor>;
+  VerifyCase c;
+  c.name = std::move(name);
+  c.num_features = 2;
+  c.scalars = {std::log(1 / 0.07)};
+  c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                     ClipLossOptions().symmetric(symmetric).normalize(true).comm(comm).labels(labels_of(x[0]))
+                         .label_mode(mode).tile_size(tile_size).ring(ring));
+  };
+  c.reference = [=](const V& x, const V& s) {
+    return reference::clip_rows(x[0], x[1], s[0], c10::nullopt, symmetric, 100.0, true, labels_of(x[0]), mode).mean();
   };
   return c;
 }
@@ -206,6 +258,15 @@ std::vector<VerifyCase> builtin_cases() {
   sig.reference = [](const V& x, const V& s) { return reference::siglip_loss(x[0], x[1], s[0], s[1], true); };
   cases.push_back(sig);
 
+  // Grouped candidates (hard negatives) and labels.
+  cases.push_back(grouped_case("grouped_hard_negatives", 3, false, LabelMode::kMaskDuplicates, -1, false));
+  cases.push_back(grouped_case("grouped_hard_negatives_ring", 3, false, LabelMode::kMaskDuplicates, 4, true));
+  cases.push_back(grouped_case("grouped_mask_duplicates", 2, true, LabelMode::kMaskDuplicates, -1, false));
+  cases.push_back(grouped_case("grouped_multi_positive_tiled", 2, true, LabelMode::kMultiPositive, 3, false));
+  cases.push_back(clip_labels_case("clip_multi_positive", true, LabelMode::kMultiPositive, -1, false));
+  cases.push_back(clip_labels_case("clip_mask_duplicates_ring", true, LabelMode::kMaskDuplicates, 3, true));
+  cases.push_back(clip_labels_case("infonce_multi_positive_tiled", false, LabelMode::kMultiPositive, 2, false));
+
   cases.push_back(grad_cache_case("grad_cache_clip", ClipLossOptions().normalize(true)));
   // Tiles of 3 rows divide none of the default row counts.
   cases.push_back(grad_cache_case("grad_cache_tiled_ring", ClipLossOptions().normalize(true).tile_size(3).ring(true)));
@@ -240,12 +301,20 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   }
   TORCH_CHECK(B > 0, "verify(): option 'rows' must sum to a positive batch");
   TORCH_CHECK(o.width() > 0, "verify(): option 'width' must be positive, but got ", o.width());
+  const torch::Device dev = o.device();
+  const int64_t n_cuda = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+  TORCH_CHECK(dev.is_cpu() || (dev.is_cuda() && dev.index() < n_cuda && n_cuda > 0),
+              "verify(): option 'device' must be the CPU or an available CUDA device, but got ", dev.str(),
+              " (this process sees ", n_cuda, " CUDA device", n_cuda == 1 ? "" : "s", ")");
 
   // Same global inputs on every rank.
   auto gen = at::detail::createCPUGenerator(o.seed());
   auto f64 = torch::TensorOptions().dtype(torch::kDouble);
   std::vector<torch::Tensor> global;
-  for (int64_t k = 0; k < c.num_features; ++k) global.push_back(torch::randn({B, o.width()}, gen, f64));
+  for (int64_t k = 0; k < c.num_features; ++k) {
+    const int64_t times = c.feature_widths.empty() ? 1 : c.feature_widths.at(k);
+    global.push_back(torch::randn({B, o.width() * times}, gen, f64));
+  }
   auto needs_grad = [&](int64_t k) { return c.feature_grad.empty() || c.feature_grad[k]; };
   torch::OrderedDict<std::string, torch::Tensor> params;
   if (c.parameters) params = c.parameters(o.width(), gen);
@@ -259,13 +328,14 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   auto ref_loss = c.reference(ref_x, ref_s);
   ref_loss.backward();
 
-  // This rank's share.
+  // This rank's share, on the device under test (clone(): a fresh leaf also
+  // where to() returns the CPU tensor itself).
   std::vector<torch::Tensor> loc_x, loc_s;
   for (int64_t k = 0; k < c.num_features; ++k) {
-    loc_x.push_back(global[k].narrow(0, off, rows[r]).clone().requires_grad_(needs_grad(k)));
+    loc_x.push_back(global[k].narrow(0, off, rows[r]).to(dev).clone().requires_grad_(needs_grad(k)));
   }
-  for (double v : c.scalars) loc_s.push_back(torch::tensor(v, f64).requires_grad_(true));
-  for (const auto& p : params) loc_s.push_back(p.value().clone().requires_grad_(true));
+  for (double v : c.scalars) loc_s.push_back(torch::tensor(v, f64).to(dev).requires_grad_(true));
+  for (const auto& p : params) loc_s.push_back(p.value().to(dev).clone().requires_grad_(true));
   auto loss = c.distributed(loc_x, loc_s, comm);
   if (loss.requires_grad()) loss.backward();
 
@@ -273,6 +343,7 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   res.loss = c.name;
   res.world_size = W;
   res.rows = rows;
+  res.device = loss.device().str();
   auto note = [&](double e, const std::string& what) {
     if (std::isnan(e)) e = INFINITY;
     if (res.worst.empty() || e > res.max_rel_err) {
@@ -286,7 +357,7 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   for (size_t k = 0; k < n_scalars; ++k) to_sum.push_back(grad_of(loc_s[k]).reshape({1}));
   auto packed = torch::cat(to_sum).contiguous();
   comm->all_reduce_sum(packed, "verify");
-  packed = packed / static_cast<double>(W);
+  packed = packed.cpu() / static_cast<double>(W);
   res.loss_rel_err = rel(packed[0], ref_loss);
   note(res.loss_rel_err, "loss");
   for (size_t k = 0; k < n_scalars; ++k) {
@@ -306,18 +377,22 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
       errs.push_back(rel(grad_of(loc_s[n_scalars + k]), grad_of(ref_s[n_scalars + k])));
     }
     auto worst_rank = std::get<0>(
-        gather_no_grad(torch::tensor(errs, f64).reshape({1, -1}), comm, "verify").all.max(0));  // [P]
+        gather_no_grad(torch::tensor(errs, f64).reshape({1, -1}).to(dev), comm, "verify").all.cpu().max(0));  // [P]
     for (size_t k = 0; k < params.size(); ++k) {
       note(worst_rank[k].item<double>(), "grad " + params.keys()[k]);
     }
   }
   for (int64_t k = 0; k < c.num_features; ++k) {
-    auto all = gather_no_grad(grad_of(loc_x[k]), comm, "verify").all / static_cast<double>(W);
+    auto all = gather_no_grad(grad_of(loc_x[k]), comm, "verify").all.cpu() / static_cast<double>(W);
     if (!needs_grad(k)) {
       note(all.abs().max().item<double>(), "grad of constant input " + std::to_string(k));
       continue;
     }
     note(rel(all, ref_x[k].grad()), "grad input " + std::to_string(k));
+  }
+  // A loss that left the device means the case did not test it.
+  if (loss.device() != dev && !(dev.is_cuda() && loss.is_cuda() && dev.index() < 0)) {
+    note(INFINITY, "loss on " + res.device + ", not " + dev.str());
   }
   res.passed = res.max_rel_err <= o.tolerance();
   return res;
@@ -344,10 +419,10 @@ std::string to_json(const VerifyResult& r) {
   std::ostringstream os;
   os << std::setprecision(6) << "{\"loss\": \"" << r.loss << "\", \"world_size\": " << r.world_size << ", \"rows\": [";
   for (size_t i = 0; i < r.rows.size(); ++i) os << (i ? ", " : "") << r.rows[i];
-    // JSON has no infinity; a non-finite error is reported as the largest double.
+  // JSON has no infinity; a non-finite error is reported as the largest double.
   auto num = [](double x) { return std::isfinite(x) ? x : 1.7976931348623157e308; };
   os << "], \"max_rel_err\": " << num(r.max_rel_err) << ", \"loss_rel_err\": " << num(r.loss_rel_err) << ", \"worst\": \""
-     << r.worst << "\", \"passed\": " << (r.passed ? "true" : "false") << "}";
+     << r.worst << "\", \"device\": \"" << r.device << "\", \"passed\": " << (r.passed ? "true" : "false") << "}";
   return os.str();
 }
 

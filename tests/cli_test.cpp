@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <ATen/Context.h>
+#include <torch/torch.h>
 #include <torch/version.h>
 
 #include <cstdlib>
@@ -31,6 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using contrax::testing::read_file;
+using contrax::testing::run_shell;
 using contrax::testing::run_cli;
 using contrax::testing::run_cli_in;
 using contrax::testing::run_cli_stdout;
@@ -129,7 +132,7 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
   };
   const std::string max_procs = std::to_string(8 * std::max(1u, std::thread::hardware_concurrency()));
   const std::vector<Case> cases = {
-      {"train --recipe byol", "flag '--recipe' must be simclr or moco-v3, but got 'byol'"},
+      {"train --recipe byol", "flag '--recipe' must be simclr, moco-v3 or retrieval, but got 'byol'"},
       {"train --batch-size 0", "flag '--batch-size' must be >= 1, but got 0"},
       {"train --batch-size 9223372036854775807", "flag '--batch-size' must be <= 1048576, but got 9223372036854775807"},
       {"train --batch-size 9223372036854775808", "flag '--batch-size' must be an integer in [1, 1048576], but got "
@@ -530,4 +533,124 @@ TEST(Cli, AFailedMetricsWriteStopsTheRunWithTheCause) {
   auto rows = parse_lines(d + "/metrics.jsonl");  // what was written is whole lines
   EXPECT_GT(rows.size(), 10u);
   EXPECT_LT(rows.size(), 400u);
+}
+
+// ---- issue 13: a worker that fails once under --max-restarts 1
+
+namespace {
+
+// 12 steps over two processes, a checkpoint every 4; one thread per process,
+// so that the interrupted and the uninterrupted runs compute alike.
+std::string restart_train_flags(const std::string& run_dir) {
+  return "train --threads 1 --train-limit 256 --batch-size 64 --max-steps 12 --warmup-steps 2 --checkpoint-every 4 "
+         "--log-every 1 --resume auto --no-eval --no-verify --no-plot --run-dir " +
+         run_dir;
+}
+
+std::vector<Json> metrics_rows(const std::string& run_dir) { return parse_lines(run_dir + "/metrics.jsonl"); }
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(Cli, MaxRestartsResumesAWorkerThatFailedOnceAndTheCurveEqualsAnUninterruptedRun) {
+  const std::string base = temp_dir("restart");
+  const std::string cli = CONTRAX_CLI_PATH;
+  // The uninterrupted run.
+  auto whole = run_shell(cli + " launch --nproc 2 --standalone -- " + cli + " " + restart_train_flags(base + "/whole") +
+                         " 2>&1");
+  ASSERT_EQ(whole.status, 0) << whole.out;
+  const auto want = metrics_rows(base + "/whole");
+  ASSERT_EQ(want.size(), 12u);
+
+  // Rank 1 fails before step 10: after the checkpoint of step 8, with step 9
+  // already logged, so that step 9 is computed (and logged) twice. Both ways
+  // of restarting: torchrun's (contrax launch around the workers) and the
+  // train command's own launcher.
+  const std::string fault = "CONTRAX_FAULT_EXIT_AT_STEP=10:1 ";
+  const std::map<std::string, std::string> ways = {
+      {"launch", fault + cli + " launch --nproc 2 --standalone --max-restarts 1 -- " + cli + " " +
+                     restart_train_flags(base + "/launch") + " 2>&1"},
+      {"train", fault + cli + " " + restart_train_flags(base + "/train") + " --nproc 2 --max-restarts 1 2>&1"}};
+  for (const auto& [way, cmd] : ways) {
+    SCOPED_TRACE(way);
+    const std::string d = base + "/" + way;
+    auto r = run_shell(cmd);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("rank 1 failed before step 10 as asked by CONTRAX_FAULT_EXIT_AT_STEP=10:1"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("restarting all workers (restart 1 of 1)"), std::string::npos) << r.out;
+    // The failed attempt logged step 9; the restart resumed from step 8 and
+    // logged it again: train.log shows both, metrics.jsonl each step once.
+    const std::string log = read_file(d + "/train.log");
+    EXPECT_EQ(count_of(log, "step 9/12 "), 2u) << log;
+    EXPECT_EQ(count_of(log, "step 8/12 "), 1u) << log;
+    EXPECT_EQ(count_of(log, "step 12/12 "), 1u) << log;
+    const auto got = metrics_rows(d);
+    ASSERT_EQ(got.size(), want.size()) << read_file(d + "/metrics.jsonl");
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i]["step"], i + 1);
+      // Bit-identical: the checkpoint holds the model, AdamW's state and the
+      // CPU generator, and the data order and augmentations are functions of
+      // (seed, epoch, step), so the resumed steps recompute the same numbers.
+      EXPECT_EQ(got[i]["loss"].get<double>(), want[i]["loss"].get<double>()) << "step " << i + 1;
+      EXPECT_EQ(got[i]["lr"].get<double>(), want[i]["lr"].get<double>()) << "step " << i + 1;
+      EXPECT_EQ(got[i]["rows"], want[i]["rows"]) << "step " << i + 1;
+    }
+  }
+}
+
+TEST(Cli, FaultInjectionVariableIsCheckedAndSkippedAfterARestart) {
+  const std::string d = temp_dir("fault") + "/run";
+  auto bad = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2:x " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
+                       " --run-dir " + d + " 2>&1");
+  EXPECT_EQ(bad.status, 1) << bad.out;
+  EXPECT_NE(bad.out.find("environment variable 'CONTRAX_FAULT_EXIT_AT_STEP' must be <step>[:<rank>] with step >= 1 "
+                         "and rank >= 0, but got '2:x'"),
+            std::string::npos)
+      << bad.out;
+  // Rank 0 by default; not in a restarted attempt.
+  auto once = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
+                        " --overwrite --run-dir " + d + " 2>&1");
+  EXPECT_EQ(once.status, 1) << once.out;
+  EXPECT_NE(once.out.find("rank 0 failed before step 2"), std::string::npos) << once.out;
+  auto restarted = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 TORCHELASTIC_RESTART_COUNT=1 " +
+                             std::string(CONTRAX_CLI_PATH) + " " + kTiny + " --overwrite --run-dir " + d + " 2>&1");
+  EXPECT_EQ(restarted.status, 0) << restarted.out;
+}
+
+TEST(Cli, VerifyOnCudaRunsThereOrSaysWhyNot) {
+  if (torch::cuda::is_available()) {
+    auto r = run_cli_stdout("verify --nproc 2 --device cuda --json");
+    ASSERT_EQ(r.status, 0) << r.out;
+    std::istringstream in(r.out);
+    std::string line;
+    int cases = 0;
+    while (std::getline(in, line)) {
+      Json j = Json::parse(line);
+      EXPECT_EQ(j["device"], "cuda:0") << line;
+      EXPECT_EQ(j["passed"], true) << line;
+      ++cases;
+    }
+    EXPECT_EQ(cases, static_cast<int>(contrax::verify_cases().size()));
+    return;
+  }
+  auto r = run_cli("verify --nproc 2 --device cuda");
+  EXPECT_EQ(r.status, 2) << r.out;
+  const std::string why =
+      at::Context::hasCUDART() ? "no CUDA device is visible" : "this LibTorch was built without CUDA";
+  EXPECT_NE(r.out.find("contrax verify: error: flag '--device' is 'cuda', but " + why), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; use --device cpu"), std::string::npos) << r.out;
+  // The CPU, named or by default, runs; the table says where.
+  auto cpu = run_cli("verify --nproc 1 --device cpu --case clip");
+  EXPECT_EQ(cpu.status, 0) << cpu.out;
+  EXPECT_NE(cpu.out.find("fp64 on cpu"), std::string::npos) << cpu.out;
+  auto bad = run_cli("verify --nproc 1 --device tpu");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("flag '--device' must be cpu or cuda, but got 'tpu'"), std::string::npos) << bad.out;
 }

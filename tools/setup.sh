@@ -21,6 +21,7 @@ PACKAGES=(
   libcli11-dev                    # command-line flags, config files (CLI11)
   nlohmann-json3-dev              # every JSON file Contrax writes or reads
   dataset-fashion-mnist           # the real data set of `contrax train`
+  wordnet-base                    # WordNet 3.0, the corpus of `contrax train --recipe retrieval`
   pybind11-dev python3-dev python3-pytest  # the Python binding and its tests
   python3-venv python3-setuptools python3-wheel python3-pip  # `pip install ./python`, offline
   python3-matplotlib              # curves.png of a run

@@ -53,6 +53,11 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
 /// others throw an error naming that rank. Nobody waits on a dead collective.
 std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm,
                                          const char* caller, const char* arg, const std::string& local_error);
+/// Same, with one integer per rank riding along in the same round trip:
+/// `(*extras)[s]` is rank s's `extra` on return.
+std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm,
+                                         const char* caller, const char* arg, const std::string& local_error,
+                                         int64_t extra, std::vector<int64_t>* extras);
 
 /// The differentiable gather itself, for callers that already exchanged (and
 /// agreed on) the row counts: no metadata round trip.

@@ -8,6 +8,7 @@
 #include "contrax/communicator.h"
 #include "contrax/data_parallel.h"
 #include "contrax/grad_cache.h"
+#include "contrax/grouped.h"
 #include "contrax/launcher.h"
 #include "contrax/losses.h"
 #include "contrax/memory.h"

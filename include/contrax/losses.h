@@ -15,6 +15,27 @@
 
 namespace contrax {
 
+/// How a loss reduces its per-row losses l_i (the global batch has N rows).
+/// Under the gradient convention (rank r returns L_r, the mean over ranks is
+/// the loss, every rank backpropagates):
+///   kMean: L_r = (W/N) sum_{i in r} l_i   (mean over ranks = the global mean)
+///   kSum:  L_r = W sum_{i in r} l_i       (mean over ranks = the global sum)
+///   kNone: the [b_r] per-row losses l_i of this rank's rows, each the exact
+///          global-batch loss of that row; backward with upstream g_i gives
+///          this rank's rows W times the gradient of (1/W) sum_r <g_r, l_r>,
+///          i.e. what each rank backpropagating its own weighted sum and
+///          data-parallel averaging gives. Every rank must run backward (the
+///          symmetric losses all-gather the upstream gradients, O(N)).
+enum class Reduction { kMean, kSum, kNone };
+
+/// What a shared label means (`labels` options).
+/// kMultiPositive: every column whose label equals the row's label is a
+///   positive (supervised-contrastive form: l_i = lse_i - mean_{p in P(i)} S_ip,
+///   the designated positive always in P(i)).
+/// kMaskDuplicates: such columns, other than the designated positive, are
+///   removed from the softmax (-inf): duplicate / false-negative masking.
+enum class LabelMode { kMultiPositive, kMaskDuplicates };
+
 // ---------------------------------------------------------------------------
 // CLIP / InfoNCE
 
@@ -39,6 +60,15 @@ struct ClipLossOptions {
   TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
   /// Tiled path only: key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
+  /// Reduction of the per-row losses (per row: the mean of its two directions
+  /// when symmetric).
+  TORCH_ARG(Reduction, reduction) = Reduction::kMean;
+  /// Optional int64 [b_r]: this rank's rows' labels (row i of a and of b share
+  /// label i); gathered inside. Rows with equal labels are positives of each
+  /// other or masked, as `label_mode` says.
+  TORCH_ARG(torch::Tensor, labels) = {};
+  /// Meaning of equal labels; used only with `labels`.
+  TORCH_ARG(LabelMode, label_mode) = LabelMode::kMultiPositive;
 };
 
 /// Symmetric CLIP loss over the global batch.
@@ -75,6 +105,9 @@ struct NTXentLossOptions {
   TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
   /// Tiled path only: key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
+  /// Reduction over the B examples (per example: the mean of its two views'
+  /// losses). kNone is not available with `ring`.
+  TORCH_ARG(Reduction, reduction) = Reduction::kMean;
 };
 
 /// SimCLR's NT-Xent over the global batch of 2B views.
@@ -107,6 +140,8 @@ struct MocoV3LossOptions {
   TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
   /// Tiled path only: key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
+  /// Reduction over the B examples (per example: 2T (l(q1_i, k2) + l(q2_i, k1))).
+  TORCH_ARG(Reduction, reduction) = Reduction::kMean;
 };
 
 /// MoCo v3's symmetrised loss ctr(q1, k2) + ctr(q2, k1), where

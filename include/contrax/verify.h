@@ -28,7 +28,10 @@
 namespace contrax {
 
 /// Options for `verify`. Defaults: width 16, seed 0, tolerance 1e-10, the
-/// default uneven row pattern (see `default_row_counts`), every case.
+/// default uneven row pattern (see `default_row_counts`), every case, on the
+/// CPU.
+///
+///   auto results = contrax::verify(comm, contrax::VerifyOptions().device(torch::Device(torch::kCUDA, 0)));
 struct VerifyOptions {
   TORCH_ARG(int64_t, width) = 16;
   TORCH_ARG(uint64_t, seed) = 0;
@@ -37,6 +40,12 @@ struct VerifyOptions {
   TORCH_ARG(std::vector<int64_t>, rows) = {};
   /// Case names to run; empty means all registered cases.
   TORCH_ARG(std::vector<std::string>, cases) = {};
+  /// Where each rank's inputs, parameters and distributed computation live.
+  /// The inputs are drawn on the CPU (the same numbers on every device) and
+  /// the reference always runs on the CPU. For CUDA over W > 1 ranks, use a
+  /// Gloo communicator (it carries CUDA tensors through host memory and lets
+  /// ranks share a GPU; what `contrax verify --device cuda` does).
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
 };
 
 /// The outcome of one case on this world.
@@ -47,6 +56,7 @@ struct VerifyResult {
   double loss_rel_err = 0;  // |mean_r L_r - L_ref| / |L_ref|
   double max_rel_err = 0;   // max over the loss value and every gradient
   std::string worst;        // which quantity had max_rel_err
+  std::string device;       // where the distributed loss was computed ("cpu", "cuda:0")
   bool passed = false;
 };
 
@@ -56,6 +66,9 @@ struct VerifyCase {
   std::string name;
   int64_t num_features = 2;             // [B, d] inputs drawn per case
   std::vector<bool> feature_grad;       // which features require grad (default all)
+  /// Width of each feature in multiples of the width option (default all 1):
+  /// grouped cases draw g candidates per row side by side and reshape them.
+  std::vector<int64_t> feature_widths;
   std::vector<double> scalars;          // initial values of 0-dim parameters
   /// Model parameters of any shape, drawn from the feature width and verify's
   /// seeded generator; they follow the scalars in the functions' `s`. Their
@@ -73,7 +86,10 @@ struct VerifyCase {
 };
 
 /// The built-in cases (clip, clip_bias, clip_clamped, infonce, nt_xent, moco_v3,
-/// their tiled and ring forms, siglip, and the gradient-cache steps
+/// their tiled and ring forms, siglip, grouped candidates and labels
+/// (grouped_hard_negatives[_ring], grouped_mask_duplicates,
+/// grouped_multi_positive_tiled, clip_multi_positive, clip_mask_duplicates_ring,
+/// infonce_multi_positive_tiled), and the gradient-cache steps
 /// grad_cache_clip and grad_cache_tiled_ring).
 std::vector<VerifyCase>& verify_cases();
 

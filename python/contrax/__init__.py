@@ -29,10 +29,11 @@ import torch
 
 from . import _contrax
 from .grad_cache import GradCache, GradCacheEncoder
-from .modules import ClipLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
+from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 __all__ = [
     "clip_loss",
+    "grouped_loss",
     "nt_xent_loss",
     "moco_v3_loss",
     "gather_with_grad",
@@ -51,6 +52,7 @@ __all__ = [
     "NTXentLoss",
     "MoCoV3Loss",
     "SigLIPLoss",
+    "GroupedLoss",
 ]
 
 __version__ = "0.1.0"
@@ -90,7 +92,8 @@ def clear_cache() -> None:
 def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
               logit_bias: Optional[torch.Tensor] = None, *, symmetric: bool = True,
               max_logit_scale: float = 100.0, normalize: bool = False,
-              group=None) -> torch.Tensor:
+              labels: Optional[torch.Tensor] = None, label_mode: str = "multi_positive",
+              reduction: str = "mean", group=None) -> torch.Tensor:
     """CLIP / InfoNCE loss over the global batch.
 
     Args:
@@ -102,23 +105,70 @@ def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
         symmetric: ``(CE(a->b) + CE(b->a)) / 2`` if True, else ``CE(a->b)`` (InfoNCE).
         max_logit_scale: clamp of ``exp(logit_scale)``.
         normalize: L2-normalise ``a`` and ``b`` inside the loss.
+        labels: optional int64 ``[b_r]``, this rank's rows' labels (gathered
+            inside). Rows with equal labels are positives of each other
+            (``label_mode="multi_positive"``: ``l_i = lse_i - mean of the
+            positives' logits``) or removed from each other's softmax
+            (``"mask_duplicates"``: false-negative masking).
+        label_mode: ``"multi_positive"`` or ``"mask_duplicates"``.
+        reduction: ``"mean"`` (``L_r = (W/B) sum_{i in r} l_i``), ``"sum"``
+            (``W sum_{i in r} l_i``) or ``"none"`` (the ``[b_r]`` per-row losses,
+            each the exact global-batch loss of that row; every rank must run
+            backward, which all-gathers the upstream gradients when symmetric).
         group: ``torch.distributed`` ProcessGroup (default: the default group
             if initialised, else single device).
 
     Returns:
-        0-dim tensor ``L_r = (W/B) * sum of this rank's per-row losses``;
-        differentiable in ``a``, ``b``, ``logit_scale`` and ``logit_bias``.
+        0-dim tensor ``L_r = (W/B) * sum of this rank's per-row losses`` (see
+        ``reduction``); differentiable in ``a``, ``b``, ``logit_scale`` and
+        ``logit_bias``.
 
     Raises:
         ValueError: bad argument (on every rank; the others name the failing rank).
         RuntimeError: a collective failed (e.g. a peer died).
     """
     return _contrax.clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
-                              normalize, _comm(group))
+                              normalize, _comm(group), labels, label_mode, reduction)
+
+
+def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: torch.Tensor,
+                 logit_bias: Optional[torch.Tensor] = None, *, labels: Optional[torch.Tensor] = None,
+                 candidate_labels: Optional[torch.Tensor] = None, label_mode: str = "mask_duplicates",
+                 reduction: str = "mean", max_logit_scale: float = 100.0, normalize: bool = False,
+                 tile_size: int = 0, ring: bool = False, group=None) -> torch.Tensor:
+    """DPR/Tevatron-style retrieval loss with hard negatives over the global batch.
+
+    Args:
+        queries: ``[b_r, d]``.
+        candidates: ``[b_r * g, d]``, grouped per query: rows ``i*g .. i*g+g-1``
+            belong to query i, its positive first, then ``g-1`` hard negatives.
+            ``g`` must be the same on every rank (a rank may hold 0 queries).
+            Every candidate of every rank is a negative of every other query.
+        logit_scale: 0-dim, the *log* of the scale (as in ``clip_loss``).
+        logit_bias: optional 0-dim bias.
+        labels: optional int64 ``[b_r]``, the id of each query's positive.
+        candidate_labels: optional int64 ``[b_r * g]``, the id of each candidate
+            (required with ``labels`` when ``g > 1``).
+        label_mode: ``"mask_duplicates"`` (default: a candidate carrying the
+            query's id, other than its own positive, leaves the softmax) or
+            ``"multi_positive"`` (it counts as another positive).
+        reduction: ``"mean"`` over the global number of queries, ``"sum"`` or
+            ``"none"`` (see ``clip_loss``).
+        tile_size: 0 automatic, > 0 tiled with that tile side, -1 materialised.
+        ring: tiled path only; candidate blocks travel around the ring.
+        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
+
+    Returns:
+        ``l_i = lse_i - S_{i, pos(i)}`` reduced as ``reduction`` says;
+        differentiable in ``queries``, ``candidates``, ``logit_scale`` and ``logit_bias``.
+    """
+    return _contrax.grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels,
+                                 label_mode, reduction, float(max_logit_scale), normalize, int(tile_size),
+                                 ring, _comm(group))
 
 
 def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1,
-                 normalize: bool = True, group=None) -> torch.Tensor:
+                 normalize: bool = True, reduction: str = "mean", group=None) -> torch.Tensor:
     """SimCLR's NT-Xent loss over the global batch of ``2B`` views.
 
     For view-1 row i the logits are ``[z1_i . z2_all | z1_i . z1_all] / T`` with
@@ -129,16 +179,19 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1
         z1, z2: ``[b_r, d]`` projections of the two views of the same images.
         temperature: softmax temperature, > 0.
         normalize: L2-normalise inside the loss (cosine similarity).
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[b_r]``) over the
+            ``B`` examples (an example's loss is the mean of its two views').
         group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
 
     Returns:
         0-dim tensor, differentiable in ``z1`` and ``z2``.
     """
-    return _contrax.nt_xent_loss(z1, z2, float(temperature), normalize, _comm(group))
+    return _contrax.nt_xent_loss(z1, z2, float(temperature), normalize, _comm(group), reduction)
 
 
 def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
-                 temperature: float = 1.0, normalize: bool = True, group=None) -> torch.Tensor:
+                 temperature: float = 1.0, normalize: bool = True, reduction: str = "mean",
+                 group=None) -> torch.Tensor:
     """MoCo v3's symmetrised loss ``ctr(q1, k2) + ctr(q2, k1)``.
 
     ``ctr(q, k) = CE(q @ k_all.T / T, positives) * 2T``; the keys (momentum
@@ -149,12 +202,14 @@ def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch
         k1, k2: ``[b_r, d]`` keys (treated as constants).
         temperature: softmax temperature (MoCo v3 ViT uses 0.2).
         normalize: L2-normalise queries and keys inside the loss.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"`` over the ``B`` examples
+            (an example's loss is ``2T (l(q1_i, k2) + l(q2_i, k1))``).
         group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
 
     Returns:
-        0-dim tensor, differentiable in ``q1`` and ``q2``.
+        0-dim tensor (``[b_r]`` with ``"none"``), differentiable in ``q1`` and ``q2``.
     """
-    return _contrax.moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, _comm(group))
+    return _contrax.moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, _comm(group), reduction)
 
 
 def gather_with_grad(x: torch.Tensor, group=None, *, return_counts: bool = False

@@ -29,6 +29,26 @@ def clip_loss(
     symmetric: bool = ...,
     max_logit_scale: float = ...,
     normalize: bool = ...,
+    labels: Optional[torch.Tensor] = ...,
+    label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
+    group: Optional[ProcessGroup] = ...,
+) -> torch.Tensor: ...
+
+def grouped_loss(
+    queries: torch.Tensor,
+    candidates: torch.Tensor,
+    logit_scale: torch.Tensor,
+    logit_bias: Optional[torch.Tensor] = ...,
+    *,
+    labels: Optional[torch.Tensor] = ...,
+    candidate_labels: Optional[torch.Tensor] = ...,
+    label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
+    max_logit_scale: float = ...,
+    normalize: bool = ...,
+    tile_size: int = ...,
+    ring: bool = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 
@@ -38,6 +58,7 @@ def nt_xent_loss(
     *,
     temperature: float = ...,
     normalize: bool = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 
@@ -49,6 +70,7 @@ def moco_v3_loss(
     *,
     temperature: float = ...,
     normalize: bool = ...,
+    reduction: Literal["mean", "sum", "none"] = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 
@@ -148,26 +170,32 @@ class ClipLoss(torch.nn.Module):
         symmetric: bool = ...,
         max_logit_scale: float = ...,
         normalize: bool = ...,
+        label_mode: str = ...,
+        reduction: str = ...,
         tiled: bool = ...,
         tile_size: int = ...,
         ring: bool = ...,
         group: Any = ...,
     ) -> None: ...
     def scale(self) -> torch.Tensor: ...
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...
 
 class NTXentLoss(torch.nn.Module):
     temperature: float
     normalize: bool
-    def __init__(self, *, temperature: float = ..., normalize: bool = ..., group: Any = ...) -> None: ...
+    def __init__(
+        self, *, temperature: float = ..., normalize: bool = ..., reduction: str = ..., group: Any = ...
+    ) -> None: ...
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...
 
 class MoCoV3Loss(torch.nn.Module):
     temperature: float
     normalize: bool
-    def __init__(self, *, temperature: float = ..., normalize: bool = ..., group: Any = ...) -> None: ...
+    def __init__(
+        self, *, temperature: float = ..., normalize: bool = ..., reduction: str = ..., group: Any = ...
+    ) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...
 
@@ -188,4 +216,36 @@ class SigLIPLoss(torch.nn.Module):
         group: Any = ...,
     ) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    def extra_repr(self) -> str: ...
+
+class GroupedLoss(torch.nn.Module):
+    logit_scale: torch.Tensor
+    logit_bias: Optional[torch.nn.Parameter]
+    label_mode: str
+    reduction: str
+    max_logit_scale: float
+    normalize: bool
+    tile_size: int
+    ring: bool
+    def __init__(
+        self,
+        *,
+        init_scale: float = ...,
+        learn_scale: bool = ...,
+        init_bias: Optional[float] = ...,
+        label_mode: str = ...,
+        reduction: str = ...,
+        max_logit_scale: float = ...,
+        normalize: bool = ...,
+        tile_size: int = ...,
+        ring: bool = ...,
+        group: Any = ...,
+    ) -> None: ...
+    def forward(
+        self,
+        queries: torch.Tensor,
+        candidates: torch.Tensor,
+        labels: Optional[torch.Tensor] = ...,
+        candidate_labels: Optional[torch.Tensor] = ...,
+    ) -> torch.Tensor: ...
     def extra_repr(self) -> str: ...

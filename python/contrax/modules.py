@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["ClipLoss", "NTXentLoss", "MoCoV3Loss", "SigLIPLoss"]
+__all__ = ["ClipLoss", "NTXentLoss", "MoCoV3Loss", "SigLIPLoss", "GroupedLoss"]
 
 
 def _log_scale_parameter(init_scale: float, what: str) -> torch.nn.Parameter:
@@ -37,15 +37,16 @@ class ClipLoss(torch.nn.Module):
             the parameter ``logit_scale`` holds its log.
         learn_scale: False keeps the scale fixed (a buffer, not a parameter).
         init_bias: if given, a learnable logit bias with this initial value.
-        symmetric, max_logit_scale, normalize, group: as in ``contrax.clip_loss``.
+        symmetric, max_logit_scale, normalize, label_mode, reduction, group:
+            as in ``contrax.clip_loss``; labels are passed to ``forward``.
         tiled, tile_size, ring: use ``contrax.tiled_clip_loss`` (same value and
-            gradients, memory ``O(b_r x tile)``).
+            gradients, memory ``O(b_r x tile)``; no labels, mean reduction).
     """
 
     def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,
                  init_bias: Optional[float] = None, symmetric: bool = True, max_logit_scale: float = 100.0,
-                 normalize: bool = False, tiled: bool = False, tile_size: int = 0, ring: bool = False,
-                 group=None):
+                 normalize: bool = False, label_mode: str = "multi_positive", reduction: str = "mean",
+                 tiled: bool = False, tile_size: int = 0, ring: bool = False, group=None):
         super().__init__()
         p = _log_scale_parameter(init_scale, "ClipLoss")
         if learn_scale:
@@ -56,7 +57,12 @@ class ClipLoss(torch.nn.Module):
         self.symmetric = bool(symmetric)
         self.max_logit_scale = float(max_logit_scale)
         self.normalize = bool(normalize)
+        self.label_mode = str(label_mode)
+        self.reduction = str(reduction)
         self.tiled = bool(tiled)
+        if self.tiled and self.reduction != "mean":
+            raise ValueError(f"ClipLoss(): argument 'reduction' must be \"mean\" with tiled=True, "
+                             f"but got {reduction!r}")
         self.tile_size = int(tile_size)
         self.ring = bool(ring)
         self.group = group
@@ -65,17 +71,22 @@ class ClipLoss(torch.nn.Module):
         """The scale the logits are multiplied by: ``min(exp(logit_scale), max_logit_scale)``."""
         return self.logit_scale.detach().exp().clamp(max=self.max_logit_scale)
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """The loss of paired rows ``a``, ``b`` (``[b_r, d]``) with this Module's scale and bias."""
+    def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The loss of paired rows ``a``, ``b`` (``[b_r, d]``) with this Module's scale and bias;
+        ``labels`` (int64 ``[b_r]``, optional) as in ``contrax.clip_loss``."""
         from . import clip_loss, tiled_clip_loss
         scale = self.logit_scale.to(a.dtype)
         bias = None if self.logit_bias is None else self.logit_bias.to(a.dtype)
         if self.tiled:
+            if labels is not None:
+                raise ValueError("ClipLoss.forward(): argument 'labels' is not supported with tiled=True "
+                                 "(use contrax.grouped_loss with tile_size for labelled tiled losses)")
             return tiled_clip_loss(a, b, scale, bias, symmetric=self.symmetric,
                                    max_logit_scale=self.max_logit_scale, normalize=self.normalize,
                                    tile_size=self.tile_size, ring=self.ring, group=self.group)
         return clip_loss(a, b, scale, bias, symmetric=self.symmetric, max_logit_scale=self.max_logit_scale,
-                         normalize=self.normalize, group=self.group)
+                         normalize=self.normalize, labels=labels, label_mode=self.label_mode,
+                         reduction=self.reduction, group=self.group)
 
     def extra_repr(self) -> str:
         """The options shown by ``print(module)``."""
@@ -86,18 +97,21 @@ class ClipLoss(torch.nn.Module):
 class NTXentLoss(torch.nn.Module):
     """Module form of ``contrax.nt_xent_loss`` (SimCLR). Args as there."""
 
-    def __init__(self, *, temperature: float = 0.1, normalize: bool = True, group=None):
+    def __init__(self, *, temperature: float = 0.1, normalize: bool = True, reduction: str = "mean",
+                 group=None):
         super().__init__()
         if not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"NTXentLoss(): argument 'temperature' must be > 0, but got {temperature!r}")
         self.temperature = float(temperature)
         self.normalize = bool(normalize)
+        self.reduction = str(reduction)
         self.group = group
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         """NT-Xent of the two views' projections ``z1``, ``z2`` (``[b_r, d]``)."""
         from . import nt_xent_loss
-        return nt_xent_loss(z1, z2, temperature=self.temperature, normalize=self.normalize, group=self.group)
+        return nt_xent_loss(z1, z2, temperature=self.temperature, normalize=self.normalize,
+                            reduction=self.reduction, group=self.group)
 
     def extra_repr(self) -> str:
         """The options shown by ``print(module)``."""
@@ -107,19 +121,21 @@ class NTXentLoss(torch.nn.Module):
 class MoCoV3Loss(torch.nn.Module):
     """Module form of ``contrax.moco_v3_loss``. Args as there."""
 
-    def __init__(self, *, temperature: float = 1.0, normalize: bool = True, group=None):
+    def __init__(self, *, temperature: float = 1.0, normalize: bool = True, reduction: str = "mean",
+                 group=None):
         super().__init__()
         if not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"MoCoV3Loss(): argument 'temperature' must be > 0, but got {temperature!r}")
         self.temperature = float(temperature)
         self.normalize = bool(normalize)
+        self.reduction = str(reduction)
         self.group = group
 
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
         """MoCo v3's symmetrised loss of queries ``q1``, ``q2`` and keys ``k1``, ``k2``."""
         from . import moco_v3_loss
         return moco_v3_loss(q1, q2, k1, k2, temperature=self.temperature, normalize=self.normalize,
-                            group=self.group)
+                            reduction=self.reduction, group=self.group)
 
     def extra_repr(self) -> str:
         """The options shown by ``print(module)``."""
@@ -157,3 +173,53 @@ class SigLIPLoss(torch.nn.Module):
         """The options shown by ``print(module)``."""
         return (f"scale={self.logit_scale.detach().exp().item():.4g}, "
                 f"bias={None if self.logit_bias is None else round(self.logit_bias.item(), 4)}")
+
+
+class GroupedLoss(torch.nn.Module):
+    """Module form of ``contrax.grouped_loss`` (queries against grouped candidates:
+    each query's positive and hard negatives, every rank's candidates negatives of
+    every query) that owns the learnable scale.
+
+    Args:
+        init_scale: initial ``exp(logit_scale)`` (e.g. ``1 / 0.05``); the parameter
+            ``logit_scale`` holds its log.
+        learn_scale: False keeps the scale fixed (a buffer).
+        init_bias: if given, a learnable logit bias with this initial value.
+        label_mode, reduction, max_logit_scale, normalize, tile_size, ring, group:
+            as in ``contrax.grouped_loss``; labels are passed to ``forward``.
+    """
+
+    def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,
+                 init_bias: Optional[float] = None, label_mode: str = "mask_duplicates", reduction: str = "mean",
+                 max_logit_scale: float = 100.0, normalize: bool = False, tile_size: int = 0, ring: bool = False,
+                 group=None):
+        super().__init__()
+        p = _log_scale_parameter(init_scale, "GroupedLoss")
+        if learn_scale:
+            self.logit_scale = p
+        else:
+            self.register_buffer("logit_scale", p.detach().clone())
+        self.logit_bias = None if init_bias is None else torch.nn.Parameter(torch.tensor(float(init_bias)))
+        self.label_mode = str(label_mode)
+        self.reduction = str(reduction)
+        self.max_logit_scale = float(max_logit_scale)
+        self.normalize = bool(normalize)
+        self.tile_size = int(tile_size)
+        self.ring = bool(ring)
+        self.group = group
+
+    def forward(self, queries: torch.Tensor, candidates: torch.Tensor, labels: Optional[torch.Tensor] = None,
+                candidate_labels: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The loss of ``queries`` (``[b_r, d]``) against ``candidates`` (``[b_r * g, d]``, per query its
+        positive then ``g - 1`` hard negatives); optional int64 ids as in ``contrax.grouped_loss``."""
+        from . import grouped_loss
+        bias = None if self.logit_bias is None else self.logit_bias.to(queries.dtype)
+        return grouped_loss(queries, candidates, self.logit_scale.to(queries.dtype), bias, labels=labels,
+                            candidate_labels=candidate_labels, label_mode=self.label_mode,
+                            reduction=self.reduction, max_logit_scale=self.max_logit_scale,
+                            normalize=self.normalize, tile_size=self.tile_size, ring=self.ring, group=self.group)
+
+    def extra_repr(self) -> str:
+        """The options shown by ``print(module)``."""
+        return (f"scale={self.logit_scale.detach().exp().item():.4g}, label_mode={self.label_mode}, "
+                f"reduction={self.reduction}, bias={self.logit_bias is not None}")

@@ -18,6 +18,7 @@
 #include "contrax/collectives.h"
 #include "contrax/communicator.h"
 #include "contrax/detail/c10d.h"
+#include "contrax/grouped.h"
 #include "contrax/losses.h"
 #include "contrax/siglip.h"
 #include "contrax/tiled.h"
@@ -98,6 +99,21 @@ py::dict stats_dict(const contrax::CommStats& s) {
   return out;
 }
 
+// Python spells the enums as strings; a bad one is an argument error (ValueError).
+contrax::Reduction reduction_of(const std::string& s, const char* caller) {
+  if (s == "mean") return contrax::Reduction::kMean;
+  if (s == "sum") return contrax::Reduction::kSum;
+  if (s == "none") return contrax::Reduction::kNone;
+  TORCH_CHECK(false, caller, "(): argument 'reduction' must be 'mean', 'sum' or 'none', but got '", s, "'");
+}
+
+contrax::LabelMode label_mode_of(const std::string& s, const char* caller) {
+  if (s == "multi_positive") return contrax::LabelMode::kMultiPositive;
+  if (s == "mask_duplicates") return contrax::LabelMode::kMaskDuplicates;
+  TORCH_CHECK(false, caller, "(): argument 'label_mode' must be 'multi_positive' or 'mask_duplicates', but got '", s,
+              "'");
+}
+
 // C++ warnings (TORCH_WARN / TORCH_WARN_ONCE: the logit_scale porting check,
 // deprecated option names) become Python UserWarnings, so `warnings` filters,
 // pytest.warns and -W error see them instead of a line on stderr. Installed on
@@ -155,37 +171,65 @@ PYBIND11_MODULE(_contrax, m) {
       "clip_loss",
       [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
          c10::optional<torch::Tensor> logit_bias, bool symmetric, double max_logit_scale, bool normalize,
-         const contrax::CommunicatorPtr& comm) {
+         const contrax::CommunicatorPtr& comm, c10::optional<torch::Tensor> labels, const std::string& label_mode,
+         const std::string& reduction) {
+        auto o = contrax::ClipLossOptions()
+                     .symmetric(symmetric)
+                     .max_logit_scale(max_logit_scale)
+                     .normalize(normalize)
+                     .comm(comm)
+                     .reduction(reduction_of(reduction, "clip_loss"))
+                     .label_mode(label_mode_of(label_mode, "clip_loss"));
+        if (labels.has_value()) o.labels(*labels);
         py::gil_scoped_release nogil;
-        return contrax::clip_loss(a, b, logit_scale, logit_bias,
-                                  contrax::ClipLossOptions()
-                                      .symmetric(symmetric)
-                                      .max_logit_scale(max_logit_scale)
-                                      .normalize(normalize)
-                                      .comm(comm));
+        return contrax::clip_loss(a, b, logit_scale, logit_bias, o);
       },
       "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a, "normalize"_a,
-      "comm"_a);
+      "comm"_a, "labels"_a = py::none(), "label_mode"_a = "multi_positive", "reduction"_a = "mean");
+
+  m.def(
+      "grouped_loss",
+      [](const torch::Tensor& queries, const torch::Tensor& candidates, const torch::Tensor& logit_scale,
+         c10::optional<torch::Tensor> logit_bias, c10::optional<torch::Tensor> labels,
+         c10::optional<torch::Tensor> candidate_labels, const std::string& label_mode, const std::string& reduction,
+         double max_logit_scale, bool normalize, int64_t tile_size, bool ring, const contrax::CommunicatorPtr& comm) {
+        auto o = contrax::GroupedLossOptions()
+                     .max_logit_scale(max_logit_scale)
+                     .normalize(normalize)
+                     .tile_size(tile_size)
+                     .ring(ring)
+                     .comm(comm)
+                     .reduction(reduction_of(reduction, "grouped_loss"))
+                     .label_mode(label_mode_of(label_mode, "grouped_loss"));
+        if (labels.has_value()) o.labels(*labels);
+        if (candidate_labels.has_value()) o.candidate_labels(*candidate_labels);
+        py::gil_scoped_release nogil;
+        return contrax::grouped_loss(queries, candidates, logit_scale, logit_bias, o);
+      },
+      "queries"_a, "candidates"_a, "logit_scale"_a, "logit_bias"_a, "labels"_a, "candidate_labels"_a, "label_mode"_a,
+      "reduction"_a, "max_logit_scale"_a, "normalize"_a, "tile_size"_a, "ring"_a, "comm"_a);
 
   m.def(
       "nt_xent_loss",
       [](const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize,
-         const contrax::CommunicatorPtr& comm) {
+         const contrax::CommunicatorPtr& comm, const std::string& reduction) {
+        auto o = contrax::NTXentLossOptions().temperature(temperature).normalize(normalize).comm(comm).reduction(
+            reduction_of(reduction, "nt_xent_loss"));
         py::gil_scoped_release nogil;
-        return contrax::nt_xent_loss(
-            z1, z2, contrax::NTXentLossOptions().temperature(temperature).normalize(normalize).comm(comm));
+        return contrax::nt_xent_loss(z1, z2, o);
       },
-      "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "comm"_a);
+      "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "comm"_a, "reduction"_a = "mean");
 
   m.def(
       "moco_v3_loss",
       [](const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1, const torch::Tensor& k2,
-         double temperature, bool normalize, const contrax::CommunicatorPtr& comm) {
+         double temperature, bool normalize, const contrax::CommunicatorPtr& comm, const std::string& reduction) {
+        auto o = contrax::MocoV3LossOptions().temperature(temperature).normalize(normalize).comm(comm).reduction(
+            reduction_of(reduction, "moco_v3_loss"));
         py::gil_scoped_release nogil;
-        return contrax::moco_v3_loss(
-            q1, q2, k1, k2, contrax::MocoV3LossOptions().temperature(temperature).normalize(normalize).comm(comm));
+        return contrax::moco_v3_loss(q1, q2, k1, k2, o);
       },
-      "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a, "comm"_a);
+      "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a, "comm"_a, "reduction"_a = "mean");
 
   m.def(
       "gather",

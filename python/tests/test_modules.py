@@ -77,3 +77,38 @@ def test_nt_xent_and_moco_modules_match_functions():
         contrax.NTXentLoss(temperature=0.0)
     with pytest.raises(ValueError, match="temperature"):
         contrax.MoCoV3Loss(temperature=-1.0)
+
+
+def test_grouped_module_matches_function_with_labels_and_reduction():
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(4, 5, generator=g, dtype=F64)
+    c = torch.randn(12, 5, generator=g, dtype=F64)  # g = 3 candidates per query
+    ids = torch.tensor([0, 1, 2, 1])
+    cids = torch.tensor([0, 7, 8, 1, 9, 2, 2, 10, 11, 1, 12, 13])
+    m = contrax.GroupedLoss(init_scale=1.0, reduction="none")  # logits of order 1: masking shows
+    assert [n for n, _ in m.named_parameters()] == ["logit_scale"]
+    rows = m(q, c, ids, cids)
+    assert rows.shape == (4,)
+    ref = contrax.grouped_loss(q, c, m.logit_scale.detach().to(F64), labels=ids, candidate_labels=cids,
+                               reduction="none")
+    assert torch.allclose(rows, ref, rtol=1e-12, atol=0)
+    # Duplicate masking changes the rows whose positive's id recurs among the candidates.
+    plain = contrax.grouped_loss(q, c, m.logit_scale.detach().to(F64), reduction="none")
+    assert not torch.allclose(rows, plain)
+    rows.sum().backward()
+    assert m.logit_scale.grad is not None
+
+
+def test_clip_module_labels_and_reduction():
+    a, b = _feats(6)
+    labels = torch.tensor([0, 1, 0, 2, 3, 1])
+    m = contrax.ClipLoss(init_scale=10.0, reduction="none")
+    rows = m(a, b, labels)
+    assert rows.shape == (6,)
+    ref = contrax.clip_loss(a.detach(), b.detach(), m.logit_scale.detach().to(F64), labels=labels,
+                            reduction="none")
+    assert torch.allclose(rows, ref, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="reduction"):
+        contrax.ClipLoss(tiled=True, reduction="none")
+    with pytest.raises(ValueError, match="labels"):
+        contrax.ClipLoss(tiled=True)(a, b, labels)

@@ -1,7 +1,9 @@
 #include "contrax/train/trainer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iomanip>
@@ -211,6 +213,42 @@ torch::Tensor gradient_sum(const std::vector<torch::Tensor>& params) {
   return sums.empty() ? torch::zeros({}, torch::kDouble) : torch::stack(sums).sum();
 }
 
+// A testing aid (docs/reliability.md): CONTRAX_FAULT_EXIT_AT_STEP=<step>[:<rank>]
+// makes rank <rank> (default 0) fail just before it runs step <step> (counted
+// from 1, as on the console), in a launcher's first attempt only
+// (TORCHELASTIC_RESTART_COUNT unset or 0): a restart test sees one failure,
+// then a clean run. The failure is an error, so the process exits non-zero
+// without writing a checkpoint, as a crash would.
+struct Fault {
+  int64_t step = -1;  // -1: none
+  int64_t rank = 0;
+  std::string spec;
+};
+
+Fault fault_from_env() {
+  const char* v = std::getenv("CONTRAX_FAULT_EXIT_AT_STEP");
+  Fault f;
+  if (v == nullptr || *v == '\0') return f;
+  f.spec = v;
+  char* end = nullptr;
+  errno = 0;
+  const long long step = std::strtoll(v, &end, 10);
+  long long rank = 0;
+  bool ok = end != v && errno == 0 && step >= 1;
+  if (ok && *end == ':') {
+    const char* r = end + 1;
+    rank = std::strtoll(r, &end, 10);
+    ok = end != r && errno == 0 && rank >= 0;
+  }
+  TORCH_CHECK(ok && *end == '\0', "environment variable 'CONTRAX_FAULT_EXIT_AT_STEP' must be <step>[:<rank>] with ",
+              "step >= 1 and rank >= 0, but got '", v, "'");
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  if (restart != nullptr && *restart != '\0' && std::string(restart) != "0") return f;  // a restart: no fault
+  f.step = step;
+  f.rank = rank;
+  return f;
+}
+
 }  // namespace
 
 std::string checkpoint_path(const std::string& run_dir) { return run_dir + "/checkpoint.pt"; }
@@ -300,6 +338,7 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
 
   AugmentOptions aopts = o.augment();
   aopts.dtype(o.dtype());
+  const Fault fault = fault_from_env();
   TrainResult result;
   result.start_step = start;
   result.total_steps = total;
@@ -331,6 +370,8 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
       result.interrupted = true;
       break;
     }
+    TORCH_CHECK(fault.step != step + 1 || fault.rank != rank, "rank ", rank, " failed before step ", step + 1,
+                " as asked by CONTRAX_FAULT_EXIT_AT_STEP=", fault.spec, " (a testing aid; unset it to train)");
     const int64_t step_bytes0 = comm->stats().total_bytes_sent();
     const auto pos = sampler.position(step);
     const auto idx = sampler.local_indices(pos.epoch, pos.step, rank);

@@ -364,7 +364,7 @@ TEST(TrainCli, FlagErrors) {
     int status;  // 2: a usage error (the flag's value); 1: what the value leads to
   };
   for (const auto& c : std::vector<Case>{
-           {"--recipe byol", "flag '--recipe' must be simclr or moco-v3, but got 'byol'", 2},
+           {"--recipe byol", "flag '--recipe' must be simclr, moco-v3 or retrieval, but got 'byol'", 2},
            {"--batch-size 0", "flag '--batch-size' must be >= 1", 2},
            {"--chunk-size -1", "flag '--chunk-size' must be >= 0", 2},
            {"--nproc 0", "flag '--nproc' must be >= 1", 2},

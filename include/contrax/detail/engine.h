@@ -29,6 +29,16 @@
 // or the same loss scale on every rank), which is what data-parallel training
 // does; the per-rank L_r value is exact regardless.
 //
+// Beyond plain CLIP the same block form carries grouped candidates (g keys per
+// row, the positive of global row u at column u g), labels (duplicates masked
+// to -inf, or extra positives with the row's positive term their mean) and the
+// per-row reductions; see BlockSpec and the derivation above ClipBlock in
+// engine.cpp. The convention is unchanged: with kNone rank r's upstream is a
+// [b_r] vector g_r and the gradient held for rank r's rows is that of
+// sum_{all rows u} g_u l_u (i.e. W times that of (1/W) sum_r <g_r, out_r>); the
+// symmetric column term then needs every column owner's g, all-gathered in
+// backward (O(B)), so every rank must run backward.
+//
 // Memory: one logits buffer per rank ([b x B] for CLIP, [2b x 2B] for NT-Xent),
 // saved by the forward and turned in place into G by the backward; the
 // log-sum-exps are computed over row chunks of a few MiB, never a second
@@ -42,6 +52,7 @@
 #include <vector>
 
 #include "contrax/communicator.h"
+#include "contrax/losses.h"
 
 namespace contrax::detail {
 
@@ -75,36 +86,63 @@ torch::Tensor safe_normalize(const torch::Tensor& x /* [n, d] */);
 /// logit_scale gives the clamped scale and a zero (not NaN) gradient.
 torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale);
 
-/// CLIP / InfoNCE on one row block. q: [b, d] this rank's queries (image
-/// tower), k_all: [B, d] every rank's keys in rank order (gathered with
+/// The shape of an InfoNCE-family problem beyond plain CLIP.
+///
+/// Columns: the keys of every rank in rank order, `group` per row (N = B g);
+/// the designated positive of global row u is column u g. With labels,
+/// P_ij = [row_labels_i == col_labels_j] or j the designated positive of i:
+///   kMaskDuplicates: the P_ij other than the designated one are -inf in S
+///     (out of both softmaxes), the positive term stays S_{i,pos(i)};
+///   kMultiPositive: nothing is masked and the positive term of row i is
+///     (1/n_i) sum_j P_ij S_ij, n_i = sum_j P_ij (of column j, when symmetric,
+///     (1/m_j) sum_i P_ij S_ij over all ranks' rows, m_j = sum_i P_ij).
+/// Per-row loss l_i = l^row_i, or (l^row_i + l^col_{off+i}) / 2 when symmetric
+/// (group 1 only). Reduction as in contrax/losses.h:
+///   kMean: L_r = (W/B) sum_{i in r} l_i; kSum: W sum_{i in r} l_i; kNone: [b] l_i.
+struct BlockSpec {
+  bool symmetric = false;
+  int64_t group = 1;
+  Reduction reduction = Reduction::kMean;
+  torch::Tensor row_labels;  // int64 [b] (this rank's rows) or undefined
+  torch::Tensor col_labels;  // int64 [N] (every column, global order) or undefined
+  LabelMode label_mode = LabelMode::kMultiPositive;
+};
+
+/// CLIP / InfoNCE / grouped on one row block. q: [b, d] this rank's queries
+/// (image tower), k_all: [N, d] every rank's keys in rank order (gathered with
 /// gradient for CLIP, without for MoCo v3), scale: 0-dim (the scale itself),
-/// bias: 0-dim or undefined. Returns
-///   symmetric:  L_r = (W/B) * 1/2 * sum_{i in r} (lse_row_i + lse_col_{off+i} - 2 S_{i,off+i})
-///   otherwise:  L_r = (W/B) * sum_{i in r} (lse_row_i - S_{i,off+i}).
-/// The symmetric form runs one collective in the forward (the column
-/// log-sum-exps, (W-1) B floats sent per rank) and none of its own in backward.
+/// bias: 0-dim or undefined. Plain symmetric CLIP returns
+///   L_r = (W/B) * 1/2 * sum_{i in r} (lse_row_i + lse_col_{off+i} - 2 S_{i,off+i})
+/// (see BlockSpec for the general form). The symmetric form runs one
+/// collective in the forward (the column log-sum-exps, (W-1) B floats sent
+/// per rank; three such vectors with multi-positive labels) and, except with
+/// kNone (the upstream gradients, O(B)), none of its own in backward.
 torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k_all, const torch::Tensor& scale,
-                              const torch::Tensor& bias, const EngineLayout& layout, bool symmetric);
+                              const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec);
 
 /// NT-Xent on one row block. z: [2b, d] this rank's [z1_r; z2_r] (with
 /// gradient), z_all: [2B, d] = [z1_all; z2_all] gathered without gradient.
 /// Returns L_r = (W / 2B) sum over this rank's 2b rows of lse_u - S_{u,pos(u)},
 /// S = z z_all^T / T with the self column at -inf. One O(B) all-gather in the
-/// forward; the backward is local.
+/// forward; the backward is local. kNone returns the [b] per-example losses
+/// (the mean of the two views'), and its backward all-gathers the upstream
+/// gradients (O(B)); kSum is not handled here (the front end scales kMean).
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                 const EngineLayout& layout);
+                                 const EngineLayout& layout, Reduction reduction = Reduction::kMean);
 
 /// `clip_block_loss` with the logits computed one [tile x tile] block at a time
 /// (same value and gradients). Gathered keys: k is k_all [B, d]. `ring`
 /// (W > 1): k is this rank's block [b, d] and the blocks travel around the ring
-/// (forward and backward), so no rank holds more than two remote blocks.
+/// (forward and backward), so no rank holds more than two remote blocks
+/// (with `spec.group` g, rank s's block has g counts[s] rows).
 torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
-                                    const torch::Tensor& bias, const EngineLayout& layout, bool symmetric,
+                                    const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
                                     int64_t tile, bool ring);
 
 /// `nt_xent_block_loss` with the logits computed one [tile x tile] block at a time.
 torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                       const EngineLayout& layout, int64_t tile);
+                                       const EngineLayout& layout, int64_t tile,
+                                       Reduction reduction = Reduction::kMean);
 
 /// How many [b x B] logits blocks the materialised path of `loss` holds per
 /// rank ("clip"/"infonce": 1, "nt_xent": 4 (one [2b x 2B]), "moco_v3": 2): the
