@@ -29,6 +29,18 @@ def _log_scale_parameter(init_scale: float, what: str) -> torch.nn.Parameter:
     return torch.nn.Parameter(torch.tensor(math.log(init_scale)))
 
 
+def _register_scale_and_bias(module: torch.nn.Module, init_scale: float, learn_scale: bool,
+                             init_bias: Optional[float], what: str) -> None:
+    """Gives ``module`` its ``logit_scale`` (the log of ``init_scale``: a parameter,
+    or a buffer when not learnt) and ``logit_bias`` (a parameter, or None)."""
+    p = _log_scale_parameter(init_scale, what)
+    if learn_scale:
+        module.logit_scale = p
+    else:
+        module.register_buffer("logit_scale", p.detach().clone())
+    module.logit_bias = None if init_bias is None else torch.nn.Parameter(torch.tensor(float(init_bias)))
+
+
 class ClipLoss(torch.nn.Module):
     """Module form of ``contrax.clip_loss`` that owns the learnable scale.
 
@@ -48,12 +60,7 @@ class ClipLoss(torch.nn.Module):
                  normalize: bool = False, label_mode: str = "multi_positive", reduction: str = "mean",
                  tiled: bool = False, tile_size: int = 0, ring: bool = False, group=None):
         super().__init__()
-        p = _log_scale_parameter(init_scale, "ClipLoss")
-        if learn_scale:
-            self.logit_scale = p
-        else:
-            self.register_buffer("logit_scale", p.detach().clone())
-        self.logit_bias = None if init_bias is None else torch.nn.Parameter(torch.tensor(float(init_bias)))
+        _register_scale_and_bias(self, init_scale, learn_scale, init_bias, "ClipLoss")
         self.symmetric = bool(symmetric)
         self.max_logit_scale = float(max_logit_scale)
         self.normalize = bool(normalize)
@@ -155,8 +162,7 @@ class SigLIPLoss(torch.nn.Module):
                  max_logit_scale: float = float("inf"), normalize: bool = False, chunk_size: int = 0,
                  group=None):
         super().__init__()
-        self.logit_scale = _log_scale_parameter(init_scale, "SigLIPLoss")
-        self.logit_bias = None if init_bias is None else torch.nn.Parameter(torch.tensor(float(init_bias)))
+        _register_scale_and_bias(self, init_scale, True, init_bias, "SigLIPLoss")
         self.max_logit_scale = float(max_logit_scale)
         self.normalize = bool(normalize)
         self.chunk_size = int(chunk_size)
@@ -194,12 +200,7 @@ class GroupedLoss(torch.nn.Module):
                  max_logit_scale: float = 100.0, normalize: bool = False, tile_size: int = 0, ring: bool = False,
                  group=None):
         super().__init__()
-        p = _log_scale_parameter(init_scale, "GroupedLoss")
-        if learn_scale:
-            self.logit_scale = p
-        else:
-            self.register_buffer("logit_scale", p.detach().clone())
-        self.logit_bias = None if init_bias is None else torch.nn.Parameter(torch.tensor(float(init_bias)))
+        _register_scale_and_bias(self, init_scale, learn_scale, init_bias, "GroupedLoss")
         self.label_mode = str(label_mode)
         self.reduction = str(reduction)
         self.max_logit_scale = float(max_logit_scale)
