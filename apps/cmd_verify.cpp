@@ -9,9 +9,11 @@
 //   contrax verify --nproc 2 --json     # one JSON object per case
 //   contrax verify --case grad_cache_clip,grad_cache_tiled_ring
 //   contrax verify --nproc 2 --device cuda   # every case on CUDA tensors (Gloo between the ranks)
+//   contrax verify --nproc 2 --device cuda --backend nccl   # NCCL, one GPU per rank
 #include <ATen/Context.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -62,6 +64,11 @@ int run_verify(const std::vector<std::string>& args) {
                   "where each rank computes: cpu, or cuda (rank r on GPU r mod #GPUs; Gloo between the ranks, which "
                   "carries CUDA tensors through host memory, since NCCL refuses two ranks on one GPU)",
                   {"cpu", "cuda"});
+  std::string backend = "gloo";
+  cli::add_choice(app, "--backend", backend,
+                  "process group between the ranks: gloo (CPU or CUDA tensors, any number of ranks per GPU) or nccl "
+                  "(--device cuda, one GPU per rank: --nproc at most the number of GPUs)",
+                  {"gloo", "nccl"});
   cli::add_int(app, "--timeout", timeout_s, "seconds any collective may wait for a peer", 1, 24 * 3600);
   app.add_flag("--force", force, "allow --nproc above " + std::to_string(cli::max_procs()) + " (" +
                                      std::to_string(cli::kMaxProcsPerCore) + " per core)");
@@ -69,9 +76,18 @@ int run_verify(const std::vector<std::string>& args) {
   cli::usage_check(force || nproc <= cli::max_procs(), "flag '--nproc' must be <= ", cli::max_procs(), " (",
                    cli::kMaxProcsPerCore, " per core; --force allows more), but got ", nproc);
   const auto rows = cli::parse_int_list("--rows", rows_s, 0, int64_t{1} << 24);
+  cli::usage_check(backend != "nccl" || device == "cuda",
+                   "flag '--backend' is 'nccl', which moves CUDA tensors only; use --device cuda, or --backend gloo");
   if (device == "cuda") {
     const std::string why = cuda_unavailable_reason();
     cli::usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
+  }
+  if (backend == "nccl" && !contrax::in_launched_worker()) {
+    // NCCL refuses two ranks on one GPU; say so before any process starts.
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    cli::usage_check(nproc <= gpus, "flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is ",
+                     nproc, " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s",
+                     "; use --backend gloo to share GPUs");
   }
 
   if (!contrax::in_launched_worker() && nproc > 1) {
@@ -87,15 +103,20 @@ int run_verify(const std::vector<std::string>& args) {
     return r.exit_code;
   }
 
-  // Gloo in both cases: it carries CPU and CUDA tensors, and lets several
-  // ranks share one GPU (the "auto" backend of a CUDA device is NCCL).
-  auto comm = contrax::Communicator::from_env(
-      contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s)).backend("gloo"));
+  // Gloo by default: it carries CPU and CUDA tensors, and lets several ranks
+  // share one GPU (the "auto" backend of a CUDA device would be NCCL).
+  // Rank r computes on GPU (local rank mod #GPUs); NCCL is told that device.
   torch::Device dev(torch::kCPU);
   if (device == "cuda") {
     const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    dev = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(comm->local_rank() % gpus));
+    // The communicator's local rank, read before it exists (NCCL needs the device).
+    const char* lr = std::getenv("LOCAL_RANK");
+    if (lr == nullptr || *lr == '\0') lr = std::getenv("SLURM_LOCALID");
+    const int64_t local = lr != nullptr && *lr != '\0' ? std::atoll(lr) : 0;
+    dev = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % gpus));
   }
+  auto comm = contrax::Communicator::from_env(
+      contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s)).backend(backend).device(dev));
   contrax::VerifyOptions o;
   o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ',')).device(dev);
   if (!rows.empty()) {

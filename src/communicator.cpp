@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/version.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -503,6 +504,19 @@ int64_t env_int(const char* name, int64_t def, const char* expected) {
   return x;
 }
 
+// The CUDA device an NCCL group stages CPU tensors through: the options'
+// device when it is a CUDA one, else the calling thread's current device
+// (the one NCCL itself uses when a collective names no device).
+c10::Device nccl_stage_device(const c10::Device& requested) {
+  if (requested.is_cuda() && requested.has_index()) return requested;
+  const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return c10::Device(c10::DeviceType::CUDA, guard->getDevice().index());
+}
+
+bool needs_staging(const detail::CommunicatorImpl& impl, const torch::Tensor& t) {
+  return impl.stage_device.has_value() && !t.is_cuda();
+}
+
 }  // namespace
 
 // Pending ring exchange: the two c10d work items and the receive buffer.
@@ -644,6 +658,7 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
       impl->group = nccl;
 #endif
       impl->backend = "nccl";
+      impl->stage_device = nccl_stage_device(o.device());
 #else
       TORCH_CHECK(false,
                   "Communicator::create(): backend 'nccl' was requested (or implied by a CUDA device), but this "
@@ -811,6 +826,9 @@ torch::Tensor Communicator::all_gather_rows(const torch::Tensor& local, const st
                         " entries for world size ", W);
   TORCH_INTERNAL_ASSERT(local.dim() >= 1 && local.size(0) == counts[rank()]);
   if (W == 1) return local;
+  if (needs_staging(*impl_, local)) {
+    return all_gather_rows(local.to(*impl_->stage_device), counts, stat_name).to(local.device());
+  }
   int64_t total = 0;
   for (auto c : counts) total += c;
   auto shape = local.sizes().vec();
@@ -845,6 +863,9 @@ torch::Tensor Communicator::reduce_scatter_rows(const torch::Tensor& full, const
   const int64_t W = world_size();
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == W);
   if (W == 1) return full;
+  if (needs_staging(*impl_, full)) {
+    return reduce_scatter_rows(full.to(*impl_->stage_device), counts, stat_name).to(full.device());
+  }
   const int64_t mine = counts[rank()];
   int64_t total = 0;
   for (auto c : counts) total += c;
@@ -886,6 +907,12 @@ void Communicator::all_reduce_sum(torch::Tensor& tensor, const std::string& stat
   const int64_t W = world_size();
   if (W == 1) return;
   TORCH_CHECK(tensor.is_contiguous(), "Communicator::all_reduce_sum(): argument 'tensor' must be contiguous");
+  if (needs_staging(*impl_, tensor)) {
+    auto staged = tensor.to(*impl_->stage_device);
+    all_reduce_sum(staged, stat_name);
+    tensor.copy_(staged);
+    return;
+  }
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
@@ -918,6 +945,12 @@ void Communicator::broadcast(torch::Tensor& tensor, int64_t root, const std::str
   TORCH_CHECK(root >= 0 && root < world_size(), "Communicator::broadcast(): argument 'root' must be in [0, ",
               world_size(), "), but got ", root);
   TORCH_CHECK(tensor.is_contiguous(), "Communicator::broadcast(): argument 'tensor' must be contiguous");
+  if (needs_staging(*impl_, tensor)) {
+    auto staged = tensor.to(*impl_->stage_device);
+    broadcast(staged, root, stat_name);
+    tensor.copy_(staged);
+    return;
+  }
   std::vector<at::Tensor> ts{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
@@ -997,6 +1030,7 @@ std::shared_ptr<Communicator> wrap_process_group(c10::intrusive_ptr<c10d::Proces
   impl.local_rank = impl.rank;
   impl.timeout = timeout;
   impl.backend = lower(group->getBackendName());
+  if (impl.backend == "nccl") impl.stage_device = nccl_stage_device(torch::kCPU);
   impl.group = std::move(group);
   return comm;
 }

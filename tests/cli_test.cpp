@@ -654,3 +654,26 @@ TEST(Cli, VerifyOnCudaRunsThereOrSaysWhyNot) {
   EXPECT_EQ(bad.status, 2) << bad.out;
   EXPECT_NE(bad.out.find("flag '--device' must be cpu or cuda, but got 'tpu'"), std::string::npos) << bad.out;
 }
+
+TEST(Cli, VerifyOverNcclNeedsCudaAndAGpuPerRank) {
+  auto cpu = run_cli("verify --nproc 2 --backend nccl");
+  EXPECT_EQ(cpu.status, 2) << cpu.out;
+  EXPECT_NE(cpu.out.find("contrax verify: error: flag '--backend' is 'nccl', which moves CUDA tensors only; use "
+                         "--device cuda, or --backend gloo"),
+            std::string::npos)
+      << cpu.out;
+  auto bad = run_cli("verify --nproc 1 --backend mpi");
+  EXPECT_EQ(bad.status, 2) << bad.out;
+  EXPECT_NE(bad.out.find("flag '--backend' must be gloo or nccl, but got 'mpi'"), std::string::npos) << bad.out;
+  if (!torch::cuda::is_available()) return;  // --device cuda is refused first (VerifyOnCudaRunsThereOrSaysWhyNot)
+  const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+  auto many = run_cli("verify --device cuda --backend nccl --nproc " + std::to_string(gpus + 1));
+  EXPECT_EQ(many.status, 2) << many.out;
+  EXPECT_NE(many.out.find("flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is " +
+                          std::to_string(gpus + 1)),
+            std::string::npos)
+      << many.out;
+  auto one = run_cli_stdout("verify --device cuda --backend nccl --nproc " + std::to_string(gpus) + " --json");
+  EXPECT_EQ(one.status, 0) << one.out;
+  EXPECT_EQ(one.out.find("\"passed\": false"), std::string::npos) << one.out;
+}

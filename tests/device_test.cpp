@@ -344,6 +344,40 @@ INSTANTIATE_TEST_SUITE_P(Devices, OnDevice,
 
 namespace {
 
+// NCCL carries CUDA tensors only, and refuses two ranks on one GPU: two ranks,
+// each on its own GPU. The losses' metadata (row counts, g), the trainer's
+// stop flag and loss sums are CPU tensors that the communicator stages through
+// the rank's GPU; verify's whole table (uneven batches, an empty rank) runs
+// those paths, and the CPU collectives are checked directly as well.
+TEST(Nccl, TwoRanksOnTwoGpusPassVerifyAndStageCpuTensors) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2) {
+    GTEST_SKIP() << "NCCL at W = 2 needs two CUDA devices; this machine has " << torch::cuda::device_count();
+  }
+  std::vector<std::vector<VerifyResult>> results(2);
+  const auto errors = contrax::testing::run_ranks_collect_errors(
+      2,
+      [&](const CommunicatorPtr& comm) {
+        ASSERT_EQ(comm->backend(), "nccl");
+        const int64_t r = comm->rank();
+        auto ints = comm->all_gather_ints({r, 10 + r, 20 + r});
+        EXPECT_EQ(ints, (std::vector<std::vector<int64_t>>{{0, 10, 20}, {1, 11, 21}}));
+        auto flag = torch::full({1}, static_cast<double>(r + 1), torch::kDouble);
+        comm->all_reduce_sum(flag);
+        EXPECT_FALSE(flag.is_cuda());
+        EXPECT_EQ(flag.item<double>(), 3.0);
+        auto b = torch::full({2}, static_cast<double>(r + 5), torch::kDouble);
+        comm->broadcast(b, 1);
+        EXPECT_EQ(b[0].item<double>(), 6.0);
+        results[r] = verify(comm, VerifyOptions().device(torch::Device(torch::kCUDA, r)));
+      },
+      std::chrono::seconds(120),
+      [](int64_t r, CommunicatorOptions& o) { o.backend("nccl").device(torch::Device(torch::kCUDA, r)); });
+  if (errors[0].find("built without NCCL") != std::string::npos) GTEST_SKIP() << errors[0];
+  for (size_t r = 0; r < errors.size(); ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+  ASSERT_EQ(results[0].size(), verify_cases().size());
+  for (const auto& res : results[0]) EXPECT_TRUE(res.passed) << to_json(res);
+}
+
 TEST(VerifyDevice, ADeviceThisProcessCannotUseIsNamed) {
   // No machine has 100 GPUs; on a CPU-only one every CUDA device is refused.
   CONTRAX_EXPECT_ERROR(verify_case(verify_cases().front(), nullptr,

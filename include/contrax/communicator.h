@@ -83,7 +83,10 @@ struct CommunicatorImpl;
 /// A rank's handle on a group of processes.
 ///
 /// All collectives are blocking and must be called by every rank in the same
-/// order (as with c10d). Tensors stay on whatever device the caller uses.
+/// order (as with c10d). Tensors stay on whatever device the caller uses;
+/// with NCCL, which moves CUDA tensors only, a CPU tensor (row counts, a stop
+/// flag, a loss value) is copied to the rank's GPU (the options' CUDA device,
+/// else the current one), moved there, and its result copied back.
 class Communicator {
  public:
   /// Builds a communicator from explicit options. World size 1 builds nothing.

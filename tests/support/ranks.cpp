@@ -23,7 +23,7 @@ std::string fresh_store_path() {
 
 std::vector<std::string> run_ranks_collect_errors(int64_t world_size,
                                                   const std::function<void(const CommunicatorPtr&)>& fn,
-                                                  std::chrono::milliseconds timeout) {
+                                                  std::chrono::milliseconds timeout, const ConfigureRank& configure) {
   std::vector<std::string> errors(world_size);
   if (world_size == 1) {
     try {
@@ -40,9 +40,9 @@ std::vector<std::string> run_ranks_collect_errors(int64_t world_size,
   for (int64_t r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto comm = Communicator::create(
-            CommunicatorOptions().rank(r).world_size(world_size).file_store(path).timeout(timeout));
-        fn(comm);
+        auto options = CommunicatorOptions().rank(r).world_size(world_size).file_store(path).timeout(timeout);
+        if (configure) configure(r, options);
+        fn(Communicator::create(options));
       } catch (const c10::Error& e) {
         errors[r] = e.what_without_backtrace();
         if (errors[r].empty()) errors[r] = "(empty error)";
@@ -58,8 +58,8 @@ std::vector<std::string> run_ranks_collect_errors(int64_t world_size,
 }
 
 void run_ranks(int64_t world_size, const std::function<void(const CommunicatorPtr&)>& fn,
-               std::chrono::milliseconds timeout) {
-  auto errors = run_ranks_collect_errors(world_size, fn, timeout);
+               std::chrono::milliseconds timeout, const ConfigureRank& configure) {
+  auto errors = run_ranks_collect_errors(world_size, fn, timeout, configure);
   for (int64_t r = 0; r < world_size; ++r) {
     TORCH_CHECK(errors[r].empty(), "rank ", r, " of ", world_size, " failed: ", errors[r]);
   }

@@ -18,14 +18,17 @@ namespace contrax::testing {
 /// gets a single() communicator (no process group). Joins all threads, then
 /// rethrows the first failure prefixed with its rank. gtest assertions inside
 /// `fn` are fine (they are thread-safe on POSIX).
+/// `configure(rank, options)`, when given, adjusts each rank's options (a
+/// backend, a device) before its communicator is built.
+using ConfigureRank = std::function<void(int64_t rank, CommunicatorOptions& options)>;
 void run_ranks(int64_t world_size, const std::function<void(const CommunicatorPtr&)>& fn,
-               std::chrono::milliseconds timeout = std::chrono::seconds(30));
+               std::chrono::milliseconds timeout = std::chrono::seconds(30), const ConfigureRank& configure = {});
 
 /// Like run_ranks but every rank's exception is collected instead of rethrown:
 /// result[r] is rank r's error message ("" when it returned normally).
 std::vector<std::string> run_ranks_collect_errors(
     int64_t world_size, const std::function<void(const CommunicatorPtr&)>& fn,
-    std::chrono::milliseconds timeout = std::chrono::seconds(30));
+    std::chrono::milliseconds timeout = std::chrono::seconds(30), const ConfigureRank& configure = {});
 
 /// max |a - b| / max(max |b|, tiny): the relative error used across the suite.
 double rel_err(const torch::Tensor& a, const torch::Tensor& b);

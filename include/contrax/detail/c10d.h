@@ -20,6 +20,9 @@ struct CommunicatorImpl {
   std::string backend = "none";
   c10::intrusive_ptr<c10d::Store> store;          // null for world 1 or wrapped groups
   c10::intrusive_ptr<c10d::ProcessGroup> group;   // null for world 1
+  // NCCL moves CUDA tensors only: CPU tensors (row counts, flags, loss
+  // values) are staged through this device. Set for the NCCL backend only.
+  c10::optional<c10::Device> stage_device;
 };
 
 /// Wraps an existing process group (e.g. one made by torch.distributed).
