@@ -66,16 +66,18 @@ if ((${#missing[@]})); then
   fi
 fi
 
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 if [ "$CUDA" = 1 ] && ! ldconfig -p | grep -q 'libcudnn\.so\.9'; then
   # libtorch_cuda.so needs libcudnn.so.9 to link and load, and Debian has no
-  # cuDNN binary (nvidia-cudnn downloads it from NVIDIA).
+  # cuDNN binary (nvidia-cudnn downloads it from NVIDIA). Before configuring:
+  # the Python binding is configured only if `import torch` works.
   if ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
     echo "setup: libcudnn.so.9 is missing: install cuDNN (nvidia-cudnn downloads it from NVIDIA); compiling the library only"
+    cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build "$BUILD" --target contrax -j"$(nproc)"
     exit 0
   fi
   echo "setup: libcudnn.so.9 is missing and there is no GPU: a stub that aborts if called stands in for cuDNN"
   $SUDO bash tools/cudnn_stub.sh
 fi
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$BUILD" -j"$(nproc)"
