@@ -320,12 +320,28 @@ int run_train(const std::vector<std::string>& raw_args) {
   cli::setup_app(app);
   // The variant picks the defaults the flags start from (so that --help and
   // --dump-config show them); one set in a config file is applied after parsing.
-  std::string variant = "default";
+  std::string variant = "default", recipe;
   for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
     if (args[i] == "--recipe-variant" && i + 1 < args.size()) variant = args[i + 1];
     if (args[i].rfind("--recipe-variant=", 0) == 0) variant = args[i].substr(17);
+    if (args[i] == "--recipe" && i + 1 < args.size()) recipe = args[i + 1];
+    if (args[i].rfind("--recipe=", 0) == 0) recipe = args[i].substr(9);
   }
   TrainFlags f(variant == "peer" ? ct::peer_recipe() : ct::TrainOptions());
+  if (recipe == "retrieval") {
+    // The retrieval recipe's own defaults for the flags it shares with the
+    // image recipes, so that --help and --dump-config show what will run. (A
+    // recipe set in a config file gets them after parsing, below.)
+    const ct::RetrievalOptions r;
+    f.epochs = r.epochs();
+    f.batch = r.batch_size();
+    f.lr = r.lr();
+    f.wd = r.weight_decay();
+    f.warmup = r.warmup_steps();
+    f.temperature = r.temperature();
+    f.ckpt_every = r.checkpoint_every();
+    f.log_every = r.log_every();
+  }
   add_flags(app, f);
   if (int st = cli::parse(app, args); st >= 0) return st;
   if (f.variant == "peer") {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "contrax/launcher.h"
+#include "contrax/train/retrieval.h"
 #include "contrax/train/trainer.h"
 #include "contrax/verify.h"
 #include "support/cli.h"
@@ -239,6 +240,18 @@ TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
   EXPECT_EQ(t.lr(), 2e-3);  // the default run's recipe, unchanged
   EXPECT_EQ(t.epochs(), 8);
   EXPECT_NE(train.out.find("\nlr=0.002\n"), std::string::npos) << train.out;
+  // The retrieval recipe shows its own defaults for the flags it shares.
+  auto retrieval = run_cli_stdout("train --recipe retrieval --dump-config");
+  ASSERT_EQ(retrieval.status, 0);
+  const contrax::train::RetrievalOptions r;
+  for (const std::string line :
+       {std::string("recipe=\"retrieval\""), "epochs=" + std::to_string(r.epochs()),
+        "batch-size=" + std::to_string(r.batch_size()), "warmup-steps=" + std::to_string(r.warmup_steps()),
+        "checkpoint-every=" + std::to_string(r.checkpoint_every()), "log-every=" + std::to_string(r.log_every()),
+        "hard-negatives=" + std::to_string(r.hard_negatives())}) {
+    EXPECT_NE(retrieval.out.find("\n" + line + "\n"), std::string::npos) << line << "\n" << retrieval.out;
+  }
+  EXPECT_NE(r.epochs(), t.epochs());  // else the check above shows nothing
   auto verify = run_cli_stdout("verify --dump-config");
   const contrax::VerifyOptions v;
   EXPECT_NE(verify.out.find("\nwidth=" + std::to_string(v.width()) + "\n"), std::string::npos) << verify.out;
