@@ -456,12 +456,16 @@ class Supervisor {
         continue;
       }
       const bool failed = !(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0);
-      // Killed by the signal the launcher sent: the stop's doing. An exit
+      // Killed by the signal the launcher sent: the stop's doing. So is a
+      // SIGPIPE after the stop began (its peers are gone: a rank that was
+      // SIGSTOPped wakes on our SIGCONT, writes to a closed socket and dies
+      // of it), and any signal that ends a rank we found stopped. An exit
       // status after the stop began may still be a root cause that merely
       // took longer to exit than its peers (decided in result()).
       const bool our_signal = stopping_ && WIFSIGNALED(w.status) &&
                               (WTERMSIG(w.status) == SIGTERM || WTERMSIG(w.status) == SIGKILL ||
-                               WTERMSIG(w.status) == interrupted_by_);
+                               WTERMSIG(w.status) == SIGPIPE || WTERMSIG(w.status) == interrupted_by_ ||
+                               w.stopped_when_failing);
       if (failed && !our_signal) {
         w.failed = true;
         w.failed_ns = monotonic_ns();
