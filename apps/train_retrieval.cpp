@@ -196,10 +196,10 @@ int run_retrieval(const RetrievalRun& run, const CommunicatorPtr& comm, const Re
     if (!run.no_eval) {
       out << "\nheld-out retrieval: " << set.query_synsets.size() << " glosses ranked against "
           << set.passage_synsets.size() << " distinct held-out lemma lists (ties broken at random, in expectation)\n";
-      out << std::left << std::setw(34) << "system" << std::setw(12) << "recall@1" << std::setw(12) << "recall@10"
+      out << std::left << std::setw(42) << "system" << std::setw(12) << "recall@1" << std::setw(12) << "recall@10"
           << "MRR\n";
       auto row = [&out](const std::string& name, const ct::RetrievalMetrics& m) {
-        out << std::left << std::setw(34) << name << std::fixed << std::setprecision(4) << std::setw(12)
+        out << std::left << std::setw(42) << name << std::fixed << std::setprecision(4) << std::setw(12)
             << m.recall_at_1 << std::setw(12) << m.recall_at_10 << m.mrr << "\n";
       };
       row("trained towers", trained);
