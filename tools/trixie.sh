@@ -69,6 +69,13 @@ cleanup() {
   for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do
     umount -l "${MOUNTS[i]}" 2>/dev/null || true
   done
+  # And what the commands mounted inside the root (the tests' `ip netns add`
+  # bind-mounts /run/netns onto itself), deepest first: a mount left behind
+  # would keep the root from being deleted.
+  local m
+  awk -v root="$ROOT/" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
