@@ -5,6 +5,7 @@
 //
 //   contrax plan --loss clip --batch 32768 --width 512 --world 4
 //   contrax plan --loss nt_xent --batch 4096 --world 2 --dtype half --json
+//   contrax plan --loss grouped --group 8 --batch 4096 --world 4   # 7 hard negatives per query
 #include <iostream>
 
 #include "cli.h"
@@ -28,8 +29,11 @@ int run_plan(const std::vector<std::string>& args) {
   int64_t batch = defaults.batch(), width = defaults.width(), world = defaults.world();
   int64_t tile = defaults.tile_size(), max_logits = defaults.max_logits_bytes();
   bool ring = defaults.ring(), json = false;
-  cli::add_choice(app, "--loss", loss, "clip (symmetric), infonce, nt_xent or moco_v3",
-                  {"clip", "infonce", "nt_xent", "moco_v3"});
+  int64_t group = defaults.group();
+  cli::add_choice(app, "--loss", loss, "clip (symmetric), infonce, grouped (--group candidates per query), nt_xent or "
+                  "moco_v3", {"clip", "infonce", "grouped", "nt_xent", "moco_v3"});
+  cli::add_int(app, "--group", group, "grouped: candidates per query g (the positive and g - 1 hard negatives)", 1,
+               int64_t{1} << 20);
   cli::add_int(app, "--batch", batch, "global batch B (rows per view)", 1, int64_t{1} << 40);
   cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
   cli::add_int(app, "--world", world, "number of ranks W", 1, int64_t{1} << 20);
@@ -40,8 +44,11 @@ int run_plan(const std::vector<std::string>& args) {
   cli::add_int(app, "--max-logits-bytes", max_logits, "automatic routing threshold", 1, int64_t{1} << 50);
   app.add_flag("--json", json, "print one JSON object instead of the table");
   if (int st = cli::parse(app, args); st >= 0) return st;
+  cli::usage_check(group == 1 || loss == "grouped", "flag '--group' applies to --loss grouped only, but --loss is '",
+                   loss, "'");
   auto plan = contrax::plan_loss(contrax::PlanOptions()
                                      .loss(loss)
+                                     .group(group)
                                      .batch(batch)
                                      .width(width)
                                      .world(world)

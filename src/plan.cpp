@@ -14,8 +14,11 @@ namespace contrax {
 
 LossPlan plan_loss(const PlanOptions& o) {
   const std::string& loss = o.loss();
-  TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "nt_xent" || loss == "moco_v3",
-              "plan_loss(): argument 'loss' must be clip, infonce, nt_xent or moco_v3, but got '", loss, "'");
+  TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "grouped" || loss == "nt_xent" || loss == "moco_v3",
+              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent or moco_v3, but got '", loss, "'");
+  TORCH_CHECK(o.group() >= 1, "plan_loss(): argument 'group' must be >= 1, but got ", o.group());
+  TORCH_CHECK(o.group() == 1 || loss == "grouped",
+              "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is '", loss, "'");
   TORCH_CHECK(o.batch() > 0, "plan_loss(): argument 'batch' must be positive, but got ", o.batch());
   TORCH_CHECK(o.width() > 0, "plan_loss(): argument 'width' must be positive, but got ", o.width());
   TORCH_CHECK(o.world() > 0, "plan_loss(): argument 'world' must be positive, but got ", o.world());
@@ -30,7 +33,8 @@ LossPlan plan_loss(const PlanOptions& o) {
   p.rows_per_rank = b;
   const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
   const double unit = 2.0 * static_cast<double>(b) * static_cast<double>(B) * static_cast<double>(d);
-  const int64_t blocks = detail::logits_blocks(loss);
+  // grouped_loss's buffer is [b x B g]: g blocks (its routing counts them so).
+  const int64_t blocks = loss == "grouped" ? o.group() : detail::logits_blocks(loss);
   const int64_t tile = detail::tile_side(std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), e);
   const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
   const int64_t gather = (W - 1) * b * d * e;  // one [b, d] tower all-gathered
@@ -50,6 +54,20 @@ LossPlan plan_loss(const PlanOptions& o) {
     mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;                 // B_all and dB_all
     ring.feature_bytes = 4 * b * d * e;                                      // two blocks, two partials
     p.old_gemms = sym ? 6 : 3;
+  } else if (loss == "grouped") {
+    // One direction over [B g] candidates: S = Q C_all^T, dQ = G C_all, dC_all =
+    // G^T Q, each g units; tiled recomputes S. The candidate tower is gathered
+    // and its gradient reduce-scattered; no column statistics.
+    const int64_t g = o.group(), cgather = g * gather;
+    mat.gemms = 3 * g;
+    tiled.gemms = ring.gemms = 4 * g;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = cgather;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * g * d * e;
+    ring.bytes_sent_forward = cgather;
+    ring.bytes_sent_backward = 2 * cgather;
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * g * d * e;
+    ring.feature_bytes = 4 * b * g * d * e;
+    p.old_gemms = 3 * g;
   } else if (loss == "nt_xent") {
     // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4 units).
     mat.gemms = 8;
@@ -98,7 +116,8 @@ std::string mib(int64_t bytes) {
 std::string to_string(const LossPlan& p) {
   std::ostringstream os;
   const auto& o = p.options;
-  os << "plan: " << o.loss() << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = "
+  os << "plan: " << o.loss() << (o.loss() == "grouped" ? " (g = " + std::to_string(o.group()) + ")" : std::string())
+     << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = "
      << o.width() << ", W = " << o.world() << ", " << o.dtype() << "\n";
   os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd |\n";
   os << "|---|---|---|---|---|---|---|\n";
@@ -118,7 +137,7 @@ std::string to_string(const LossPlan& p) {
 std::string to_json(const LossPlan& p) {
   std::ostringstream os;
   const auto& o = p.options;
-  os << "{\"loss\": \"" << o.loss() << "\", \"batch\": " << o.batch() << ", \"width\": " << o.width()
+  os << "{\"loss\": \"" << o.loss() << "\", \"group\": " << o.group() << ", \"batch\": " << o.batch() << ", \"width\": " << o.width()
      << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank << ", \"chosen\": \"" << p.chosen
      << "\", \"old_gemms\": " << p.old_gemms << ", \"paths\": [";
   for (size_t i = 0; i < p.paths.size(); ++i) {

@@ -50,3 +50,15 @@ TEST(BenchCli, GradCacheFlagErrors) {
   expect_flag_error("bench-grad-cache --loss fancy",
                     "flag '--loss' must be tiled or materialised, but got 'fancy'");
 }
+
+TEST(BenchCli, PlanFlagErrorsAndGrouped) {
+  expect_flag_error("plan --loss clip --group 4", "flag '--group' applies to --loss grouped only, but --loss is 'clip'");
+  expect_flag_error("plan --loss grouped --group 0", "flag '--group' must be >= 1, but got 0");
+  expect_flag_error("plan --loss triplet",
+                    "flag '--loss' must be clip, infonce, grouped, nt_xent or moco_v3, but got 'triplet'");
+  auto r = run_cli("plan --loss grouped --group 8 --batch 4096 --world 4");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("plan: grouped (g = 8), B = 4096 (1024 rows on the largest rank)"), std::string::npos) << r.out;
+  // [1024 x 4096 g] fp32 logits: 128 MiB, under the 256 MiB threshold.
+  EXPECT_NE(r.out.find("| materialised (chosen) |"), std::string::npos) << r.out;
+}

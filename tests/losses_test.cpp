@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "contrax/collectives.h"
+#include "contrax/grouped.h"
 #include "contrax/losses.h"
 #include "contrax/memory.h"
 #include "contrax/plan.h"
@@ -448,8 +449,10 @@ TEST(LossExtremes, VerifyHasAnAbsoluteFloor) {
 
 TEST(LossPlan, BytesMatchTheCommunicatorsCounters) {
   const int64_t W = 2, b = 5, d = 8;
-  for (const std::string loss : {"clip", "infonce", "nt_xent", "moco_v3"}) {
-    auto plan = plan_loss(PlanOptions().loss(loss).batch(W * b).width(d).world(W).dtype(torch::kDouble));
+  const int64_t g = 3;  // grouped: the positive and two hard negatives per query
+  for (const std::string loss : {"clip", "infonce", "grouped", "nt_xent", "moco_v3"}) {
+    auto plan = plan_loss(PlanOptions().loss(loss).group(loss == "grouped" ? g : 1).batch(W * b).width(d).world(W)
+                              .dtype(torch::kDouble));
     EXPECT_EQ(plan.chosen, "materialised");
     const auto& mat = plan.paths[0];
     run_ranks(W, [&](const CommunicatorPtr& comm) {
@@ -460,6 +463,9 @@ TEST(LossPlan, BytesMatchTheCommunicatorsCounters) {
       torch::Tensor l = loss == "clip"      ? clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().comm(comm))
                         : loss == "infonce" ? clip_loss(x, y, ls, c10::nullopt,
                                                         ClipLossOptions().symmetric(false).comm(comm))
+                        : loss == "grouped" ? grouped_loss(x, torch::randn({b * g, d}, torch::kDouble)
+                                                                     .requires_grad_(true),
+                                                           ls, c10::nullopt, GroupedLossOptions().comm(comm))
                         : loss == "nt_xent" ? nt_xent_loss(x, y, NTXentLossOptions().comm(comm))
                                             : moco_v3_loss(x, y, y, x, MocoV3LossOptions().comm(comm));
       auto s = comm->stats();
@@ -483,7 +489,19 @@ TEST(LossPlan, RoutingAndErrors) {
   EXPECT_EQ(p.paths[0].logits_bytes, int64_t{2048} * 8192 * 4);
   EXPECT_NE(to_string(p).find("materialised (chosen)"), std::string::npos) << to_string(p);
   EXPECT_NE(to_json(p).find("\"chosen\": \"materialised\""), std::string::npos);
+  // grouped: one [b x B g] buffer, g blocks against the threshold.
+  EXPECT_EQ(plan_loss(PlanOptions().loss("grouped").group(4).batch(4096)).chosen, "materialised");  // 256 MiB
+  EXPECT_EQ(plan_loss(PlanOptions().loss("grouped").group(5).batch(4096)).chosen, "tiled");
+  auto gp = plan_loss(PlanOptions().loss("grouped").group(4).batch(1024).world(2));
+  EXPECT_EQ(gp.paths[0].gemms, 12);
+  EXPECT_EQ(gp.paths[0].logits_bytes, int64_t{512} * 1024 * 4 * 4);
+  EXPECT_NE(to_string(gp).find("plan: grouped (g = 4)"), std::string::npos) << to_string(gp);
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("triplet")),
-                       "plan_loss(): argument 'loss' must be clip, infonce, nt_xent or moco_v3, but got 'triplet'");
+                       "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent or moco_v3, but got "
+                       "'triplet'");
+  CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("clip").group(2)),
+                       "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is 'clip'");
+  CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("grouped").group(0)),
+                       "plan_loss(): argument 'group' must be >= 1, but got 0");
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().batch(0)), "plan_loss(): argument 'batch' must be positive, but got 0");
 }

@@ -19,8 +19,11 @@ namespace contrax {
 ///   auto p = contrax::plan_loss(contrax::PlanOptions().batch(32768).world(4));
 ///   std::cout << contrax::to_string(p);
 struct PlanOptions {
-  /// "clip" (symmetric), "infonce" (one direction), "nt_xent" or "moco_v3".
+  /// "clip" (symmetric), "infonce" (one direction), "grouped" (one direction,
+  /// `group` candidates per query: grouped_loss), "nt_xent" or "moco_v3".
   TORCH_ARG(std::string, loss) = "clip";
+  /// grouped only: candidates per query (its positive and group - 1 hard negatives).
+  TORCH_ARG(int64_t, group) = 1;
   /// Global batch B (rows per view); ranks hold ceil(B/W) or floor(B/W) rows.
   TORCH_ARG(int64_t, batch) = 8192;
   TORCH_ARG(int64_t, width) = 256;
@@ -42,7 +45,7 @@ struct PathCost {
   int64_t logits_bytes = 0;         // logits-sized buffers held at once
   int64_t feature_bytes = 0;        // gathered features (and their gradient)
   double gemm_flops = 0;            // multiply-adds x 2 of every GEMM, forward + backward
-  int64_t gemms = 0;                // in units of one [b x B x d] product
+  int64_t gemms = 0;                // in units of one [b x B x d] product (grouped: g per [b x B g x d])
   int64_t bytes_sent_forward = 0;   // per rank, bandwidth-optimal schedule (CommStats' rule)
   int64_t bytes_sent_backward = 0;
   bool available = true;            // ring needs W > 1
