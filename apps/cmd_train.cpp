@@ -3,7 +3,7 @@
 // `contrax verify`'s exactness line. The run directory's files are described
 // in run_dir.h; the training loop is contrax::train::train_contrastive.
 //
-//   contrax train                                  # defaults: 2 processes, SimCLR, 8 epochs
+//   contrax train                                  # defaults: 2 processes, SimCLR, 16 epochs
 //   contrax train --recipe moco-v3 --nproc 2 --epochs 3 --run-dir runs/moco
 //   contrax train --run-dir runs/a --resume auto   # continue a stopped run, or start it
 //   contrax train --max-steps 20 --train-limit 2048 --json
