@@ -23,7 +23,6 @@ argument), on every rank; other failures (e.g. a peer that died) raise
 over a batch larger than activation memory allows, with the exact big-batch
 gradients: see its docstring.
 """
-import atexit
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -88,14 +87,6 @@ def clear_cache() -> None:
     at once.
     """
     _contrax.clear_cache()
-
-
-# The cache is never destroyed (no c10d teardown during interpreter
-# finalization), so a group whose only remaining reference is ours would keep
-# its backend's threads running into process exit, where Gloo can abort
-# ("terminate called without an active exception"). At exit, while the
-# interpreter is still whole, drop our references: such a group is freed then.
-atexit.register(_contrax.clear_cache)
 
 
 def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,

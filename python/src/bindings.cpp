@@ -308,16 +308,9 @@ PYBIND11_MODULE(_contrax, m) {
   m.def(
       "clear_cache",
       [] {
-        std::map<const PG*, contrax::CommunicatorPtr> dropped;
-        {
-          auto& c = cache();
-          std::lock_guard<std::mutex> lock(c.mutex);
-          dropped.swap(c.by_group);
-        }
-        // A group freed here joins its backend's threads, whose pending work
-        // may release tensors that need the GIL: do not hold it meanwhile.
-        py::gil_scoped_release no_gil;
-        dropped.clear();
+        auto& c = cache();
+        std::lock_guard<std::mutex> lock(c.mutex);
+        c.by_group.clear();
       },
       "Drops every cached communicator (and its reference to the process group).");
   m.def("_cache_size", [] {

@@ -8,8 +8,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-import contrax
-
 F64 = torch.float64
 
 
@@ -23,7 +21,6 @@ def _entry(rank, world, init_file, fn, args):
         fn(rank, world, *args)
     finally:
         dist.barrier()
-        contrax.clear_cache()  # our reference too, so that the group is freed here, not at exit
         dist.destroy_process_group()
 
 
