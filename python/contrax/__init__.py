@@ -23,6 +23,7 @@ argument), on every rank; other failures (e.g. a peer that died) raise
 over a batch larger than activation memory allows, with the exact big-batch
 gradients: see its docstring.
 """
+import atexit
 from typing import List, Optional, Tuple, Union
 
 import torch
@@ -82,11 +83,24 @@ def communicator(group=None):
 def clear_cache() -> None:
     """Drops every cached communicator (and its reference to the process group).
 
-    Entries of destroyed groups are dropped automatically; call this before
-    ``torch.distributed.destroy_process_group()`` if the group must be freed
-    at once.
+    Entries of destroyed groups are dropped automatically, and at interpreter
+    exit. To free a group at once, call this *after*
+    ``torch.distributed.destroy_process_group()``: the group is then freed here,
+    with the GIL released while Gloo joins its worker threads (a worker may
+    need the GIL to free a finished operation's tensors, so freeing the group
+    inside ``destroy_process_group()``, with the GIL held, can deadlock).
     """
     _contrax.clear_cache()
+
+
+# A group whose last reference is the cache's (the user called
+# torch.distributed.destroy_process_group()) would otherwise stay alive into
+# interpreter finalization, its Gloo worker threads with it; a worker that then
+# frees a finished work item's Python-owned tensor takes the GIL and is ended
+# by Python (SIGABRT: "terminate called without an active exception"). At exit,
+# while the interpreter is whole, free such groups (clear_cache releases the GIL
+# while the group joins its threads).
+atexit.register(_contrax.clear_cache)
 
 
 def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,

@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "contrax/collectives.h"
 #include "contrax/communicator.h"
@@ -44,16 +45,32 @@ CommCache& cache() {
   return *c;
 }
 
-void purge_locked(CommCache& c) {
+// Entries whose group nobody else references any more move to `dropped`,
+// which the caller frees with drop_without_gil once the mutex is released.
+void purge_locked(CommCache& c, std::vector<contrax::CommunicatorPtr>& dropped) {
   for (auto it = c.by_group.begin(); it != c.by_group.end();) {
     auto pg = contrax::detail::process_group(*it->second);
     // use_count: the communicator's reference + `pg` here = 2 -> nobody else.
     if (!pg || pg.use_count() <= 2) {
+      dropped.push_back(std::move(it->second));
       it = c.by_group.erase(it);
     } else {
       ++it;
     }
   }
+}
+
+// Frees communicators, and with them possibly the last reference to a process
+// group, without the GIL. ~ProcessGroupGloo joins its worker threads, and a
+// worker may still be dropping the last reference to a finished work item
+// whose tensors own Python objects: it takes the GIL to free them. Joining
+// with the GIL held deadlocks then, and a group left alive into interpreter
+// finalization makes that worker's GIL request end the thread (pthread_exit
+// through ~TensorImpl: "terminate called without an active exception").
+void drop_without_gil(std::vector<contrax::CommunicatorPtr>& dropped) {
+  if (dropped.empty()) return;
+  py::gil_scoped_release no_gil;
+  dropped.clear();
 }
 
 PGPtr to_group(const py::handle& group) {
@@ -66,15 +83,14 @@ PGPtr to_group(const py::handle& group) {
   }
 }
 
-contrax::CommunicatorPtr comm_for(const py::object& group, double timeout_s) {
-  auto& c = cache();
-  std::lock_guard<std::mutex> lock(c.mutex);
+contrax::CommunicatorPtr comm_for_locked(CommCache& c, const py::object& group, double timeout_s,
+                                         std::vector<contrax::CommunicatorPtr>& dropped) {
   if (group.is_none()) {
     if (!c.single) c.single = contrax::Communicator::single();
     return c.single;
   }
   PGPtr pg = to_group(group);
-  purge_locked(c);
+  purge_locked(c, dropped);
   auto it = c.by_group.find(pg.get());
   if (it != c.by_group.end()) return it->second;
   if (pg->getSize() == 1) {
@@ -85,6 +101,18 @@ contrax::CommunicatorPtr comm_for(const py::object& group, double timeout_s) {
   auto ms = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   auto comm = contrax::detail::wrap_process_group(pg, ms);
   c.by_group.emplace(pg.get(), comm);
+  return comm;
+}
+
+contrax::CommunicatorPtr comm_for(const py::object& group, double timeout_s) {
+  auto& c = cache();
+  std::vector<contrax::CommunicatorPtr> dropped;
+  contrax::CommunicatorPtr comm;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    comm = comm_for_locked(c, group, timeout_s, dropped);
+  }
+  drop_without_gil(dropped);
   return comm;
 }
 
@@ -309,14 +337,25 @@ PYBIND11_MODULE(_contrax, m) {
       "clear_cache",
       [] {
         auto& c = cache();
-        std::lock_guard<std::mutex> lock(c.mutex);
-        c.by_group.clear();
+        std::vector<contrax::CommunicatorPtr> dropped;
+        {
+          std::lock_guard<std::mutex> lock(c.mutex);
+          for (auto& kv : c.by_group) dropped.push_back(std::move(kv.second));
+          c.by_group.clear();
+        }
+        drop_without_gil(dropped);
       },
       "Drops every cached communicator (and its reference to the process group).");
   m.def("_cache_size", [] {
     auto& c = cache();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    purge_locked(c);
-    return c.by_group.size();
+    std::vector<contrax::CommunicatorPtr> dropped;
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> lock(c.mutex);
+      purge_locked(c, dropped);
+      n = c.by_group.size();
+    }
+    drop_without_gil(dropped);
+    return n;
   });
 }

@@ -1,5 +1,6 @@
 """Helpers for the contrax Python tests: spawn Gloo ranks, reference losses."""
 import datetime
+import gc
 import os
 import tempfile
 
@@ -7,6 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+import contrax
 
 F64 = torch.float64
 
@@ -20,8 +23,21 @@ def _entry(rank, world, init_file, fn, args):
     try:
         fn(rank, world, *args)
     finally:
-        dist.barrier()
-        dist.destroy_process_group()
+        _teardown()
+
+
+def _teardown():
+    """Frees the default group in contrax.clear_cache(), which releases the GIL
+    while ~ProcessGroupGloo joins its worker threads: a worker may still be
+    freeing a finished work item's Python-owned tensors, which needs the GIL.
+    Not in destroy_process_group() (its last reference dropped with the GIL
+    held: a deadlock) nor at interpreter exit (the worker's GIL request ends
+    the thread: SIGABRT). So the cache must hold the group, and last."""
+    dist.barrier()
+    contrax.communicator()  # cached (world > 1): destroy_process_group() does not free it
+    dist.destroy_process_group()
+    gc.collect()  # DDP reducers in reference cycles hold the group as well
+    contrax.clear_cache()
 
 
 def run(world, fn, *args):
