@@ -40,9 +40,12 @@
 // backward (O(B)), so every rank must run backward.
 //
 // Memory: one logits buffer per rank ([b x B] for CLIP, [2b x 2B] for NT-Xent),
-// saved by the forward and turned in place into G by the backward; the
-// log-sum-exps are computed over row chunks of a few MiB, never a second
-// [b x B] temporary. Hence one backward per graph: a second one (retain_graph)
+// saved by the forward and turned in place into G by the backward, never a
+// second [b x B] temporary. Time: the buffer is produced and consumed in row
+// chunks of ~8 MiB (its GEMM, then the chunk's log-sum-exps; in backward the
+// chunk's gradient, then the GEMMs that read it), and the element-wise passes
+// are fused vectorised kernels (contrax/detail/lse_kernels.h): two passes over
+// a chunk in forward, one in backward, each while the chunk is in cache. Hence one backward per graph: a second one (retain_graph)
 // is an error, not a wrong result.
 #pragma once
 

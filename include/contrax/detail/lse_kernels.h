@@ -1,0 +1,73 @@
+// The loss engine's element-wise passes over a logits tile, fused: row and
+// column log-sum-exps in two passes over the tile, and the softmax gradient in
+// one, in place. CPU float/double tiles with unit column stride go through
+// vectorised kernels (AVX-512, AVX2 or baseline, chosen at run time) split
+// across LibTorch's intra-op threads; any other tile (CUDA, a transposed view)
+// through the equivalent ATen operations. Internal: used by src/engine.cpp.
+#pragma once
+
+#include <torch/torch.h>
+
+namespace contrax::detail {
+
+/// Row and column log-sum-exps of a tile.
+struct TileLse {
+  torch::Tensor row;  // [R], or undefined when not asked for
+  torch::Tensor col;  // [C], or undefined when not asked for
+};
+
+/// The log-sum-exp of every row (`rows`) and/or every column (`cols`) of the
+/// 2-D tile `t` ([R, C]). A row or column that is -inf throughout, or empty,
+/// gives -inf (not NaN); a NaN or +inf entry makes its row's and column's
+/// results NaN or +inf, as `torch::logsumexp` would.
+///
+///   auto s = tile_lse(S, /*rows=*/true, /*cols=*/false);   // s.row: [R]
+TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols);
+
+/// Column log-sum-exps of a matrix seen one tile at a time (online: a running
+/// maximum and a sum of exponentials under a shift per column, rescaled only
+/// where a tile raises the maximum), with each tile's row log-sum-exps from
+/// the same two passes over it. This is how the engine computes a chunk's
+/// statistics right after its GEMM, while the chunk is still in cache.
+///
+///   ColumnLse cols(N, S.options());
+///   for (r0 ...) row_lse.narrow(0, r0, R).copy_(cols.add(S.narrow(0, r0, R), 0, true));
+///   auto col_lse = cols.lse();   // [N]
+class ColumnLse {
+ public:
+  ColumnLse(int64_t n_cols, const torch::TensorOptions& options);
+  /// Adds the rows of `tile` ([R, C]) to columns [c0, c0 + C). Returns the
+  /// tile's row log-sum-exps ([R], over its C columns) when `rows`, else undefined.
+  torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows);
+  /// [n_cols]; -inf for a column that only -inf (or nothing) was added to.
+  torch::Tensor lse() const;
+
+ private:
+  bool fused_;
+  torch::Tensor max_, sum_, shift_;  // fused state, [n_cols] each
+  torch::Tensor lse_;                // ATen state, [n_cols]
+};
+
+/// Turns the tile into softmax gradients in place:
+///   t_ij <- w_row_i exp(t_ij - lse_row_i) + w_col_j exp(t_ij - lse_col_j),
+/// an undefined weight meaning 1 and an undefined `lse_col` dropping the
+/// column term. The vectors have t's dtype and device, and lengths R and C.
+void softmax_grad_(torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row /* [R] */,
+                   const torch::Tensor& w_row /* [R] or undefined */, const torch::Tensor& lse_col /* [C] or undefined */,
+                   const torch::Tensor& w_col /* [C] or undefined */);
+
+/// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
+/// apply (default true; the CONTRAX_FUSED_KERNELS=0 environment variable turns
+/// them off at start). Tests switch them off to check both paths agree.
+bool fused_kernels_enabled();
+void set_fused_kernels_enabled(bool on);
+
+/// The instruction set the fused kernels run with on this CPU: "avx512",
+/// "avx2" or "baseline".
+const char* fused_kernels_isa();
+
+/// exp of every element of a CPU float tensor through the fused kernels' own
+/// vectorised exp (for its accuracy test).
+torch::Tensor fused_exp(const torch::Tensor& x);
+
+}  // namespace contrax::detail

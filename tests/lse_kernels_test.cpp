@@ -1,0 +1,206 @@
+// The engine's fused element-wise kernels (contrax/detail/lse_kernels.h)
+// against fp64 references: the vectorised exp, the row/column log-sum-exps
+// (row blocks, the column split across threads, masked and non-finite
+// entries) and the in-place softmax gradient, and the fused path of every
+// loss against the ATen path it replaces (which CUDA tensors still take).
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "contrax/detail/lse_kernels.h"
+#include "contrax/losses.h"
+
+namespace {
+
+using contrax::detail::fused_exp;
+using contrax::detail::softmax_grad_;
+using contrax::detail::tile_lse;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Restores the kernels switch and the thread count a test changes.
+struct Restore {
+  bool fused = contrax::detail::fused_kernels_enabled();
+  int threads = at::get_num_threads();
+  ~Restore() {
+    contrax::detail::set_fused_kernels_enabled(fused);
+    at::set_num_threads(threads);
+  }
+};
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  auto x = a.to(torch::kDouble), y = b.to(torch::kDouble);
+  // Equal infinities (and both NaN) count as no difference.
+  auto same = (x == y) | (torch::isnan(x) & torch::isnan(y));
+  auto d = (x - y).abs().masked_fill(same, 0.0);
+  return d.numel() ? d.max().item<double>() : 0.0;
+}
+
+TEST(LseKernels, ReportsTheInstructionSet) {
+  const std::string isa = contrax::detail::fused_kernels_isa();
+  EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "baseline") << isa;
+}
+
+TEST(LseKernels, VectorExpIsWithinThreeUlpOverTheWholeRange) {
+  auto x = torch::linspace(-110.0, 90.0, 200001, torch::kFloat);
+  auto y = fused_exp(x).to(torch::kDouble);
+  auto want = x.to(torch::kDouble).exp();
+  // Relative error where the result is a normal float; absolute (below the
+  // smallest normal) where it is denormal or zero.
+  const double tiny = std::numeric_limits<float>::min();
+  auto normal = (want >= tiny) & (want <= std::numeric_limits<float>::max());
+  auto rel = ((y - want).abs() / want).masked_select(normal);
+  EXPECT_LT(rel.max().item<double>(), 3 * 1.2e-7);
+  auto sub = want < tiny;
+  EXPECT_LT((y - want).abs().masked_select(sub).max().item<double>(), tiny);
+  auto special = fused_exp(torch::tensor({-INFINITY, INFINITY, NAN, 0.0f, 89.0f, -200.0f}, torch::kFloat));
+  auto s = special.accessor<float, 1>();
+  EXPECT_EQ(s[0], 0.0f);
+  EXPECT_EQ(s[1], INFINITY);
+  EXPECT_TRUE(std::isnan(s[2]));
+  EXPECT_EQ(s[3], 1.0f);
+  EXPECT_EQ(s[4], INFINITY);  // e^89 > FLT_MAX
+  EXPECT_EQ(s[5], 0.0f);
+}
+
+// fp64 reference: logsumexp of rows and columns, -inf for empty or all -inf.
+torch::Tensor ref_lse(const torch::Tensor& t, int64_t dim) {
+  auto x = t.to(torch::kDouble);
+  if (x.size(dim) == 0) return torch::full({x.size(1 - dim)}, -kInf, x.options());
+  return x.logsumexp(dim);
+}
+
+void expect_lse_matches(const torch::Tensor& t, double tol) {
+  auto got = tile_lse(t, true, true);
+  ASSERT_TRUE(got.row.defined() && got.col.defined());
+  EXPECT_EQ(got.row.scalar_type(), t.scalar_type());
+  EXPECT_LE(max_abs_diff(got.row, ref_lse(t, 1)), tol) << "rows of " << t.sizes();
+  EXPECT_LE(max_abs_diff(got.col, ref_lse(t, 0)), tol) << "columns of " << t.sizes();
+  auto rows_only = tile_lse(t, true, false);
+  EXPECT_FALSE(rows_only.col.defined());
+  EXPECT_LE(max_abs_diff(rows_only.row, ref_lse(t, 1)), tol);
+  auto cols_only = tile_lse(t, false, true);
+  EXPECT_FALSE(cols_only.row.defined());
+  EXPECT_LE(max_abs_diff(cols_only.col, ref_lse(t, 0)), tol);
+}
+
+TEST(LseKernels, TileLseMatchesFp64AtEveryShapeDtypeAndThreadCount) {
+  Restore restore;
+  torch::manual_seed(0);
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    // Shapes: lane tails, one row/column, empty, several ~1 MiB row blocks
+    // (600 x 1000 fp32), and a tile large enough for the column split.
+    for (auto shape : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {3, 17}, {17, 3}, {0, 5}, {5, 0}, {64, 33}, {600, 1000}, {300, 1000}}) {
+      for (auto dt : {torch::kFloat, torch::kDouble}) {
+        auto t = torch::randn({shape.first, shape.second}, torch::TensorOptions().dtype(dt)) * 20.0;
+        expect_lse_matches(t, dt == torch::kFloat ? 2e-5 : 1e-12);
+      }
+    }
+  }
+}
+
+TEST(LseKernels, MaskedAndLateColumnsAndStridedTiles) {
+  Restore restore;
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    for (auto dt : {torch::kFloat, torch::kDouble}) {
+      const double tol = dt == torch::kFloat ? 2e-5 : 1e-12;
+      auto t = torch::randn({700, 1000}, torch::TensorOptions().dtype(dt)) * 5.0;
+      t.index_put_({3}, -kInf);                     // a row masked throughout
+      t.select(1, 7).fill_(-kInf);                  // a column masked throughout
+      t.diagonal().fill_(-kInf);                    // a masked self column per row
+      // A column that is -inf in the first row blocks and far below 0 later:
+      // its shift must follow its own maximum, not stay at 0.
+      auto late = t.select(1, 11);
+      late.narrow(0, 0, 500).fill_(-kInf);
+      late.narrow(0, 500, 200).copy_(torch::randn({200}, t.options()) - 1000.0);
+      expect_lse_matches(t, tol);
+      auto got = tile_lse(t, true, true);
+      EXPECT_EQ(got.row[3].item<double>(), -kInf);
+      EXPECT_EQ(got.col[7].item<double>(), -kInf);
+      EXPECT_NEAR(got.col[11].item<double>(), ref_lse(t, 0)[11].item<double>(), 1e-3);
+      // A tile of a larger buffer (row stride > columns) and a transposed view
+      // (the ATen path).
+      expect_lse_matches(t.narrow(1, 100, 513).narrow(0, 5, 300), tol);
+      expect_lse_matches(t.t(), tol);
+    }
+  }
+}
+
+TEST(LseKernels, NonFiniteEntriesPropagateAsInAten) {
+  for (auto dt : {torch::kFloat, torch::kDouble}) {
+    auto t = torch::randn({40, 50}, torch::TensorOptions().dtype(dt));
+    t.index_put_({2, 3}, NAN);
+    t.index_put_({5, 6}, INFINITY);
+    auto got = tile_lse(t, true, true);
+    EXPECT_TRUE(std::isnan(got.row[2].item<double>()));
+    EXPECT_TRUE(std::isnan(got.col[3].item<double>()));
+    // +inf: the row's log-sum-exp is +inf or NaN (as in ATen), never finite.
+    EXPECT_FALSE(std::isfinite(got.row[5].item<double>()));
+    EXPECT_FALSE(std::isfinite(got.col[6].item<double>()));
+    EXPECT_TRUE(std::isfinite(got.row[0].item<double>()));
+  }
+}
+
+TEST(LseKernels, SoftmaxGradMatchesTheAtenFormWithAndWithoutWeights) {
+  Restore restore;
+  torch::manual_seed(1);
+  for (int threads : {1, 2}) {
+    at::set_num_threads(threads);
+    for (auto dt : {torch::kFloat, torch::kDouble}) {
+      const double tol = dt == torch::kFloat ? 1e-6 : 1e-15;
+      auto opt = torch::TensorOptions().dtype(dt);
+      auto t = torch::randn({257, 301}, opt) * 4.0;
+      t.diagonal().fill_(-kInf);
+      auto lr = ref_lse(t, 1).to(dt), lc = ref_lse(t, 0).to(dt);
+      auto wr = torch::rand({257}, opt), wc = torch::rand({301}, opt);
+      for (int form = 0; form < 4; ++form) {
+        const bool col = form & 1, weights = form & 2;
+        torch::Tensor want, got;
+        for (bool fused : {false, true}) {
+          contrax::detail::set_fused_kernels_enabled(fused);
+          auto x = t.clone();
+          softmax_grad_(x, lr, weights ? wr : torch::Tensor(), col ? lc : torch::Tensor(),
+                        col && weights ? wc : torch::Tensor());
+          (fused ? got : want) = x;
+        }
+        EXPECT_LE(max_abs_diff(got, want), tol) << "form " << form << " dtype " << dt;
+        // Rows of a row softmax sum to their weight.
+        if (form == 0) {
+          EXPECT_LE(max_abs_diff(got.sum(1), torch::ones({257}, opt)), dt == torch::kFloat ? 1e-5 : 1e-13);
+        }
+      }
+    }
+  }
+}
+
+// Every loss through the fused kernels equals the ATen path (CUDA's) in fp64
+// to rounding, value and gradients, materialised and tiled.
+TEST(LseKernels, LossesAgreeWithTheAtenPath) {
+  Restore restore;
+  torch::manual_seed(2);
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto a0 = torch::randn({37, 8}, opt), b0 = torch::randn({37, 8}, opt);
+  for (int64_t tile : {int64_t{-1}, int64_t{16}}) {
+    std::vector<torch::Tensor> results[2];
+    for (bool fused : {false, true}) {
+      contrax::detail::set_fused_kernels_enabled(fused);
+      auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      auto scale = torch::tensor(2.0, opt).requires_grad_(true);
+      auto l1 = contrax::clip_loss(a, b, scale, {}, contrax::ClipLossOptions().tile_size(tile));
+      auto l2 = contrax::nt_xent_loss(a, b, contrax::NTXentLossOptions().tile_size(tile));
+      (l1 + l2).backward();
+      results[fused] = {l1.detach(), l2.detach(), a.grad(), b.grad(), scale.grad()};
+    }
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      EXPECT_LE(max_abs_diff(results[1][i], results[0][i]), 1e-13) << "tile " << tile << " output " << i;
+    }
+  }
+}
+
+}  // namespace
