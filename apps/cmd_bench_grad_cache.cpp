@@ -138,7 +138,8 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
   params.push_back(logit_scale);
   auto loss_fn = [&](const torch::Tensor& fa, const torch::Tensor& fb) {
     return loss_kind == "tiled" ? contrax::tiled_clip_loss(fa, fb, logit_scale)
-                                : contrax::clip_loss(fa, fb, logit_scale, {}, contrax::ClipLossOptions().tile_size(-1));
+                                : contrax::clip_loss(fa, fb, logit_scale, {},
+                                                     contrax::ClipLossOptions().path(contrax::MemoryPath::kMaterialised));
   };
   contrax::GradCache gc({contrax::GradCacheEncoder(image, chunk), contrax::GradCacheEncoder(text, chunk)},
                         [&](const std::vector<torch::Tensor>& r) { return loss_fn(r[0], r[1]); });

@@ -147,9 +147,11 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
       torch::Tensor loss = m == "global"      ? loss_global(a, b, ls, comm)
                            : m == "allreduce" ? loss_allreduce(a, b, ls, comm)
                            : m == "floor"     ? loss_floor(a, b, comm, nt ? 4 : 2)
-                           : nt ? contrax::nt_xent_loss(a, b, contrax::NTXentLossOptions().comm(comm).tile_size(-1))
-                                : contrax::clip_loss(a, b, ls, c10::nullopt,
-                                                     contrax::ClipLossOptions().comm(comm).tile_size(-1));
+                           : nt ? contrax::nt_xent_loss(
+                                      a, b, contrax::NTXentLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised))
+                                : contrax::clip_loss(
+                                      a, b, ls, c10::nullopt,
+                                      contrax::ClipLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised));
       const int64_t fwd = comm->stats().total_bytes_sent();
       if (loss.requires_grad()) loss.backward();
       auto t1 = std::chrono::steady_clock::now();

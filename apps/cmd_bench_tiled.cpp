@@ -136,9 +136,9 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     std::vector<std::function<Run()>> contenders = {run_of([&] {
       return contrax::tiled_clip_loss(a, b, ls, {}, opts, contrax::TiledOptions().tile_size(tile));
     })};
-    // tile_size(-1): clip_loss would otherwise route itself to the tiled path
+    // kMaterialised: clip_loss would otherwise route itself to the tiled path
     // above max_logits_bytes, and the baseline would measure the contender.
-    auto materialised = contrax::ClipLossOptions(opts).tile_size(-1);
+    auto materialised = contrax::ClipLossOptions(opts).path(contrax::MemoryPath::kMaterialised);
     if (fits) contenders.push_back(run_of([&] { return contrax::clip_loss(a, b, ls, {}, materialised); }));
     if (fits) contenders.push_back(floor_run);
     auto runs = measure_alternating(contenders, iters);

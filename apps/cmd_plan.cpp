@@ -30,16 +30,22 @@ int run_plan(const std::vector<std::string>& args) {
   int64_t tile = defaults.tile_size(), max_logits = defaults.max_logits_bytes();
   bool ring = defaults.ring(), json = false;
   int64_t group = defaults.group();
-  cli::add_choice(app, "--loss", loss, "clip (symmetric), infonce, grouped (--group candidates per query), nt_xent or "
-                  "moco_v3", {"clip", "infonce", "grouped", "nt_xent", "moco_v3"});
+  cli::add_choice(app, "--loss", loss,
+                  "clip (symmetric), infonce, grouped (--group candidates per query), nt_xent or "
+                  "moco_v3",
+                  {"clip", "infonce", "grouped", "nt_xent", "moco_v3"});
   cli::add_int(app, "--group", group, "grouped: candidates per query g (the positive and g - 1 hard negatives)", 1,
                int64_t{1} << 20);
   cli::add_int(app, "--batch", batch, "global batch B (rows per view)", 1, int64_t{1} << 40);
   cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
   cli::add_int(app, "--world", world, "number of ranks W", 1, int64_t{1} << 20);
   cli::add_choice(app, "--dtype", dtype, "feature dtype", {"float", "double", "half", "bf16"});
-  cli::add_int(app, "--tile-size", tile, "the losses' tile_size: 0 automatic, -1 materialised, > 0 tiled", -1,
-               int64_t{1} << 30);
+  std::string path = "auto";
+  cli::add_choice(app, "--path", path, "the losses' memory path", {"auto", "materialised", "tiled"});
+  cli::add_int(app, "--tile-size", tile,
+               "tile side on the tiled path (0: from the 16 MiB tile budget; > 0 with "
+               "--path auto selects tiles)",
+               0, int64_t{1} << 30);
   app.add_flag("--ring", ring, "tiled path with key blocks around the ring");
   cli::add_int(app, "--max-logits-bytes", max_logits, "automatic routing threshold", 1, int64_t{1} << 50);
   app.add_flag("--json", json, "print one JSON object instead of the table");
@@ -53,6 +59,9 @@ int run_plan(const std::vector<std::string>& args) {
                                      .width(width)
                                      .world(world)
                                      .dtype(dtype_of(dtype))
+                                     .path(path == "tiled"          ? contrax::MemoryPath::kTiled
+                                           : path == "materialised" ? contrax::MemoryPath::kMaterialised
+                                                                    : contrax::MemoryPath::kAuto)
                                      .tile_size(tile)
                                      .ring(ring)
                                      .max_logits_bytes(max_logits));

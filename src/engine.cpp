@@ -34,7 +34,6 @@ torch::Tensor combine_lse(const torch::Tensor& partial /* [C] */, const EngineLa
   return all.logsumexp(0);
 }
 
-
 // ---------------------------------------------------------------------------
 // CLIP / InfoNCE / grouped on one row block: the shared structure.
 //
@@ -90,9 +89,10 @@ torch::Tensor run_view(const torch::Tensor& t, const PositiveRun& p, int64_t g) 
 struct BlockPlan : torch::CustomClassHolder {
   EngineLayout layout;
   BlockSpec spec;
-  double inv_temperature = 1.0;  // NT-Xent
+  double inv_temperature = 1.0;            // NT-Xent
+  bool bounded = false;                    // NT-Xent: |S| <= 1/T known (unit rows), the buffer holds exp(S - 1/T)
   Reduction reduction = Reduction::kMean;  // NT-Xent
-  bool consumed = false;         // the buffer has become G: a second backward would be wrong
+  bool consumed = false;                   // the buffer has become G: a second backward would be wrong
 
   bool labeled() const { return spec.row_labels.defined(); }
   bool multi() const { return labeled() && spec.label_mode == LabelMode::kMultiPositive; }
@@ -100,8 +100,7 @@ struct BlockPlan : torch::CustomClassHolder {
 };
 
 void check_single_backward(BlockPlan& plan, const char* caller) {
-  TORCH_CHECK(!torch::GradMode::is_enabled(), caller,
-              "(): double backward (create_graph=true) is not supported");
+  TORCH_CHECK(!torch::GradMode::is_enabled(), caller, "(): double backward (create_graph=true) is not supported");
   TORCH_CHECK(!plan.consumed, caller,
               "(): backward ran twice through the same graph; the materialised loss turns its logits buffer into "
               "the gradient in place, so retain_graph=true cannot reuse it (compute the loss again instead)");
@@ -190,8 +189,7 @@ struct RowTerms {
 
 // Finishes the forward: combines the column statistics across ranks, forms the
 // per-row losses and reduces them. `designated`: [b] S_{i,pos(i)}.
-torch::Tensor finish_forward(const BlockPlan& plan, ForwardStats& st, const torch::Tensor& designated,
-                             RowTerms& out) {
+torch::Tensor finish_forward(const BlockPlan& plan, ForwardStats& st, const torch::Tensor& designated, RowTerms& out) {
   const auto& L = plan.layout;
   const int64_t b = designated.size(0), N = plan.n_cols();
   st.finish();
@@ -252,9 +250,8 @@ Weights backward_weights(const BlockPlan& plan, const torch::Tensor& grad, c10::
     }
     return w;
   }
-  const double f = plan.spec.reduction == Reduction::kSum
-                       ? static_cast<double>(L.world)
-                       : static_cast<double>(L.world) / static_cast<double>(L.total);
+  const double f = plan.spec.reduction == Reduction::kSum ? static_cast<double>(L.world)
+                                                          : static_cast<double>(L.world) / static_cast<double>(L.total);
   w.c = grad.to(dt) * (f * h);
   return w;
 }
@@ -301,8 +298,8 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
                                const c10::intrusive_ptr<BlockPlan>& plan) {
     const int64_t b = q.size(0), N = k_all.size(0), g = plan->spec.group;
     const bool has_bias = bias.has_value() && bias->defined();
-    auto qs = q * scale;                                  // [b, d]
-    auto S = torch::empty({b, N}, qs.options());          // [b, N]
+    auto qs = q * scale;                          // [b, d]
+    auto S = torch::empty({b, N}, qs.options());  // [b, N]
     ForwardStats st(*plan, b, S.options());
     // GEMM chunk by chunk, each chunk's statistics while it is in cache;
     // labels work on smaller sub-chunks (their structure is a [R, N] temporary).
@@ -360,13 +357,13 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     const bool want_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(3);
 
     // Chunk by chunk, as the forward: S -> G / c in place (multi-positive
-    // labels on sub-chunks, for their [R, N] structure), then the chunk's
-    // GEMMs while it is in cache: Gk = (G / c) k_all and dk += (G / c)^T q s c.
-    // The scalar c goes on the [b, d] and [N, d] products instead of on the
-    // [b, N] buffer (one pass over it fewer).
-    auto Gk = torch::empty({b, d}, S.options());                                     // [b, d]
-    auto dk = want_dk ? torch::zeros({N, d}, S.options()) : torch::Tensor();         // [N, d]
-    auto qsc = want_dk ? q * (scale * w.c) : torch::Tensor();                        // [b, d]
+    // labels on sub-chunks, for their [R, N] structure), then the chunk's rows
+    // of Gk = (G / c) k_all while it is in cache. dk = (G / c)^T q s c is one
+    // GEMM afterwards: accumulated per chunk it would read and write the whole
+    // [N, d] result once per chunk (512 MiB of traffic at W = 4, b = 4096),
+    // while the one GEMM is compute-bound and streams G once. The scalar c goes
+    // on the [b, d] and [N, d] products instead of on the [b, N] buffer.
+    auto Gk = torch::empty({b, d}, S.options());  // [b, d]
     auto g_sum = want_bias ? torch::zeros({}, S.options()) : torch::Tensor();
     const int64_t R = gemm_chunk_rows(b, N, S);
     const int64_t Rl = plan->multi() ? chunk_rows(N, S.element_size()) : R;
@@ -384,10 +381,11 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
       }
       auto gk = Gk.narrow(0, r0, n);
       torch::mm_out(gk, Sg, k_all);
-      if (want_dk) dk.addmm_(Sg.t(), qsc.narrow(0, r0, n));
       if (want_bias) g_sum.add_(Sg.sum());
     }
-    Gk.mul_(w.c);  // G k_all
+    torch::Tensor dk;
+    if (want_dk) dk = torch::mm(S.t(), q * (scale * w.c));  // [N, d]
+    Gk.mul_(w.c);                                           // G k_all
     auto dq = Gk * scale;
     torch::Tensor ds, dbias;
     if (ctx->needs_input_grad(2)) ds = (Gk * q).sum().reshape(scale.sizes());
@@ -435,7 +433,7 @@ NtWeights nt_weights(const BlockPlan& plan, const torch::Tensor& grad, c10::Scal
     w.c = grad.to(dt) * (static_cast<double>(L.world) / (2.0 * B) * plan.inv_temperature);
     return w;
   }
-  auto half = grad.to(dt).contiguous() * 0.5;  // [b]
+  auto half = grad.to(dt).contiguous() * 0.5;                                                   // [b]
   auto all = L.world == 1 ? half : L.comm->all_gather_rows(half, L.counts, "grad_all_gather");  // [B]
   w.row = torch::cat({half, half});
   w.all = torch::cat({all, all});
@@ -456,21 +454,31 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
                                const torch::Tensor& z_all /* [2B, d] */, const c10::intrusive_ptr<BlockPlan>& plan) {
     const auto& L = plan->layout;
     const int64_t b2 = z.size(0), b = b2 / 2, B = L.total;
-    auto zs = z * plan->inv_temperature;              // [2b, d]
+    auto zs = z * plan->inv_temperature;               // [2b, d]
     auto S = torch::empty({b2, 2 * B}, zs.options());  // [2b, 2B]
     auto idx = self_and_positive(b, L, z.device());
     auto lse = torch::empty({b2}, S.options());       // [2b]
-    // GEMM chunk by chunk; each chunk's self columns masked and its rows'
-    // log-sum-exps taken while it is in cache.
+    auto positive = torch::empty({b2}, S.options());  // [2b]: S_{u, pos(u)}
+    // GEMM chunk by chunk; each chunk's self columns masked, its positives
+    // read and its rows' log-sum-exps taken while it is in cache. Bounded
+    // (unit rows: every S_uv lies in [-1/T, 1/T]): 1/T is a safe shift for
+    // every row, so one pass turns the chunk into E = exp(S - 1/T) (no
+    // underflow: 2/T is within the dtype's exponent range) and sums it; the
+    // backward then needs no exponential at all (see there).
     const int64_t R = gemm_chunk_rows(b2, 2 * B, S);
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
       auto Sc = S.narrow(0, r0, n);
       torch::mm_out(Sc, zs.narrow(0, r0, n), z_all.t());
-      Sc.index_put_({idx[0].narrow(0, 0, n), idx[1].narrow(0, r0, n)}, -kInf);
-      lse.narrow(0, r0, n).copy_(tile_lse(Sc, /*rows=*/true, /*cols=*/false).row);
+      const auto rows = idx[0].narrow(0, 0, n);
+      Sc.index_put_({rows, idx[1].narrow(0, r0, n)}, -kInf);
+      positive.narrow(0, r0, n).copy_(Sc.index({rows, idx[2].narrow(0, r0, n)}));
+      if (plan->bounded) {
+        lse.narrow(0, r0, n).copy_(exp_rows_(Sc, plan->inv_temperature).log_().add_(plan->inv_temperature));
+      } else {
+        lse.narrow(0, r0, n).copy_(tile_lse(Sc, /*rows=*/true, /*cols=*/false).row);
+      }
     }
-    auto positive = S.index({idx[0], idx[2]});  // [2b]
     // Every row's lse in global order [lse(z1_all); lse(z2_all)]: one O(B) gather.
     torch::Tensor lse_all = lse;
     if (L.world > 1) {
@@ -501,13 +509,30 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     // (P and the rows of P^T this rank needs) fused in place, 0 on the self
     // column; the positives lose 2 w_u; then the chunk's rows of G~ Z while it
     // is in cache. The scalar c (which holds 1/T) goes on the [2b, d] product.
+    // Bounded, the buffer holds E = exp(S - 1/T), and both terms are E times
+    // a factor: exp(S_uv - lse_u) = E_uv exp(1/T - lse_u) and
+    // exp(S_uv - lse_v) = E_uv exp(1/T - lse_v), so G~ = E (a_u + b_v) with
+    // a = w exp(1/T - lse), b = w_all exp(1/T - lse_all) (each <= e^(2/T):
+    // finite, as 2/T is within the exponent range).
+    torch::Tensor a, bc;
+    if (plan->bounded) {
+      const double shift = plan->inv_temperature;
+      a = (shift - lse).exp();       // [2b]
+      bc = (shift - lse_all).exp();  // [2B]
+      if (w.row.defined()) a.mul_(w.row);
+      if (w.all.defined()) bc.mul_(w.all);
+    }
     auto dz = torch::empty({b2, d}, S.options());  // [2b, d]
     const int64_t R = gemm_chunk_rows(b2, S.size(1), S);
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
       auto Sc = S.narrow(0, r0, n);
-      softmax_grad_(Sc, lse.narrow(0, r0, n), w.row.defined() ? w.row.narrow(0, r0, n) : torch::Tensor(), lse_all,
-                    w.all);
+      if (plan->bounded) {
+        scale_rows_plus_cols_(Sc, a.narrow(0, r0, n), bc);
+      } else {
+        softmax_grad_(Sc, lse.narrow(0, r0, n), w.row.defined() ? w.row.narrow(0, r0, n) : torch::Tensor(), lse_all,
+                      w.all);
+      }
       const auto rows = idx[0].narrow(0, 0, n), pos = idx[2].narrow(0, r0, n);
       Sc.index_put_({rows, pos}, Sc.index({rows, pos}) - minus.narrow(0, r0, n));
       auto out = dz.narrow(0, r0, n);
@@ -598,7 +623,7 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
       }
     });
     // The designated positives: every g-th row of this rank's own candidates.
-    auto own = plan->ring ? k : k.narrow(0, L.offset * g, b * g);   // [b g, d]
+    auto own = plan->ring ? k : k.narrow(0, L.offset * g, b * g);         // [b g, d]
     auto designated = (qs * own.reshape({b, g, d}).select(1, 0)).sum(1);  // [b]
     if (has_bias) designated = designated + *bias;
     RowTerms rt;
@@ -681,9 +706,9 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
 // B + off + (p - b) and positive off + (p - b).
 class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
  public:
-  static void for_each_tile(int64_t b, int64_t n_cols, int64_t tile, const EngineLayout& L,
-                            const std::function<void(int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t self_off,
-                                                     int64_t pos_off)>& fn) {
+  static void for_each_tile(
+      int64_t b, int64_t n_cols, int64_t tile, const EngineLayout& L,
+      const std::function<void(int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t self_off, int64_t pos_off)>& fn) {
     for (int64_t v = 0; v < 2; ++v) {
       const int64_t self_off = v == 0 ? L.offset : L.total + L.offset - b;
       const int64_t pos_off = v == 0 ? L.total + L.offset : L.offset - b;
@@ -700,12 +725,13 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     const int64_t b2 = z.size(0), b = b2 / 2, B = L.total;
     auto zs = z * plan->inv_temperature;  // [2b, d]
     auto lse = torch::full({b2}, -kInf, zs.options());
-    for_each_tile(b, 2 * B, plan->tile, L, [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t self_off, int64_t) {
-      auto t = torch::mm(zs.narrow(0, r0, R), z_all.narrow(0, c0, C).t());  // [R, C]
-      tile_diag(t, r0, c0, self_off).fill_(-kInf);
-      auto lr = lse.narrow(0, r0, R);
-      lr.copy_(torch::logaddexp(lr, tile_lse(t, /*rows=*/true, /*cols=*/false).row));
-    });
+    for_each_tile(b, 2 * B, plan->tile, L,
+                  [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t self_off, int64_t) {
+                    auto t = torch::mm(zs.narrow(0, r0, R), z_all.narrow(0, c0, C).t());  // [R, C]
+                    tile_diag(t, r0, c0, self_off).fill_(-kInf);
+                    auto lr = lse.narrow(0, r0, R);
+                    lr.copy_(torch::logaddexp(lr, tile_lse(t, /*rows=*/true, /*cols=*/false).row));
+                  });
     auto i = torch::arange(b, torch::TensorOptions().dtype(torch::kLong).device(z.device()));
     auto pos_rows = torch::cat({i + (B + L.offset), i + L.offset});
     auto positive = (zs * z_all.index_select(0, pos_rows)).sum(1);  // [2b]
@@ -722,8 +748,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!torch::GradMode::is_enabled(),
-                "nt_xent_loss(): double backward (create_graph=true) is not supported");
+    TORCH_CHECK(!torch::GradMode::is_enabled(), "nt_xent_loss(): double backward (create_graph=true) is not supported");
     auto plan = c10::static_intrusive_pointer_cast<TiledPlan>(ctx->saved_data["plan"].toCapsule());
     const auto& L = plan->layout;
     auto saved = ctx->get_saved_variables();
@@ -741,8 +766,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
                     auto t = torch::mm(zs.narrow(0, r0, R), zt.t());  // [R, C], then in place G
                     tile_diag(t, r0, c0, self_off).fill_(-kInf);
                     softmax_grad_(t, lse.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
-                                  lse_all.narrow(0, c0, C),
-                                  w.all.defined() ? w.all.narrow(0, c0, C) : torch::Tensor());
+                                  lse_all.narrow(0, c0, C), w.all.defined() ? w.all.narrow(0, c0, C) : torch::Tensor());
                     auto pos = tile_diag(t, r0, c0, pos_off);
                     if (pos.numel() == 0) {
                       // no positive in this tile
@@ -774,9 +798,7 @@ EngineLayout make_layout(const CommunicatorPtr& comm, std::vector<int64_t> count
   return l;
 }
 
-c10::ScalarType compute_dtype(c10::ScalarType t) {
-  return (t == c10::kHalf || t == c10::kBFloat16) ? c10::kFloat : t;
-}
+c10::ScalarType compute_dtype(c10::ScalarType t) { return (t == c10::kHalf || t == c10::kBFloat16) ? c10::kFloat : t; }
 
 torch::Tensor safe_normalize(const torch::Tensor& x) {
   // x / max(|x|, eps) is unchanged by scaling x by any m > 0 together with eps,
@@ -842,11 +864,15 @@ torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tens
 }
 
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                 const EngineLayout& layout, Reduction reduction) {
+                                 const EngineLayout& layout, Reduction reduction, bool unit_rows) {
   auto plan = c10::make_intrusive<BlockPlan>();
   plan->layout = layout;
   plan->reduction = reduction;
   plan->inv_temperature = inv_temperature;
+  // exp(S - 1/T) >= exp(-2/T) must be a normal number of the compute dtype
+  // (fp32: e^-87; fp64: e^-708), with a margin: T >= 0.025 in fp32.
+  const double range = z.scalar_type() == torch::kDouble ? 700.0 : 80.0;
+  plan->bounded = unit_rows && 2.0 * inv_temperature <= range;
   return NtXentBlock::apply(z, z_all, plan);
 }
 

@@ -70,8 +70,9 @@ Gathered gather_checked(const std::vector<int64_t>& counts, const torch::Tensor&
 // materialised loss keeps alive (2 for two directions or two views).
 template <typename Options>
 bool use_tiled(const Options& o, const std::vector<int64_t>& counts, int64_t element_size, int64_t blocks) {
-  if (o.tile_size() > 0 || o.ring()) return true;
-  if (o.tile_size() < 0) return false;
+  if (o.path() == MemoryPath::kTiled || o.ring()) return true;
+  if (o.path() == MemoryPath::kMaterialised || o.tile_size() == -1) return false;
+  if (o.tile_size() > 0) return true;
   int64_t B = 0, bmax = 0;
   for (auto c : counts) {
     B += c;
@@ -82,16 +83,36 @@ bool use_tiled(const Options& o, const std::vector<int64_t>& counts, int64_t ele
 
 template <typename Options>
 TiledOptions tiled_of(const Options& o) {
-  return TiledOptions().tile_size(std::max<int64_t>(o.tile_size(), 0)).ring(o.ring());
+  return TiledOptions().tile_size(std::max<int64_t>(o.tile_size(), 0)).tile_bytes(o.tile_bytes()).ring(o.ring());
 }
 
+// The memory-path options every InfoNCE-family loss shares; "" when valid.
 template <typename Options>
 std::string check_path_options(const Options& o, const char* caller) {
-  if (o.tile_size() < -1) return c10::str(caller, "(): argument 'tile_size' must be -1, 0 or positive, but got ", o.tile_size());
+  if (o.tile_size() < -1) {
+    return c10::str(caller,
+                    "(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), but got ",
+                    o.tile_size());
+  }
+  if (o.tile_bytes() <= 0)
+    return c10::str(caller, "(): argument 'tile_bytes' must be positive, but got ", o.tile_bytes());
   if (o.max_logits_bytes() <= 0) {
     return c10::str(caller, "(): argument 'max_logits_bytes' must be positive, but got ", o.max_logits_bytes());
   }
-  if (o.ring() && o.tile_size() < 0) return c10::str(caller, "(): 'ring' needs the tiled path, but 'tile_size' is -1");
+  const bool materialised = o.path() == MemoryPath::kMaterialised || o.tile_size() == -1;
+  if (o.tile_size() == -1 && o.path() == MemoryPath::kTiled) {
+    return c10::str(caller,
+                    "(): 'tile_size' -1 (the deprecated spelling of path kMaterialised) contradicts path kTiled");
+  }
+  if (o.ring() && materialised) {
+    return c10::str(caller, "(): 'ring' needs the tiled path, but the path is materialised (",
+                    o.tile_size() == -1 ? "'tile_size' is -1" : "'path' is kMaterialised", ")");
+  }
+  if (o.tile_size() == -1) {
+    TORCH_WARN_ONCE(caller,
+                    "(): tile_size(-1) is deprecated and will be removed in the next release; use "
+                    "path(contrax::MemoryPath::kMaterialised) (tile_size is the tile side on the tiled path)");
+  }
   return "";
 }
 
@@ -117,8 +138,8 @@ void warn_if_scale_not_log(const torch::Tensor& logit_scale, double max_logit_sc
   if (!logit_scale.device().is_cpu() && device_checks.fetch_add(1) >= 16) return;
   const double v = logit_scale.detach().item<double>();
   if (!(v > std::log(max_logit_scale) + 1.0)) return;
-  TORCH_WARN_ONCE("logit_scale=", v, " is the log of the scale (Contrax clamps exp(logit_scale) at ",
-                  max_logit_scale, "): pass log(1/0.07)=2.66, not 1/0.07=14.3 as open_clip/Inf-CL do");
+  TORCH_WARN_ONCE("logit_scale=", v, " is the log of the scale (Contrax clamps exp(logit_scale) at ", max_logit_scale,
+                  "): pass log(1/0.07)=2.66, not 1/0.07=14.3 as open_clip/Inf-CL do");
 }
 
 // Every rank's labels in rank order (`counts` rows each); `local` undefined: undefined.
@@ -266,7 +287,8 @@ torch::Tensor grouped_impl(const char* caller, const torch::Tensor& queries, con
   for (size_t s = 0; s < gs.size(); ++s) {
     TORCH_CHECK(gs[s] == 0 || gs[s] == g, caller,
                 "(): argument 'candidates' must hold the same number of candidates per query (g) on every rank, ",
-                "but g is ", gs[s], " on rank ", s, " and ", g, " on rank ", std::find(gs.begin(), gs.end(), g) - gs.begin());
+                "but g is ", gs[s], " on rank ", s, " and ", g, " on rank ",
+                std::find(gs.begin(), gs.end(), g) - gs.begin());
   }
   const auto ct = detail::compute_dtype(queries.scalar_type());
   // One [b x B g] buffer: g [b x B] blocks.
@@ -278,8 +300,8 @@ torch::Tensor grouped_impl(const char* caller, const torch::Tensor& queries, con
   if (logit_bias.has_value()) bias = logit_bias->to(ct);
   auto layout = detail::make_layout(comm, counts);
   const auto key_counts = scaled(counts, g);
-  const int64_t tile = detail::tile_side(std::max<int64_t>(options.tile_size(), 0), TiledOptions().tile_bytes(),
-                                         c10::elementSize(ct));
+  const int64_t tile =
+      detail::tile_side(std::max<int64_t>(options.tile_size(), 0), options.tile_bytes(), c10::elementSize(ct));
   detail::BlockSpec spec;
   spec.group = g;
   spec.reduction = options.reduction();
@@ -287,7 +309,7 @@ torch::Tensor grouped_impl(const char* caller, const torch::Tensor& queries, con
   if (options.labels().defined()) {
     spec.row_labels = options.labels();
     auto cl = options.candidate_labels().defined() ? options.candidate_labels() : options.labels();  // g == 1
-    spec.col_labels = gather_labels(cl, comm, key_counts);  // [B g]
+    spec.col_labels = gather_labels(cl, comm, key_counts);                                           // [B g]
   }
   if (tiled && options.ring() && layout.world > 1) {
     return detail::tiled_clip_block_loss(q_n, c_n, scale, bias, layout, spec, tile, /*ring=*/true);
@@ -335,7 +357,7 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
   // kSum is kMean scaled (reduce); kNone is the engine's.
   const auto r = options.reduction() == Reduction::kNone ? Reduction::kNone : Reduction::kMean;
   if (tiled) return reduce(detail::tiled_nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, tile, r));
-  return reduce(detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, r));
+  return reduce(detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, r, options.normalize()));
 }
 
 torch::Tensor moco_impl(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
@@ -419,8 +441,7 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
 }
 
 torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
-                                 const torch::Tensor& k2, const MocoV3LossOptions& options,
-                                 const TiledOptions& tiled) {
+                                 const torch::Tensor& k2, const MocoV3LossOptions& options, const TiledOptions& tiled) {
   return moco_impl("tiled_moco_v3_loss", q1, q2, k1, k2, options, &tiled);
 }
 
@@ -437,8 +458,8 @@ void momentum_update(torch::nn::Module& target, const torch::nn::Module& online,
   for (const auto& item : op) {
     auto* t = tp.find(item.key());
     TORCH_CHECK(t != nullptr, "momentum_update(): parameter '", item.key(), "' of 'online' is missing in 'target'");
-    TORCH_CHECK(t->sizes() == item.value().sizes(), "momentum_update(): parameter '", item.key(),
-                "' has shape ", t->sizes(), " in 'target' but ", item.value().sizes(), " in 'online'");
+    TORCH_CHECK(t->sizes() == item.value().sizes(), "momentum_update(): parameter '", item.key(), "' has shape ",
+                t->sizes(), " in 'target' but ", item.value().sizes(), " in 'online'");
     t->mul_(momentum).add_(item.value(), 1.0 - momentum);
   }
 }
@@ -452,8 +473,7 @@ double momentum_schedule(double base, int64_t step, int64_t total_steps) {
 
 // ---------------------------------------------------------------------------
 
-ClipLossImpl::ClipLossImpl(ClipLossOptions options_, double init_scale, bool with_bias)
-    : options(std::move(options_)) {
+ClipLossImpl::ClipLossImpl(ClipLossOptions options_, double init_scale, bool with_bias) : options(std::move(options_)) {
   TORCH_CHECK(init_scale > 0.0, "ClipLoss(): argument 'init_scale' must be positive, but got ", init_scale);
   logit_scale = register_parameter("logit_scale", torch::tensor(std::log(init_scale)));
   if (with_bias) logit_bias = register_parameter("logit_bias", torch::tensor(0.0));

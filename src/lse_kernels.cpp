@@ -228,6 +228,46 @@ void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::
   if (col.defined()) t.add_(col);
 }
 
+torch::Tensor exp_rows_(torch::Tensor& t, double shift) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 2);
+  if (!fused_applies(t)) {
+    t.sub_(shift).exp_();
+    return t.sum(1);
+  }
+  const int64_t R = t.size(0), C = t.size(1), ld = std::max<int64_t>(t.stride(0), 1);
+  auto sums = torch::zeros({R}, t.options());
+  if (R == 0 || C == 0) return sums;
+  const auto& k = table();
+  at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) {
+    if (t.scalar_type() == torch::kFloat) {
+      k.exp_rows_f(t.data_ptr<float>() + r0 * ld, r1 - r0, C, ld, static_cast<float>(shift),
+                   sums.data_ptr<float>() + r0);
+    } else {
+      k.exp_rows_d(t.data_ptr<double>() + r0 * ld, r1 - r0, C, ld, shift, sums.data_ptr<double>() + r0);
+    }
+  });
+  return sums;
+}
+
+void scale_rows_plus_cols_(torch::Tensor& t, const torch::Tensor& a, const torch::Tensor& b) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 2 && a.numel() == t.size(0) && b.numel() == t.size(1));
+  if (!fused_applies(t)) {
+    t.mul_(a.unsqueeze(1) + b.unsqueeze(0));
+    return;
+  }
+  const int64_t R = t.size(0), C = t.size(1), ld = std::max<int64_t>(t.stride(0), 1);
+  if (R == 0 || C == 0) return;
+  auto av = vec(a, t), bv = vec(b, t);
+  const auto& k = table();
+  at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) {
+    if (t.scalar_type() == torch::kFloat) {
+      k.scale_f(t.data_ptr<float>() + r0 * ld, r1 - r0, C, ld, av.data_ptr<float>() + r0, bv.data_ptr<float>());
+    } else {
+      k.scale_d(t.data_ptr<double>() + r0 * ld, r1 - r0, C, ld, av.data_ptr<double>() + r0, bv.data_ptr<double>());
+    }
+  });
+}
+
 bool fused_kernels_enabled() { return enabled_flag().load(); }
 void set_fused_kernels_enabled(bool on) { enabled_flag().store(on); }
 

@@ -22,7 +22,8 @@ LossPlan plan_loss(const PlanOptions& o) {
   TORCH_CHECK(o.batch() > 0, "plan_loss(): argument 'batch' must be positive, but got ", o.batch());
   TORCH_CHECK(o.width() > 0, "plan_loss(): argument 'width' must be positive, but got ", o.width());
   TORCH_CHECK(o.world() > 0, "plan_loss(): argument 'world' must be positive, but got ", o.world());
-  TORCH_CHECK(o.tile_size() >= -1, "plan_loss(): argument 'tile_size' must be -1, 0 or positive, but got ",
+  TORCH_CHECK(o.tile_size() >= -1,
+              "plan_loss(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), but got ",
               o.tile_size());
   TORCH_CHECK(c10::isFloatingType(o.dtype()), "plan_loss(): argument 'dtype' must be a floating type, but got ",
               o.dtype());
@@ -49,10 +50,10 @@ LossPlan plan_loss(const PlanOptions& o) {
     const int64_t lse = sym ? (W - 1) * B * e : 0;  // the column log-sum-exps
     mat.bytes_sent_forward = tiled.bytes_sent_forward = gather + lse;
     mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * e;  // reduce-scatter of dB_all
-    ring.bytes_sent_forward = gather + lse;                                  // W-1 hops of a block
-    ring.bytes_sent_backward = 2 * gather;                                   // blocks again, with partials
-    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;                 // B_all and dB_all
-    ring.feature_bytes = 4 * b * d * e;                                      // two blocks, two partials
+    ring.bytes_sent_forward = gather + lse;                                 // W-1 hops of a block
+    ring.bytes_sent_backward = 2 * gather;                                  // blocks again, with partials
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;                // B_all and dB_all
+    ring.feature_bytes = 4 * b * d * e;                                     // two blocks, two partials
     p.old_gemms = sym ? 6 : 3;
   } else if (loss == "grouped") {
     // One direction over [B g] candidates: S = Q C_all^T, dQ = G C_all, dC_all =
@@ -95,9 +96,12 @@ LossPlan plan_loss(const PlanOptions& o) {
   for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
   p.paths = {mat, tiled, ring};
 
-  if (o.tile_size() < 0) {
+  // The losses' routing (use_tiled in losses.cpp), on the largest rank.
+  if (o.ring() || o.path() == MemoryPath::kTiled) {
+    p.chosen = o.ring() && W > 1 ? "ring" : "tiled";
+  } else if (o.path() == MemoryPath::kMaterialised || o.tile_size() < 0) {
     p.chosen = "materialised";
-  } else if (o.tile_size() > 0 || o.ring()) {
+  } else if (o.tile_size() > 0) {
     p.chosen = o.ring() && W > 1 ? "ring" : "tiled";
   } else {
     p.chosen = b * B * e * blocks > o.max_logits_bytes() ? (o.ring() && W > 1 ? "ring" : "tiled") : "materialised";
@@ -117,8 +121,8 @@ std::string to_string(const LossPlan& p) {
   std::ostringstream os;
   const auto& o = p.options;
   os << "plan: " << o.loss() << (o.loss() == "grouped" ? " (g = " + std::to_string(o.group()) + ")" : std::string())
-     << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = "
-     << o.width() << ", W = " << o.world() << ", " << o.dtype() << "\n";
+     << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = " << o.width()
+     << ", W = " << o.world() << ", " << o.dtype() << "\n";
   os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd |\n";
   os << "|---|---|---|---|---|---|---|\n";
   for (const auto& c : p.paths) {
@@ -127,8 +131,8 @@ std::string to_string(const LossPlan& p) {
       continue;
     }
     os << "| " << c.path << (c.path == p.chosen ? " (chosen)" : "") << " | " << mib(c.logits_bytes) << " | "
-       << mib(c.feature_bytes) << " | " << c.gemms << " | " << std::fixed << std::setprecision(1)
-       << c.gemm_flops / 1e9 << " | " << mib(c.bytes_sent_forward) << " | " << mib(c.bytes_sent_backward) << " |\n";
+       << mib(c.feature_bytes) << " | " << c.gemms << " | " << std::fixed << std::setprecision(1) << c.gemm_flops / 1e9
+       << " | " << mib(c.bytes_sent_forward) << " | " << mib(c.bytes_sent_backward) << " |\n";
   }
   os << "old algorithm: " << p.old_gemms << " GEMM units\n";
   return os.str();
@@ -137,9 +141,9 @@ std::string to_string(const LossPlan& p) {
 std::string to_json(const LossPlan& p) {
   std::ostringstream os;
   const auto& o = p.options;
-  os << "{\"loss\": \"" << o.loss() << "\", \"group\": " << o.group() << ", \"batch\": " << o.batch() << ", \"width\": " << o.width()
-     << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank << ", \"chosen\": \"" << p.chosen
-     << "\", \"old_gemms\": " << p.old_gemms << ", \"paths\": [";
+  os << "{\"loss\": \"" << o.loss() << "\", \"group\": " << o.group() << ", \"batch\": " << o.batch()
+     << ", \"width\": " << o.width() << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank
+     << ", \"chosen\": \"" << p.chosen << "\", \"old_gemms\": " << p.old_gemms << ", \"paths\": [";
   for (size_t i = 0; i < p.paths.size(); ++i) {
     const auto& c = p.paths[i];
     os << (i ? ", " : "") << "{\"path\": \"" << c.path << "\", \"available\": " << (c.available ? "true" : "false")

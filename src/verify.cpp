@@ -130,7 +130,12 @@ VerifyCase grouped_case(std::string name, int64_t g, bool labels, LabelMode mode
   c.feature_widths = {1, g};
   c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
     auto cands = x[1].reshape({-1, x[0].size(1)});
-    auto o = GroupedLossOptions().normalize(true).comm(comm).tile_size(tile_size).ring(ring);
+    auto o = GroupedLossOptions()
+                 .normalize(true)
+                 .comm(comm)
+                 .path(tile_size < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                 .tile_size(std::max<int64_t>(tile_size, 0))
+                 .ring(ring);
     if (labels) o.labels(labels_of(x[0])).candidate_labels(labels_of(cands)).label_mode(mode);
     return grouped_loss(x[0], cands, s[0], s[1], o);
   };
@@ -153,7 +158,8 @@ VerifyCase clip_labels_case(std::string name, bool symmetric, LabelMode mode, in
   c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
     return clip_loss(x[0], x[1], s[0], c10::nullopt,
                      ClipLossOptions().symmetric(symmetric).normalize(true).comm(comm).labels(labels_of(x[0]))
-                         .label_mode(mode).tile_size(tile_size).ring(ring));
+                         .label_mode(mode).path(tile_size < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                         .tile_size(std::max<int64_t>(tile_size, 0)).ring(ring));
   };
   c.reference = [=](const V& x, const V& s) {
     return reference::clip_rows(x[0], x[1], s[0], c10::nullopt, symmetric, 100.0, true, labels_of(x[0]), mode).mean();

@@ -13,6 +13,8 @@
 #include <mutex>
 
 #include "contrax/losses.h"
+#include "contrax/memory.h"
+#include "contrax/plan.h"
 #include "contrax/reference.h"
 #include "contrax/tiled.h"
 #include "contrax/verify.h"
@@ -78,12 +80,18 @@ torch::Tensor run_loss(const Case& c, const torch::Tensor& q, const torch::Tenso
                  .symmetric(c.symmetric)
                  .comm(comm)
                  .reduction(c.reduction)
-                 .tile_size(tile)
+                 .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                 .tile_size(std::max<int64_t>(tile, 0))
                  .ring(c.path == Path::kRing);
     if (c.labels) o.labels(labels).label_mode(c.mode);
     return clip_loss(q, k, scale, bias, o);
   }
-  auto o = GroupedLossOptions().comm(comm).reduction(c.reduction).tile_size(tile).ring(c.path == Path::kRing);
+  auto o = GroupedLossOptions()
+               .comm(comm)
+               .reduction(c.reduction)
+               .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+               .tile_size(std::max<int64_t>(tile, 0))
+               .ring(c.path == Path::kRing);
   if (c.labels) o.labels(labels).candidate_labels(cand_labels).label_mode(c.mode);
   return grouped_loss(q, k, scale, bias, o);
 }
@@ -273,25 +281,44 @@ TEST(Grouped, FiniteDifferences) {
   for (int64_t tile : {-1, 3}) {
     for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
       for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
-        auto go =
-            GroupedLossOptions().tile_size(tile).reduction(red).labels(labels).candidate_labels(cand).label_mode(mode);
+        auto go = GroupedLossOptions()
+                      .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                      .tile_size(std::max<int64_t>(tile, 0))
+                      .reduction(red)
+                      .labels(labels)
+                      .candidate_labels(cand)
+                      .label_mode(mode);
         EXPECT_LE(finite_difference_error([&](const V& x) { return grouped_loss(x[0], x[1], x[2], x[3], go); },
                                           {q, k, s, bias}),
                   1e-7)
             << "grouped tile " << tile;
         for (bool sym : {true, false}) {
-          auto co = ClipLossOptions().symmetric(sym).tile_size(tile).reduction(red).labels(labels).label_mode(mode);
+          auto co = ClipLossOptions()
+                        .symmetric(sym)
+                        .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                        .tile_size(std::max<int64_t>(tile, 0))
+                        .reduction(red)
+                        .labels(labels)
+                        .label_mode(mode);
           EXPECT_LE(finite_difference_error([&](const V& x) { return clip_loss(x[0], x[1], x[2], x[3], co); },
                                             {q, b2, s, bias}),
                     1e-7)
               << "clip tile " << tile << " symmetric " << sym;
         }
       }
-      auto go = GroupedLossOptions().tile_size(tile).reduction(red).normalize(true);
+      auto go = GroupedLossOptions()
+                    .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                    .tile_size(std::max<int64_t>(tile, 0))
+                    .reduction(red)
+                    .normalize(true);
       EXPECT_LE(finite_difference_error([&](const V& x) { return grouped_loss(x[0], x[1], x[2], x[3], go); },
                                         {q, k, s, bias}),
                 1e-7);
-      auto mo = MocoV3LossOptions().temperature(0.5).tile_size(tile).reduction(red);
+      auto mo = MocoV3LossOptions()
+                    .temperature(0.5)
+                    .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                    .tile_size(std::max<int64_t>(tile, 0))
+                    .reduction(red);
       EXPECT_LE(finite_difference_error([&](const V& x) { return moco_v3_loss(x[0], x[1], x[2], x[3], mo); },
                                         {q, b2, k.narrow(0, 0, 4).detach(), k.narrow(0, 4, 4).detach()}),
                 1e-7);
@@ -369,8 +396,14 @@ TEST(Grouped, NTXentEveryReductionAcrossRanks) {
           const int64_t r = comm->rank();
           auto l1 = shard(z1, rows, r).clone().requires_grad_(true),
                l2 = shard(z2, rows, r).clone().requires_grad_(true);
-          auto out = nt_xent_loss(
-              l1, l2, NTXentLossOptions().temperature(0.5).normalize(false).comm(comm).reduction(red).tile_size(tile));
+          auto out = nt_xent_loss(l1, l2,
+                                  NTXentLossOptions()
+                                      .temperature(0.5)
+                                      .normalize(false)
+                                      .comm(comm)
+                                      .reduction(red)
+                                      .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                                      .tile_size(std::max<int64_t>(tile, 0)));
           const std::string what = c10::str("W=", W, " tile ", tile, " reduction ", static_cast<int>(red), " rank ", r);
           if (red == Reduction::kNone) {
             EXPECT_LE(rel_err(out.detach(), shard(ref_rows.detach(), rows, r)), 1e-10) << what;
@@ -401,7 +434,11 @@ TEST(Grouped, NTXentFiniteDifferences) {
   using V = std::vector<torch::Tensor>;
   for (int64_t tile : {-1, 3}) {
     for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
-      auto o = NTXentLossOptions().temperature(0.4).tile_size(tile).reduction(red);
+      auto o = NTXentLossOptions()
+                   .temperature(0.4)
+                   .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                   .tile_size(std::max<int64_t>(tile, 0))
+                   .reduction(red);
       EXPECT_LE(finite_difference_error([&](const V& x) { return nt_xent_loss(x[0], x[1], o); }, {z1, z2}), 1e-7)
           << "tile " << tile << " reduction " << static_cast<int>(red);
     }
@@ -439,7 +476,7 @@ TEST(GroupedErrors, LocalArgumentChecks) {
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().label_mode(LabelMode::kMultiPositive)),
                        "argument 'label_mode' (kMultiPositive) needs 'labels'");
   CONTRAX_EXPECT_ERROR(grouped_loss(q, k, s, {}, GroupedLossOptions().tile_size(-2)),
-                       "grouped_loss(): argument 'tile_size' must be -1, 0 or positive");
+                       "grouped_loss(): argument 'tile_size' must be >= 0 (the tile side");
   CONTRAX_EXPECT_ERROR(grouped_loss(torch::randn({0, 4}), torch::randn({0, 4}), s),
                        "grouped_loss(): the global batch is empty");
   // clip_loss
@@ -552,6 +589,66 @@ TEST(GroupedWarnings, ScaleInsteadOfItsLogWarnsOnce) {
   EXPECT_EQ(capture.messages.size(), 1u);  // once per process, whichever loss
 }
 
+// One memory-path vocabulary for every loss: path(kAuto / kMaterialised /
+// kTiled) picks the path, tile_size is the tile side (0: from tile_bytes). The
+// old spelling tile_size(-1) still materialises, with one deprecation warning.
+TEST(MemoryPath, EveryPathGivesTheSameLossTheTiledHoldsLessAndTheOldSpellingWarns) {
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  const int64_t B = 96;
+  auto a0 = torch::randn({B, 8}, opt), b0 = torch::randn({B, 8}, opt);
+  auto ls = torch::tensor(1.0, opt);
+  auto run = [&](const ClipLossOptions& o, int64_t* peak = nullptr) {
+    auto a = a0.clone().requires_grad_(true);
+    MemoryTracker::install();
+    PeakScope scope;
+    auto l = clip_loss(a, b0, ls, {}, o);
+    l.backward();
+    if (peak) *peak = scope.peak_above_start();
+    return std::make_pair(l.detach(), a.grad());
+  };
+  int64_t mat_peak = 0, tiled_peak = 0;
+  const auto ref = run(ClipLossOptions().path(MemoryPath::kMaterialised), &mat_peak);
+  const auto tiled = run(ClipLossOptions().path(MemoryPath::kTiled).tile_size(16), &tiled_peak);
+  EXPECT_GE(mat_peak, B * B * 8);        // the [B x B] fp64 buffer
+  EXPECT_LT(tiled_peak, B * B * 8 / 2);  // 16 x 16 tiles
+  for (const auto& got : {tiled, run(ClipLossOptions()), run(ClipLossOptions().tile_size(16)),
+                          run(ClipLossOptions().path(MemoryPath::kTiled).tile_bytes(2048)),
+                          run(ClipLossOptions().max_logits_bytes(64))}) {
+    EXPECT_LE((got.first - ref.first).abs().item<double>(), 1e-12);
+    EXPECT_LE((got.second - ref.second).abs().max().item<double>(), 1e-12);
+  }
+  WarningCapture capture;
+  for (int i = 0; i < 2; ++i) {
+    int64_t peak = 0;
+    const auto old = run(ClipLossOptions().tile_size(-1), &peak);
+    EXPECT_GE(peak, B * B * 8);  // still the materialised path
+    EXPECT_LE((old.first - ref.first).abs().item<double>(), 1e-12);
+  }
+  ASSERT_EQ(capture.messages.size(), 1u);
+  EXPECT_NE(capture.messages[0].find("clip_loss(): tile_size(-1) is deprecated and will be removed in the next "
+                                     "release; use path(contrax::MemoryPath::kMaterialised)"),
+            std::string::npos)
+      << capture.messages[0];
+  auto a = torch::randn({4, 8}), b = torch::randn({4, 8}), s = torch::tensor(1.0);
+  CONTRAX_EXPECT_ERROR(clip_loss(a, b, s, {}, ClipLossOptions().tile_size(-2)),
+                       "clip_loss(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), "
+                       "but got -2");
+  CONTRAX_EXPECT_ERROR(clip_loss(a, b, s, {}, ClipLossOptions().tile_bytes(0)),
+                       "clip_loss(): argument 'tile_bytes' must be positive, but got 0");
+  CONTRAX_EXPECT_ERROR(nt_xent_loss(a, b, NTXentLossOptions().path(MemoryPath::kTiled).tile_size(-1)),
+                       "nt_xent_loss(): 'tile_size' -1 (the deprecated spelling of path kMaterialised) contradicts "
+                       "path kTiled");
+  CONTRAX_EXPECT_ERROR(moco_v3_loss(a, b, a, b, MocoV3LossOptions().path(MemoryPath::kMaterialised).ring(true)),
+                       "moco_v3_loss(): 'ring' needs the tiled path, but the path is materialised ('path' is "
+                       "kMaterialised)");
+  CONTRAX_EXPECT_ERROR(grouped_loss(a, b, s, {}, GroupedLossOptions().tile_size(-1).ring(true)),
+                       "grouped_loss(): 'ring' needs the tiled path, but the path is materialised ('tile_size' is -1)");
+  // plan_loss routes as the losses do.
+  EXPECT_EQ(plan_loss(PlanOptions().batch(64).path(MemoryPath::kTiled)).chosen, "tiled");
+  EXPECT_EQ(plan_loss(PlanOptions().batch(16384).path(MemoryPath::kMaterialised)).chosen, "materialised");
+  EXPECT_EQ(plan_loss(PlanOptions().batch(64).tile_size(16)).chosen, "tiled");
+}
+
 // The README's snippet, as written there (single device here; `comm` may be any
 // communicator).
 TEST(GroupedReadme, SnippetRuns) {
@@ -599,8 +696,13 @@ TEST(Grouped, HalfPrecisionWithLabelsAccumulatesInFloat) {
   for (auto dt : {torch::kHalf, torch::kBFloat16}) {
     for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
       for (int64_t tile : {-1, 4}) {
-        auto o =
-            GroupedLossOptions().labels(labels).candidate_labels(cand).label_mode(mode).tile_size(tile).normalize(true);
+        auto o = GroupedLossOptions()
+                     .labels(labels)
+                     .candidate_labels(cand)
+                     .label_mode(mode)
+                     .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+                     .tile_size(std::max<int64_t>(tile, 0))
+                     .normalize(true);
         auto want = grouped_loss(q, k, s, {}, o).item<double>();
         auto qh = q.to(dt).requires_grad_(true);
         auto l = grouped_loss(qh, k.to(dt), s.to(torch::kFloat), {}, o);

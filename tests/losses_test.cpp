@@ -246,7 +246,7 @@ TEST(LossEngine, ClipMovesOneTowerPlusOrderB) {
       auto t = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
       auto ls = torch::tensor(1.0, torch::kDouble).requires_grad_(true);
       comm->reset_stats();
-      auto loss = clip_loss(a, t, ls, c10::nullopt, ClipLossOptions().comm(comm).tile_size(-1));
+      auto loss = clip_loss(a, t, ls, c10::nullopt, ClipLossOptions().comm(comm).path(MemoryPath::kMaterialised));
       auto fwd = comm->stats();
       EXPECT_EQ(fwd.op("all_gather").bytes_sent, (W - 1) * b * d * 8);
       EXPECT_EQ(fwd.op("lse_all_gather").bytes_sent, (W - 1) * B * 8);
@@ -269,7 +269,7 @@ TEST(LossEngine, NTXentHasNoBackwardCollective) {
       auto z1 = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
       auto z2 = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
       comm->reset_stats();
-      auto loss = nt_xent_loss(z1, z2, NTXentLossOptions().comm(comm).tile_size(-1));
+      auto loss = nt_xent_loss(z1, z2, NTXentLossOptions().comm(comm).path(MemoryPath::kMaterialised));
       auto fwd = comm->stats();
       EXPECT_EQ(fwd.op("all_gather_no_grad").bytes_sent, (W - 1) * b * 2 * d * 8);
       EXPECT_EQ(fwd.op("lse_all_gather").bytes_sent, (W - 1) * b * 2 * 8);
@@ -295,7 +295,8 @@ TEST(LossEngine, FiniteDifferences) {
   for (bool symmetric : {true, false}) {
     EXPECT_LE(contrax::testing::finite_difference_error(
                   [symmetric](const V& x) {
-                    return clip_loss(x[0], x[1], x[2], x[3], ClipLossOptions().symmetric(symmetric).tile_size(-1));
+                    return clip_loss(x[0], x[1], x[2], x[3],
+                                     ClipLossOptions().symmetric(symmetric).path(MemoryPath::kMaterialised));
                   },
                   {a, b, s, bias}),
               1e-7)
@@ -303,7 +304,9 @@ TEST(LossEngine, FiniteDifferences) {
   }
   EXPECT_LE(contrax::testing::finite_difference_error(
                 [](const V& x) {
-                  return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.7).normalize(false).tile_size(-1));
+                  return nt_xent_loss(
+                      x[0], x[1],
+                      NTXentLossOptions().temperature(0.7).normalize(false).path(MemoryPath::kMaterialised));
                 },
                 {a, b}),
             1e-7);
@@ -341,7 +344,8 @@ TEST(LossEngine, MaterialisedPathAllocatesOneLogitsBuffer) {
   };
   for (bool symmetric : {true, false}) {
     const int64_t p = peak([&] {
-      clip_loss(a, t, ls, c10::nullopt, ClipLossOptions().symmetric(symmetric).normalize(true).tile_size(-1))
+      clip_loss(a, t, ls, c10::nullopt,
+                ClipLossOptions().symmetric(symmetric).normalize(true).path(MemoryPath::kMaterialised))
           .backward();
     });
     std::cout << "[ memory ] clip symmetric=" << symmetric << " B=" << B << ": peak " << p << " bytes, [B x B] = "
@@ -352,7 +356,7 @@ TEST(LossEngine, MaterialisedPathAllocatesOneLogitsBuffer) {
   // NT-Xent: one [2b x 2B] buffer.
   const int64_t b = B / 2;
   auto z1 = a.narrow(0, 0, b), z2 = t.narrow(0, 0, b);
-  const int64_t p = peak([&] { nt_xent_loss(z1, z2, NTXentLossOptions().tile_size(-1)).backward(); });
+  const int64_t p = peak([&] { nt_xent_loss(z1, z2, NTXentLossOptions().path(MemoryPath::kMaterialised)).backward(); });
   std::cout << "[ memory ] nt_xent b=" << b << ": peak " << p << " bytes, [2b x 2b] = " << 4 * b * b * 4 << "\n";
   EXPECT_GE(p, 4 * b * b * 4);
   EXPECT_LE(p, 4 * b * b * 4 + allowance);

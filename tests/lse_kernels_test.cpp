@@ -3,6 +3,8 @@
 // (row blocks, the column split across threads, masked and non-finite
 // entries) and the in-place softmax gradient, and the fused path of every
 // loss against the ATen path it replaces (which CUDA tensors still take).
+#include "contrax/detail/lse_kernels.h"
+
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,7 +12,6 @@
 #include <cmath>
 #include <limits>
 
-#include "contrax/detail/lse_kernels.h"
 #include "contrax/losses.h"
 
 namespace {
@@ -111,9 +112,9 @@ TEST(LseKernels, MaskedAndLateColumnsAndStridedTiles) {
     for (auto dt : {torch::kFloat, torch::kDouble}) {
       const double tol = dt == torch::kFloat ? 2e-5 : 1e-12;
       auto t = torch::randn({700, 1000}, torch::TensorOptions().dtype(dt)) * 5.0;
-      t.index_put_({3}, -kInf);                     // a row masked throughout
-      t.select(1, 7).fill_(-kInf);                  // a column masked throughout
-      t.diagonal().fill_(-kInf);                    // a masked self column per row
+      t.index_put_({3}, -kInf);     // a row masked throughout
+      t.select(1, 7).fill_(-kInf);  // a column masked throughout
+      t.diagonal().fill_(-kInf);    // a masked self column per row
       // A column that is -inf in the first row blocks and far below 0 later:
       // its shift must follow its own maximum, not stay at 0.
       auto late = t.select(1, 11);
@@ -186,14 +187,15 @@ TEST(LseKernels, LossesAgreeWithTheAtenPath) {
   torch::manual_seed(2);
   auto opt = torch::TensorOptions().dtype(torch::kDouble);
   auto a0 = torch::randn({37, 8}, opt), b0 = torch::randn({37, 8}, opt);
-  for (int64_t tile : {int64_t{-1}, int64_t{16}}) {
+  for (int64_t tile : {int64_t{0}, int64_t{16}}) {  // 0: materialised; 16: tiled, 16 x 16 tiles
     std::vector<torch::Tensor> results[2];
     for (bool fused : {false, true}) {
       contrax::detail::set_fused_kernels_enabled(fused);
       auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
       auto scale = torch::tensor(2.0, opt).requires_grad_(true);
-      auto l1 = contrax::clip_loss(a, b, scale, {}, contrax::ClipLossOptions().tile_size(tile));
-      auto l2 = contrax::nt_xent_loss(a, b, contrax::NTXentLossOptions().tile_size(tile));
+      const auto path = tile ? contrax::MemoryPath::kTiled : contrax::MemoryPath::kMaterialised;
+      auto l1 = contrax::clip_loss(a, b, scale, {}, contrax::ClipLossOptions().path(path).tile_size(tile));
+      auto l2 = contrax::nt_xent_loss(a, b, contrax::NTXentLossOptions().path(path).tile_size(tile));
       (l1 + l2).backward();
       results[fused] = {l1.detach(), l2.detach(), a.grad(), b.grad(), scale.grad()};
     }

@@ -24,12 +24,16 @@ struct GroupedLossOptions {
   TORCH_ARG(bool, normalize) = false;
   /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path, as `ClipLossOptions::tile_size` (0 automatic, > 0 tiled with
-  /// this tile side, -1 materialised).
+  /// Memory path (see MemoryPath in losses.h); default automatic.
+  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
+  /// Tiled path: side of a logits tile (0: from `tile_bytes`), as in
+  /// ClipLossOptions (-1 is the deprecated spelling of kMaterialised).
   TORCH_ARG(int64_t, tile_size) = 0;
-  /// Threshold of the automatic choice (logits bytes per rank).
+  /// Tiled path: budget of one logits tile when `tile_size` is 0.
+  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
+  /// Threshold of kAuto (logits bytes per rank).
   TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only: candidate blocks travel around the ring instead of being gathered.
+  /// Tiled path only (implies it): candidate blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
   /// Reduction of the per-query losses (mean over the global number of queries).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;

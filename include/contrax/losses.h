@@ -28,6 +28,18 @@ namespace contrax {
 ///          symmetric losses all-gather the upstream gradients, O(N)).
 enum class Reduction { kMean, kSum, kNone };
 
+/// Which memory path a loss takes (`path` of every loss's options; the same
+/// words in every loss, SigLIP and the tiled functions included):
+///   kAuto: materialise the logits while the largest rank's take at most
+///     `max_logits_bytes`, otherwise tiled (the choice is made from the
+///     exchanged row counts, identically on every rank);
+///   kMaterialised: one logits buffer per rank (fastest while it fits);
+///   kTiled: tile by tile (memory O(b x tile), same value and gradients;
+///     `ring` passes the key blocks around the ring instead of gathering them).
+/// `tile_size` is the side of a tile on the tiled path (0: chosen so one tile
+/// takes about `tile_bytes`); a positive `tile_size` with kAuto asks for tiles.
+enum class MemoryPath { kAuto, kMaterialised, kTiled };
+
 /// What a shared label means (`labels` options).
 /// kMultiPositive: every column whose label equals the row's label is a
 ///   positive (supervised-contrastive form: l_i = lse_i - mean_{p in P(i)} S_ip,
@@ -51,14 +63,18 @@ struct ClipLossOptions {
   TORCH_ARG(bool, normalize) = false;
   /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path. 0 (default): automatic — materialise the `[b x B]` logits
-  /// while the largest rank's take at most `max_logits_bytes`, otherwise compute
-  /// tile by tile (see tiled.h; same value and gradients). > 0: always tiled
-  /// with this tile side. -1: always materialised.
+  /// Memory path (see MemoryPath); default automatic.
+  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
+  /// Tiled path: side of a logits tile; 0 (default) chooses it from
+  /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
+  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
+  /// (still accepted for one release, with a warning).
   TORCH_ARG(int64_t, tile_size) = 0;
-  /// Threshold of the automatic choice (default 256 MiB of logits per rank).
+  /// Tiled path: budget of one logits tile when `tile_size` is 0.
+  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
+  /// Threshold of kAuto (default 256 MiB of logits per rank).
   TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only: key blocks travel around the ring instead of being gathered.
+  /// Tiled path only (implies it): key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
   /// Reduction of the per-row losses (per row: the mean of its two directions
   /// when symmetric).
@@ -81,8 +97,7 @@ struct ClipLossOptions {
 ///   auto loss = contrax::clip_loss(img, txt, model->logit_scale, {},
 ///                                  contrax::ClipLossOptions().comm(comm));
 ///   loss.backward();
-torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b,
-                        const torch::Tensor& logit_scale,
+torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
                         const c10::optional<torch::Tensor>& logit_bias = c10::nullopt,
                         const ClipLossOptions& options = {});
 
@@ -96,14 +111,18 @@ struct NTXentLossOptions {
   /// L2-normalise the projections inside the loss (cosine similarity).
   TORCH_ARG(bool, normalize) = true;
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path. 0 (default): automatic — materialise the `[b x B]` logits
-  /// while the largest rank's take at most `max_logits_bytes`, otherwise compute
-  /// tile by tile (see tiled.h; same value and gradients). > 0: always tiled
-  /// with this tile side. -1: always materialised.
+  /// Memory path (see MemoryPath); default automatic.
+  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
+  /// Tiled path: side of a logits tile; 0 (default) chooses it from
+  /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
+  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
+  /// (still accepted for one release, with a warning).
   TORCH_ARG(int64_t, tile_size) = 0;
-  /// Threshold of the automatic choice (default 256 MiB of logits per rank).
+  /// Tiled path: budget of one logits tile when `tile_size` is 0.
+  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
+  /// Threshold of kAuto (default 256 MiB of logits per rank).
   TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only: key blocks travel around the ring instead of being gathered.
+  /// Tiled path only (implies it): key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
   /// Reduction over the B examples (per example: the mean of its two views'
   /// losses). kNone is not available with `ring`.
@@ -119,8 +138,7 @@ struct NTXentLossOptions {
 ///
 ///   auto loss = contrax::nt_xent_loss(p1, p2,
 ///       contrax::NTXentLossOptions().temperature(0.2).comm(comm));
-torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2,
-                           const NTXentLossOptions& options = {});
+torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options = {});
 
 // ---------------------------------------------------------------------------
 // MoCo v3
@@ -131,14 +149,18 @@ struct MocoV3LossOptions {
   TORCH_ARG(double, temperature) = 1.0;
   TORCH_ARG(bool, normalize) = true;
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path. 0 (default): automatic — materialise the `[b x B]` logits
-  /// while the largest rank's take at most `max_logits_bytes`, otherwise compute
-  /// tile by tile (see tiled.h; same value and gradients). > 0: always tiled
-  /// with this tile side. -1: always materialised.
+  /// Memory path (see MemoryPath); default automatic.
+  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
+  /// Tiled path: side of a logits tile; 0 (default) chooses it from
+  /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
+  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
+  /// (still accepted for one release, with a warning).
   TORCH_ARG(int64_t, tile_size) = 0;
-  /// Threshold of the automatic choice (default 256 MiB of logits per rank).
+  /// Tiled path: budget of one logits tile when `tile_size` is 0.
+  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
+  /// Threshold of kAuto (default 256 MiB of logits per rank).
   TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only: key blocks travel around the ring instead of being gathered.
+  /// Tiled path only (implies it): key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
   /// Reduction over the B examples (per example: 2T (l(q1_i, k2) + l(q2_i, k1))).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
@@ -153,9 +175,8 @@ struct MocoV3LossOptions {
 ///
 ///   auto loss = contrax::moco_v3_loss(q1, q2, k1, k2,
 ///       contrax::MocoV3LossOptions().temperature(0.2).comm(comm));
-torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2,
-                           const torch::Tensor& k1, const torch::Tensor& k2,
-                           const MocoV3LossOptions& options = {});
+torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
+                           const torch::Tensor& k2, const MocoV3LossOptions& options = {});
 
 /// Momentum (EMA) update: target = m * target + (1 - m) * online, parameter by
 /// parameter, without gradient. Both modules must have the same parameter
@@ -174,8 +195,7 @@ double momentum_schedule(double base, int64_t step, int64_t total_steps);
 /// to log(1/0.07) as in CLIP) and, when `with_bias`, a bias (SigLIP-style init 0).
 class ClipLossImpl : public torch::nn::Module {
  public:
-  explicit ClipLossImpl(ClipLossOptions options = {}, double init_scale = 1.0 / 0.07,
-                        bool with_bias = false);
+  explicit ClipLossImpl(ClipLossOptions options = {}, double init_scale = 1.0 / 0.07, bool with_bias = false);
   torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b);
   ClipLossOptions options;
   torch::Tensor logit_scale;
@@ -194,8 +214,8 @@ TORCH_MODULE(NTXentLoss);
 class MocoV3LossImpl : public torch::nn::Module {
  public:
   explicit MocoV3LossImpl(MocoV3LossOptions options = {}) : options(std::move(options)) {}
-  torch::Tensor forward(const torch::Tensor& q1, const torch::Tensor& q2,
-                        const torch::Tensor& k1, const torch::Tensor& k2);
+  torch::Tensor forward(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
+                        const torch::Tensor& k2);
   MocoV3LossOptions options;
 };
 TORCH_MODULE(MocoV3Loss);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "contrax/losses.h"
+
 namespace contrax {
 
 /// Options for `plan_loss`. Defaults: symmetric CLIP, B = 8192, d = 256,
@@ -30,7 +32,10 @@ struct PlanOptions {
   TORCH_ARG(int64_t, world) = 1;
   /// Feature dtype; fp16/bf16 are computed in fp32 (the engine's rule).
   TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
-  /// The losses' `tile_size`: 0 automatic, -1 materialised, > 0 tiled.
+  /// The losses' `path` (see MemoryPath in losses.h).
+  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
+  /// The losses' `tile_size`: the tile side (0: from `tile_bytes`); a positive
+  /// value with kAuto selects the tiled path; -1 is the deprecated kMaterialised.
   TORCH_ARG(int64_t, tile_size) = 0;
   /// The losses' `ring` (tiled, W > 1).
   TORCH_ARG(bool, ring) = false;
@@ -41,21 +46,21 @@ struct PlanOptions {
 
 /// One path's cost for the rank with the most rows.
 struct PathCost {
-  std::string path;                 // "materialised", "tiled", "ring"
-  int64_t logits_bytes = 0;         // logits-sized buffers held at once
-  int64_t feature_bytes = 0;        // gathered features (and their gradient)
-  double gemm_flops = 0;            // multiply-adds x 2 of every GEMM, forward + backward
-  int64_t gemms = 0;                // in units of one [b x B x d] product (grouped: g per [b x B g x d])
-  int64_t bytes_sent_forward = 0;   // per rank, bandwidth-optimal schedule (CommStats' rule)
+  std::string path;                // "materialised", "tiled", "ring"
+  int64_t logits_bytes = 0;        // logits-sized buffers held at once
+  int64_t feature_bytes = 0;       // gathered features (and their gradient)
+  double gemm_flops = 0;           // multiply-adds x 2 of every GEMM, forward + backward
+  int64_t gemms = 0;               // in units of one [b x B x d] product (grouped: g per [b x B g x d])
+  int64_t bytes_sent_forward = 0;  // per rank, bandwidth-optimal schedule (CommStats' rule)
   int64_t bytes_sent_backward = 0;
-  bool available = true;            // ring needs W > 1
+  bool available = true;  // ring needs W > 1
 };
 
 struct LossPlan {
   PlanOptions options;
   int64_t rows_per_rank = 0;  // the largest rank's
   std::vector<PathCost> paths;
-  std::string chosen;         // what the loss would run
+  std::string chosen;  // what the loss would run
   /// The old algorithm's GEMMs for the same loss (both directions with their
   /// own products; NT-Xent's four [b x B] products), for comparison.
   int64_t old_gemms = 0;

@@ -107,7 +107,8 @@ def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
               logit_bias: Optional[torch.Tensor] = None, *, symmetric: bool = True,
               max_logit_scale: float = 100.0, normalize: bool = False,
               labels: Optional[torch.Tensor] = None, label_mode: str = "multi_positive",
-              reduction: str = "mean", group=None) -> torch.Tensor:
+              reduction: str = "mean", path: str = "auto", tile_size: int = 0, ring: bool = False,
+              group=None) -> torch.Tensor:
     """CLIP / InfoNCE loss over the global batch.
 
     Args:
@@ -129,6 +130,14 @@ def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
             (``W sum_{i in r} l_i``) or ``"none"`` (the ``[b_r]`` per-row losses,
             each the exact global-batch loss of that row; every rank must run
             backward, which all-gathers the upstream gradients when symmetric).
+        path: memory path, as every loss spells it: ``"auto"`` (default:
+            materialise the ``[b x B]`` logits while they take at most 256 MiB
+            per rank, else tiled), ``"materialised"`` or ``"tiled"`` (memory
+            ``O(b x tile)``, same value and gradients).
+        tile_size: tiled path: the tile side (0: about 16 MiB per tile); a
+            positive value with ``path="auto"`` selects tiles. -1 is the
+            deprecated spelling of ``path="materialised"`` (warns).
+        ring: tiled path (implied): key blocks travel around the ring.
         group: ``torch.distributed`` ProcessGroup (default: the default group
             if initialised, else single device).
 
@@ -142,14 +151,15 @@ def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
         RuntimeError: a collective failed (e.g. a peer died).
     """
     return _contrax.clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
-                              normalize, _comm(group), labels, label_mode, reduction)
+                              normalize, _comm(group), labels, label_mode, reduction, path, int(tile_size),
+                              bool(ring))
 
 
 def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: torch.Tensor,
                  logit_bias: Optional[torch.Tensor] = None, *, labels: Optional[torch.Tensor] = None,
                  candidate_labels: Optional[torch.Tensor] = None, label_mode: str = "mask_duplicates",
                  reduction: str = "mean", max_logit_scale: float = 100.0, normalize: bool = False,
-                 tile_size: int = 0, ring: bool = False, group=None) -> torch.Tensor:
+                 path: str = "auto", tile_size: int = 0, ring: bool = False, group=None) -> torch.Tensor:
     """DPR/Tevatron-style retrieval loss with hard negatives over the global batch.
 
     Args:
@@ -168,8 +178,14 @@ def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: t
             ``"multi_positive"`` (it counts as another positive).
         reduction: ``"mean"`` over the global number of queries, ``"sum"`` or
             ``"none"`` (see ``clip_loss``).
-        tile_size: 0 automatic, > 0 tiled with that tile side, -1 materialised.
-        ring: tiled path only; candidate blocks travel around the ring.
+        path: memory path, as every loss spells it: ``"auto"`` (default:
+            materialise the ``[b x B]`` logits while they take at most 256 MiB
+            per rank, else tiled), ``"materialised"`` or ``"tiled"`` (memory
+            ``O(b x tile)``, same value and gradients).
+        tile_size: tiled path: the tile side (0: about 16 MiB per tile); a
+            positive value with ``path="auto"`` selects tiles. -1 is the
+            deprecated spelling of ``path="materialised"`` (warns).
+        ring: tiled path (implied): key blocks travel around the ring.
         group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
 
     Returns:
@@ -178,11 +194,12 @@ def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: t
     """
     return _contrax.grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels,
                                  label_mode, reduction, float(max_logit_scale), normalize, int(tile_size),
-                                 ring, _comm(group))
+                                 bool(ring), _comm(group), path)
 
 
 def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1,
-                 normalize: bool = True, reduction: str = "mean", group=None) -> torch.Tensor:
+                 normalize: bool = True, reduction: str = "mean", path: str = "auto", tile_size: int = 0,
+                 ring: bool = False, group=None) -> torch.Tensor:
     """SimCLR's NT-Xent loss over the global batch of ``2B`` views.
 
     For view-1 row i the logits are ``[z1_i . z2_all | z1_i . z1_all] / T`` with
@@ -195,17 +212,19 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1
         normalize: L2-normalise inside the loss (cosine similarity).
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[b_r]``) over the
             ``B`` examples (an example's loss is the mean of its two views').
+        path, tile_size, ring: the memory path (see ``clip_loss``).
         group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
 
     Returns:
         0-dim tensor, differentiable in ``z1`` and ``z2``.
     """
-    return _contrax.nt_xent_loss(z1, z2, float(temperature), normalize, _comm(group), reduction)
+    return _contrax.nt_xent_loss(z1, z2, float(temperature), normalize, _comm(group), reduction, path,
+                                 int(tile_size), bool(ring))
 
 
 def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
                  temperature: float = 1.0, normalize: bool = True, reduction: str = "mean",
-                 group=None) -> torch.Tensor:
+                 path: str = "auto", tile_size: int = 0, ring: bool = False, group=None) -> torch.Tensor:
     """MoCo v3's symmetrised loss ``ctr(q1, k2) + ctr(q2, k1)``.
 
     ``ctr(q, k) = CE(q @ k_all.T / T, positives) * 2T``; the keys (momentum
@@ -218,12 +237,14 @@ def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch
         normalize: L2-normalise queries and keys inside the loss.
         reduction: ``"mean"``, ``"sum"`` or ``"none"`` over the ``B`` examples
             (an example's loss is ``2T (l(q1_i, k2) + l(q2_i, k1))``).
+        path, tile_size, ring: the memory path (see ``clip_loss``).
         group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
 
     Returns:
         0-dim tensor (``[b_r]`` with ``"none"``), differentiable in ``q1`` and ``q2``.
     """
-    return _contrax.moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, _comm(group), reduction)
+    return _contrax.moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, _comm(group), reduction, path,
+                                 int(tile_size), bool(ring))
 
 
 def gather_with_grad(x: torch.Tensor, group=None, *, return_counts: bool = False

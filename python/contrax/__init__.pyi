@@ -32,6 +32,9 @@ def clip_loss(
     labels: Optional[torch.Tensor] = ...,
     label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
     reduction: Literal["mean", "sum", "none"] = ...,
+    path: Literal["auto", "materialised", "tiled"] = ...,
+    tile_size: int = ...,
+    ring: bool = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 
@@ -47,6 +50,7 @@ def grouped_loss(
     reduction: Literal["mean", "sum", "none"] = ...,
     max_logit_scale: float = ...,
     normalize: bool = ...,
+    path: Literal["auto", "materialised", "tiled"] = ...,
     tile_size: int = ...,
     ring: bool = ...,
     group: Optional[ProcessGroup] = ...,
@@ -59,6 +63,9 @@ def nt_xent_loss(
     temperature: float = ...,
     normalize: bool = ...,
     reduction: Literal["mean", "sum", "none"] = ...,
+    path: Literal["auto", "materialised", "tiled"] = ...,
+    tile_size: int = ...,
+    ring: bool = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 
@@ -71,6 +78,9 @@ def moco_v3_loss(
     temperature: float = ...,
     normalize: bool = ...,
     reduction: Literal["mean", "sum", "none"] = ...,
+    path: Literal["auto", "materialised", "tiled"] = ...,
+    tile_size: int = ...,
+    ring: bool = ...,
     group: Optional[ProcessGroup] = ...,
 ) -> torch.Tensor: ...
 

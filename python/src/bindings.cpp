@@ -6,8 +6,8 @@
 // holds the docstrings users see; this module turns a torch.distributed
 // ProcessGroup into a cached contrax::Communicator and maps c10::Error to
 // ValueError (argument errors) / RuntimeError (everything else).
-#include <torch/extension.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/extension.h>
 #include <torch/version.h>
 
 #include <chrono>
@@ -135,6 +135,13 @@ contrax::Reduction reduction_of(const std::string& s, const char* caller) {
   TORCH_CHECK(false, caller, "(): argument 'reduction' must be 'mean', 'sum' or 'none', but got '", s, "'");
 }
 
+contrax::MemoryPath path_of(const std::string& s, const char* caller) {
+  if (s == "auto") return contrax::MemoryPath::kAuto;
+  if (s == "materialised" || s == "materialized") return contrax::MemoryPath::kMaterialised;
+  if (s == "tiled") return contrax::MemoryPath::kTiled;
+  TORCH_CHECK(false, caller, "(): argument 'path' must be 'auto', 'materialised' or 'tiled', but got '", s, "'");
+}
+
 contrax::LabelMode label_mode_of(const std::string& s, const char* caller) {
   if (s == "multi_positive") return contrax::LabelMode::kMultiPositive;
   if (s == "mask_duplicates") return contrax::LabelMode::kMaskDuplicates;
@@ -181,8 +188,7 @@ PYBIND11_MODULE(_contrax, m) {
     } catch (const c10::Error& e) {
       std::string msg = e.what_without_backtrace();
       bool value_error = dynamic_cast<const c10::ValueError*>(&e) != nullptr ||
-                         msg.find("argument '") != std::string::npos ||
-                         msg.find("arguments '") != std::string::npos;
+                         msg.find("argument '") != std::string::npos || msg.find("arguments '") != std::string::npos;
       PyErr_SetString(value_error ? PyExc_ValueError : PyExc_RuntimeError, msg.c_str());
     }
   });
@@ -200,11 +206,14 @@ PYBIND11_MODULE(_contrax, m) {
       [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
          c10::optional<torch::Tensor> logit_bias, bool symmetric, double max_logit_scale, bool normalize,
          const contrax::CommunicatorPtr& comm, c10::optional<torch::Tensor> labels, const std::string& label_mode,
-         const std::string& reduction) {
+         const std::string& reduction, const std::string& path, int64_t tile_size, bool ring) {
         auto o = contrax::ClipLossOptions()
                      .symmetric(symmetric)
                      .max_logit_scale(max_logit_scale)
                      .normalize(normalize)
+                     .path(path_of(path, "clip_loss"))
+                     .tile_size(tile_size)
+                     .ring(ring)
                      .comm(comm)
                      .reduction(reduction_of(reduction, "clip_loss"))
                      .label_mode(label_mode_of(label_mode, "clip_loss"));
@@ -212,18 +221,21 @@ PYBIND11_MODULE(_contrax, m) {
         py::gil_scoped_release nogil;
         return contrax::clip_loss(a, b, logit_scale, logit_bias, o);
       },
-      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a, "normalize"_a,
-      "comm"_a, "labels"_a = py::none(), "label_mode"_a = "multi_positive", "reduction"_a = "mean");
+      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a, "normalize"_a, "comm"_a,
+      "labels"_a = py::none(), "label_mode"_a = "multi_positive", "reduction"_a = "mean", "path"_a = "auto",
+      "tile_size"_a = 0, "ring"_a = false);
 
   m.def(
       "grouped_loss",
       [](const torch::Tensor& queries, const torch::Tensor& candidates, const torch::Tensor& logit_scale,
          c10::optional<torch::Tensor> logit_bias, c10::optional<torch::Tensor> labels,
          c10::optional<torch::Tensor> candidate_labels, const std::string& label_mode, const std::string& reduction,
-         double max_logit_scale, bool normalize, int64_t tile_size, bool ring, const contrax::CommunicatorPtr& comm) {
+         double max_logit_scale, bool normalize, int64_t tile_size, bool ring, const contrax::CommunicatorPtr& comm,
+         const std::string& path) {
         auto o = contrax::GroupedLossOptions()
                      .max_logit_scale(max_logit_scale)
                      .normalize(normalize)
+                     .path(path_of(path, "grouped_loss"))
                      .tile_size(tile_size)
                      .ring(ring)
                      .comm(comm)
@@ -235,29 +247,45 @@ PYBIND11_MODULE(_contrax, m) {
         return contrax::grouped_loss(queries, candidates, logit_scale, logit_bias, o);
       },
       "queries"_a, "candidates"_a, "logit_scale"_a, "logit_bias"_a, "labels"_a, "candidate_labels"_a, "label_mode"_a,
-      "reduction"_a, "max_logit_scale"_a, "normalize"_a, "tile_size"_a, "ring"_a, "comm"_a);
+      "reduction"_a, "max_logit_scale"_a, "normalize"_a, "tile_size"_a, "ring"_a, "comm"_a, "path"_a = "auto");
 
   m.def(
       "nt_xent_loss",
       [](const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize,
-         const contrax::CommunicatorPtr& comm, const std::string& reduction) {
-        auto o = contrax::NTXentLossOptions().temperature(temperature).normalize(normalize).comm(comm).reduction(
-            reduction_of(reduction, "nt_xent_loss"));
+         const contrax::CommunicatorPtr& comm, const std::string& reduction, const std::string& path, int64_t tile_size,
+         bool ring) {
+        auto o = contrax::NTXentLossOptions()
+                     .temperature(temperature)
+                     .normalize(normalize)
+                     .comm(comm)
+                     .reduction(reduction_of(reduction, "nt_xent_loss"))
+                     .path(path_of(path, "nt_xent_loss"))
+                     .tile_size(tile_size)
+                     .ring(ring);
         py::gil_scoped_release nogil;
         return contrax::nt_xent_loss(z1, z2, o);
       },
-      "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "comm"_a, "reduction"_a = "mean");
+      "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "comm"_a, "reduction"_a = "mean", "path"_a = "auto",
+      "tile_size"_a = 0, "ring"_a = false);
 
   m.def(
       "moco_v3_loss",
       [](const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1, const torch::Tensor& k2,
-         double temperature, bool normalize, const contrax::CommunicatorPtr& comm, const std::string& reduction) {
-        auto o = contrax::MocoV3LossOptions().temperature(temperature).normalize(normalize).comm(comm).reduction(
-            reduction_of(reduction, "moco_v3_loss"));
+         double temperature, bool normalize, const contrax::CommunicatorPtr& comm, const std::string& reduction,
+         const std::string& path, int64_t tile_size, bool ring) {
+        auto o = contrax::MocoV3LossOptions()
+                     .temperature(temperature)
+                     .normalize(normalize)
+                     .comm(comm)
+                     .reduction(reduction_of(reduction, "moco_v3_loss"))
+                     .path(path_of(path, "moco_v3_loss"))
+                     .tile_size(tile_size)
+                     .ring(ring);
         py::gil_scoped_release nogil;
         return contrax::moco_v3_loss(q1, q2, k1, k2, o);
       },
-      "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a, "comm"_a, "reduction"_a = "mean");
+      "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a, "comm"_a, "reduction"_a = "mean",
+      "path"_a = "auto", "tile_size"_a = 0, "ring"_a = false);
 
   m.def(
       "gather",
@@ -277,14 +305,16 @@ PYBIND11_MODULE(_contrax, m) {
          c10::optional<torch::Tensor> logit_bias, bool symmetric, double max_logit_scale, bool normalize,
          int64_t tile_size, bool ring, const contrax::CommunicatorPtr& comm) {
         py::gil_scoped_release nogil;
-        return contrax::tiled_clip_loss(
-            a, b, logit_scale, logit_bias,
-            contrax::ClipLossOptions().symmetric(symmetric).max_logit_scale(max_logit_scale).normalize(normalize).comm(
-                comm),
-            contrax::TiledOptions().tile_size(tile_size).ring(ring));
+        return contrax::tiled_clip_loss(a, b, logit_scale, logit_bias,
+                                        contrax::ClipLossOptions()
+                                            .symmetric(symmetric)
+                                            .max_logit_scale(max_logit_scale)
+                                            .normalize(normalize)
+                                            .comm(comm),
+                                        contrax::TiledOptions().tile_size(tile_size).ring(ring));
       },
-      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a, "normalize"_a,
-      "tile_size"_a, "ring"_a, "comm"_a);
+      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a, "normalize"_a, "tile_size"_a,
+      "ring"_a, "comm"_a);
   m.def(
       "tiled_nt_xent_loss",
       [](const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize, int64_t tile_size,
@@ -324,7 +354,7 @@ PYBIND11_MODULE(_contrax, m) {
 
   // ---- communicators
   py::class_<contrax::Communicator, contrax::CommunicatorPtr>(m, "Communicator",
-                                                             "A cached contrax communicator over a process group.")
+                                                              "A cached contrax communicator over a process group.")
       .def_property_readonly("rank", &contrax::Communicator::rank)
       .def_property_readonly("world_size", &contrax::Communicator::world_size)
       .def_property_readonly("backend", &contrax::Communicator::backend)

@@ -189,3 +189,36 @@ def _variants_worker(rank, world, rows):
     _check(rank, world, rows, "siglip", lambda a, b, s, t: siglip_ref(a, b, s, t),
            lambda a, b, s, t: contrax.siglip_loss(a, b, s, t, chunk_size=2), 2, [1.2, -2.0])
 
+
+
+def test_memory_path_vocabulary():
+    """Every loss takes path="auto" | "materialised" | "tiled" and tile_size (the
+    tile side); all paths give the same value and gradients (fp64); the old
+    tile_size=-1 still materialises, with a deprecation warning."""
+    g = torch.Generator().manual_seed(5)
+    a0 = torch.randn(40, 8, generator=g, dtype=F64)
+    b0 = torch.randn(40, 8, generator=g, dtype=F64)
+    s = torch.tensor(1.0, dtype=F64)
+    calls = {
+        "clip_loss": lambda a, b, **kw: contrax.clip_loss(a, b, s, **kw),
+        "grouped_loss": lambda a, b, **kw: contrax.grouped_loss(a, b, s, **kw),
+        "nt_xent_loss": lambda a, b, **kw: contrax.nt_xent_loss(a, b, **kw),
+        "moco_v3_loss": lambda a, b, **kw: contrax.moco_v3_loss(a, b, b, a, **kw),
+    }
+    for name, fn in calls.items():
+        results = []
+        for kw in ({"path": "materialised"}, {"path": "tiled", "tile_size": 8}, {"path": "auto"},
+                   {"tile_size": 16}):
+            a = a0.clone().requires_grad_(True)
+            loss = fn(a, b0, **kw)
+            loss.backward()
+            results.append((loss.detach(), a.grad))
+        for loss, grad in results[1:]:
+            torch.testing.assert_close(loss, results[0][0], rtol=1e-12, atol=1e-12, msg=name)
+            torch.testing.assert_close(grad, results[0][1], rtol=1e-12, atol=1e-12, msg=name)
+        with pytest.raises(ValueError, match=name + r"\(\): argument 'path' must be 'auto', 'materialised' or "
+                                                    r"'tiled', but got 'fast'"):
+            fn(a0, b0, path="fast")
+    with pytest.warns(UserWarning, match=r"tile_size\(-1\) is deprecated"):
+        old = contrax.clip_loss(a0, b0, s, tile_size=-1)
+    torch.testing.assert_close(old, contrax.clip_loss(a0, b0, s, path="materialised"), rtol=1e-12, atol=1e-12)

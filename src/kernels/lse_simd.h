@@ -17,10 +17,10 @@
 // references, where exactness matters more than speed).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <algorithm>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -223,8 +223,60 @@ void grad_impl(T* x, int64_t R, int64_t C, int64_t ld, const T* lse_row, const T
   }
 }
 
-void stats_f(const float* x, int64_t R, int64_t C, int64_t ld, float* rm, float* rs, float* cm, float* cs,
-             float* csh) {
+template <typename T>
+void exp_rows_impl(T* x, int64_t R, int64_t C, int64_t ld, T shift, T* row_sum) {
+  for (int64_t i = 0; i < R; ++i) {
+    T* xi = x + i * ld;
+    T s = T(0);
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      vf vs{};
+      const vf vsh = splat(shift);
+      for (; j + kLanes <= C; j += kLanes) {
+        prefetch_w(xi + j);
+        const vf e = vexp(load(xi + j) - vsh);
+        store(xi + j, e);
+        vs += e;
+      }
+      s = hsum(vs);
+    }
+    for (; j < C; ++j) {
+      xi[j] = std::exp(xi[j] - shift);
+      s += xi[j];
+    }
+    row_sum[i] = s;
+  }
+}
+
+template <typename T>
+void scale_impl(T* x, int64_t R, int64_t C, int64_t ld, const T* a, const T* b) {
+  for (int64_t i = 0; i < R; ++i) {
+    T* xi = x + i * ld;
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      const vf va = splat(a[i]);
+      for (; j + kLanes <= C; j += kLanes) {
+        prefetch_w(xi + j);
+        store(xi + j, load(xi + j) * (va + load(b + j)));
+      }
+    }
+    for (; j < C; ++j) xi[j] *= a[i] + b[j];
+  }
+}
+
+void exp_rows_f(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* s) {
+  exp_rows_impl<float>(x, R, C, ld, shift, s);
+}
+void exp_rows_d(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* s) {
+  exp_rows_impl<double>(x, R, C, ld, shift, s);
+}
+void scale_f(float* x, int64_t R, int64_t C, int64_t ld, const float* a, const float* b) {
+  scale_impl<float>(x, R, C, ld, a, b);
+}
+void scale_d(double* x, int64_t R, int64_t C, int64_t ld, const double* a, const double* b) {
+  scale_impl<double>(x, R, C, ld, a, b);
+}
+void stats_f(const float* x, int64_t R, int64_t C, int64_t ld, float* rm, float* rs, float* cm, float* cs, float* csh) {
   stats_impl<float>(x, R, C, ld, rm, rs, cm, cs, csh);
 }
 void stats_d(const double* x, int64_t R, int64_t C, int64_t ld, double* rm, double* rs, double* cm, double* cs,
@@ -253,7 +305,7 @@ void exp_f(const float* x, float* y, int64_t n) {
 }  // namespace
 
 const Table& table() {
-  static const Table t{stats_f, stats_d, grad_f, grad_d, exp_f};
+  static const Table t{stats_f, stats_d, grad_f, grad_d, exp_rows_f, exp_rows_d, scale_f, scale_d, exp_f};
   return t;
 }
 

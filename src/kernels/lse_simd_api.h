@@ -16,14 +16,21 @@ struct Table {
   // sum of exp(x_ij - col_shift[j]) so far. log-sum-exp = shift + log(sum).
   void (*stats_f)(const float* x, int64_t R, int64_t C, int64_t ld, float* row_max, float* row_sum, float* col_max,
                   float* col_sum, float* col_shift);
-  void (*stats_d)(const double* x, int64_t R, int64_t C, int64_t ld, double* row_max, double* row_sum,
-                  double* col_max, double* col_sum, double* col_shift);
+  void (*stats_d)(const double* x, int64_t R, int64_t C, int64_t ld, double* row_max, double* row_sum, double* col_max,
+                  double* col_sum, double* col_shift);
   // In place: x_ij <- w_row_i exp(x_ij - lse_row_i) [+ w_col_j exp(x_ij - lse_col_j)];
   // a null weight is 1, a null lse_col drops the column term.
   void (*grad_f)(float* x, int64_t R, int64_t C, int64_t ld, const float* lse_row, const float* w_row,
                  const float* lse_col, const float* w_col);
   void (*grad_d)(double* x, int64_t R, int64_t C, int64_t ld, const double* lse_row, const double* w_row,
                  const double* lse_col, const double* w_col);
+  // In place: x_ij <- exp(x_ij - shift), and row_sum[i] = sum_j of the new x_ij
+  // (a row softmax's numerators under a known upper bound `shift`).
+  void (*exp_rows_f)(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* row_sum);
+  void (*exp_rows_d)(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* row_sum);
+  // In place: x_ij <- x_ij (a_i + b_j).
+  void (*scale_f)(float* x, int64_t R, int64_t C, int64_t ld, const float* a, const float* b);
+  void (*scale_d)(double* x, int64_t R, int64_t C, int64_t ld, const double* a, const double* b);
   // y = exp(x) elementwise through the vector exp (for its accuracy test).
   void (*exp_f)(const float* x, float* y, int64_t n);
 };

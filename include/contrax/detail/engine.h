@@ -45,8 +45,8 @@
 // chunks of ~8 MiB (its GEMM, then the chunk's log-sum-exps; in backward the
 // chunk's gradient, then the GEMMs that read it), and the element-wise passes
 // are fused vectorised kernels (contrax/detail/lse_kernels.h): two passes over
-// a chunk in forward, one in backward, each while the chunk is in cache. Hence one backward per graph: a second one (retain_graph)
-// is an error, not a wrong result.
+// a chunk in forward, one in backward, each while the chunk is in cache. Hence one backward per graph: a second one
+// (retain_graph) is an error, not a wrong result.
 #pragma once
 
 #include <torch/torch.h>
@@ -130,8 +130,12 @@ torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k_all
 /// forward; the backward is local. kNone returns the [b] per-example losses
 /// (the mean of the two views'), and its backward all-gathers the upstream
 /// gradients (O(B)); kSum is not handled here (the front end scales kMean).
+/// `unit_rows`: the rows of z and z_all are L2-normalised, so every logit lies
+/// in [-1/T, 1/T] and (for T not too small) the forward takes one pass per
+/// chunk and the backward none of exponentials.
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                 const EngineLayout& layout, Reduction reduction = Reduction::kMean);
+                                 const EngineLayout& layout, Reduction reduction = Reduction::kMean,
+                                 bool unit_rows = false);
 
 /// `clip_block_loss` with the logits computed one [tile x tile] block at a time
 /// (same value and gradients). Gathered keys: k is k_all [B, d]. `ring`

@@ -53,8 +53,18 @@ class ColumnLse {
 /// an undefined weight meaning 1 and an undefined `lse_col` dropping the
 /// column term. The vectors have t's dtype and device, and lengths R and C.
 void softmax_grad_(torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row /* [R] */,
-                   const torch::Tensor& w_row /* [R] or undefined */, const torch::Tensor& lse_col /* [C] or undefined */,
+                   const torch::Tensor& w_row /* [R] or undefined */,
+                   const torch::Tensor& lse_col /* [C] or undefined */,
                    const torch::Tensor& w_col /* [C] or undefined */);
+
+/// In place t_ij <- exp(t_ij - shift); returns the row sums [R] of the new t.
+/// For rows known to be bounded by `shift` (e.g. cosine logits: |S| <= 1/T),
+/// one pass instead of a max pass and an exp pass.
+torch::Tensor exp_rows_(torch::Tensor& t /* [R, C] */, double shift);
+
+/// In place t_ij <- t_ij (a_i + b_j).
+void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a /* [R] */,
+                           const torch::Tensor& b /* [C] */);
 
 /// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
 /// apply (default true; the CONTRAX_FUSED_KERNELS=0 environment variable turns
