@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "kernels/lse_simd_api.h"
@@ -20,28 +21,41 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-const kernels::Table& pick_table() {
+bool cpu_runs(const std::string& isa) {
 #if defined(__x86_64__)  // CMakeLists.txt compiles the AVX2 and AVX-512 tables on x86-64
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return kernels::avx512::table();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kernels::avx2::table();
+  if (isa == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
-  return kernels::base::table();
+  return isa == "baseline";
 }
 
-const char* pick_isa() {
-#if defined(__x86_64__)  // CMakeLists.txt compiles the AVX2 and AVX-512 tables on x86-64
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return "avx512";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "avx2";
+const kernels::Table* table_of(const std::string& isa) {
+#if defined(__x86_64__)
+  if (isa == "avx512") return &kernels::avx512::table();
+  if (isa == "avx2") return &kernels::avx2::table();
 #endif
-  return "baseline";
+  return isa == "baseline" ? &kernels::base::table() : nullptr;
 }
 
-const kernels::Table& table() {
-  static const kernels::Table& t = pick_table();
-  return t;
+// The widest instruction set the CPU runs, as {name, table}; switchable for
+// tests (set_fused_kernels_isa).
+struct Active {
+  std::atomic<const kernels::Table*> table;
+  std::atomic<const char*> name;
+};
+
+Active& active() {
+  static Active a = [] {
+    for (const char* isa : {"avx512", "avx2"}) {
+      if (cpu_runs(isa)) return Active{{table_of(isa)}, {isa}};
+    }
+    return Active{{table_of("baseline")}, {"baseline"}};
+  }();
+  return a;
 }
+
+const kernels::Table& table() { return *active().table.load(std::memory_order_relaxed); }
 
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> on{[] {
@@ -271,9 +285,17 @@ void scale_rows_plus_cols_(torch::Tensor& t, const torch::Tensor& a, const torch
 bool fused_kernels_enabled() { return enabled_flag().load(); }
 void set_fused_kernels_enabled(bool on) { enabled_flag().store(on); }
 
-const char* fused_kernels_isa() {
-  static const char* isa = pick_isa();
-  return isa;
+const char* fused_kernels_isa() { return active().name.load(); }
+
+bool set_fused_kernels_isa(const std::string& isa) {
+  if (!cpu_runs(isa) || !table_of(isa)) return false;
+  for (const char* name : {"avx512", "avx2", "baseline"}) {
+    if (isa == name) {
+      active().table.store(table_of(isa));
+      active().name.store(name);
+    }
+  }
+  return true;
 }
 
 torch::Tensor fused_exp(const torch::Tensor& x) {

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "contrax/losses.h"
 
@@ -22,15 +23,32 @@ using contrax::detail::tile_lse;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Restores the kernels switch and the thread count a test changes.
+// Restores the kernels switch, instruction set and thread count a test changes.
 struct Restore {
   bool fused = contrax::detail::fused_kernels_enabled();
+  std::string isa = contrax::detail::fused_kernels_isa();
   int threads = at::get_num_threads();
   ~Restore() {
     contrax::detail::set_fused_kernels_enabled(fused);
+    contrax::detail::set_fused_kernels_isa(isa);
     at::set_num_threads(threads);
   }
 };
+
+// Runs `fn` once per instruction set this machine runs (each compiled table
+// is its own code: the vector width changes every loop's tail).
+template <typename Fn>
+void for_each_isa(Fn fn) {
+  Restore restore;
+  int ran = 0;
+  for (const char* isa : {"baseline", "avx2", "avx512"}) {
+    if (!contrax::detail::set_fused_kernels_isa(isa)) continue;
+    SCOPED_TRACE(isa);
+    fn();
+    ++ran;
+  }
+  EXPECT_GE(ran, 1);
+}
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   auto x = a.to(torch::kDouble), y = b.to(torch::kDouble);
@@ -40,31 +58,47 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return d.numel() ? d.max().item<double>() : 0.0;
 }
 
-TEST(LseKernels, ReportsTheInstructionSet) {
+// The largest |a - b| / (1 + |b|): absolute near 0, relative for large values
+// (a float log-sum-exp near -1000 carries an ulp of 6e-5).
+double max_scaled_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  auto x = a.to(torch::kDouble), y = b.to(torch::kDouble);
+  auto same = (x == y) | (torch::isnan(x) & torch::isnan(y));
+  auto d = ((x - y).abs() / (y.abs() + 1.0)).masked_fill(same, 0.0);
+  return d.numel() ? d.max().item<double>() : 0.0;
+}
+
+TEST(LseKernels, ReportsAndSwitchesTheInstructionSet) {
+  Restore restore;
   const std::string isa = contrax::detail::fused_kernels_isa();
   EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "baseline") << isa;
+  EXPECT_TRUE(contrax::detail::set_fused_kernels_isa("baseline"));  // every CPU runs it
+  EXPECT_STREQ(contrax::detail::fused_kernels_isa(), "baseline");
+  EXPECT_FALSE(contrax::detail::set_fused_kernels_isa("sse9"));
+  EXPECT_STREQ(contrax::detail::fused_kernels_isa(), "baseline");
 }
 
 TEST(LseKernels, VectorExpIsWithinThreeUlpOverTheWholeRange) {
-  auto x = torch::linspace(-110.0, 90.0, 200001, torch::kFloat);
-  auto y = fused_exp(x).to(torch::kDouble);
-  auto want = x.to(torch::kDouble).exp();
-  // Relative error where the result is a normal float; absolute (below the
-  // smallest normal) where it is denormal or zero.
-  const double tiny = std::numeric_limits<float>::min();
-  auto normal = (want >= tiny) & (want <= std::numeric_limits<float>::max());
-  auto rel = ((y - want).abs() / want).masked_select(normal);
-  EXPECT_LT(rel.max().item<double>(), 3 * 1.2e-7);
-  auto sub = want < tiny;
-  EXPECT_LT((y - want).abs().masked_select(sub).max().item<double>(), tiny);
-  auto special = fused_exp(torch::tensor({-INFINITY, INFINITY, NAN, 0.0f, 89.0f, -200.0f}, torch::kFloat));
-  auto s = special.accessor<float, 1>();
-  EXPECT_EQ(s[0], 0.0f);
-  EXPECT_EQ(s[1], INFINITY);
-  EXPECT_TRUE(std::isnan(s[2]));
-  EXPECT_EQ(s[3], 1.0f);
-  EXPECT_EQ(s[4], INFINITY);  // e^89 > FLT_MAX
-  EXPECT_EQ(s[5], 0.0f);
+  for_each_isa([&] {
+    auto x = torch::linspace(-110.0, 90.0, 200001, torch::kFloat);
+    auto y = fused_exp(x).to(torch::kDouble);
+    auto want = x.to(torch::kDouble).exp();
+    // Relative error where the result is a normal float; absolute (below the
+    // smallest normal) where it is denormal or zero.
+    const double tiny = std::numeric_limits<float>::min();
+    auto normal = (want >= tiny) & (want <= std::numeric_limits<float>::max());
+    auto rel = ((y - want).abs() / want).masked_select(normal);
+    EXPECT_LT(rel.max().item<double>(), 3 * 1.2e-7);
+    auto sub = want < tiny;
+    EXPECT_LT((y - want).abs().masked_select(sub).max().item<double>(), tiny);
+    auto special = fused_exp(torch::tensor({-INFINITY, INFINITY, NAN, 0.0f, 89.0f, -200.0f}, torch::kFloat));
+    auto s = special.accessor<float, 1>();
+    EXPECT_EQ(s[0], 0.0f);
+    EXPECT_EQ(s[1], INFINITY);
+    EXPECT_TRUE(std::isnan(s[2]));
+    EXPECT_EQ(s[3], 1.0f);
+    EXPECT_EQ(s[4], INFINITY);  // e^89 > FLT_MAX
+    EXPECT_EQ(s[5], 0.0f);
+  });
 }
 
 // fp64 reference: logsumexp of rows and columns, -inf for empty or all -inf.
@@ -78,106 +112,141 @@ void expect_lse_matches(const torch::Tensor& t, double tol) {
   auto got = tile_lse(t, true, true);
   ASSERT_TRUE(got.row.defined() && got.col.defined());
   EXPECT_EQ(got.row.scalar_type(), t.scalar_type());
-  EXPECT_LE(max_abs_diff(got.row, ref_lse(t, 1)), tol) << "rows of " << t.sizes();
-  EXPECT_LE(max_abs_diff(got.col, ref_lse(t, 0)), tol) << "columns of " << t.sizes();
+  EXPECT_LE(max_scaled_diff(got.row, ref_lse(t, 1)), tol) << "rows of " << t.sizes();
+  EXPECT_LE(max_scaled_diff(got.col, ref_lse(t, 0)), tol) << "columns of " << t.sizes();
   auto rows_only = tile_lse(t, true, false);
   EXPECT_FALSE(rows_only.col.defined());
-  EXPECT_LE(max_abs_diff(rows_only.row, ref_lse(t, 1)), tol);
+  EXPECT_LE(max_scaled_diff(rows_only.row, ref_lse(t, 1)), tol);
   auto cols_only = tile_lse(t, false, true);
   EXPECT_FALSE(cols_only.row.defined());
-  EXPECT_LE(max_abs_diff(cols_only.col, ref_lse(t, 0)), tol);
+  EXPECT_LE(max_scaled_diff(cols_only.col, ref_lse(t, 0)), tol);
 }
 
 TEST(LseKernels, TileLseMatchesFp64AtEveryShapeDtypeAndThreadCount) {
-  Restore restore;
-  torch::manual_seed(0);
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    // Shapes: lane tails, one row/column, empty, several ~1 MiB row blocks
-    // (600 x 1000 fp32), and a tile large enough for the column split.
-    for (auto shape : std::vector<std::pair<int64_t, int64_t>>{
-             {1, 1}, {3, 17}, {17, 3}, {0, 5}, {5, 0}, {64, 33}, {600, 1000}, {300, 1000}}) {
-      for (auto dt : {torch::kFloat, torch::kDouble}) {
-        auto t = torch::randn({shape.first, shape.second}, torch::TensorOptions().dtype(dt)) * 20.0;
-        expect_lse_matches(t, dt == torch::kFloat ? 2e-5 : 1e-12);
+  for_each_isa([&] {
+    Restore restore;
+    torch::manual_seed(0);
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      // Shapes: lane tails, one row/column, empty, several ~1 MiB row blocks
+      // (600 x 1000 fp32), and a tile large enough for the column split.
+      for (auto shape : std::vector<std::pair<int64_t, int64_t>>{
+               {1, 1}, {3, 17}, {17, 3}, {0, 5}, {5, 0}, {64, 33}, {600, 1000}, {300, 1000}}) {
+        for (auto dt : {torch::kFloat, torch::kDouble}) {
+          auto t = torch::randn({shape.first, shape.second}, torch::TensorOptions().dtype(dt)) * 20.0;
+          expect_lse_matches(t, dt == torch::kFloat ? 2e-5 : 1e-12);
+        }
       }
     }
-  }
+  });
 }
 
 TEST(LseKernels, MaskedAndLateColumnsAndStridedTiles) {
-  Restore restore;
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    for (auto dt : {torch::kFloat, torch::kDouble}) {
-      const double tol = dt == torch::kFloat ? 2e-5 : 1e-12;
-      auto t = torch::randn({700, 1000}, torch::TensorOptions().dtype(dt)) * 5.0;
-      t.index_put_({3}, -kInf);     // a row masked throughout
-      t.select(1, 7).fill_(-kInf);  // a column masked throughout
-      t.diagonal().fill_(-kInf);    // a masked self column per row
-      // A column that is -inf in the first row blocks and far below 0 later:
-      // its shift must follow its own maximum, not stay at 0.
-      auto late = t.select(1, 11);
-      late.narrow(0, 0, 500).fill_(-kInf);
-      late.narrow(0, 500, 200).copy_(torch::randn({200}, t.options()) - 1000.0);
-      expect_lse_matches(t, tol);
-      auto got = tile_lse(t, true, true);
-      EXPECT_EQ(got.row[3].item<double>(), -kInf);
-      EXPECT_EQ(got.col[7].item<double>(), -kInf);
-      EXPECT_NEAR(got.col[11].item<double>(), ref_lse(t, 0)[11].item<double>(), 1e-3);
-      // A tile of a larger buffer (row stride > columns) and a transposed view
-      // (the ATen path).
-      expect_lse_matches(t.narrow(1, 100, 513).narrow(0, 5, 300), tol);
-      expect_lse_matches(t.t(), tol);
+  for_each_isa([&] {
+    Restore restore;
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      for (auto dt : {torch::kFloat, torch::kDouble}) {
+        const double tol = dt == torch::kFloat ? 2e-5 : 1e-12;
+        auto t = torch::randn({700, 1000}, torch::TensorOptions().dtype(dt)) * 5.0;
+        t.index_put_({3}, -kInf);     // a row masked throughout
+        t.select(1, 7).fill_(-kInf);  // a column masked throughout
+        t.diagonal().fill_(-kInf);    // a masked self column per row
+        // A column that is -inf in the first row blocks and far below 0 later:
+        // its shift must follow its own maximum, not stay at 0.
+        auto late = t.select(1, 11);
+        late.narrow(0, 0, 500).fill_(-kInf);
+        late.narrow(0, 500, 200).copy_(torch::randn({200}, t.options()) - 1000.0);
+        expect_lse_matches(t, tol);
+        auto got = tile_lse(t, true, true);
+        EXPECT_EQ(got.row[3].item<double>(), -kInf);
+        EXPECT_EQ(got.col[7].item<double>(), -kInf);
+        EXPECT_NEAR(got.col[11].item<double>(), ref_lse(t, 0)[11].item<double>(), 1e-3);
+        // A tile of a larger buffer (row stride > columns) and a transposed view
+        // (the ATen path).
+        expect_lse_matches(t.narrow(1, 100, 513).narrow(0, 5, 300), tol);
+        expect_lse_matches(t.t(), tol);
+      }
     }
-  }
+  });
 }
 
 TEST(LseKernels, NonFiniteEntriesPropagateAsInAten) {
-  for (auto dt : {torch::kFloat, torch::kDouble}) {
-    auto t = torch::randn({40, 50}, torch::TensorOptions().dtype(dt));
-    t.index_put_({2, 3}, NAN);
-    t.index_put_({5, 6}, INFINITY);
-    auto got = tile_lse(t, true, true);
-    EXPECT_TRUE(std::isnan(got.row[2].item<double>()));
-    EXPECT_TRUE(std::isnan(got.col[3].item<double>()));
-    // +inf: the row's log-sum-exp is +inf or NaN (as in ATen), never finite.
-    EXPECT_FALSE(std::isfinite(got.row[5].item<double>()));
-    EXPECT_FALSE(std::isfinite(got.col[6].item<double>()));
-    EXPECT_TRUE(std::isfinite(got.row[0].item<double>()));
-  }
+  for_each_isa([&] {
+    for (auto dt : {torch::kFloat, torch::kDouble}) {
+      auto t = torch::randn({40, 50}, torch::TensorOptions().dtype(dt));
+      t.index_put_({2, 3}, NAN);
+      t.index_put_({5, 6}, INFINITY);
+      auto got = tile_lse(t, true, true);
+      EXPECT_TRUE(std::isnan(got.row[2].item<double>()));
+      EXPECT_TRUE(std::isnan(got.col[3].item<double>()));
+      // +inf: the row's log-sum-exp is +inf or NaN (as in ATen), never finite.
+      EXPECT_FALSE(std::isfinite(got.row[5].item<double>()));
+      EXPECT_FALSE(std::isfinite(got.col[6].item<double>()));
+      EXPECT_TRUE(std::isfinite(got.row[0].item<double>()));
+    }
+  });
 }
 
 TEST(LseKernels, SoftmaxGradMatchesTheAtenFormWithAndWithoutWeights) {
-  Restore restore;
-  torch::manual_seed(1);
-  for (int threads : {1, 2}) {
-    at::set_num_threads(threads);
-    for (auto dt : {torch::kFloat, torch::kDouble}) {
-      const double tol = dt == torch::kFloat ? 1e-6 : 1e-15;
-      auto opt = torch::TensorOptions().dtype(dt);
-      auto t = torch::randn({257, 301}, opt) * 4.0;
-      t.diagonal().fill_(-kInf);
-      auto lr = ref_lse(t, 1).to(dt), lc = ref_lse(t, 0).to(dt);
-      auto wr = torch::rand({257}, opt), wc = torch::rand({301}, opt);
-      for (int form = 0; form < 4; ++form) {
-        const bool col = form & 1, weights = form & 2;
-        torch::Tensor want, got;
-        for (bool fused : {false, true}) {
-          contrax::detail::set_fused_kernels_enabled(fused);
-          auto x = t.clone();
-          softmax_grad_(x, lr, weights ? wr : torch::Tensor(), col ? lc : torch::Tensor(),
-                        col && weights ? wc : torch::Tensor());
-          (fused ? got : want) = x;
-        }
-        EXPECT_LE(max_abs_diff(got, want), tol) << "form " << form << " dtype " << dt;
-        // Rows of a row softmax sum to their weight.
-        if (form == 0) {
-          EXPECT_LE(max_abs_diff(got.sum(1), torch::ones({257}, opt)), dt == torch::kFloat ? 1e-5 : 1e-13);
+  for_each_isa([&] {
+    Restore restore;
+    torch::manual_seed(1);
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      for (auto dt : {torch::kFloat, torch::kDouble}) {
+        const double tol = dt == torch::kFloat ? 1e-6 : 1e-15;
+        auto opt = torch::TensorOptions().dtype(dt);
+        auto t = torch::randn({257, 301}, opt) * 4.0;
+        t.diagonal().fill_(-kInf);
+        auto lr = ref_lse(t, 1).to(dt), lc = ref_lse(t, 0).to(dt);
+        auto wr = torch::rand({257}, opt), wc = torch::rand({301}, opt);
+        for (int form = 0; form < 4; ++form) {
+          const bool col = form & 1, weights = form & 2;
+          torch::Tensor want, got;
+          for (bool fused : {false, true}) {
+            contrax::detail::set_fused_kernels_enabled(fused);
+            auto x = t.clone();
+            softmax_grad_(x, lr, weights ? wr : torch::Tensor(), col ? lc : torch::Tensor(),
+                          col && weights ? wc : torch::Tensor());
+            (fused ? got : want) = x;
+          }
+          EXPECT_LE(max_abs_diff(got, want), tol) << "form " << form << " dtype " << dt;
+          // Rows of a row softmax sum to their weight.
+          if (form == 0) {
+            EXPECT_LE(max_abs_diff(got.sum(1), torch::ones({257}, opt)), dt == torch::kFloat ? 1e-5 : 1e-13);
+          }
         }
       }
     }
-  }
+  });
+}
+
+TEST(LseKernels, ExpRowsAndScaleMatchTheAtenForm) {
+  for_each_isa([&] {
+    for (auto dt : {torch::kFloat, torch::kDouble}) {
+      const double tol = dt == torch::kFloat ? 1e-6 : 1e-15;
+      auto opt = torch::TensorOptions().dtype(dt);
+      auto t = torch::rand({70, 133}, opt) * 20.0 - 10.0;  // within [-10, 10]: shift 10 is a bound
+      t.diagonal().fill_(-kInf);
+      auto a = torch::rand({70}, opt), b = torch::rand({133}, opt);
+      torch::Tensor want_e, want_s, got_e, got_s, want_g, got_g;
+      for (bool fused : {false, true}) {
+        contrax::detail::set_fused_kernels_enabled(fused);
+        auto e = t.clone();
+        auto sums = contrax::detail::exp_rows_(e, 10.0);
+        auto g = e.clone();
+        contrax::detail::scale_rows_plus_cols_(g, a, b);
+        (fused ? got_e : want_e) = e;
+        (fused ? got_s : want_s) = sums;
+        (fused ? got_g : want_g) = g;
+      }
+      EXPECT_LE(max_abs_diff(got_e, want_e), tol);
+      EXPECT_LE(max_abs_diff(got_s, want_s), tol * 133);
+      EXPECT_LE(max_abs_diff(got_g, want_g), tol * 2);
+      EXPECT_LE(max_abs_diff(got_e, (t.to(torch::kDouble) - 10.0).exp()), tol);
+    }
+  });
 }
 
 // Every loss through the fused kernels equals the ATen path (CUDA's) in fp64

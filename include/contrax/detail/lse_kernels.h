@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include <string>
+
 namespace contrax::detail {
 
 /// Row and column log-sum-exps of a tile.
@@ -73,8 +75,13 @@ bool fused_kernels_enabled();
 void set_fused_kernels_enabled(bool on);
 
 /// The instruction set the fused kernels run with on this CPU: "avx512",
-/// "avx2" or "baseline".
+/// "avx2" or "baseline" (the widest the CPU runs, unless set below).
 const char* fused_kernels_isa();
+
+/// Makes the fused kernels use `isa` ("avx512", "avx2" or "baseline"); false
+/// (and nothing changed) when this CPU or build cannot run it. For tests,
+/// which check every instruction set the machine runs.
+bool set_fused_kernels_isa(const std::string& isa);
 
 /// exp of every element of a CPU float tensor through the fused kernels' own
 /// vectorised exp (for its accuracy test).
