@@ -256,10 +256,26 @@ Weights backward_weights(const BlockPlan& plan, const torch::Tensor& grad, c10::
   return w;
 }
 
+// The -Y terms of G / c on the designated positives of a tile (no
+// multi-positive labels): w_i, plus w_j when symmetric (1 each unweighted).
+void subtract_positives(const BlockPlan& plan, const Weights& w, torch::Tensor& t, int64_t r0, int64_t c0) {
+  const int64_t g = plan.spec.group;
+  const bool sym = plan.spec.symmetric;
+  const auto run = positives_in(r0, t.size(0), c0, t.size(1), plan.layout.offset, g);
+  if (run.n == 0) return;
+  auto diag = run_view(t, run, g);
+  if (!w.row.defined()) {
+    diag.sub_(sym ? 2.0 : 1.0);
+    return;
+  }
+  diag.sub_(w.row.narrow(0, r0 + run.row, run.n));
+  if (sym) diag.sub_(w.col.narrow(0, c0 + run.col, run.n));  // group 1: columns consecutive
+}
+
 // S tile -> G / c in place (see the derivation above). `P` as apply_labels.
 void tile_gradient(const BlockPlan& plan, const RowTerms& rt, const Weights& w, torch::Tensor& t,
                    const torch::Tensor& P, int64_t r0, int64_t c0) {
-  const int64_t R = t.size(0), C = t.size(1), g = plan.spec.group;
+  const int64_t R = t.size(0), C = t.size(1);
   const bool sym = plan.spec.symmetric;
   // w_i exp(S_ij - lse_row_i) [+ w_j exp(S_ij - lse_col_j)], fused, in place.
   softmax_grad_(t, rt.lse_row.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
@@ -276,15 +292,7 @@ void tile_gradient(const BlockPlan& plan, const RowTerms& rt, const Weights& w, 
     }
     return;
   }
-  const auto run = positives_in(r0, R, c0, C, plan.layout.offset, g);
-  if (run.n == 0) return;
-  auto diag = run_view(t, run, g);
-  if (!w.row.defined()) {
-    diag.sub_(sym ? 2.0 : 1.0);
-    return;
-  }
-  diag.sub_(w.row.narrow(0, r0 + run.row, run.n));
-  if (sym) diag.sub_(w.col.narrow(0, c0 + run.col, run.n));  // group 1: columns consecutive
+  subtract_positives(plan, w, t, r0, c0);
 }
 
 // ---------------------------------------------------------------------------
@@ -301,6 +309,23 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     auto qs = q * scale;                          // [b, d]
     auto S = torch::empty({b, N}, qs.options());  // [b, N]
     ForwardStats st(*plan, b, S.options());
+    auto designated = torch::empty({b}, S.options());  // [b]: S_{i, pos(i)}
+    // Bounded: every logit lies in [-M, M], M = s max|q_i| max|k_j| + |bias|
+    // (Cauchy-Schwarz). Where 2M is within the dtype's exponent range, M is an
+    // exact shift for every row and column: E = exp(S - M) >= e^(-2M) never
+    // underflows, lse_row_i = M + log sum_j E_ij, and this rank's partial
+    // lse_col_j = M + log sum_i E_ij (an empty sum: -inf). One exponential per
+    // logit and no max pass; the buffer keeps E, and the backward needs no
+    // exponential (see there). Normalised features at CLIP's initial scale
+    // (1/0.07) give M = 14.3. Multi-positive labels need S itself: general path.
+    double M = -1;
+    if (!plan->multi() && b > 0 && N > 0) {
+      M = scale.item<double>() * q.norm(2, 1).max().item<double>() * k_all.norm(2, 1).max().item<double>();
+      if (has_bias) M += std::abs(bias->item<double>());
+    }
+    const double range = S.scalar_type() == torch::kDouble ? 700.0 : 80.0;
+    const bool bounded = bounded_shift_enabled() && M >= 0 && std::isfinite(M) && 2.0 * M <= range;
+    auto col_sum = bounded && plan->spec.symmetric ? torch::zeros({N}, S.options()) : torch::Tensor();
     // GEMM chunk by chunk, each chunk's statistics while it is in cache;
     // labels work on smaller sub-chunks (their structure is a [R, N] temporary).
     const int64_t R = gemm_chunk_rows(b, N, S);
@@ -310,13 +335,21 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
       auto Sg = S.narrow(0, r0, n);
       torch::mm_out(Sg, qs.narrow(0, r0, n), k_all.t());
       if (has_bias) Sg.add_(*bias);
+      designated.narrow(0, r0, n).copy_(run_view(Sg, positives_in(r0, n, 0, N, plan->layout.offset, g), g));
       for (int64_t l0 = 0; l0 < n; l0 += Rl) {
         auto Sc = Sg.narrow(0, l0, std::min(Rl, n - l0));  // [R, N]
         auto P = apply_labels(*plan, Sc, r0 + l0, 0);
-        st.add(Sc, P, r0 + l0, 0, /*whole_rows=*/true);
+        if (bounded) {
+          st.lse_row.narrow(0, r0 + l0, Sc.size(0)).copy_(exp_rows_(Sc, M, col_sum).log_().add_(M));
+        } else {
+          st.add(Sc, P, r0 + l0, 0, /*whole_rows=*/true);
+        }
       }
     }
-    auto designated = run_view(S, positives_in(0, b, 0, N, plan->layout.offset, g), g).clone();  // [b]
+    if (bounded && plan->spec.symmetric) {
+      st.cols.reset();  // this rank's column partials are M + log(col_sum)
+      st.lse_col = col_sum.log_().add_(M);
+    }
     RowTerms rt;
     auto l = finish_forward(*plan, st, designated, rt);
     ctx->save_for_backward({q, k_all, scale});
@@ -326,6 +359,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     if (rt.inv_n_row.defined()) ctx->saved_data["inv_n_row"] = rt.inv_n_row;
     if (rt.inv_n_col.defined()) ctx->saved_data["inv_n_col"] = rt.inv_n_col;
     ctx->saved_data["has_bias"] = has_bias;
+    if (bounded) ctx->saved_data["bound"] = M;
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
     return reduce_rows(l, plan->layout, plan->spec.reduction);
   }
@@ -363,14 +397,37 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // [N, d] result once per chunk (512 MiB of traffic at W = 4, b = 4096),
     // while the one GEMM is compute-bound and streams G once. The scalar c goes
     // on the [b, d] and [N, d] products instead of on the [b, N] buffer.
+    //
+    // Bounded (the buffer holds E = exp(S - M)): exp(S_ij - lse_row_i) =
+    // E_ij exp(M - lse_row_i) and exp(S_ij - lse_col_j) = E_ij exp(M - lse_col_j),
+    // so G / c = E (a_i + b_j) - Y with a = w_row exp(M - lse_row) and
+    // b = w_col exp(M - lse_col) (0 one-directional). Both factors are at most
+    // e^(2M) (every lse is >= -M): finite.
     auto Gk = torch::empty({b, d}, S.options());  // [b, d]
     auto g_sum = want_bias ? torch::zeros({}, S.options()) : torch::Tensor();
+    const bool bounded = ctx->saved_data.count("bound") > 0;
+    torch::Tensor fa, fb;  // [b], [N]
+    if (bounded) {
+      const double M = ctx->saved_data["bound"].toDouble();
+      fa = (M - rt.lse_row).exp_();
+      if (w.row.defined()) fa.mul_(w.row);
+      if (plan->spec.symmetric) {
+        fb = (M - rt.lse_col).exp_();
+        if (w.col.defined()) fb.mul_(w.col);
+      } else {
+        fb = torch::zeros({N}, S.options());
+      }
+    }
     const int64_t R = gemm_chunk_rows(b, N, S);
     const int64_t Rl = plan->multi() ? chunk_rows(N, S.element_size()) : R;
     for (int64_t r0 = 0; r0 < b; r0 += R) {
       const int64_t n = std::min(R, b - r0);
       auto Sg = S.narrow(0, r0, n);
-      for (int64_t l0 = 0; l0 < n; l0 += Rl) {
+      if (bounded) {
+        scale_rows_plus_cols_(Sg, fa.narrow(0, r0, n), fb);
+        subtract_positives(*plan, w, Sg, r0, 0);
+      }
+      for (int64_t l0 = 0; !bounded && l0 < n; l0 += Rl) {
         auto Sc = Sg.narrow(0, l0, std::min(Rl, n - l0));
         torch::Tensor P;
         if (plan->multi()) {
@@ -872,7 +929,7 @@ torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_
   // exp(S - 1/T) >= exp(-2/T) must be a normal number of the compute dtype
   // (fp32: e^-87; fp64: e^-708), with a margin: T >= 0.025 in fp32.
   const double range = z.scalar_type() == torch::kDouble ? 700.0 : 80.0;
-  plan->bounded = unit_rows && 2.0 * inv_temperature <= range;
+  plan->bounded = bounded_shift_enabled() && unit_rows && 2.0 * inv_temperature <= range;
   return NtXentBlock::apply(z, z_all, plan);
 }
 

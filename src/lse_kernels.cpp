@@ -242,24 +242,32 @@ void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::
   if (col.defined()) t.add_(col);
 }
 
-torch::Tensor exp_rows_(torch::Tensor& t, double shift) {
+torch::Tensor exp_rows_(torch::Tensor& t, double shift, const torch::Tensor& col_sum) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2);
+  TORCH_INTERNAL_ASSERT(!col_sum.defined() || (col_sum.numel() == t.size(1) && col_sum.is_contiguous()));
   if (!fused_applies(t)) {
     t.sub_(shift).exp_();
+    if (col_sum.defined()) col_sum.add_(t.sum(0));
     return t.sum(1);
   }
   const int64_t R = t.size(0), C = t.size(1), ld = std::max<int64_t>(t.stride(0), 1);
   auto sums = torch::zeros({R}, t.options());
   if (R == 0 || C == 0) return sums;
   const auto& k = table();
-  at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) {
+  auto run = [&](int64_t r0, int64_t r1, bool cols) {
     if (t.scalar_type() == torch::kFloat) {
       k.exp_rows_f(t.data_ptr<float>() + r0 * ld, r1 - r0, C, ld, static_cast<float>(shift),
-                   sums.data_ptr<float>() + r0);
+                   sums.data_ptr<float>() + r0, cols ? col_sum.data_ptr<float>() : nullptr);
     } else {
-      k.exp_rows_d(t.data_ptr<double>() + r0 * ld, r1 - r0, C, ld, shift, sums.data_ptr<double>() + r0);
+      k.exp_rows_d(t.data_ptr<double>() + r0 * ld, r1 - r0, C, ld, shift, sums.data_ptr<double>() + r0,
+                   cols ? col_sum.data_ptr<double>() : nullptr);
     }
-  });
+  };
+  if (col_sum.defined()) {
+    run(0, R, true);  // the column sums are shared: one thread (the GEMMs around it use the others)
+  } else {
+    at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) { run(r0, r1, false); });
+  }
   return sums;
 }
 
@@ -281,6 +289,17 @@ void scale_rows_plus_cols_(torch::Tensor& t, const torch::Tensor& a, const torch
     }
   });
 }
+
+std::atomic<bool>& bounded_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("CONTRAX_BOUNDED_SHIFT");
+    return !(v && std::strcmp(v, "0") == 0);
+  }()};
+  return on;
+}
+
+bool bounded_shift_enabled() { return bounded_flag().load(std::memory_order_relaxed); }
+void set_bounded_shift_enabled(bool on) { bounded_flag().store(on); }
 
 bool fused_kernels_enabled() { return enabled_flag().load(); }
 void set_fused_kernels_enabled(bool on) { enabled_flag().store(on); }

@@ -10,10 +10,15 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <mutex>
 #include <string>
 
+#include "contrax/grouped.h"
 #include "contrax/losses.h"
+#include "contrax/verify.h"
+#include "support/ranks.h"
 
 namespace {
 
@@ -247,6 +252,120 @@ TEST(LseKernels, ExpRowsAndScaleMatchTheAtenForm) {
       EXPECT_LE(max_abs_diff(got_e, (t.to(torch::kDouble) - 10.0).exp()), tol);
     }
   });
+}
+
+// The bounded shift (a known bound of the logits as every softmax's shift: one
+// exponential per logit forward, none backward) against the general path on
+// the same inputs, fp64: CLIP symmetric and one-directional with a bias,
+// per-row weights and duplicate masking, grouped candidates, NT-Xent (mean
+// and per-example), MoCo v3; values and every gradient.
+TEST(LseKernels, BoundedShiftEqualsTheGeneralPath) {
+  Restore restore;
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  torch::manual_seed(4);
+  auto a0 = torch::randn({29, 8}, opt), b0 = torch::randn({29, 8}, opt), c0 = torch::randn({58, 8}, opt);
+  auto labels = torch::randint(0, 6, {29}, torch::kLong), w = torch::rand({29}, opt);
+  using contrax::MemoryPath;
+  using contrax::Reduction;
+  std::vector<std::pair<std::string, std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&,
+                                                                 const torch::Tensor&, const torch::Tensor&)>>>
+      cases = {
+          {"clip",
+           [&](auto& a, auto& b, auto& s, auto& bias) {
+             return contrax::clip_loss(a, b, s, bias,
+                                       contrax::ClipLossOptions().normalize(true).path(MemoryPath::kMaterialised));
+           }},
+          {"clip_raw_weighted",
+           [&](auto& a, auto& b, auto& s, auto& bias) {
+             auto rows = contrax::clip_loss(
+                 a, b, s, bias, contrax::ClipLossOptions().path(MemoryPath::kMaterialised).reduction(Reduction::kNone));
+             return (rows * w).sum();
+           }},
+          {"infonce_masked",
+           [&](auto& a, auto& b, auto& s, auto& bias) {
+             return contrax::clip_loss(a, b, s, bias,
+                                       contrax::ClipLossOptions()
+                                           .symmetric(false)
+                                           .normalize(true)
+                                           .labels(labels)
+                                           .label_mode(contrax::LabelMode::kMaskDuplicates)
+                                           .path(MemoryPath::kMaterialised));
+           }},
+          {"grouped",
+           [&](auto& a, auto& b, auto& s, auto& bias) {
+             return contrax::grouped_loss(
+                 a, torch::cat({b, b.flip(0)}, 1).view({58, 8}), s, bias,
+                 contrax::GroupedLossOptions().normalize(true).path(MemoryPath::kMaterialised));
+           }},
+          {"nt_xent",
+           [&](auto& a, auto& b, auto&, auto&) {
+             return contrax::nt_xent_loss(a, b, contrax::NTXentLossOptions().path(MemoryPath::kMaterialised));
+           }},
+          {"nt_xent_weighted",
+           [&](auto& a, auto& b, auto&, auto&) {
+             auto rows = contrax::nt_xent_loss(
+                 a, b, contrax::NTXentLossOptions().path(MemoryPath::kMaterialised).reduction(Reduction::kNone));
+             return (rows * w).sum();
+           }},
+          {"moco_v3",
+           [&](auto& a, auto& b, auto&, auto&) {
+             return contrax::moco_v3_loss(
+                 a, b, b.detach(), a.detach(),
+                 contrax::MocoV3LossOptions().temperature(0.2).path(MemoryPath::kMaterialised));
+           }},
+      };
+  int differing = 0;  // cases whose two paths differ in the last bits: both really ran
+  for (const auto& c : cases) {
+    std::vector<torch::Tensor> out[2];
+    for (bool bounded : {false, true}) {
+      contrax::detail::set_bounded_shift_enabled(bounded);
+      auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      auto s = torch::tensor(std::log(1 / 0.07), opt).requires_grad_(true);
+      auto bias = torch::tensor(-0.5, opt).requires_grad_(true);
+      auto loss = c.second(a, b, s, bias);
+      loss.backward();
+      auto grad = [](const torch::Tensor& t) { return t.grad().defined() ? t.grad() : torch::zeros_like(t); };
+      out[bounded] = {loss.detach(), grad(a), grad(b), grad(s), grad(bias)};
+    }
+    bool differs = false;
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      EXPECT_LE(max_scaled_diff(out[1][i], out[0][i]), 1e-12) << c.first << " output " << i;
+      differs = differs || !torch::equal(out[1][i], out[0][i]);
+    }
+    differing += differs;
+  }
+  EXPECT_GE(differing, 5) << "the bounded shift changed almost nothing: did it run?";
+  // fp32 at CLIP's initial scale: the same to fp32 rounding.
+  for (bool bounded : {false, true}) {
+    contrax::detail::set_bounded_shift_enabled(bounded);
+    auto a = a0.to(torch::kFloat), b = b0.to(torch::kFloat);
+    auto l = contrax::clip_loss(a, b, torch::tensor(std::log(1 / 0.07f)), {},
+                                contrax::ClipLossOptions().normalize(true).path(MemoryPath::kMaterialised));
+    static double first = 0;
+    if (!bounded) first = l.item<double>();
+    if (bounded) EXPECT_NEAR(l.item<double>(), first, 1e-5);
+  }
+}
+
+// contrax verify's whole table at W = 3 with an empty rank, general path and
+// bounded shift: both exact against the single-device reference.
+TEST(LseKernels, VerifyTableIsExactWithAndWithoutTheBoundedShift) {
+  Restore restore;
+  for (bool bounded : {false, true}) {
+    contrax::detail::set_bounded_shift_enabled(bounded);
+    std::mutex mu;
+    std::vector<contrax::VerifyResult> all;
+    contrax::testing::run_ranks(3, [&](const contrax::CommunicatorPtr& comm) {
+      auto r = contrax::verify(comm, contrax::VerifyOptions().rows({4, 0, 3}));
+      std::lock_guard<std::mutex> lock(mu);
+      all.insert(all.end(), r.begin(), r.end());
+    });
+    EXPECT_GE(all.size(), 3u * 20);
+    for (const auto& x : all) {
+      EXPECT_TRUE(x.passed) << x.loss << " max rel err " << x.max_rel_err << " (" << x.worst << "), bounded shift "
+                            << bounded;
+    }
+  }
 }
 
 // Every loss through the fused kernels equals the ATen path (CUDA's) in fp64

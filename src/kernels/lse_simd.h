@@ -224,7 +224,7 @@ void grad_impl(T* x, int64_t R, int64_t C, int64_t ld, const T* lse_row, const T
 }
 
 template <typename T>
-void exp_rows_impl(T* x, int64_t R, int64_t C, int64_t ld, T shift, T* row_sum) {
+void exp_rows_impl(T* x, int64_t R, int64_t C, int64_t ld, T shift, T* row_sum, T* col_sum) {
   for (int64_t i = 0; i < R; ++i) {
     T* xi = x + i * ld;
     T s = T(0);
@@ -232,17 +232,28 @@ void exp_rows_impl(T* x, int64_t R, int64_t C, int64_t ld, T shift, T* row_sum) 
     if constexpr (std::is_same_v<T, float>) {
       vf vs{};
       const vf vsh = splat(shift);
-      for (; j + kLanes <= C; j += kLanes) {
-        prefetch_w(xi + j);
-        const vf e = vexp(load(xi + j) - vsh);
-        store(xi + j, e);
-        vs += e;
+      if (col_sum) {
+        for (; j + kLanes <= C; j += kLanes) {
+          prefetch_w(xi + j);
+          const vf e = vexp(load(xi + j) - vsh);
+          store(xi + j, e);
+          store(col_sum + j, load(col_sum + j) + e);
+          vs += e;
+        }
+      } else {
+        for (; j + kLanes <= C; j += kLanes) {
+          prefetch_w(xi + j);
+          const vf e = vexp(load(xi + j) - vsh);
+          store(xi + j, e);
+          vs += e;
+        }
       }
       s = hsum(vs);
     }
     for (; j < C; ++j) {
       xi[j] = std::exp(xi[j] - shift);
       s += xi[j];
+      if (col_sum) col_sum[j] += xi[j];
     }
     row_sum[i] = s;
   }
@@ -264,11 +275,11 @@ void scale_impl(T* x, int64_t R, int64_t C, int64_t ld, const T* a, const T* b) 
   }
 }
 
-void exp_rows_f(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* s) {
-  exp_rows_impl<float>(x, R, C, ld, shift, s);
+void exp_rows_f(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* s, float* cs) {
+  exp_rows_impl<float>(x, R, C, ld, shift, s, cs);
 }
-void exp_rows_d(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* s) {
-  exp_rows_impl<double>(x, R, C, ld, shift, s);
+void exp_rows_d(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* s, double* cs) {
+  exp_rows_impl<double>(x, R, C, ld, shift, s, cs);
 }
 void scale_f(float* x, int64_t R, int64_t C, int64_t ld, const float* a, const float* b) {
   scale_impl<float>(x, R, C, ld, a, b);

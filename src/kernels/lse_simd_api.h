@@ -24,10 +24,11 @@ struct Table {
                  const float* lse_col, const float* w_col);
   void (*grad_d)(double* x, int64_t R, int64_t C, int64_t ld, const double* lse_row, const double* w_row,
                  const double* lse_col, const double* w_col);
-  // In place: x_ij <- exp(x_ij - shift), and row_sum[i] = sum_j of the new x_ij
-  // (a row softmax's numerators under a known upper bound `shift`).
-  void (*exp_rows_f)(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* row_sum);
-  void (*exp_rows_d)(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* row_sum);
+  // In place: x_ij <- exp(x_ij - shift), row_sum[i] = sum_j of the new x_ij,
+  // and, when col_sum is non-null, col_sum[j] += sum_i of them (softmax
+  // numerators under a known upper bound `shift`, both directions).
+  void (*exp_rows_f)(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* row_sum, float* col_sum);
+  void (*exp_rows_d)(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* row_sum, double* col_sum);
   // In place: x_ij <- x_ij (a_i + b_j).
   void (*scale_f)(float* x, int64_t R, int64_t C, int64_t ld, const float* a, const float* b);
   void (*scale_d)(double* x, int64_t R, int64_t C, int64_t ld, const double* a, const double* b);

@@ -62,7 +62,9 @@ void softmax_grad_(torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row /
 /// In place t_ij <- exp(t_ij - shift); returns the row sums [R] of the new t.
 /// For rows known to be bounded by `shift` (e.g. cosine logits: |S| <= 1/T),
 /// one pass instead of a max pass and an exp pass.
-torch::Tensor exp_rows_(torch::Tensor& t /* [R, C] */, double shift);
+/// With `col_sum` defined ([C], t's dtype, contiguous), the column sums of the
+/// new t are added to it.
+torch::Tensor exp_rows_(torch::Tensor& t /* [R, C] */, double shift, const torch::Tensor& col_sum = {});
 
 /// In place t_ij <- t_ij (a_i + b_j).
 void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a /* [R] */,
@@ -73,6 +75,14 @@ void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a
 /// them off at start). Tests switch them off to check both paths agree.
 bool fused_kernels_enabled();
 void set_fused_kernels_enabled(bool on);
+
+/// Whether the engine may use a known bound of the logits as the shift of its
+/// softmaxes (NT-Xent on unit rows, CLIP within s max|a| max|b| + |bias|):
+/// default true; CONTRAX_BOUNDED_SHIFT=0 turns it off at start. Off, every
+/// loss takes the general path (maxima, then exponentials in both passes);
+/// tests compare the two on the same inputs.
+bool bounded_shift_enabled();
+void set_bounded_shift_enabled(bool on);
 
 /// The instruction set the fused kernels run with on this CPU: "avx512",
 /// "avx2" or "baseline" (the widest the CPU runs, unless set below).
