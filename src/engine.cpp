@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "contrax/collectives.h"
 #include "contrax/detail/lse_kernels.h"
@@ -90,7 +91,7 @@ struct BlockPlan : torch::CustomClassHolder {
   EngineLayout layout;
   BlockSpec spec;
   double inv_temperature = 1.0;            // NT-Xent
-  bool bounded = false;                    // NT-Xent: |S| <= 1/T known (unit rows), the buffer holds exp(S - 1/T)
+  std::optional<double> shift;             // bound M of |S|, every softmax's shift: the buffer holds exp(S - M)
   Reduction reduction = Reduction::kMean;  // NT-Xent
   bool consumed = false;                   // the buffer has become G: a second backward would be wrong
 
@@ -105,6 +106,21 @@ void check_single_backward(BlockPlan& plan, const char* caller) {
               "(): backward ran twice through the same graph; the materialised loss turns its logits buffer into "
               "the gradient in place, so retain_graph=true cannot reuse it (compute the loss again instead)");
   plan.consumed = true;
+}
+
+// Whether a known bound M of the logits (|S| <= M) can be every softmax's
+// exact shift in dtype `t`: then E = exp(S - M) >= e^(-2M) must stay a normal
+// number (fp32: down to e^-87; fp64: e^-708), with a margin.
+bool bound_fits(double M, c10::ScalarType t) {
+  const double range = t == torch::kDouble ? 700.0 : 80.0;
+  return bounded_shift_enabled() && M >= 0 && std::isfinite(M) && 2.0 * M <= range;
+}
+
+// exp(M - lse) (times w when defined): the factor that turns a buffer entry
+// E = exp(S - M) into w exp(S - lse). At most e^(2M): every lse is >= -M.
+torch::Tensor shift_factors(double M, const torch::Tensor& lse, const torch::Tensor& w) {
+  auto f = (M - lse).exp_();
+  return w.defined() ? f.mul_(w) : f;
 }
 
 // Label structure of a tile (local rows [r0, r0+R), global columns [c0, c0+C)):
@@ -133,12 +149,13 @@ struct ForwardStats {
   torch::Tensor lse_col, pos_col, n_col;  // [N] partials over this rank's rows (symmetric); lse_col set by finish()
   std::unique_ptr<ColumnLse> cols;        // symmetric only
 
-  ForwardStats(const BlockPlan& plan, int64_t b, const torch::TensorOptions& opt) {
+  // `online_cols` false: the caller sets lse_col itself (the bounded shift).
+  ForwardStats(const BlockPlan& plan, int64_t b, const torch::TensorOptions& opt, bool online_cols = true) {
     const bool sym = plan.spec.symmetric, multi = plan.multi();
     const int64_t N = plan.n_cols();
     lse_row = torch::full({b}, -kInf, opt);
     if (multi) pos_row = torch::zeros({b}, opt), n_row = torch::zeros({b}, opt);
-    if (sym) cols = std::make_unique<ColumnLse>(N, opt);
+    if (sym && online_cols) cols = std::make_unique<ColumnLse>(N, opt);
     if (sym && multi) pos_col = torch::zeros({N}, opt), n_col = torch::zeros({N}, opt);
   }
 
@@ -308,8 +325,6 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     const bool has_bias = bias.has_value() && bias->defined();
     auto qs = q * scale;                          // [b, d]
     auto S = torch::empty({b, N}, qs.options());  // [b, N]
-    ForwardStats st(*plan, b, S.options());
-    auto designated = torch::empty({b}, S.options());  // [b]: S_{i, pos(i)}
     // Bounded: every logit lies in [-M, M], M = s max|q_i| max|k_j| + |bias|
     // (Cauchy-Schwarz). Where 2M is within the dtype's exponent range, M is an
     // exact shift for every row and column: E = exp(S - M) >= e^(-2M) never
@@ -318,13 +333,15 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // logit and no max pass; the buffer keeps E, and the backward needs no
     // exponential (see there). Normalised features at CLIP's initial scale
     // (1/0.07) give M = 14.3. Multi-positive labels need S itself: general path.
-    double M = -1;
     if (!plan->multi() && b > 0 && N > 0) {
-      M = scale.item<double>() * q.norm(2, 1).max().item<double>() * k_all.norm(2, 1).max().item<double>();
+      double M = scale.item<double>() * q.norm(2, 1).max().item<double>() * k_all.norm(2, 1).max().item<double>();
       if (has_bias) M += std::abs(bias->item<double>());
+      if (bound_fits(M, S.scalar_type())) plan->shift = M;
     }
-    const double range = S.scalar_type() == torch::kDouble ? 700.0 : 80.0;
-    const bool bounded = bounded_shift_enabled() && M >= 0 && std::isfinite(M) && 2.0 * M <= range;
+    const bool bounded = plan->shift.has_value();
+    const double M = plan->shift.value_or(0.0);
+    ForwardStats st(*plan, b, S.options(), /*online_cols=*/!bounded);
+    auto designated = torch::empty({b}, S.options());  // [b]: S_{i, pos(i)}
     auto col_sum = bounded && plan->spec.symmetric ? torch::zeros({N}, S.options()) : torch::Tensor();
     // GEMM chunk by chunk, each chunk's statistics while it is in cache;
     // labels work on smaller sub-chunks (their structure is a [R, N] temporary).
@@ -346,10 +363,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
         }
       }
     }
-    if (bounded && plan->spec.symmetric) {
-      st.cols.reset();  // this rank's column partials are M + log(col_sum)
-      st.lse_col = col_sum.log_().add_(M);
-    }
+    if (bounded && plan->spec.symmetric) st.lse_col = col_sum.log_().add_(M);  // this rank's column partials
     RowTerms rt;
     auto l = finish_forward(*plan, st, designated, rt);
     ctx->save_for_backward({q, k_all, scale});
@@ -359,7 +373,6 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     if (rt.inv_n_row.defined()) ctx->saved_data["inv_n_row"] = rt.inv_n_row;
     if (rt.inv_n_col.defined()) ctx->saved_data["inv_n_col"] = rt.inv_n_col;
     ctx->saved_data["has_bias"] = has_bias;
-    if (bounded) ctx->saved_data["bound"] = M;
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
     return reduce_rows(l, plan->layout, plan->spec.reduction);
   }
@@ -405,36 +418,29 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // e^(2M) (every lse is >= -M): finite.
     auto Gk = torch::empty({b, d}, S.options());  // [b, d]
     auto g_sum = want_bias ? torch::zeros({}, S.options()) : torch::Tensor();
-    const bool bounded = ctx->saved_data.count("bound") > 0;
-    torch::Tensor fa, fb;  // [b], [N]
-    if (bounded) {
-      const double M = ctx->saved_data["bound"].toDouble();
-      fa = (M - rt.lse_row).exp_();
-      if (w.row.defined()) fa.mul_(w.row);
-      if (plan->spec.symmetric) {
-        fb = (M - rt.lse_col).exp_();
-        if (w.col.defined()) fb.mul_(w.col);
-      } else {
-        fb = torch::zeros({N}, S.options());
-      }
+    torch::Tensor fa, fb;  // bounded: [b], [N]
+    if (plan->shift) {
+      fa = shift_factors(*plan->shift, rt.lse_row, w.row);
+      fb = plan->spec.symmetric ? shift_factors(*plan->shift, rt.lse_col, w.col) : torch::zeros({N}, S.options());
     }
     const int64_t R = gemm_chunk_rows(b, N, S);
     const int64_t Rl = plan->multi() ? chunk_rows(N, S.element_size()) : R;
     for (int64_t r0 = 0; r0 < b; r0 += R) {
       const int64_t n = std::min(R, b - r0);
       auto Sg = S.narrow(0, r0, n);
-      if (bounded) {
+      if (plan->shift) {
         scale_rows_plus_cols_(Sg, fa.narrow(0, r0, n), fb);
         subtract_positives(*plan, w, Sg, r0, 0);
-      }
-      for (int64_t l0 = 0; !bounded && l0 < n; l0 += Rl) {
-        auto Sc = Sg.narrow(0, l0, std::min(Rl, n - l0));
-        torch::Tensor P;
-        if (plan->multi()) {
-          auto scratch = Sc;  // multi-positive masks nothing: only P is wanted
-          P = apply_labels(*plan, scratch, r0 + l0, 0);
+      } else {
+        for (int64_t l0 = 0; l0 < n; l0 += Rl) {
+          auto Sc = Sg.narrow(0, l0, std::min(Rl, n - l0));
+          torch::Tensor P;
+          if (plan->multi()) {
+            auto scratch = Sc;  // multi-positive masks nothing: only P is wanted
+            P = apply_labels(*plan, scratch, r0 + l0, 0);
+          }
+          tile_gradient(*plan, rt, w, Sc, P, r0 + l0, 0);
         }
-        tile_gradient(*plan, rt, w, Sc, P, r0 + l0, 0);
       }
       auto gk = Gk.narrow(0, r0, n);
       torch::mm_out(gk, Sg, k_all);
@@ -530,8 +536,8 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
       const auto rows = idx[0].narrow(0, 0, n);
       Sc.index_put_({rows, idx[1].narrow(0, r0, n)}, -kInf);
       positive.narrow(0, r0, n).copy_(Sc.index({rows, idx[2].narrow(0, r0, n)}));
-      if (plan->bounded) {
-        lse.narrow(0, r0, n).copy_(exp_rows_(Sc, plan->inv_temperature).log_().add_(plan->inv_temperature));
+      if (plan->shift) {
+        lse.narrow(0, r0, n).copy_(exp_rows_(Sc, *plan->shift).log_().add_(*plan->shift));
       } else {
         lse.narrow(0, r0, n).copy_(tile_lse(Sc, /*rows=*/true, /*cols=*/false).row);
       }
@@ -571,20 +577,17 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     // exp(S_uv - lse_v) = E_uv exp(1/T - lse_v), so G~ = E (a_u + b_v) with
     // a = w exp(1/T - lse), b = w_all exp(1/T - lse_all) (each <= e^(2/T):
     // finite, as 2/T is within the exponent range).
-    torch::Tensor a, bc;
-    if (plan->bounded) {
-      const double shift = plan->inv_temperature;
-      a = (shift - lse).exp();       // [2b]
-      bc = (shift - lse_all).exp();  // [2B]
-      if (w.row.defined()) a.mul_(w.row);
-      if (w.all.defined()) bc.mul_(w.all);
+    torch::Tensor a, bc;  // bounded: [2b], [2B]
+    if (plan->shift) {
+      a = shift_factors(*plan->shift, lse, w.row);
+      bc = shift_factors(*plan->shift, lse_all, w.all);
     }
     auto dz = torch::empty({b2, d}, S.options());  // [2b, d]
     const int64_t R = gemm_chunk_rows(b2, S.size(1), S);
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
       auto Sc = S.narrow(0, r0, n);
-      if (plan->bounded) {
+      if (plan->shift) {
         scale_rows_plus_cols_(Sc, a.narrow(0, r0, n), bc);
       } else {
         softmax_grad_(Sc, lse.narrow(0, r0, n), w.row.defined() ? w.row.narrow(0, r0, n) : torch::Tensor(), lse_all,
@@ -875,6 +878,12 @@ torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale) 
   return torch::where(logit_scale < log_max, capped, torch::full_like(capped, max_scale));
 }
 
+bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_bytes, int64_t max_logits_bytes) {
+  if (path == MemoryPath::kTiled || ring) return true;
+  if (path == MemoryPath::kMaterialised || tile_size == -1) return false;
+  return tile_size > 0 || logits_bytes > max_logits_bytes;
+}
+
 int64_t logits_blocks(const std::string& loss) {
   if (loss == "nt_xent") return 4;
   if (loss == "moco_v3") return 2;
@@ -926,10 +935,8 @@ torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_
   plan->layout = layout;
   plan->reduction = reduction;
   plan->inv_temperature = inv_temperature;
-  // exp(S - 1/T) >= exp(-2/T) must be a normal number of the compute dtype
-  // (fp32: e^-87; fp64: e^-708), with a margin: T >= 0.025 in fp32.
-  const double range = z.scalar_type() == torch::kDouble ? 700.0 : 80.0;
-  plan->bounded = bounded_shift_enabled() && unit_rows && 2.0 * inv_temperature <= range;
+  // Unit rows: |S| <= 1/T (in fp32 usable for T >= 0.025).
+  if (unit_rows && bound_fits(inv_temperature, z.scalar_type())) plan->shift = inv_temperature;
   return NtXentBlock::apply(z, z_all, plan);
 }
 

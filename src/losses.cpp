@@ -70,15 +70,13 @@ Gathered gather_checked(const std::vector<int64_t>& counts, const torch::Tensor&
 // materialised loss keeps alive (2 for two directions or two views).
 template <typename Options>
 bool use_tiled(const Options& o, const std::vector<int64_t>& counts, int64_t element_size, int64_t blocks) {
-  if (o.path() == MemoryPath::kTiled || o.ring()) return true;
-  if (o.path() == MemoryPath::kMaterialised || o.tile_size() == -1) return false;
-  if (o.tile_size() > 0) return true;
   int64_t B = 0, bmax = 0;
   for (auto c : counts) {
     B += c;
     bmax = std::max(bmax, c);
   }
-  return bmax * B * element_size * blocks > o.max_logits_bytes();
+  return detail::route_tiled(o.path(), o.tile_size(), o.ring(), bmax * B * element_size * blocks,
+                             o.max_logits_bytes());
 }
 
 template <typename Options>

@@ -3,6 +3,7 @@
 // threads, and the ATen fallback for tiles the kernels do not take.
 #include "contrax/detail/lse_kernels.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -21,8 +22,12 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The instruction sets in order of preference; CMakeLists.txt compiles the
+// AVX2 and AVX-512 tables on x86-64 only.
+constexpr const char* kIsas[] = {"avx512", "avx2", "baseline"};
+
 bool cpu_runs(const std::string& isa) {
-#if defined(__x86_64__)  // CMakeLists.txt compiles the AVX2 and AVX-512 tables on x86-64
+#if defined(__x86_64__)
   __builtin_cpu_init();
   if (isa == "avx512") return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -30,16 +35,16 @@ bool cpu_runs(const std::string& isa) {
   return isa == "baseline";
 }
 
-const kernels::Table* table_of(const std::string& isa) {
+const kernels::Table& table_of(const std::string& isa) {
 #if defined(__x86_64__)
-  if (isa == "avx512") return &kernels::avx512::table();
-  if (isa == "avx2") return &kernels::avx2::table();
+  if (isa == "avx512") return kernels::avx512::table();
+  if (isa == "avx2") return kernels::avx2::table();
 #endif
-  return isa == "baseline" ? &kernels::base::table() : nullptr;
+  return kernels::base::table();
 }
 
-// The widest instruction set the CPU runs, as {name, table}; switchable for
-// tests (set_fused_kernels_isa).
+// The instruction set in use, as {name, table}: the widest the CPU runs,
+// switchable for tests (set_fused_kernels_isa).
 struct Active {
   std::atomic<const kernels::Table*> table;
   std::atomic<const char*> name;
@@ -47,21 +52,32 @@ struct Active {
 
 Active& active() {
   static Active a = [] {
-    for (const char* isa : {"avx512", "avx2"}) {
-      if (cpu_runs(isa)) return Active{{table_of(isa)}, {isa}};
+    for (const char* isa : kIsas) {
+      if (cpu_runs(isa)) return Active{{&table_of(isa)}, {isa}};
     }
-    return Active{{table_of("baseline")}, {"baseline"}};
+    return Active{{&table_of("baseline")}, {"baseline"}};
   }();
   return a;
 }
 
-const kernels::Table& table() { return *active().table.load(std::memory_order_relaxed); }
+template <typename T>
+const kernels::Kernels<T>& kernels_for() {
+  return active().table.load(std::memory_order_relaxed)->of<T>();
+}
+
+// A switch that starts on unless the environment variable `name` is "0".
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::strcmp(v, "0") == 0);
+}
 
 std::atomic<bool>& enabled_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("CONTRAX_FUSED_KERNELS");
-    return !(v && std::strcmp(v, "0") == 0);
-  }()};
+  static std::atomic<bool> on{env_on("CONTRAX_FUSED_KERNELS")};
+  return on;
+}
+
+std::atomic<bool>& bounded_flag() {
+  static std::atomic<bool> on{env_on("CONTRAX_BOUNDED_SHIFT")};
   return on;
 }
 
@@ -77,17 +93,42 @@ torch::Tensor vec(const torch::Tensor& v, const torch::Tensor& like) {
   return v.to(like.options()).contiguous();
 }
 
-// Units of work for at::parallel_for: at least ~64k elements each, so that a
-// small tile stays on one thread.
-int64_t grain_rows(int64_t C) { return std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, C)); }
-
+// T* of an optional tensor (null when undefined).
 template <typename T>
-void call_stats(const T* x, int64_t R, int64_t C, int64_t ld, T* rm, T* rs, T* cm, T* cs, T* csh) {
-  if constexpr (std::is_same_v<T, float>) {
-    table().stats_f(x, R, C, ld, rm, rs, cm, cs, csh);
-  } else {
-    table().stats_d(x, R, C, ld, rm, rs, cm, cs, csh);
-  }
+T* ptr(const torch::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+int64_t row_stride(const torch::Tensor& t) { return std::max<int64_t>(t.stride(0), 1); }
+
+// Rows are independent: `fn(r0, r1)` on row ranges of at least ~64k elements,
+// split over the intra-op threads.
+template <typename Fn>
+void for_row_ranges(const torch::Tensor& t, Fn fn) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, t.size(1)));
+  at::parallel_for(0, t.size(0), grain, fn);
+}
+
+// A pass that accumulates per column (column statistics, column sums) is
+// split by columns instead: each part owns its columns' state and visits every
+// row, so its per-row results are partial and the caller combines them. The
+// number of parts (0: do not split; one thread or a small tile).
+int64_t column_parts(const torch::Tensor& t) {
+  const int64_t R = t.size(0), C = t.size(1), threads = at::get_num_threads();
+  if (threads <= 1 || R * C < (int64_t{1} << 17) || C < 256) return 0;
+  return std::min<int64_t>(threads, C / 128);
+}
+
+// fn(p, c0, c) for each of `parts` column ranges [c0, c0 + c), in parallel.
+template <typename Fn>
+void for_column_parts(int64_t C, int64_t parts, Fn fn) {
+  const int64_t width = (C + parts - 1) / parts;
+  at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t c0 = p * width, c = std::min(width, C - c0);
+      if (c > 0) fn(p, c0, c);
+    }
+  });
 }
 
 // One fused pass pair over a tile: row log-sum-exps returned when `rows`;
@@ -95,61 +136,31 @@ void call_stats(const T* x, int64_t R, int64_t C, int64_t ld, T* rm, T* rs, T* c
 // updated when non-null.
 template <typename T>
 torch::Tensor fused_tile(const torch::Tensor& t, bool rows, T* cm, T* cs, T* csh) {
-  const int64_t R = t.size(0), C = t.size(1), ld = std::max<int64_t>(t.stride(0), 1);
+  const int64_t R = t.size(0), C = t.size(1), ld = row_stride(t);
   const T* x = t.data_ptr<T>();
-  const auto opt = t.options();
-  const bool cols = cm != nullptr;
-  if (R == 0 || C == 0) return rows ? torch::full({R}, -kInf, opt) : torch::Tensor();
-  torch::Tensor rm, rs;
-  if (rows) rm = torch::empty({R}, opt), rs = torch::empty({R}, opt);
-  const int64_t threads = at::get_num_threads();
-  if (!cols) {
-    // Rows are independent: split them.
-    at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) {
-      call_stats<T>(x + r0 * ld, r1 - r0, C, ld, rm.data_ptr<T>() + r0, rs.data_ptr<T>() + r0, nullptr, nullptr,
-                    nullptr);
+  const auto& k = kernels_for<T>();
+  if (R == 0 || C == 0) return rows ? torch::full({R}, -kInf, t.options()) : torch::Tensor();
+  const int64_t parts = cm ? column_parts(t) : 0;
+  if (parts > 0) {
+    // Each part's row statistics, (shift, sum) per row, combined as log-sum-exps.
+    torch::Tensor pm, ps;  // [parts, R]
+    if (rows) pm = torch::full({parts, R}, -kInf, t.options()), ps = torch::zeros({parts, R}, t.options());
+    for_column_parts(C, parts, [&](int64_t p, int64_t c0, int64_t c) {
+      k.stats(x + c0, R, c, ld, rows ? ptr<T>(pm[p]) : nullptr, rows ? ptr<T>(ps[p]) : nullptr, cm + c0, cs + c0,
+              csh + c0);
     });
-  } else if (threads <= 1 || R * C < (int64_t{1} << 17) || C < 256) {
-    call_stats<T>(x, R, C, ld, rows ? rm.data_ptr<T>() : nullptr, rows ? rs.data_ptr<T>() : nullptr, cm, cs, csh);
+    return rows ? (pm + ps.log()).logsumexp(0) : torch::Tensor();
+  }
+  torch::Tensor rm, rs;  // [R]
+  if (rows) rm = torch::empty({R}, t.options()), rs = torch::empty({R}, t.options());
+  if (cm) {
+    k.stats(x, R, C, ld, ptr<T>(rm), ptr<T>(rs), cm, cs, csh);
   } else {
-    // Columns split across threads (each owns its columns' running state);
-    // each part's row statistics are partial and combined afterwards.
-    const int64_t parts = std::min<int64_t>(threads, C / 128);
-    const int64_t width = (C + parts - 1) / parts;
-    torch::Tensor prm, prs;
-    if (rows) prm = torch::full({parts, R}, -kInf, opt), prs = torch::zeros({parts, R}, opt);
-    at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t c0 = p * width, c = std::min(width, C - c0);
-        if (c <= 0) continue;
-        call_stats<T>(x + c0, R, c, ld, rows ? prm[p].data_ptr<T>() : nullptr, rows ? prs[p].data_ptr<T>() : nullptr,
-                      cm + c0, cs + c0, csh + c0);
-      }
+    for_row_ranges(t, [&](int64_t r0, int64_t r1) {
+      k.stats(x + r0 * ld, r1 - r0, C, ld, ptr<T>(rm) + r0, ptr<T>(rs) + r0, nullptr, nullptr, nullptr);
     });
-    // A part's (shift, sum) pairs -> log-sum-exps, combined over the parts.
-    return rows ? (prm + prs.log()).logsumexp(0) : torch::Tensor();
   }
   return rows ? rm + rs.log_() : torch::Tensor();
-}
-template <typename T>
-void fused_grad(torch::Tensor& t, const torch::Tensor& lse_row, const torch::Tensor& w_row,
-                const torch::Tensor& lse_col, const torch::Tensor& w_col) {
-  const int64_t R = t.size(0), C = t.size(1), ld = std::max<int64_t>(t.stride(0), 1);
-  if (R == 0 || C == 0) return;
-  auto lr = vec(lse_row, t), wr = vec(w_row, t), lc = vec(lse_col, t), wc = vec(w_col, t);
-  T* x = t.data_ptr<T>();
-  const T* plr = lr.data_ptr<T>();
-  const T* pwr = wr.defined() ? wr.data_ptr<T>() : nullptr;
-  const T* plc = lc.defined() ? lc.data_ptr<T>() : nullptr;
-  const T* pwc = wc.defined() ? wc.data_ptr<T>() : nullptr;
-  const auto& k = table();
-  at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) {
-    if constexpr (std::is_same_v<T, float>) {
-      k.grad_f(x + r0 * ld, r1 - r0, C, ld, plr + r0, pwr ? pwr + r0 : nullptr, plc, pwc);
-    } else {
-      k.grad_d(x + r0 * ld, r1 - r0, C, ld, plr + r0, pwr ? pwr + r0 : nullptr, plc, pwc);
-    }
-  });
 }
 
 // The ATen forms (CUDA, half precision, odd strides): one [R, C] temporary.
@@ -172,18 +183,16 @@ torch::Tensor aten_cols_lse(const torch::Tensor& x) {
 TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2, "tile_lse: expected a 2-D tile, got ", t.sizes());
   TileLse out;
-  if (!cols) {
-    if (fused_applies(t)) {
-      out.row = t.scalar_type() == torch::kFloat ? fused_tile<float>(t, true, nullptr, nullptr, nullptr)
-                                                 : fused_tile<double>(t, true, nullptr, nullptr, nullptr);
-    } else if (rows) {
-      out.row = aten_rows_lse(t);
-    }
-    return out;
+  if (cols) {
+    ColumnLse acc(t.size(1), t.options());
+    out.row = acc.add(t, 0, rows);
+    out.col = acc.lse();
+  } else if (rows && fused_applies(t)) {
+    AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "tile_lse",
+                               [&] { out.row = fused_tile<scalar_t>(t, true, nullptr, nullptr, nullptr); });
+  } else if (rows) {
+    out.row = aten_rows_lse(t);
   }
-  ColumnLse acc(t.size(1), t.options());
-  out.row = acc.add(t, 0, rows);
-  out.col = acc.lse();
   return out;
 }
 
@@ -210,12 +219,12 @@ torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows) {
   // A tile with a column stride (a transposed view) is copied once: the
   // kernels walk rows.
   const auto t = fused_applies(tile) ? tile : tile.contiguous();
-  if (t.scalar_type() == torch::kFloat) {
-    return fused_tile<float>(t, rows, max_.data_ptr<float>() + c0, sum_.data_ptr<float>() + c0,
-                             shift_.data_ptr<float>() + c0);
-  }
-  return fused_tile<double>(t, rows, max_.data_ptr<double>() + c0, sum_.data_ptr<double>() + c0,
-                            shift_.data_ptr<double>() + c0);
+  torch::Tensor row;
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "ColumnLse::add", [&] {
+    row = fused_tile<scalar_t>(t, rows, ptr<scalar_t>(max_) + c0, ptr<scalar_t>(sum_) + c0,
+                               ptr<scalar_t>(shift_) + c0);
+  });
+  return row;
 }
 
 torch::Tensor ColumnLse::lse() const { return fused_ ? shift_ + sum_.log() : lse_.clone(); }
@@ -224,22 +233,29 @@ void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::
                    const torch::Tensor& lse_col, const torch::Tensor& w_col) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && lse_row.numel() == t.size(0));
   TORCH_INTERNAL_ASSERT(!lse_col.defined() || lse_col.numel() == t.size(1));
-  if (fused_applies(t)) {
-    if (t.scalar_type() == torch::kFloat) {
-      fused_grad<float>(t, lse_row, w_row, lse_col, w_col);
-    } else {
-      fused_grad<double>(t, lse_row, w_row, lse_col, w_col);
+  if (!fused_applies(t)) {
+    torch::Tensor col;
+    if (lse_col.defined()) {
+      col = (t - lse_col.unsqueeze(0)).exp_();
+      if (w_col.defined()) col.mul_(w_col.unsqueeze(0));
     }
+    t.sub_(lse_row.unsqueeze(1)).exp_();
+    if (w_row.defined()) t.mul_(w_row.unsqueeze(1));
+    if (col.defined()) t.add_(col);
     return;
   }
-  torch::Tensor col;
-  if (lse_col.defined()) {
-    col = (t - lse_col.unsqueeze(0)).exp_();
-    if (w_col.defined()) col.mul_(w_col.unsqueeze(0));
-  }
-  t.sub_(lse_row.unsqueeze(1)).exp_();
-  if (w_row.defined()) t.mul_(w_row.unsqueeze(1));
-  if (col.defined()) t.add_(col);
+  if (t.numel() == 0) return;
+  auto lr = vec(lse_row, t), wr = vec(w_row, t), lc = vec(lse_col, t), wc = vec(w_col, t);
+  const int64_t C = t.size(1), ld = row_stride(t);
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "softmax_grad_", [&] {
+    const auto& k = kernels_for<scalar_t>();
+    scalar_t* x = t.data_ptr<scalar_t>();
+    const scalar_t* pwr = ptr<scalar_t>(wr);
+    for_row_ranges(t, [&](int64_t r0, int64_t r1) {
+      k.grad(x + r0 * ld, r1 - r0, C, ld, ptr<scalar_t>(lr) + r0, pwr ? pwr + r0 : nullptr, ptr<scalar_t>(lc),
+             ptr<scalar_t>(wc));
+    });
+  });
 }
 
 torch::Tensor exp_rows_(torch::Tensor& t, double shift, const torch::Tensor& col_sum) {
@@ -250,24 +266,29 @@ torch::Tensor exp_rows_(torch::Tensor& t, double shift, const torch::Tensor& col
     if (col_sum.defined()) col_sum.add_(t.sum(0));
     return t.sum(1);
   }
-  const int64_t R = t.size(0), C = t.size(1), ld = std::max<int64_t>(t.stride(0), 1);
-  auto sums = torch::zeros({R}, t.options());
+  const int64_t R = t.size(0), C = t.size(1), ld = row_stride(t);
+  auto sums = torch::zeros({R}, t.options());  // [R]
   if (R == 0 || C == 0) return sums;
-  const auto& k = table();
-  auto run = [&](int64_t r0, int64_t r1, bool cols) {
-    if (t.scalar_type() == torch::kFloat) {
-      k.exp_rows_f(t.data_ptr<float>() + r0 * ld, r1 - r0, C, ld, static_cast<float>(shift),
-                   sums.data_ptr<float>() + r0, cols ? col_sum.data_ptr<float>() : nullptr);
+  const int64_t parts = col_sum.defined() ? column_parts(t) : 0;
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "exp_rows_", [&] {
+    const auto& k = kernels_for<scalar_t>();
+    scalar_t* x = t.data_ptr<scalar_t>();
+    const auto s = static_cast<scalar_t>(shift);
+    if (parts > 0) {
+      // The column sums are shared: split by columns, each part's row sums partial.
+      auto ps = torch::zeros({parts, R}, t.options());  // [parts, R]
+      for_column_parts(C, parts, [&](int64_t p, int64_t c0, int64_t c) {
+        k.exp_rows(x + c0, R, c, ld, s, ptr<scalar_t>(ps[p]), ptr<scalar_t>(col_sum) + c0);
+      });
+      sums = ps.sum(0);
+    } else if (col_sum.defined()) {
+      k.exp_rows(x, R, C, ld, s, ptr<scalar_t>(sums), ptr<scalar_t>(col_sum));
     } else {
-      k.exp_rows_d(t.data_ptr<double>() + r0 * ld, r1 - r0, C, ld, shift, sums.data_ptr<double>() + r0,
-                   cols ? col_sum.data_ptr<double>() : nullptr);
+      for_row_ranges(t, [&](int64_t r0, int64_t r1) {
+        k.exp_rows(x + r0 * ld, r1 - r0, C, ld, s, ptr<scalar_t>(sums) + r0, nullptr);
+      });
     }
-  };
-  if (col_sum.defined()) {
-    run(0, R, true);  // the column sums are shared: one thread (the GEMMs around it use the others)
-  } else {
-    at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) { run(r0, r1, false); });
-  }
+  });
   return sums;
 }
 
@@ -277,25 +298,16 @@ void scale_rows_plus_cols_(torch::Tensor& t, const torch::Tensor& a, const torch
     t.mul_(a.unsqueeze(1) + b.unsqueeze(0));
     return;
   }
-  const int64_t R = t.size(0), C = t.size(1), ld = std::max<int64_t>(t.stride(0), 1);
-  if (R == 0 || C == 0) return;
+  if (t.numel() == 0) return;
   auto av = vec(a, t), bv = vec(b, t);
-  const auto& k = table();
-  at::parallel_for(0, R, grain_rows(C), [&](int64_t r0, int64_t r1) {
-    if (t.scalar_type() == torch::kFloat) {
-      k.scale_f(t.data_ptr<float>() + r0 * ld, r1 - r0, C, ld, av.data_ptr<float>() + r0, bv.data_ptr<float>());
-    } else {
-      k.scale_d(t.data_ptr<double>() + r0 * ld, r1 - r0, C, ld, av.data_ptr<double>() + r0, bv.data_ptr<double>());
-    }
+  const int64_t C = t.size(1), ld = row_stride(t);
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "scale_rows_plus_cols_", [&] {
+    const auto& k = kernels_for<scalar_t>();
+    scalar_t* x = t.data_ptr<scalar_t>();
+    for_row_ranges(t, [&](int64_t r0, int64_t r1) {
+      k.scale(x + r0 * ld, r1 - r0, C, ld, ptr<scalar_t>(av) + r0, ptr<scalar_t>(bv));
+    });
   });
-}
-
-std::atomic<bool>& bounded_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("CONTRAX_BOUNDED_SHIFT");
-    return !(v && std::strcmp(v, "0") == 0);
-  }()};
-  return on;
 }
 
 bool bounded_shift_enabled() { return bounded_flag().load(std::memory_order_relaxed); }
@@ -307,14 +319,14 @@ void set_fused_kernels_enabled(bool on) { enabled_flag().store(on); }
 const char* fused_kernels_isa() { return active().name.load(); }
 
 bool set_fused_kernels_isa(const std::string& isa) {
-  if (!cpu_runs(isa) || !table_of(isa)) return false;
-  for (const char* name : {"avx512", "avx2", "baseline"}) {
-    if (isa == name) {
-      active().table.store(table_of(isa));
+  for (const char* name : kIsas) {
+    if (isa == name && cpu_runs(name)) {
+      active().table.store(&table_of(name));
       active().name.store(name);
+      return true;
     }
   }
-  return true;
+  return false;
 }
 
 torch::Tensor fused_exp(const torch::Tensor& x) {
@@ -322,7 +334,7 @@ torch::Tensor fused_exp(const torch::Tensor& x) {
               "fused_exp(): argument 'x' must be a CPU float tensor, but got ", x.toString());
   auto in = x.contiguous();
   auto out = torch::empty_like(in);
-  table().exp_f(in.data_ptr<float>(), out.data_ptr<float>(), in.numel());
+  active().table.load()->exp_f(in.data_ptr<float>(), out.data_ptr<float>(), in.numel());
   return out;
 }
 

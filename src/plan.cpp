@@ -96,16 +96,10 @@ LossPlan plan_loss(const PlanOptions& o) {
   for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
   p.paths = {mat, tiled, ring};
 
-  // The losses' routing (use_tiled in losses.cpp), on the largest rank.
-  if (o.ring() || o.path() == MemoryPath::kTiled) {
-    p.chosen = o.ring() && W > 1 ? "ring" : "tiled";
-  } else if (o.path() == MemoryPath::kMaterialised || o.tile_size() < 0) {
-    p.chosen = "materialised";
-  } else if (o.tile_size() > 0) {
-    p.chosen = o.ring() && W > 1 ? "ring" : "tiled";
-  } else {
-    p.chosen = b * B * e * blocks > o.max_logits_bytes() ? (o.ring() && W > 1 ? "ring" : "tiled") : "materialised";
-  }
+  // The losses' own routing, on the largest rank.
+  const bool tiled_route =
+      detail::route_tiled(o.path(), o.tile_size(), o.ring(), b * B * e * blocks, o.max_logits_bytes());
+  p.chosen = !tiled_route ? "materialised" : o.ring() && W > 1 ? "ring" : "tiled";
   return p;
 }
 

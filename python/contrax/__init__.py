@@ -178,14 +178,8 @@ def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: t
             ``"multi_positive"`` (it counts as another positive).
         reduction: ``"mean"`` over the global number of queries, ``"sum"`` or
             ``"none"`` (see ``clip_loss``).
-        path: memory path, as every loss spells it: ``"auto"`` (default:
-            materialise the ``[b x B]`` logits while they take at most 256 MiB
-            per rank, else tiled), ``"materialised"`` or ``"tiled"`` (memory
-            ``O(b x tile)``, same value and gradients).
-        tile_size: tiled path: the tile side (0: about 16 MiB per tile); a
-            positive value with ``path="auto"`` selects tiles. -1 is the
-            deprecated spelling of ``path="materialised"`` (warns).
-        ring: tiled path (implied): key blocks travel around the ring.
+        path, tile_size, ring: the memory path (see ``clip_loss``); with
+            ``ring`` the candidate blocks travel around the ring.
         group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
 
     Returns:

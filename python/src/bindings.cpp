@@ -142,6 +142,12 @@ contrax::MemoryPath path_of(const std::string& s, const char* caller) {
   TORCH_CHECK(false, caller, "(): argument 'path' must be 'auto', 'materialised' or 'tiled', but got '", s, "'");
 }
 
+// The memory path every loss binding takes the same way.
+template <typename Options>
+Options& set_memory_path(Options& o, const std::string& path, int64_t tile_size, bool ring, const char* caller) {
+  return o.path(path_of(path, caller)).tile_size(tile_size).ring(ring);
+}
+
 contrax::LabelMode label_mode_of(const std::string& s, const char* caller) {
   if (s == "multi_positive") return contrax::LabelMode::kMultiPositive;
   if (s == "mask_duplicates") return contrax::LabelMode::kMaskDuplicates;
@@ -211,12 +217,10 @@ PYBIND11_MODULE(_contrax, m) {
                      .symmetric(symmetric)
                      .max_logit_scale(max_logit_scale)
                      .normalize(normalize)
-                     .path(path_of(path, "clip_loss"))
-                     .tile_size(tile_size)
-                     .ring(ring)
                      .comm(comm)
                      .reduction(reduction_of(reduction, "clip_loss"))
                      .label_mode(label_mode_of(label_mode, "clip_loss"));
+        set_memory_path(o, path, tile_size, ring, "clip_loss");
         if (labels.has_value()) o.labels(*labels);
         py::gil_scoped_release nogil;
         return contrax::clip_loss(a, b, logit_scale, logit_bias, o);
@@ -235,12 +239,10 @@ PYBIND11_MODULE(_contrax, m) {
         auto o = contrax::GroupedLossOptions()
                      .max_logit_scale(max_logit_scale)
                      .normalize(normalize)
-                     .path(path_of(path, "grouped_loss"))
-                     .tile_size(tile_size)
-                     .ring(ring)
                      .comm(comm)
                      .reduction(reduction_of(reduction, "grouped_loss"))
                      .label_mode(label_mode_of(label_mode, "grouped_loss"));
+        set_memory_path(o, path, tile_size, ring, "grouped_loss");
         if (labels.has_value()) o.labels(*labels);
         if (candidate_labels.has_value()) o.candidate_labels(*candidate_labels);
         py::gil_scoped_release nogil;
@@ -254,14 +256,9 @@ PYBIND11_MODULE(_contrax, m) {
       [](const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize,
          const contrax::CommunicatorPtr& comm, const std::string& reduction, const std::string& path, int64_t tile_size,
          bool ring) {
-        auto o = contrax::NTXentLossOptions()
-                     .temperature(temperature)
-                     .normalize(normalize)
-                     .comm(comm)
-                     .reduction(reduction_of(reduction, "nt_xent_loss"))
-                     .path(path_of(path, "nt_xent_loss"))
-                     .tile_size(tile_size)
-                     .ring(ring);
+        auto o = contrax::NTXentLossOptions().temperature(temperature).normalize(normalize).comm(comm).reduction(
+            reduction_of(reduction, "nt_xent_loss"));
+        set_memory_path(o, path, tile_size, ring, "nt_xent_loss");
         py::gil_scoped_release nogil;
         return contrax::nt_xent_loss(z1, z2, o);
       },
@@ -273,14 +270,9 @@ PYBIND11_MODULE(_contrax, m) {
       [](const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1, const torch::Tensor& k2,
          double temperature, bool normalize, const contrax::CommunicatorPtr& comm, const std::string& reduction,
          const std::string& path, int64_t tile_size, bool ring) {
-        auto o = contrax::MocoV3LossOptions()
-                     .temperature(temperature)
-                     .normalize(normalize)
-                     .comm(comm)
-                     .reduction(reduction_of(reduction, "moco_v3_loss"))
-                     .path(path_of(path, "moco_v3_loss"))
-                     .tile_size(tile_size)
-                     .ring(ring);
+        auto o = contrax::MocoV3LossOptions().temperature(temperature).normalize(normalize).comm(comm).reduction(
+            reduction_of(reduction, "moco_v3_loss"));
+        set_memory_path(o, path, tile_size, ring, "moco_v3_loss");
         py::gil_scoped_release nogil;
         return contrax::moco_v3_loss(q1, q2, k1, k2, o);
       },

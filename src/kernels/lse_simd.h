@@ -275,33 +275,6 @@ void scale_impl(T* x, int64_t R, int64_t C, int64_t ld, const T* a, const T* b) 
   }
 }
 
-void exp_rows_f(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* s, float* cs) {
-  exp_rows_impl<float>(x, R, C, ld, shift, s, cs);
-}
-void exp_rows_d(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* s, double* cs) {
-  exp_rows_impl<double>(x, R, C, ld, shift, s, cs);
-}
-void scale_f(float* x, int64_t R, int64_t C, int64_t ld, const float* a, const float* b) {
-  scale_impl<float>(x, R, C, ld, a, b);
-}
-void scale_d(double* x, int64_t R, int64_t C, int64_t ld, const double* a, const double* b) {
-  scale_impl<double>(x, R, C, ld, a, b);
-}
-void stats_f(const float* x, int64_t R, int64_t C, int64_t ld, float* rm, float* rs, float* cm, float* cs, float* csh) {
-  stats_impl<float>(x, R, C, ld, rm, rs, cm, cs, csh);
-}
-void stats_d(const double* x, int64_t R, int64_t C, int64_t ld, double* rm, double* rs, double* cm, double* cs,
-             double* csh) {
-  stats_impl<double>(x, R, C, ld, rm, rs, cm, cs, csh);
-}
-void grad_f(float* x, int64_t R, int64_t C, int64_t ld, const float* lr, const float* wr, const float* lc,
-            const float* wc) {
-  grad_impl<float>(x, R, C, ld, lr, wr, lc, wc);
-}
-void grad_d(double* x, int64_t R, int64_t C, int64_t ld, const double* lr, const double* wr, const double* lc,
-            const double* wc) {
-  grad_impl<double>(x, R, C, ld, lr, wr, lc, wc);
-}
 void exp_f(const float* x, float* y, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) store(y + j, vexp(load(x + j)));
@@ -316,7 +289,9 @@ void exp_f(const float* x, float* y, int64_t n) {
 }  // namespace
 
 const Table& table() {
-  static const Table t{stats_f, stats_d, grad_f, grad_d, exp_rows_f, exp_rows_d, scale_f, scale_d, exp_f};
+  static const Table t{{stats_impl<float>, grad_impl<float>, exp_rows_impl<float>, scale_impl<float>},
+                       {stats_impl<double>, grad_impl<double>, exp_rows_impl<double>, scale_impl<double>},
+                       exp_f};
   return t;
 }
 

@@ -4,36 +4,47 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 namespace contrax::detail::kernels {
 
-struct Table {
+// The kernels for one element type T (float: vectorised; double: scalar).
+template <typename T>
+struct Kernels {
   // Over the [R, C] tile x (row stride ld). Rows (row_max non-null): row i's
   // shift m_i (its max, or 0 when that is -inf) to row_max[i] and
   // sum_j exp(x_ij - m_i) to row_sum[i]. Columns (col_max non-null): running
   // statistics carried across calls, which the caller starts at col_max = -inf,
   // col_sum = 0, col_shift = 0: col_max[j] the maximum so far, col_sum[j] the
   // sum of exp(x_ij - col_shift[j]) so far. log-sum-exp = shift + log(sum).
-  void (*stats_f)(const float* x, int64_t R, int64_t C, int64_t ld, float* row_max, float* row_sum, float* col_max,
-                  float* col_sum, float* col_shift);
-  void (*stats_d)(const double* x, int64_t R, int64_t C, int64_t ld, double* row_max, double* row_sum, double* col_max,
-                  double* col_sum, double* col_shift);
+  void (*stats)(const T* x, int64_t R, int64_t C, int64_t ld, T* row_max, T* row_sum, T* col_max, T* col_sum,
+                T* col_shift);
   // In place: x_ij <- w_row_i exp(x_ij - lse_row_i) [+ w_col_j exp(x_ij - lse_col_j)];
   // a null weight is 1, a null lse_col drops the column term.
-  void (*grad_f)(float* x, int64_t R, int64_t C, int64_t ld, const float* lse_row, const float* w_row,
-                 const float* lse_col, const float* w_col);
-  void (*grad_d)(double* x, int64_t R, int64_t C, int64_t ld, const double* lse_row, const double* w_row,
-                 const double* lse_col, const double* w_col);
+  void (*grad)(T* x, int64_t R, int64_t C, int64_t ld, const T* lse_row, const T* w_row, const T* lse_col,
+               const T* w_col);
   // In place: x_ij <- exp(x_ij - shift), row_sum[i] = sum_j of the new x_ij,
   // and, when col_sum is non-null, col_sum[j] += sum_i of them (softmax
   // numerators under a known upper bound `shift`, both directions).
-  void (*exp_rows_f)(float* x, int64_t R, int64_t C, int64_t ld, float shift, float* row_sum, float* col_sum);
-  void (*exp_rows_d)(double* x, int64_t R, int64_t C, int64_t ld, double shift, double* row_sum, double* col_sum);
+  void (*exp_rows)(T* x, int64_t R, int64_t C, int64_t ld, T shift, T* row_sum, T* col_sum);
   // In place: x_ij <- x_ij (a_i + b_j).
-  void (*scale_f)(float* x, int64_t R, int64_t C, int64_t ld, const float* a, const float* b);
-  void (*scale_d)(double* x, int64_t R, int64_t C, int64_t ld, const double* a, const double* b);
+  void (*scale)(T* x, int64_t R, int64_t C, int64_t ld, const T* a, const T* b);
+};
+
+struct Table {
+  Kernels<float> f;
+  Kernels<double> d;
   // y = exp(x) elementwise through the vector exp (for its accuracy test).
   void (*exp_f)(const float* x, float* y, int64_t n);
+
+  template <typename T>
+  const Kernels<T>& of() const {
+    if constexpr (std::is_same_v<T, float>) {
+      return f;
+    } else {
+      return d;
+    }
+  }
 };
 
 namespace base {

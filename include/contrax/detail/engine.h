@@ -49,8 +49,9 @@
 // the logits are provably bounded (CLIP: |S| <= s max|q| max|k| + |bias|;
 // NT-Xent on unit rows: |S| <= 1/T) and the window fits the exponent range,
 // the bound is every softmax's exact shift: the buffer keeps E = exp(S - M),
-// one exponential per logit in forward and none in backward (G = E (a_i + b_j)). Hence one backward per graph: a second one
-// (retain_graph) is an error, not a wrong result.
+// one exponential per logit in forward and none in backward (G = E (a_i + b_j)).
+// Hence one backward per graph: a second one (retain_graph) is an error, not a
+// wrong result.
 #pragma once
 
 #include <torch/torch.h>
@@ -154,6 +155,14 @@ torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor&
 torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
                                        const EngineLayout& layout, int64_t tile,
                                        Reduction reduction = Reduction::kMean);
+
+/// The memory-path routing every loss and `plan_loss` share (MemoryPath in
+/// losses.h): tiled for path kTiled or `ring`; materialised for kMaterialised
+/// or the deprecated tile_size -1; tiled for a positive tile_size; otherwise
+/// tiled when the largest rank's materialised logits (`logits_bytes`) would
+/// exceed `max_logits_bytes`. Computed from exchanged counts, it is the same on
+/// every rank.
+bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_bytes, int64_t max_logits_bytes);
 
 /// How many [b x B] logits blocks the materialised path of `loss` holds per
 /// rank ("clip"/"infonce": 1, "nt_xent": 4 (one [2b x 2B]), "moco_v3": 2): the
