@@ -98,18 +98,11 @@ TEST(Communicator, PeerThatNeverArrivesTimesOut) {
 
 TEST(Communicator, CollectiveWithMissingPeerTimesOut) {
   // Both ranks rendezvous, then only rank 0 enters a gather: rank 0 must get
-  // an error naming the collective once the timeout passes. Rank 1 stays alive
-  // meanwhile (and well past the timeout): returning at once, it tore its
-  // group down while rank 0 was still connecting on a loaded machine, and rank
-  // 0 failed in create() ("connection closed by peer") instead.
+  // an error naming the collective once the timeout passes.
   auto errors = run_ranks_collect_errors(
       2,
       [](const CommunicatorPtr& comm) {
-        if (comm->rank() == 0) {
-          comm->all_gather_rows(torch::ones({2, 3}), {2, 2});
-        } else {
-          std::this_thread::sleep_for(std::chrono::seconds(4));
-        }
+        if (comm->rank() == 0) comm->all_gather_rows(torch::ones({2, 3}), {2, 2});
       },
       std::chrono::milliseconds(1500));
   EXPECT_NE(errors[0].find("collective 'all_gather' "), std::string::npos) << errors[0];

@@ -42,7 +42,14 @@ std::vector<std::string> run_ranks_collect_errors(int64_t world_size,
       try {
         auto options = CommunicatorOptions().rank(r).world_size(world_size).file_store(path).timeout(timeout);
         if (configure) configure(r, options);
-        fn(Communicator::create(options));
+        auto comm = Communicator::create(options);
+        // No rank starts `fn` before every rank's group is connected: a rank
+        // whose `fn` fails (or returns) at once would otherwise tear its group
+        // down while a slower peer is still connecting, and that peer would
+        // fail in create() ("connection closed by peer") instead of seeing
+        // what the test is about (seen on a loaded 2-core machine).
+        comm->barrier();
+        fn(comm);
       } catch (const c10::Error& e) {
         errors[r] = e.what_without_backtrace();
         if (errors[r].empty()) errors[r] = "(empty error)";
