@@ -759,48 +759,102 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
   }
 };
 
-// NT-Xent, tiled, with the gathered Z (no gradient): NtXentBlock's gradient
-// entry by entry. Row tiles never straddle the two views, so a tile's self and
-// positive entries are each one diagonal: view-1 rows p = i have self column
-// off + p and positive B + off + p; view-2 rows p = b + i have self column
-// B + off + (p - b) and positive off + (p - b).
+// NT-Xent, tiled: NtXentBlock's gradient entry by entry, over the gathered Z
+// (one block, no gradient) or, on the ring, over every rank's block
+// [z1_s; z2_s] as it passes. Either way the backward needs no gradient
+// collective: G~ (above NtXentBlock) of rank r's rows is computed from its own
+// rows' logits and every row's lse (all-gathered, O(B)), so the ring's
+// backward sends the (gradient-free) blocks around once more and nothing else.
+// Row tiles never straddle the two views, so a tile's self and positive
+// entries are each one diagonal (tile_diag's offset, per view v of the rows):
+//   gathered Z, columns [z1_all; z2_all]: self off + p (view 1) and
+//     B + off + p - b (view 2); positive B + off + p and off + p - b;
+//   ring, the own block [z1_r; z2_r] (columns in local order): self p,
+//     positive p + b (view 1) and p - b (view 2); other blocks have neither.
 class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
  public:
-  static void for_each_tile(
-      int64_t b, int64_t n_cols, int64_t tile, const EngineLayout& L,
-      const std::function<void(int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t self_off, int64_t pos_off)>& fn) {
+  struct Diagonals {
+    bool any = false;                    // does this block hold self/positive columns?
+    int64_t self_off[2] = {0, 0}, pos_off[2] = {0, 0};  // per view of the rows
+  };
+
+  static Diagonals diagonals(const TiledPlan& plan, int64_t owner) {
+    const auto& L = plan.layout;
+    const int64_t b = L.counts[L.rank];
+    Diagonals d;
+    if (!plan.ring) {
+      d.any = true;
+      d.self_off[0] = L.offset;
+      d.self_off[1] = L.total + L.offset - b;
+      d.pos_off[0] = L.total + L.offset;
+      d.pos_off[1] = L.offset - b;
+    } else if (owner == L.rank) {
+      d.any = true;
+      d.pos_off[0] = b;
+      d.pos_off[1] = -b;
+    }
+    return d;
+  }
+
+  // The entries of a [2B] global-order vector ([z1_all rows; z2_all rows]) for
+  // the columns of `owner`'s block: all of it for the gathered Z, else
+  // [v[off_s : off_s + b_s]; v[B + off_s : B + off_s + b_s]].
+  static torch::Tensor block_cols(const TiledPlan& plan, int64_t owner, const torch::Tensor& v /* [2B] */) {
+    if (!plan.ring || !v.defined()) return v;
+    const auto& L = plan.layout;
+    int64_t off = 0;
+    for (int64_t s = 0; s < owner; ++s) off += L.counts[s];
+    const int64_t bs = L.counts[owner];
+    return torch::cat({v.narrow(0, off, bs), v.narrow(0, L.total + off, bs)});
+  }
+
+  // Calls fn(owner, block) for the gathered Z, or for every ring block.
+  static void for_each_block(const TiledPlan& plan, const torch::Tensor& keys,
+                             const std::function<void(int64_t, const torch::Tensor&)>& fn) {
+    const auto& L = plan.layout;
+    if (!plan.ring) return fn(L.rank, keys);
+    auto counts = L.counts;
+    for (auto& c : counts) c *= 2;
+    ring_for_each_block(L.comm, counts, keys, fn);
+  }
+
+  static void for_each_tile(int64_t b, int64_t n_cols, int64_t tile,
+                            const std::function<void(int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t v)>& fn) {
     for (int64_t v = 0; v < 2; ++v) {
-      const int64_t self_off = v == 0 ? L.offset : L.total + L.offset - b;
-      const int64_t pos_off = v == 0 ? L.total + L.offset : L.offset - b;
       for (int64_t r0 = v * b; r0 < (v + 1) * b; r0 += tile) {
         const int64_t R = std::min(tile, (v + 1) * b - r0);
-        for (int64_t c0 = 0; c0 < n_cols; c0 += tile) fn(r0, R, c0, std::min(tile, n_cols - c0), self_off, pos_off);
+        for (int64_t c0 = 0; c0 < n_cols; c0 += tile) fn(r0, R, c0, std::min(tile, n_cols - c0), v);
       }
     }
   }
 
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& z /* [2b, d] */,
-                               const torch::Tensor& z_all /* [2B, d] */, const c10::intrusive_ptr<TiledPlan>& plan) {
+  // keys: the gathered Z ([2B, d]) or, on the ring, this rank's own block
+  // ([2b, d] = z without gradient).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& z /* [2b, d] */, const torch::Tensor& keys,
+                               const c10::intrusive_ptr<TiledPlan>& plan) {
     const auto& L = plan->layout;
     const int64_t b2 = z.size(0), b = b2 / 2, B = L.total;
     auto zs = z * plan->inv_temperature;  // [2b, d]
     auto lse = torch::full({b2}, -kInf, zs.options());
-    for_each_tile(b, 2 * B, plan->tile, L,
-                  [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t self_off, int64_t) {
-                    auto t = torch::mm(zs.narrow(0, r0, R), z_all.narrow(0, c0, C).t());  // [R, C]
-                    tile_diag(t, r0, c0, self_off).fill_(-kInf);
-                    auto lr = lse.narrow(0, r0, R);
-                    lr.copy_(torch::logaddexp(lr, tile_lse(t, /*rows=*/true, /*cols=*/false).row));
-                  });
-    auto i = torch::arange(b, torch::TensorOptions().dtype(torch::kLong).device(z.device()));
-    auto pos_rows = torch::cat({i + (B + L.offset), i + L.offset});
-    auto positive = (zs * z_all.index_select(0, pos_rows)).sum(1);  // [2b]
+    for_each_block(*plan, keys, [&](int64_t owner, const torch::Tensor& block) {
+      const auto dg = diagonals(*plan, owner);
+      for_each_tile(b, block.size(0), plan->tile, [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t v) {
+        auto t = torch::mm(zs.narrow(0, r0, R), block.narrow(0, c0, C).t());  // [R, C]
+        if (dg.any) tile_diag(t, r0, c0, dg.self_off[v]).fill_(-kInf);
+        auto lr = lse.narrow(0, r0, R);
+        lr.copy_(torch::logaddexp(lr, tile_lse(t, /*rows=*/true, /*cols=*/false).row));
+      });
+    });
+    // S_{u, pos(u)}: view-1 row i against view-2 row i of the same example.
+    auto zd = z.detach();
+    auto swapped = torch::cat({zd.narrow(0, b, b), zd.narrow(0, 0, b)});  // [2b, d]
+    auto positive = (zs * swapped).sum(1);                                 // [2b]
     torch::Tensor lse_all = lse;
     if (L.world > 1) {
       auto pairs = L.comm->all_gather_rows(lse.view({2, b}).t().contiguous(), L.counts, "lse_all_gather");  // [B, 2]
       lse_all = pairs.t().reshape({2 * B});
     }
-    ctx->save_for_backward({z, z_all});
+    ctx->save_for_backward({z, keys});
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["lse_all"] = lse_all;
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
@@ -810,35 +864,38 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     TORCH_CHECK(!torch::GradMode::is_enabled(), "nt_xent_loss(): double backward (create_graph=true) is not supported");
     auto plan = c10::static_intrusive_pointer_cast<TiledPlan>(ctx->saved_data["plan"].toCapsule());
-    const auto& L = plan->layout;
     auto saved = ctx->get_saved_variables();
     const auto& z = saved[0];
-    const auto& z_all = saved[1];
+    const auto& keys = saved[1];
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
-    const int64_t b = z.size(0) / 2, B = L.total;
+    const int64_t b = z.size(0) / 2;
     const auto w = nt_weights(*plan, grads[0], z.scalar_type());
     auto zs = z * plan->inv_temperature;
     auto A = torch::zeros_like(z);  // [2b, d]
-    for_each_tile(b, 2 * B, plan->tile, L,
-                  [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t self_off, int64_t pos_off) {
-                    auto zt = z_all.narrow(0, c0, C);
-                    auto t = torch::mm(zs.narrow(0, r0, R), zt.t());  // [R, C], then in place G
-                    tile_diag(t, r0, c0, self_off).fill_(-kInf);
-                    softmax_grad_(t, lse.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
-                                  lse_all.narrow(0, c0, C), w.all.defined() ? w.all.narrow(0, c0, C) : torch::Tensor());
-                    auto pos = tile_diag(t, r0, c0, pos_off);
-                    if (pos.numel() == 0) {
-                      // no positive in this tile
-                    } else if (w.row.defined()) {
-                      // The diagonal's first row: max(0, -(pos_off + r0 - c0)) within the tile.
-                      const int64_t first = std::max<int64_t>(0, -(pos_off + r0 - c0));
-                      pos.sub_(w.row.narrow(0, r0 + first, pos.numel()) * 2.0);
-                    } else {
-                      pos.sub_(2.0);
-                    }
-                    A.narrow(0, r0, R).addmm_(t.mul_(w.c), zt);
-                  });
+    for_each_block(*plan, keys, [&](int64_t owner, const torch::Tensor& block) {
+      const auto dg = diagonals(*plan, owner);
+      const auto lse_cols = block_cols(*plan, owner, lse_all);
+      const auto w_cols = block_cols(*plan, owner, w.all);
+      for_each_tile(b, block.size(0), plan->tile, [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t v) {
+        auto zt = block.narrow(0, c0, C);
+        auto t = torch::mm(zs.narrow(0, r0, R), zt.t());  // [R, C], then in place G
+        if (dg.any) tile_diag(t, r0, c0, dg.self_off[v]).fill_(-kInf);
+        softmax_grad_(t, lse.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
+                      lse_cols.narrow(0, c0, C), w_cols.defined() ? w_cols.narrow(0, c0, C) : torch::Tensor());
+        auto pos = dg.any ? tile_diag(t, r0, c0, dg.pos_off[v]) : t.narrow(0, 0, 0).select(1, 0);
+        if (pos.numel() > 0) {
+          if (w.row.defined()) {
+            // The diagonal's first row: max(0, -(pos_off + r0 - c0)) within the tile.
+            const int64_t first = std::max<int64_t>(0, -(dg.pos_off[v] + r0 - c0));
+            pos.sub_(w.row.narrow(0, r0 + first, pos.numel()) * 2.0);
+          } else {
+            pos.sub_(2.0);
+          }
+        }
+        A.narrow(0, r0, R).addmm_(t.mul_(w.c), zt);
+      });
+    });
     return {A, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -919,14 +976,15 @@ torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor&
   return TiledClipBlock::apply(q, k, scale, opt_bias, plan);
 }
 
-torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                       const EngineLayout& layout, int64_t tile, Reduction reduction) {
+torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& keys, double inv_temperature,
+                                       const EngineLayout& layout, int64_t tile, Reduction reduction, bool ring) {
   auto plan = c10::make_intrusive<TiledPlan>();
   plan->layout = layout;
   plan->reduction = reduction;
   plan->inv_temperature = inv_temperature;
   plan->tile = tile;
-  return TiledNtXentBlock::apply(z, z_all, plan);
+  plan->ring = ring && layout.world > 1;
+  return TiledNtXentBlock::apply(z, plan->ring ? z.detach() : keys, plan);
 }
 
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,

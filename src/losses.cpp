@@ -323,8 +323,6 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
   check.features(z1, "z1").features(z2, "z2");
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
   check.positive(options.temperature(), "temperature");
-  check.require(options.reduction() != Reduction::kNone || !options.ring(),
-                "argument 'reduction' kNone is not supported with 'ring' (use the gathered tiled path, ring(false))");
   const std::string error = path_error(check, options, forced, caller);
   const auto& comm = options.comm();
   auto counts = exchange_checked(z1, comm, caller, "z1", error);
@@ -340,11 +338,14 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
   auto z2n = maybe_normalize(z2.to(ct), options.normalize());  // [b, d]
   auto layout = detail::make_layout(comm, counts);
   const int64_t tile = detail::tile_side(t.tile_size(), t.tile_bytes(), c10::elementSize(ct));
+  // kSum is kMean scaled (reduce); kNone is the engine's.
+  const auto r = options.reduction() == Reduction::kNone ? Reduction::kNone : Reduction::kMean;
+  auto z = torch::cat({z1n, z2n}, 0);  // [2b, d]
   if (tiled && t.ring() && layout.world > 1) {
-    return reduce(detail::ring_nt_xent_loss(z1n, z2n, options.temperature(), layout.comm, counts, tile));
+    return reduce(
+        detail::tiled_nt_xent_block_loss(z, torch::Tensor(), 1.0 / options.temperature(), layout, tile, r, true));
   }
   const int64_t d = z1.size(1);
-  auto z = torch::cat({z1n, z2n}, 0);  // [2b, d]
   // Z is gathered once, without gradient: the engine's backward needs no
   // collective (each rank's gradient for its own rows is complete).
   torch::Tensor z_all = z.detach();  // [2B, d] = [z1_all; z2_all]
@@ -352,8 +353,6 @@ torch::Tensor nt_xent_impl(const char* caller, const torch::Tensor& z1, const to
     auto all = gather_checked(counts, torch::cat({z1n, z2n}, 1), comm, /*with_grad=*/false).all;  // [B, 2d]
     z_all = torch::cat({all.narrow(1, 0, d), all.narrow(1, d, d)}, 0);
   }
-  // kSum is kMean scaled (reduce); kNone is the engine's.
-  const auto r = options.reduction() == Reduction::kNone ? Reduction::kNone : Reduction::kMean;
   if (tiled) return reduce(detail::tiled_nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, tile, r));
   return reduce(detail::nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), layout, r, options.normalize()));
 }

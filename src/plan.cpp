@@ -70,23 +70,25 @@ LossPlan plan_loss(const PlanOptions& o) {
     ring.feature_bytes = 4 * b * g * d * e;
     p.old_gemms = 3 * g;
   } else if (loss == "nt_xent") {
-    // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4 units).
+    // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4
+    // units). Tiled and ring recompute S in the backward (4 more). Z travels
+    // without gradient: gathered once, or around the ring in the forward and
+    // again in the backward (no gradient blocks); then every row's lse.
     mat.gemms = 8;
-    tiled.gemms = 12;
-    ring.gemms = 16;  // two views, InfoNCE each against [2B] keys with a key gradient
+    tiled.gemms = ring.gemms = 12;
     const int64_t z = (W - 1) * b * 2 * d * e, lse = (W - 1) * 2 * b * e;
-    mat.bytes_sent_forward = tiled.bytes_sent_forward = z + lse;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = ring.bytes_sent_forward = z + lse;
     mat.bytes_sent_backward = tiled.bytes_sent_backward = 0;  // no backward collective
-    ring.bytes_sent_forward = 2 * z;
-    ring.bytes_sent_backward = 4 * z;
+    ring.bytes_sent_backward = z;                             // the blocks once more
     mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
-    ring.feature_bytes = 8 * b * d * e;
+    ring.feature_bytes = 4 * b * d * e;  // the block in hand and the arriving one
     p.old_gemms = 12;
   } else {  // moco_v3: two directions, keys without gradient
     mat.gemms = 4;
     tiled.gemms = ring.gemms = 6;
     mat.bytes_sent_forward = tiled.bytes_sent_forward = 2 * gather;
     ring.bytes_sent_forward = 2 * gather;
+    ring.bytes_sent_backward = 2 * gather;  // the key blocks again, for the recomputation
     mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
     ring.feature_bytes = 4 * b * d * e;
     p.old_gemms = 4;

@@ -1,7 +1,8 @@
-// Tiled InfoNCE: online log-sum-exp over logits tiles with recomputation in the
-// backward, and the ring NT-Xent built on it (see contrax/tiled.h). The tiled
-// CLIP and MoCo v3 losses and the gathered tiled NT-Xent run on the engine
-// (src/engine.cpp); the ring driver lives with the collectives.
+// Tiled InfoNCE (`tiled_info_nce`, the public core with arbitrary positive and
+// masked offsets): online log-sum-exp over logits tiles with recomputation in
+// the backward (see contrax/tiled.h). The tiled and ring CLIP, MoCo v3 and
+// NT-Xent losses run on the engine (src/engine.cpp); the ring driver lives
+// with the collectives.
 //
 // One autograd function, InfoNce, serves both the gathered and the ring path:
 // with gathered keys the "ring" has a single block. The only state it saves is
@@ -188,11 +189,6 @@ torch::Tensor apply_nce(const torch::Tensor& q, const torch::Tensor& k, const to
   return InfoNce::apply(q, k, scale, opt_bias, plan);
 }
 
-std::vector<int64_t> scaled_counts(std::vector<int64_t> counts, int64_t factor) {
-  for (auto& c : counts) c *= factor;
-  return counts;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -237,22 +233,5 @@ torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, con
                    options.positive_offset(), options.masked_offset(), tile);
 }
 
-namespace detail {
-
-torch::Tensor ring_nt_xent_loss(const torch::Tensor& z1n, const torch::Tensor& z2n, double temperature,
-                                const CommunicatorPtr& comm, const std::vector<int64_t>& counts, int64_t tile) {
-  int64_t B = 0;
-  for (auto c : counts) B += c;
-  const int64_t W = world_of(comm), b = z1n.size(0);
-  auto scale = torch::scalar_tensor(1.0 / temperature, z1n.options().requires_grad(false));
-  // Own key block [other view | same view] ([2 b_r, d]): positive at column i,
-  // self at column b_r + i; other ranks' blocks have neither.
-  auto counts2 = scaled_counts(counts, 2);
-  auto total = apply_nce(z1n, torch::cat({z2n, z1n}, 0), scale, {}, comm, counts2, 0, b, tile).sum() +
-               apply_nce(z2n, torch::cat({z1n, z2n}, 0), scale, {}, comm, counts2, 0, b, tile).sum();
-  return total * (static_cast<double>(W) / (2.0 * static_cast<double>(B)));
-}
-
-}  // namespace detail
 
 }  // namespace contrax

@@ -125,7 +125,7 @@ struct NTXentLossOptions {
   /// Tiled path only (implies it): key blocks travel around the ring instead of being gathered.
   TORCH_ARG(bool, ring) = false;
   /// Reduction over the B examples (per example: the mean of its two views'
-  /// losses). kNone is not available with `ring`.
+  /// losses).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
 };
 

@@ -16,7 +16,10 @@
 // overlapped with the tile computation of the block in hand), and in the
 // backward the key blocks travel again together with their partial gradients,
 // which arrive summed at their owner. Memory then holds at most two remote key
-// blocks (and two partial key-gradient blocks) instead of all B keys.
+// blocks (and two partial key-gradient blocks) instead of all B keys. NT-Xent
+// and MoCo v3 send no gradient blocks: NT-Xent's keys are its own rows without
+// gradient (each rank's gradient is complete from its own logits and every
+// row's log-sum-exp), MoCo's keys have none; their blocks travel again alone.
 //
 // The per-rank weighting is the materialised losses' one, L_r = (W/B) sum l_i,
 // so routing `clip_loss` & co. here changes nothing for the caller.
@@ -109,11 +112,6 @@ torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q
                                  const TiledOptions& tiled = {});
 
 namespace detail {
-
-/// NT-Xent with the [other view | same view] key blocks passed around the ring
-/// (tiled InfoNCE per view); z1n, z2n: [b, d] already normalised, W > 1.
-torch::Tensor ring_nt_xent_loss(const torch::Tensor& z1n, const torch::Tensor& z2n, double temperature,
-                                const CommunicatorPtr& comm, const std::vector<int64_t>& counts, int64_t tile);
 
 /// Side of a square logits tile: `tile_size` if positive, otherwise the largest
 /// side whose tile fits `tile_bytes` at `element_size`, at least 64.

@@ -151,10 +151,15 @@ torch::Tensor tiled_clip_block_loss(const torch::Tensor& q, const torch::Tensor&
                                     const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
                                     int64_t tile, bool ring);
 
-/// `nt_xent_block_loss` with the logits computed one [tile x tile] block at a time.
-torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                       const EngineLayout& layout, int64_t tile,
-                                       Reduction reduction = Reduction::kMean);
+/// `nt_xent_block_loss` with the logits computed one [tile x tile] block at a
+/// time. `keys`: the gathered Z ([2B, d], no gradient); with `ring` (W > 1)
+/// it is ignored and every rank's own rows [z1_r; z2_r] travel around the ring
+/// instead, in the forward and once more in the backward (no gradient blocks:
+/// each rank's gradient is complete from its own rows' logits and every row's
+/// log-sum-exp, all-gathered).
+torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& keys, double inv_temperature,
+                                       const EngineLayout& layout, int64_t tile, Reduction reduction = Reduction::kMean,
+                                       bool ring = false);
 
 /// The memory-path routing every loss and `plan_loss` share (MemoryPath in
 /// losses.h): tiled for path kTiled or `ring`; materialised for kMaterialised
