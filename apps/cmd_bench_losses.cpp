@@ -8,8 +8,13 @@
 //   (f) "floor": only the GEMMs of the old algorithm with the same shapes (six
 //       [b x B x d] for symmetric CLIP: two forward, four backward; twelve for
 //       NT-Xent with both views gathered with gradient), the time any
-//       implementation of it needs at least.
-// With `--loss nt_xent` the modes are contrax (nt_xent_loss) and floor.
+//       implementation of it needs at least. Its logits are fresh tensors, as
+//       the old code's were: each call faults their pages in again.
+//   (f') "floor_kept": the same GEMMs into one logits buffer allocated before
+//       the clock starts, the floor of an old algorithm that kept its buffer
+//       as contrax keeps its workspace (contrax/memory.h). Its peak does not
+//       count that buffer.
+// With `--loss nt_xent` the modes are contrax (nt_xent_loss), floor and floor_kept.
 // Reports median time, bytes this rank sent in backward, and peak tensor memory
 // per rank, as ratios to the first mode, plus the agreement of the feature
 // gradients.
@@ -93,14 +98,16 @@ torch::Tensor loss_allreduce(const torch::Tensor& a, const torch::Tensor& b, con
 // The old algorithm's GEMMs and nothing else: symmetric CLIP computed
 // a b_all^T and b a_all^T ([b x B], forward) and two GEMMs per product in
 // backward; NT-Xent four [b x B] products (two per view) and eight backward.
+// `kept`: the logits go into one buffer allocated before the clock starts (as
+// contrax's kept workspace does), so no page of it is faulted in while timed.
 torch::Tensor loss_floor(const torch::Tensor& a, const torch::Tensor& b, const CommunicatorPtr& comm,
-                         int64_t products) {
+                         int64_t products, torch::Tensor kept = {}) {
   torch::NoGradGuard no_grad;
   const int64_t W = comm->world_size();
   auto all = comm->all_gather_rows(b, std::vector<int64_t>(W, b.size(0)), "all_gather");  // [B, d]
   torch::Tensor acc = torch::zeros({}, a.options());
   for (int64_t p = 0; p < products; ++p) {
-    auto logits = torch::mm(a, all.t());         // forward [b, B]
+    auto logits = kept.defined() ? torch::mm_out(kept, a, all.t()) : torch::mm(a, all.t());  // forward [b, B]
     auto dq = torch::mm(logits, all);            // backward: dq
     auto dk = torch::mm(logits.t(), a);          // backward: dk
     acc += dq[0][0] + dk[0][0];
@@ -126,9 +133,9 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
     std::stringstream ss(modes_s);
     std::string m;
     while (std::getline(ss, m, ',')) {
-      TORCH_CHECK(m == "floor" || m == "contrax" || (!nt && (m == "global" || m == "allreduce")),
-                  "flag '--modes' takes ", nt ? "floor, contrax" : "global, allreduce, contrax, floor", "; got '", m,
-                  "'");
+      TORCH_CHECK(m == "floor" || m == "floor_kept" || m == "contrax" || (!nt && (m == "global" || m == "allreduce")),
+                  "flag '--modes' takes ", nt ? "floor, floor_kept, contrax" : "global, allreduce, contrax, floor, floor_kept",
+                  "; got '", m, "'");
       modes.push_back(m);
     }
   }
@@ -136,6 +143,10 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
   auto a0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1));
   auto b0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1));
   std::map<std::string, Measure> res;
+  torch::Tensor kept;  // floor_kept's logits buffer, allocated and faulted in once
+  if (std::find(modes.begin(), modes.end(), "floor_kept") != modes.end()) {
+    kept = torch::zeros({batch, batch * W}, a0.options());
+  }
   for (int64_t it = -1; it < iters; ++it) {  // it = -1 warms up
     for (const auto& m : modes) {
       auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
@@ -147,6 +158,7 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
       torch::Tensor loss = m == "global"      ? loss_global(a, b, ls, comm)
                            : m == "allreduce" ? loss_allreduce(a, b, ls, comm)
                            : m == "floor"     ? loss_floor(a, b, comm, nt ? 4 : 2)
+                           : m == "floor_kept" ? loss_floor(a, b, comm, nt ? 4 : 2, kept)
                            : nt ? contrax::nt_xent_loss(
                                       a, b, contrax::NTXentLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised))
                                 : contrax::clip_loss(
@@ -206,7 +218,9 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
       const auto& r = res[modes[i]];
       std::ostringstream row;
       const std::string label = modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce"
-                              : modes[i] == "floor" ? "(f) old GEMM floor" : "(c) contrax";
+                              : modes[i] == "floor"      ? "(f) old GEMM floor"
+                              : modes[i] == "floor_kept" ? "(f') old GEMM floor, buffer kept"
+                                                         : "(c) contrax";
       row << "| " << loss_name << " | " << W << " | " << batch << " | " << label
           << " | " << std::fixed << std::setprecision(1) << tmax[i].item<double>() << " | " << std::setprecision(2)
           << tmax[i].item<double>() / base_ms << " | " << mib(r.fwd_bytes) << " | " << mib(r.bwd_bytes) << " | "
@@ -232,7 +246,7 @@ int run_bench(const std::vector<std::string>& args) {
   cli::add_int(app, "--width", width, "feature width", 1, int64_t{1} << 20);
   cli::add_int(app, "--iters", iters, "timed iterations per mode (after one warm-up)", 1, 100000);
   cli::add_int(app, "--threads", threads, "intra-op threads per rank (0: cores / W, at least 1)", 0, cli::max_procs());
-  app.add_option("--modes", modes, "which of global, allreduce, contrax");
+  app.add_option("--modes", modes, "which of global, allreduce, contrax, floor, floor_kept");
   app.add_option("--out", out, "append the table rows to this file (default: stdout)");
   app.add_option("--loss", loss_name, "clip (symmetric) or nt_xent");
   if (int st = cli::parse(app, args); st >= 0) return st;

@@ -6,7 +6,9 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -14,6 +16,7 @@
 
 #include "contrax/collectives.h"
 #include "contrax/detail/lse_kernels.h"
+#include "contrax/memory.h"
 
 namespace contrax::detail {
 
@@ -199,6 +202,53 @@ int64_t gemm_chunk_rows(int64_t b, int64_t cols, const torch::Tensor& like) {
   return std::max<int64_t>(rows, 256);
 }
 
+// The logits workspace (see contrax/memory.h). glibc serves a CPU buffer this
+// large with a fresh mmap and unmaps it when it is freed, so each call paid the
+// page faults of its whole buffer again: ~180 ms for NT-Xent's 512 MiB at 4096
+// rows per rank (W = 2), a sixth of the call. Training calls the loss every
+// step with the same shapes, so each thread keeps its largest buffer once the
+// loss that used it is gone, and the next loss reuses it. A buffer still in use
+// (two losses alive at once) is never handed out again: the second gets a
+// fresh one, which is not kept.
+constexpr int64_t kKeepBytes = int64_t{32} << 20;
+
+struct Workspace {
+  c10::Storage storage;
+  c10::ScalarType dtype = c10::kFloat;
+};
+
+Workspace& thread_workspace() {
+  thread_local Workspace ws;
+  return ws;
+}
+
+std::atomic<bool>& keep_workspace_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("CONTRAX_KEEP_WORKSPACE");
+    return !(v && std::string(v) == "0");
+  }()};
+  return on;
+}
+
+// An uninitialised contiguous [rows, cols] buffer: the kept one when it fits.
+torch::Tensor logits_buffer(int64_t rows, int64_t cols, const torch::TensorOptions& opt) {
+  const auto dtype = c10::typeMetaToScalarType(opt.dtype());
+  const int64_t bytes = rows * cols * static_cast<int64_t>(c10::elementSize(dtype));
+  if (!opt.device().is_cpu() || bytes < kKeepBytes || !keep_workspace_flag().load(std::memory_order_relaxed)) {
+    return torch::empty({rows, cols}, opt);
+  }
+  auto& ws = thread_workspace();
+  if (ws.storage && ws.storage.use_count() > 1) return torch::empty({rows, cols}, opt);  // in use
+  if (!ws.storage || ws.dtype != dtype || static_cast<int64_t>(ws.storage.nbytes()) < bytes) {
+    ws.storage = c10::Storage();  // the old one goes first: never two kept buffers at once
+    auto t = torch::empty({rows, cols}, opt);
+    ws.storage = t.storage();
+    ws.dtype = dtype;
+    return t;
+  }
+  return torch::empty({0}, opt).set_(ws.storage, 0, {rows, cols}, {cols, 1});
+}
+
 // What the backward needs besides the inputs.
 struct RowTerms {
   torch::Tensor lse_row, lse_col, inv_n_row, inv_n_col;  // inv_n: multi-positive only
@@ -324,7 +374,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     const int64_t b = q.size(0), N = k_all.size(0), g = plan->spec.group;
     const bool has_bias = bias.has_value() && bias->defined();
     auto qs = q * scale;                          // [b, d]
-    auto S = torch::empty({b, N}, qs.options());  // [b, N]
+    auto S = logits_buffer(b, N, qs.options());  // [b, N]
     // Bounded: every logit lies in [-M, M], M = s max|q_i| max|k_j| + |bias|
     // (Cauchy-Schwarz). Where 2M is within the dtype's exponent range, M is an
     // exact shift for every row and column: E = exp(S - M) >= e^(-2M) never
@@ -396,7 +446,11 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     const auto& q = saved[0];
     const auto& k_all = saved[1];
     const auto& scale = saved[2];
+    // The buffer leaves the graph now: it becomes the gradient below and is
+    // freed (or returned to the workspace) when this backward returns, not
+    // when the caller drops the loss (often only after the next forward).
     auto S = ctx->saved_data["S"].toTensor();
+    ctx->saved_data.erase("S");
     const auto rt = saved_terms(ctx);
     const int64_t b = q.size(0), N = k_all.size(0), d = q.size(1);
     const auto w = backward_weights(*plan, grads[0], S.scalar_type());
@@ -518,7 +572,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     const auto& L = plan->layout;
     const int64_t b2 = z.size(0), b = b2 / 2, B = L.total;
     auto zs = z * plan->inv_temperature;               // [2b, d]
-    auto S = torch::empty({b2, 2 * B}, zs.options());  // [2b, 2B]
+    auto S = logits_buffer(b2, 2 * B, zs.options());  // [2b, 2B]
     auto idx = self_and_positive(b, L, z.device());
     auto lse = torch::empty({b2}, S.options());       // [2b]
     auto positive = torch::empty({b2}, S.options());  // [2b]: S_{u, pos(u)}
@@ -561,7 +615,11 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     check_single_backward(*plan, "nt_xent_loss");
     const auto& L = plan->layout;
     auto z_all = ctx->get_saved_variables()[0];
+    // The buffer leaves the graph now: it becomes the gradient below and is
+    // freed (or returned to the workspace) when this backward returns, not
+    // when the caller drops the loss (often only after the next forward).
     auto S = ctx->saved_data["S"].toTensor();
+    ctx->saved_data.erase("S");
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b2 = S.size(0), b = b2 / 2, d = z_all.size(1);
@@ -999,3 +1057,21 @@ torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_
 }
 
 }  // namespace contrax::detail
+
+namespace contrax {
+
+void set_keep_loss_workspace(bool keep) {
+  detail::keep_workspace_flag().store(keep);
+  if (!keep) release_loss_workspace();
+}
+
+bool keep_loss_workspace() { return detail::keep_workspace_flag().load(); }
+
+int64_t loss_workspace_bytes() {
+  const auto& st = detail::thread_workspace().storage;
+  return st ? static_cast<int64_t>(st.nbytes()) : 0;
+}
+
+void release_loss_workspace() { detail::thread_workspace().storage = c10::Storage(); }
+
+}  // namespace contrax

@@ -22,6 +22,7 @@
 #include "contrax/grouped.h"
 #include "contrax/losses.h"
 #include "contrax/siglip.h"
+#include "contrax/memory.h"
 #include "contrax/tiled.h"
 
 namespace py = pybind11;
@@ -343,6 +344,12 @@ PYBIND11_MODULE(_contrax, m) {
       "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a, "normalize"_a, "chunk_size"_a, "comm"_a);
 
   m.def("momentum_schedule", &contrax::momentum_schedule, "base"_a, "step"_a, "total_steps"_a);
+
+  // ---- the loss workspace (contrax/memory.h)
+  m.def("set_keep_loss_workspace", &contrax::set_keep_loss_workspace, "keep"_a);
+  m.def("keep_loss_workspace", &contrax::keep_loss_workspace);
+  m.def("loss_workspace_bytes", &contrax::loss_workspace_bytes);
+  m.def("release_loss_workspace", &contrax::release_loss_workspace);
 
   // ---- communicators
   py::class_<contrax::Communicator, contrax::CommunicatorPtr>(m, "Communicator",

@@ -222,3 +222,31 @@ def test_memory_path_vocabulary():
     with pytest.warns(UserWarning, match=r"tile_size\(-1\) is deprecated"):
         old = contrax.clip_loss(a0, b0, s, tile_size=-1)
     torch.testing.assert_close(old, contrax.clip_loss(a0, b0, s, path="materialised"), rtol=1e-12, atol=1e-12)
+
+
+def test_kept_loss_workspace():
+    # [3000 x 3000] fp32 logits (34 MB) are above the 32 MiB threshold.
+    g = torch.Generator().manual_seed(7)
+    a, b = torch.randn(3000, 8, generator=g), torch.randn(3000, 8, generator=g)
+    scale = torch.tensor(2.0)
+
+    def once():
+        x, y = a.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        loss = contrax.clip_loss(x, y, scale, path="materialised")
+        loss.backward()
+        return loss.detach(), x.grad
+
+    contrax.release_loss_workspace()
+    contrax.set_keep_loss_workspace(True)
+    first = once()
+    assert contrax.loss_workspace_bytes() == 3000 * 3000 * 4
+    second = once()
+    contrax.set_keep_loss_workspace(False)
+    assert contrax.loss_workspace_bytes() == 0
+    third = once()
+    assert contrax.loss_workspace_bytes() == 0
+    contrax.set_keep_loss_workspace(True)
+    for x, y, z in zip(first, second, third):
+        assert torch.equal(x, y) and torch.equal(x, z)
+    contrax.release_loss_workspace()
+    assert contrax.loss_workspace_bytes() == 0
