@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -223,10 +222,7 @@ Workspace& thread_workspace() {
 }
 
 std::atomic<bool>& keep_workspace_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("CONTRAX_KEEP_WORKSPACE");
-    return !(v && std::string(v) == "0");
-  }()};
+  static std::atomic<bool> on{env_on("CONTRAX_KEEP_WORKSPACE")};
   return on;
 }
 
@@ -855,25 +851,14 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
   }
 
   // The entries of a [2B] global-order vector ([z1_all rows; z2_all rows]) for
-  // the columns of `owner`'s block: all of it for the gathered Z, else
-  // [v[off_s : off_s + b_s]; v[B + off_s : B + off_s + b_s]].
-  static torch::Tensor block_cols(const TiledPlan& plan, int64_t owner, const torch::Tensor& v /* [2B] */) {
+  // the columns of a block: all of it for the gathered Z; for the ring block
+  // [z1_s; z2_s] of 2 b_s rows starting at key row col0 = 2 off_s (the plan
+  // counts two key rows per example), [v[off_s : off_s + b_s]; v[B + off_s : ...]].
+  static torch::Tensor block_cols(const TiledPlan& plan, int64_t col0, const torch::Tensor& block,
+                                  const torch::Tensor& v /* [2B] */) {
     if (!plan.ring || !v.defined()) return v;
-    const auto& L = plan.layout;
-    int64_t off = 0;
-    for (int64_t s = 0; s < owner; ++s) off += L.counts[s];
-    const int64_t bs = L.counts[owner];
-    return torch::cat({v.narrow(0, off, bs), v.narrow(0, L.total + off, bs)});
-  }
-
-  // Calls fn(owner, block) for the gathered Z, or for every ring block.
-  static void for_each_block(const TiledPlan& plan, const torch::Tensor& keys,
-                             const std::function<void(int64_t, const torch::Tensor&)>& fn) {
-    const auto& L = plan.layout;
-    if (!plan.ring) return fn(L.rank, keys);
-    auto counts = L.counts;
-    for (auto& c : counts) c *= 2;
-    ring_for_each_block(L.comm, counts, keys, fn);
+    const int64_t off = col0 / 2, bs = block.size(0) / 2;
+    return torch::cat({v.narrow(0, off, bs), v.narrow(0, plan.layout.total + off, bs)});
   }
 
   static void for_each_tile(int64_t b, int64_t n_cols, int64_t tile,
@@ -894,7 +879,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     const int64_t b2 = z.size(0), b = b2 / 2, B = L.total;
     auto zs = z * plan->inv_temperature;  // [2b, d]
     auto lse = torch::full({b2}, -kInf, zs.options());
-    for_each_block(*plan, keys, [&](int64_t owner, const torch::Tensor& block) {
+    for_each_key_block(*plan, keys, [&](int64_t owner, int64_t, const torch::Tensor& block) {
       const auto dg = diagonals(*plan, owner);
       for_each_tile(b, block.size(0), plan->tile, [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t v) {
         auto t = torch::mm(zs.narrow(0, r0, R), block.narrow(0, c0, C).t());  // [R, C]
@@ -931,10 +916,10 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     const auto w = nt_weights(*plan, grads[0], z.scalar_type());
     auto zs = z * plan->inv_temperature;
     auto A = torch::zeros_like(z);  // [2b, d]
-    for_each_block(*plan, keys, [&](int64_t owner, const torch::Tensor& block) {
+    for_each_key_block(*plan, keys, [&](int64_t owner, int64_t col0, const torch::Tensor& block) {
       const auto dg = diagonals(*plan, owner);
-      const auto lse_cols = block_cols(*plan, owner, lse_all);
-      const auto w_cols = block_cols(*plan, owner, w.all);
+      const auto lse_cols = block_cols(*plan, col0, block, lse_all);
+      const auto w_cols = block_cols(*plan, col0, block, w.all);
       for_each_tile(b, block.size(0), plan->tile, [&](int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t v) {
         auto zt = block.narrow(0, c0, C);
         auto t = torch::mm(zs.narrow(0, r0, R), zt.t());  // [R, C], then in place G
@@ -1042,6 +1027,7 @@ torch::Tensor tiled_nt_xent_block_loss(const torch::Tensor& z, const torch::Tens
   plan->inv_temperature = inv_temperature;
   plan->tile = tile;
   plan->ring = ring && layout.world > 1;
+  plan->spec.group = 2;  // key rows per example (its two views): a ring block is [z1_s; z2_s]
   return TiledNtXentBlock::apply(z, plan->ring ? z.detach() : keys, plan);
 }
 

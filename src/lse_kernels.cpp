@@ -65,12 +65,6 @@ const kernels::Kernels<T>& kernels_for() {
   return active().table.load(std::memory_order_relaxed)->of<T>();
 }
 
-// A switch that starts on unless the environment variable `name` is "0".
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> on{env_on("CONTRAX_FUSED_KERNELS")};
   return on;
@@ -308,6 +302,11 @@ void scale_rows_plus_cols_(torch::Tensor& t, const torch::Tensor& a, const torch
       k.scale(x + r0 * ld, r1 - r0, C, ld, ptr<scalar_t>(av) + r0, ptr<scalar_t>(bv));
     });
   });
+}
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::strcmp(v, "0") == 0);
 }
 
 bool bounded_shift_enabled() { return bounded_flag().load(std::memory_order_relaxed); }

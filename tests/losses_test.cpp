@@ -12,7 +12,6 @@
 #include "contrax/memory.h"
 #include "contrax/plan.h"
 #include "contrax/reference.h"
-#include "contrax/tiled.h"
 #include "contrax/verify.h"
 #include "support/errors.h"
 #include "support/ranks.h"
@@ -457,53 +456,36 @@ TEST(LossPlan, BytesMatchTheCommunicatorsCounters) {
   const int64_t W = 2, b = 5, d = 8;
   const int64_t g = 3;  // grouped: the positive and two hard negatives per query
   for (const std::string loss : {"clip", "infonce", "grouped", "nt_xent", "moco_v3"}) {
-    auto plan = plan_loss(PlanOptions().loss(loss).group(loss == "grouped" ? g : 1).batch(W * b).width(d).world(W)
-                              .dtype(torch::kDouble));
-    EXPECT_EQ(plan.chosen, "materialised");
-    const auto& mat = plan.paths[0];
-    run_ranks(W, [&](const CommunicatorPtr& comm) {
-      auto x = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
-      auto y = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
-      auto ls = torch::tensor(0.3, torch::kDouble);
-      comm->reset_stats();
-      torch::Tensor l = loss == "clip"      ? clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().comm(comm))
-                        : loss == "infonce" ? clip_loss(x, y, ls, c10::nullopt,
-                                                        ClipLossOptions().symmetric(false).comm(comm))
-                        : loss == "grouped" ? grouped_loss(x, torch::randn({b * g, d}, torch::kDouble)
-                                                                     .requires_grad_(true),
-                                                           ls, c10::nullopt, GroupedLossOptions().comm(comm))
-                        : loss == "nt_xent" ? nt_xent_loss(x, y, NTXentLossOptions().comm(comm))
-                                            : moco_v3_loss(x, y, y, x, MocoV3LossOptions().comm(comm));
-      auto s = comm->stats();
-      EXPECT_EQ(s.total_bytes_sent() - s.op("metadata").bytes_sent, mat.bytes_sent_forward) << loss;
-      comm->reset_stats();
-      l.backward();
-      EXPECT_EQ(comm->stats().total_bytes_sent(), mat.bytes_sent_backward) << loss;
-    });
-    // The ring: blocks of rows travel instead of one gather.
-    auto ring_plan = plan_loss(PlanOptions().loss(loss).group(loss == "grouped" ? g : 1).batch(W * b).width(d)
-                                   .world(W).dtype(torch::kDouble).tile_size(2).ring(true));
-    EXPECT_EQ(ring_plan.chosen, "ring");
-    const auto& ring = ring_plan.paths[2];
-    run_ranks(W, [&](const CommunicatorPtr& comm) {
-      auto x = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
-      auto y = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
-      auto ls = torch::tensor(0.3, torch::kDouble);
-      const auto t = TiledOptions().tile_size(2).ring(true);
-      comm->reset_stats();
-      torch::Tensor l =
-          loss == "clip"      ? tiled_clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().comm(comm), t)
-          : loss == "infonce" ? tiled_clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().symmetric(false).comm(comm), t)
-          : loss == "grouped" ? grouped_loss(x, torch::randn({b * g, d}, torch::kDouble).requires_grad_(true), ls,
-                                             c10::nullopt, GroupedLossOptions().comm(comm).tile_size(2).ring(true))
-          : loss == "nt_xent" ? tiled_nt_xent_loss(x, y, NTXentLossOptions().comm(comm), t)
-                              : tiled_moco_v3_loss(x, y, y, x, MocoV3LossOptions().comm(comm), t);
-      auto s = comm->stats();
-      EXPECT_EQ(s.total_bytes_sent() - s.op("metadata").bytes_sent, ring.bytes_sent_forward) << loss << " (ring)";
-      comm->reset_stats();
-      l.backward();
-      EXPECT_EQ(comm->stats().total_bytes_sent(), ring.bytes_sent_backward) << loss << " (ring)";
-    });
+    // Materialised, then the ring (blocks of rows travel instead of one gather).
+    for (bool ring : {false, true}) {
+      const int64_t tile = ring ? 2 : 0;
+      auto plan = plan_loss(PlanOptions().loss(loss).group(loss == "grouped" ? g : 1).batch(W * b).width(d).world(W)
+                                .dtype(torch::kDouble).tile_size(tile).ring(ring));
+      EXPECT_EQ(plan.chosen, ring ? "ring" : "materialised");
+      const auto& path = plan.paths[ring ? 2 : 0];
+      const std::string what = loss + (ring ? " (ring)" : "");
+      run_ranks(W, [&](const CommunicatorPtr& comm) {
+        auto x = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+        auto y = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
+        auto ls = torch::tensor(0.3, torch::kDouble);
+        comm->reset_stats();
+        torch::Tensor l =
+            loss == "clip" ? clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().comm(comm).tile_size(tile).ring(ring))
+            : loss == "infonce"
+                ? clip_loss(x, y, ls, c10::nullopt,
+                            ClipLossOptions().symmetric(false).comm(comm).tile_size(tile).ring(ring))
+            : loss == "grouped"
+                ? grouped_loss(x, torch::randn({b * g, d}, torch::kDouble).requires_grad_(true), ls, c10::nullopt,
+                               GroupedLossOptions().comm(comm).tile_size(tile).ring(ring))
+            : loss == "nt_xent" ? nt_xent_loss(x, y, NTXentLossOptions().comm(comm).tile_size(tile).ring(ring))
+                                : moco_v3_loss(x, y, y, x, MocoV3LossOptions().comm(comm).tile_size(tile).ring(ring));
+        auto s = comm->stats();
+        EXPECT_EQ(s.total_bytes_sent() - s.op("metadata").bytes_sent, path.bytes_sent_forward) << what;
+        comm->reset_stats();
+        l.backward();
+        EXPECT_EQ(comm->stats().total_bytes_sent(), path.bytes_sent_backward) << what;
+      });
+    }
   }
 }
 

@@ -70,6 +70,9 @@ torch::Tensor exp_rows_(torch::Tensor& t /* [R, C] */, double shift, const torch
 void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a /* [R] */,
                            const torch::Tensor& b /* [C] */);
 
+/// The engine's switches start on unless their environment variable is "0".
+bool env_on(const char* name);
+
 /// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
 /// apply (default true; the CONTRAX_FUSED_KERNELS=0 environment variable turns
 /// them off at start). Tests switch them off to check both paths agree.
