@@ -1,6 +1,8 @@
 #!/bin/sh
-# Training throughput side by side: `contrax train` (as shipped, and with
-# glibc's default heap trimming for comparison) against the plain PyTorch DDP
+# Training throughput side by side: `contrax train` (as shipped; with
+# glibc's default heap trimming; and with CONTRAX_FUSED_ENCODER=0, torch's
+# modules in the default layout instead of the fused channels-last encoder,
+# for comparison) against the plain PyTorch DDP
 # program ../shared/peers/simclr_torch_ddp.py run as its users run it (no
 # tunables). Same recipe (contrax's `--recipe-variant peer`: the 32-64-128
 # encoder, crop scale 0.2-1, temperature 0.2, which the peer implements; the
@@ -33,6 +35,10 @@ while [ "$i" -lt "$REPEATS" ]; do
     eps=\$(GLIBC_TUNABLES=glibc.malloc.trim_threshold=131072 '$CONTRAX' train --recipe-variant peer --max-steps $STEPS --data '$DATA' --run-dir trim$i --no-eval --no-verify --no-plot --json 2>/dev/null |
       '$PY' -c 'import json,sys; print(\"%.1f\" % json.load(sys.stdin)[\"examples_per_s\"])') &&
     echo \"contrax-glibc-default-trim round $i load \$l examples_per_s \$eps\""
+  flock "$LOCK" sh -c "cd '$WORK' && l=\$(uptime | sed 's/.*load average: //') &&
+    eps=\$(CONTRAX_FUSED_ENCODER=0 '$CONTRAX' train --recipe-variant peer --max-steps $STEPS --data '$DATA' --run-dir unfused$i --no-eval --no-verify --no-plot --json 2>/dev/null |
+      '$PY' -c 'import json,sys; print(\"%.1f\" % json.load(sys.stdin)[\"examples_per_s\"])') &&
+    echo \"contrax-unfused-encoder round $i load \$l examples_per_s \$eps\""
   flock "$LOCK" sh -c "cd '$WORK' && l=\$(uptime | sed 's/.*load average: //') &&
     eps=\$('$PY' -m torch.distributed.run --redirects 9:3 --tee 9:3 --nproc_per_node 2 '$PEER' --data '$DATA' --max-steps $STEPS --no-eval --json 2>/dev/null |
       grep '^{' | '$PY' -c 'import json,sys; print(\"%.1f\" % json.loads(sys.stdin.readline())[\"examples_per_s\"])') &&

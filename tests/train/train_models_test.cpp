@@ -5,10 +5,12 @@
 #include <chrono>
 #include <ctime>
 #include <cmath>
+#include <cstdlib>
 
 #include "contrax/losses.h"
 #include "contrax/train/models.h"
 #include "contrax/train/schedule.h"
+#include "support/ranks.h"
 
 namespace ct = contrax::train;
 
@@ -205,4 +207,148 @@ TEST(Schedule, WarmupThenCosine) {
   EXPECT_NE(error_of([&] { ct::set_learning_rate(adamw, -1); })
                 .find("set_learning_rate(): argument 'lr' must be >= 0, but got -1"),
             std::string::npos);
+}
+
+namespace {
+// relu(group_norm(x)) with torch's modules: the reference of group_norm_relu().
+torch::Tensor reference_gn_relu(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, int64_t g) {
+  return torch::relu(torch::group_norm(x, g, w, b, 1e-5));
+}
+}  // namespace
+
+TEST(GroupNormReLU, MatchesTorchsPairInBothLayoutsAndWithABroadcastGradient) {
+  torch::manual_seed(11);
+  const auto f64 = torch::kDouble;
+  for (const int64_t groups : {1, 2, 8}) {
+    for (const bool channels_last : {false, true}) {
+      auto x = torch::randn({3, 8, 5, 4}, f64);
+      if (channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      auto w = torch::rand({8}, f64).add(0.5), b = torch::randn({8}, f64).mul(0.3);
+      auto up = torch::randn({3, 8, 5, 4}, f64);
+      std::vector<torch::Tensor> got, want;
+      for (const bool fused : {true, false}) {
+        auto xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_(), br = b.clone().requires_grad_();
+        auto y = fused ? ct::group_norm_relu(xr, wr, br, groups) : reference_gn_relu(xr, wr, br, groups);
+        if (fused) EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+        // An elementwise upstream gradient, then one broadcast over H and W
+        // (the backward of a sum over the map, the encoder's pooling).
+        (y * up).sum().backward(torch::Tensor(), /*retain_graph=*/true);
+        auto& out = fused ? got : want;
+        out = {y.detach(), xr.grad().clone(), wr.grad().clone(), br.grad().clone()};
+        xr.grad().zero_(), wr.grad().zero_(), br.grad().zero_();
+        (y.sum({2, 3}) * up.select(3, 0).select(2, 0)).sum().backward();
+        for (auto* t : {&xr, &wr, &br}) out.push_back(t->grad().clone());
+      }
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_LT(contrax::testing::rel_err(got[i], want[i]), 1e-12) << "groups " << groups << " cl " << channels_last
+                                                                       << " tensor " << i;
+      }
+    }
+  }
+  // fp32 against torch's fp32 pair, and an empty batch.
+  auto x = torch::randn({4, 16, 7, 7}), w = torch::rand({16}), b = torch::randn({16});
+  EXPECT_LT(contrax::testing::rel_err(ct::group_norm_relu(x, w, b, 4), reference_gn_relu(x, w, b, 4)), 1e-5);
+  auto empty = torch::zeros({0, 16, 7, 7}, torch::requires_grad());
+  auto wr = w.clone().requires_grad_();
+  ct::group_norm_relu(empty, wr, b, 4).sum().backward();
+  EXPECT_EQ(empty.grad().sizes(), empty.sizes());
+  EXPECT_TRUE(torch::equal(wr.grad(), torch::zeros_like(w)));
+}
+
+TEST(GroupNormReLU, BackwardMatchesFiniteDifferences) {
+  torch::manual_seed(12);
+  const auto f64 = torch::kDouble;
+  auto x = torch::randn({2, 4, 3, 3}, f64).requires_grad_();
+  auto w = torch::rand({4}, f64).add(0.5).requires_grad_(), b = torch::randn({4}, f64).mul(0.3).requires_grad_();
+  const auto f = [](const std::vector<torch::Tensor>& in) { return ct::group_norm_relu(in[0], in[1], in[2], 2); };
+  EXPECT_LT(contrax::testing::finite_difference_error(f, {x, w, b}), 1e-7);
+  // Through the pooling's broadcast gradient.
+  const auto pooled = [](const std::vector<torch::Tensor>& in) {
+    return ct::group_norm_relu(in[0], in[1], in[2], 4).sum({2, 3});
+  };
+  EXPECT_LT(contrax::testing::finite_difference_error(pooled, {x, w, b}), 1e-7);
+}
+
+TEST(GroupNormReLU, ErrorsNameTheArgument) {
+  auto x = torch::randn({2, 4, 3, 3}), w = torch::ones({4}), b = torch::zeros({4});
+  EXPECT_NE(error_of([&] { ct::group_norm_relu(x.flatten(2), w, b, 2); })
+                .find("group_norm_relu(): argument 'x' must be 4-D [N, C, H, W], but got [2, 4, 9]"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::group_norm_relu(x.to(torch::kHalf), w, b, 2); })
+                .find("group_norm_relu(): argument 'x' must be float or double, but is Half"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::group_norm_relu(x, w, b, 3); })
+                .find("group_norm_relu(): argument 'groups' must divide the 4 channels of 'x', but got 3"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::group_norm_relu(x, w, b, 2, 0.0); })
+                .find("group_norm_relu(): argument 'eps' must be > 0, but got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::group_norm_relu(x, torch::ones({3}), b, 2); })
+                .find("group_norm_relu(): argument 'weight' must be [4] of Float on cpu, but got [3] of Float on cpu"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ct::group_norm_relu(x, w, b.to(torch::kDouble), 2); })
+                .find("group_norm_relu(): argument 'bias' must be [4] of Float on cpu, but got [4] of Double on cpu"),
+            std::string::npos);
+  auto xr = x.clone().requires_grad_();
+  auto y = ct::group_norm_relu(xr, w, b, 2).pow(2).sum();
+  EXPECT_NE(error_of([&] { torch::autograd::grad({y}, {xr}, {}, /*retain_graph=*/true, /*create_graph=*/true); })
+                .find("group_norm_relu(): double backward (create_graph=true) is not supported"),
+            std::string::npos);
+}
+
+TEST(Models, FusedEncoderPathEqualsTorchsModules) {
+  // The fused CPU path (channels-last convs + group_norm_relu + the pooling's
+  // broadcast gradient) computes the same function and gradients as the
+  // Sequential of torch modules: to rounding in fp64, for the default encoder,
+  // two convs per stage and a pooling grid.
+  for (const auto& base : {ct::EncoderOptions(), ct::EncoderOptions().channels({8, 16}).strides({1, 2}).groups(4)
+                                                      .convs_per_stage(2).pool_grid(2)}) {
+    torch::manual_seed(13);
+    ct::Encoder fused(base);
+    ct::Encoder plain(ct::EncoderOptions(base).fused_cpu(false));
+    ASSERT_TRUE(fused->fused_on_cpu());
+    ASSERT_FALSE(plain->fused_on_cpu());
+    fused->to(torch::kDouble);
+    plain->to(torch::kDouble);
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < fused->parameters().size(); ++i) plain->parameters()[i].copy_(fused->parameters()[i]);
+    }
+    auto x = torch::randn({5, 1, 28, 28}, torch::kDouble);
+    auto up = torch::randn({5, fused->output_dim()}, torch::kDouble);
+    auto hf = fused(x), hp = plain(x);
+    EXPECT_LT(contrax::testing::rel_err(hf, hp), 1e-12);
+    (hf * up).sum().backward();
+    (hp * up).sum().backward();
+    for (size_t i = 0; i < fused->parameters().size(); ++i) {
+      const auto p = fused->parameters()[i];
+      EXPECT_LT(contrax::testing::rel_err(p.grad(), plain->parameters()[i].grad()), 1e-10) << "parameter " << i;
+      // Every gradient has its parameter's strides (c10d's Reducer checks
+      // them), also the first conv's [C, 1, 3, 3] (see the Encoder's hook).
+      EXPECT_EQ(p.grad().strides(), p.strides()) << "parameter " << i;
+    }
+  }
+  // fp32, the training dtype: equal to float rounding.
+  torch::manual_seed(14);
+  ct::Encoder fused(ct::EncoderOptions{});
+  ct::Encoder plain(ct::EncoderOptions().fused_cpu(false));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < fused->parameters().size(); ++i) plain->parameters()[i].copy_(fused->parameters()[i]);
+  }
+  auto x = torch::randn({8, 1, 28, 28});
+  auto hf = fused(x);
+  EXPECT_LT(contrax::testing::rel_err(hf, plain(x)), 1e-5);
+  // oneDNN's channels-last backward (fp32 only) returns each weight's
+  // gradient channels-last; accumulated, every gradient has its parameter's
+  // strides (c10d's Reducer checks them), also the first conv's [32, 1, 3, 3]
+  // (see the Encoder's hook).
+  hf.sum().backward();
+  for (const auto& p : fused->parameters()) EXPECT_EQ(p.grad().strides(), p.strides()) << p.sizes();
+  // CONTRAX_FUSED_ENCODER=0 turns the path off for encoders built after it.
+  setenv("CONTRAX_FUSED_ENCODER", "0", 1);
+  EXPECT_FALSE(ct::Encoder(ct::EncoderOptions{})->fused_on_cpu());
+  unsetenv("CONTRAX_FUSED_ENCODER");
+  EXPECT_TRUE(ct::Encoder(ct::EncoderOptions{})->fused_on_cpu());
+  EXPECT_FALSE(ct::Encoder(ct::EncoderOptions().norm("none"))->fused_on_cpu());
 }

@@ -45,6 +45,12 @@ struct EncoderOptions {
   /// representation keeps where in the image a feature was
   /// (channels.back() * g * g dimensions).
   TORCH_ARG(int64_t, pool_grid) = 1;
+  /// On the CPU (float or double, norm "group"): convolutions in the
+  /// channels-last layout and each GroupNorm + ReLU as one fused kernel
+  /// (group_norm_relu()), the same function computed in less time (see
+  /// docs/benchmarks.md). Elsewhere, or false, or with the environment
+  /// variable CONTRAX_FUSED_ENCODER=0: torch's modules in their default layout.
+  TORCH_ARG(bool, fused_cpu) = true;
 };
 
 /// CNN encoder: per stage conv3x3 -> norm -> ReLU (`convs_per_stage` times,
@@ -59,13 +65,30 @@ class EncoderImpl : public torch::nn::Module {
   /// x: [b, C, H, W] -> [b, output_dim()]
   torch::Tensor forward(const torch::Tensor& x);
   int64_t output_dim() const { return options.channels().back() * options.pool_grid() * options.pool_grid(); }
+  /// Whether a CPU float or double input takes the fused path (fused_cpu()
+  /// and norm "group", unless CONTRAX_FUSED_ENCODER=0 was set at construction).
+  bool fused_on_cpu() const { return fused_; }
   EncoderOptions options;
 
  private:
+  torch::Tensor fused_features(const torch::Tensor& x);
   torch::nn::Sequential features_{nullptr};
+  std::vector<torch::nn::Conv2d> convs_;        // the convs and norms inside features_,
+  std::vector<torch::nn::GroupNorm> norms_;     // for the fused path
+  bool fused_ = false;
   torch::nn::Dropout dropout_{nullptr};
 };
 TORCH_MODULE(Encoder);
+
+/// relu(group_norm(x, groups, weight, bias, eps)) as one autograd function on
+/// the CPU (float or double), computed per example in the channels-last layout
+/// (the output is channels-last). It keeps only x and two numbers per group
+/// for its backward, where torch's pair keeps x and the output; its backward
+/// is two passes over x and dy instead of three, and takes a gradient that is
+/// broadcast over H and W (the backward of a sum over the map) without
+/// expanding it. Derivation in src/train/group_norm_relu.cpp.
+torch::Tensor group_norm_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                              int64_t groups, double eps = 1e-5);
 
 /// Options for `MLPHead`. Defaults: 2 layers, hidden 256, output 128, no norm.
 struct MLPHeadOptions {
