@@ -59,6 +59,18 @@ struct Shape {
 #endif
 #define CONTRAX_INLINE inline __attribute__((always_inline))
 
+// Per-channel scale and shift of one example: z = a_c x + b_c.
+template <typename T>
+CONTRAX_INLINE void scale_shift(const T* gamma, const T* beta, const Shape& s, const T* mean, const T* rstd, T* a,
+                                T* b) {
+  for (int64_t g = 0; g < s.G; ++g) {
+    for (int64_t c = g * s.cg; c < (g + 1) * s.cg; ++c) {
+      a[c] = gamma[c] * rstd[g];
+      b[c] = beta[c] - mean[g] * a[c];
+    }
+  }
+}
+
 // One example's forward. x, y: [HW, C]; mean, rstd: [G]; w: 3C scratch.
 template <typename T>
 CONTRAX_INLINE void forward_example(const T* x, T* y, const T* gamma, const T* beta, const Shape& s, double eps, T* mean,
@@ -94,11 +106,8 @@ CONTRAX_INLINE void forward_example(const T* x, T* y, const T* gamma, const T* b
     T t = 0;
     for (int64_t c = g * s.cg; c < (g + 1) * s.cg; ++c) t += acc[c];
     rstd[g] = static_cast<T>(1.0 / std::sqrt(static_cast<double>(t * inv_m) + eps));
-    for (int64_t c = g * s.cg; c < (g + 1) * s.cg; ++c) {
-      a[c] = gamma[c] * rstd[g];
-      b[c] = beta[c] - mean[g] * a[c];
-    }
   }
+  scale_shift(gamma, beta, s, mean, rstd, a, b);
   for (int64_t p = 0; p < s.HW; ++p) {
     const T* __restrict__ xp = x + p * C;
     T* __restrict__ yp = y + p * C;
@@ -122,12 +131,7 @@ CONTRAX_INLINE void backward_example(const T* x, const T* dy, T* dx, const T* ga
   T* c1 = w + 2 * C;
   T* c2 = w + 3 * C;
   T* c3 = w + 4 * C;
-  for (int64_t g = 0; g < s.G; ++g) {
-    for (int64_t c = g * s.cg; c < (g + 1) * s.cg; ++c) {
-      a[c] = gamma[c] * rstd[g];
-      b[c] = beta[c] - mean[g] * a[c];
-    }
-  }
+  scale_shift(gamma, beta, s, mean, rstd, a, b);
   std::fill(s1, s1 + C, T(0));
   std::fill(s2, s2 + C, T(0));
   for (int64_t p = 0; p < s.HW; ++p) {

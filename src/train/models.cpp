@@ -2,10 +2,8 @@
 // normalisation is per example).
 #include "contrax/train/models.h"
 
+#include "contrax/detail/lse_kernels.h"
 #include "contrax/losses.h"
-
-#include <cstdlib>
-#include <string>
 
 namespace contrax {
 namespace train {
@@ -52,8 +50,7 @@ EncoderImpl::EncoderImpl(EncoderOptions options_) : options(std::move(options_))
   }
   features_ = register_module("features", seq);
   dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout()));
-  const char* env = std::getenv("CONTRAX_FUSED_ENCODER");
-  fused_ = options.fused_cpu() && options.norm() == "group" && !(env != nullptr && std::string(env) == "0");
+  fused_ = options.fused_cpu() && options.norm() == "group" && detail::env_on("CONTRAX_FUSED_ENCODER");
   if (fused_) {
     // A channels-last convolution returns its weight's gradient in that
     // layout. Autograd gives an accumulated gradient the parameter's strides

@@ -70,7 +70,8 @@ torch::Tensor exp_rows_(torch::Tensor& t /* [R, C] */, double shift, const torch
 void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a /* [R] */,
                            const torch::Tensor& b /* [C] */);
 
-/// The engine's switches start on unless their environment variable is "0".
+/// Switches that start on unless their environment variable is "0" (the
+/// engine's; the trainer's fused encoder, CONTRAX_FUSED_ENCODER).
 bool env_on(const char* name);
 
 /// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
