@@ -55,7 +55,8 @@ void setup_app(CLI::App& app) {
   app.set_help_flag("-h,--help", "print this help and exit")->configurable(false);
   app.set_version_flag("--version", version_string, "print the version, LibTorch and BLAS and exit");
   app.set_config("--config", "", "read flags from this TOML or INI file (see --dump-config); flags given too win");
-  app.add_flag("--dump-config", "print every setting as a TOML file for --config and exit")->configurable(false);
+  // (description set apart: with C++20 LibTorch, CLI11 2.3 finds add_flag(name, text) ambiguous)
+  app.add_flag("--dump-config")->description("print every setting as a TOML file for --config and exit")->configurable(false);
   app.get_formatter()->column_width(34);
 }
 

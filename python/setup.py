@@ -2,7 +2,10 @@
 
 The extension links the C++ library statically, and LibTorch and
 libtorch_python dynamically from the torch that the running interpreter
-imports, so the result matches the installed torch (1.13 or 2.x) exactly.
+imports (PyPI's, through torch.utils.cmake_prefix_path, or Debian's), so the
+result matches the installed torch exactly. The torch version and C++ ABI it
+was built against are recorded in contrax/_build_info.py, which `import
+contrax` checks before it loads the extension.
 
 Environment:
   CONTRAX_CMAKE_BUILD_DIR  reuse this existing CMake build of the checkout
@@ -44,11 +47,22 @@ class CMakeBuild(build_ext):
         else:
             build_dir = os.path.abspath(os.path.join(self.build_temp, "cmake"))
             os.makedirs(build_dir, exist_ok=True)
-            subprocess.check_call([
-                "cmake", "-S", SOURCE_ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-                "-DCONTRAX_BUILD_TESTS=OFF", "-DCONTRAX_BUILD_PYTHON=ON",
-                "-DPython3_EXECUTABLE=" + sys.executable,
-            ])
+            import torch.utils  # the torch this interpreter imports (no build isolation)
+
+            # PyPI's CUDA wheels' CMake package needs nvcc; Gloo's headers are not in the wheel.
+            if shutil.which("nvcc") is None and os.path.exists("/usr/local/cuda/bin/nvcc"):
+                os.environ["PATH"] = "/usr/local/cuda/bin" + os.pathsep + os.environ.get("PATH", "")
+            torch_include = os.path.join(os.path.dirname(torch.utils.__file__), "..", "include")
+            if not os.path.exists(os.path.join(torch_include, "gloo")):
+                subprocess.check_call(["bash", os.path.join(SOURCE_ROOT, "tools", "gloo_headers.sh")],
+                                      stdout=subprocess.DEVNULL)
+            args = ["cmake", "-S", SOURCE_ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DCONTRAX_BUILD_TESTS=OFF", "-DCONTRAX_BUILD_PYTHON=ON",
+                    "-DCMAKE_PREFIX_PATH=" + torch.utils.cmake_prefix_path,
+                    "-DPython3_EXECUTABLE=" + sys.executable]
+            if shutil.which("ccache"):
+                args.append("-DCMAKE_CXX_COMPILER_LAUNCHER=ccache")
+            subprocess.check_call(args)
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
         subprocess.check_call(["cmake", "--build", build_dir, "--target", "contrax_python", "-j", jobs])
         built = os.path.join(build_dir, "python", "contrax")
@@ -58,6 +72,8 @@ class CMakeBuild(build_ext):
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(built, candidates[0]), target)
+        # What the extension was built against, checked at import.
+        shutil.copyfile(os.path.join(built, "_build_info.py"), os.path.join(os.path.dirname(target), "_build_info.py"))
 
 
 setup(ext_modules=[CMakeExtension("contrax._contrax")], cmdclass={"build_ext": CMakeBuild})

@@ -1,12 +1,14 @@
 // The only translation unit that builds c10d process groups and calls their
-// collectives. When c10d's API moves in a new LibTorch release, this file (and
-// the data-parallel reducer) is what adapts.
+// collectives. When c10d's API moves in a new LibTorch release, this file is
+// what adapts: every difference between the supported releases (LibTorch 2.6
+// up to the newest) is here, named by the release that brought it.
 #include "contrax/communicator.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <torch/version.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #ifdef USE_C10D_NCCL
@@ -19,15 +21,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
-// LibTorch 2.0 split c10d's process groups in two: a backend (Gloo, NCCL,
-// MPI) is a c10d::Backend, and the c10d::ProcessGroup that collectives are
-// called on wraps one backend per device type. 1.x backends are ProcessGroups.
-#if TORCH_VERSION_MAJOR >= 2
-#define CONTRAX_C10D_BACKENDS 1
-#endif
-
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -46,58 +40,6 @@
 #include "contrax/detail/c10d.h"
 #include "contrax/failure.h"
 #include "contrax/launcher.h"
-
-// ---- the store's listening address ----------------------------------------
-// LibTorch 1.13's TCPStore server listens on every interface ([::] and
-// 0.0.0.0) and takes no address. Where the options have no way to say
-// otherwise, the rank-0 communicator makes the one bind() its own thread
-// issues while constructing the store go to MASTER_ADDR instead: this
-// definition interposes libc's bind (an executable's symbol wins over
-// libc's), and does nothing unless this thread is inside that constructor
-// (t_store_bind set), so Gloo's and everyone else's sockets are untouched.
-// LibTorch 2.x takes a listening descriptor (TCPStoreOptions::masterListenFd)
-// and needs none of this.
-#if TORCH_VERSION_MAJOR < 2
-namespace {
-thread_local const sockaddr_storage* t_store_bind = nullptr;
-
-bool is_wildcard(const sockaddr* a) {
-  if (a->sa_family == AF_INET) {
-    return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr == htonl(INADDR_ANY);
-  }
-  if (a->sa_family == AF_INET6) {
-    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
-  }
-  return false;
-}
-}  // namespace
-
-extern "C" int bind(int fd, const struct sockaddr* addr, socklen_t len) {
-  using BindFn = int (*)(int, const struct sockaddr*, socklen_t);
-  static BindFn real_bind = reinterpret_cast<BindFn>(::dlsym(RTLD_NEXT, "bind"));
-  if (real_bind == nullptr) {
-    errno = ENOSYS;
-    return -1;
-  }
-  const sockaddr_storage* target = t_store_bind;
-  if (target == nullptr || addr == nullptr || !is_wildcard(addr)) return real_bind(fd, addr, len);
-  if (addr->sa_family != target->ss_family) {
-    // The other family's wildcard socket must not listen at all.
-    errno = EADDRNOTAVAIL;
-    return -1;
-  }
-  sockaddr_storage a = *target;
-  socklen_t alen;
-  if (a.ss_family == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&a)->sin_port = reinterpret_cast<const sockaddr_in*>(addr)->sin_port;
-    alen = sizeof(sockaddr_in);
-  } else {
-    reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = reinterpret_cast<const sockaddr_in6*>(addr)->sin6_port;
-    alen = sizeof(sockaddr_in6);
-  }
-  return real_bind(fd, reinterpret_cast<const sockaddr*>(&a), alen);
-}
-#endif
 
 namespace contrax {
 
@@ -151,9 +93,11 @@ std::string diagnose_peers(const detail::CommunicatorImpl& impl, const std::stri
       std::chrono::milliseconds(3000), std::max<std::chrono::milliseconds>(impl.timeout / 2, std::chrono::milliseconds(500)));
   auto store = impl.store;
   const int64_t rank = impl.rank, world = impl.world_size;
+  const bool external = impl.external_store;
+  const std::string silent_host = "rank 0, which hosts the rendezvous store, did not answer (hung, stopped or dead)";
   auto result = std::make_shared<std::promise<std::string>>();
   auto future = result->get_future();
-  std::thread([store, rank, world, what, window, result] {
+  std::thread([store, rank, world, what, window, result, external, silent_host] {
     try {
       store->set("contrax/failed/" + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
       const auto deadline = std::chrono::steady_clock::now() + window;
@@ -173,12 +117,11 @@ std::string diagnose_peers(const detail::CommunicatorImpl& impl, const std::stri
                           " did not answer (hung, stopped or dead)");
       }
     } catch (const std::exception&) {
-      result->set_value(rank == 0 ? "the store could not be reached"
-                                  : "rank 0, which hosts the rendezvous store, did not answer (hung, stopped or dead)");
+      result->set_value(rank == 0 || external ? "the store could not be reached" : silent_host);
     }
   }).detach();
   if (future.wait_for(window + std::chrono::milliseconds(1000)) == std::future_status::ready) return future.get();
-  return "rank 0, which hosts the rendezvous store, did not answer (hung, stopped or dead)";
+  return external ? "the rendezvous store (torchrun's agent) did not answer" : silent_host;
 }
 
 // First line of a c10d/Gloo message, without its source-file prefix: the
@@ -323,8 +266,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-#ifdef CONTRAX_C10D_BACKENDS
-// The 2.x ProcessGroup around one backend, which serves CPU tensors and, for
+// The ProcessGroup around one backend, which serves CPU tensors and, for
 // Gloo (which copies through host memory) and NCCL, CUDA tensors too.
 c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
                                                     int64_t world, c10d::ProcessGroup::BackendType type,
@@ -335,17 +277,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10
   group->setBackend(c10::DeviceType::CUDA, type, backend);
   return group;
 }
-#endif
 
-// LibTorch 2.x's TCPStore defaults to a libuv server, which builds without
-// libuv (Debian's 2.6) refuse at run time; the classic server is what 1.x
-// always used. Set where the option exists, whatever the release.
-template <typename O>
-auto use_classic_store_server(O& o, int) -> decltype(o.useLibUV = false, void()) {
-  o.useLibUV = false;
-}
-template <typename O>
-void use_classic_store_server(O&, long) {}
 
 // Rank 0's listening socket for the store on MASTER_ADDR:port. Failing here
 // gives the reason in words (not a local address, port taken) instead of
@@ -388,8 +320,21 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const CommunicatorOptions& o, con
   // deadline and naming the ranks that are missing.
   so.waitWorkers = false;
   so.timeout = timeout;
-  use_classic_store_server(so, 0);  // server and clients alike
+  // TCPStore defaults to a libuv server, which builds without libuv
+  // (Debian's 2.6) refuse at run time, and which not every release lets
+  // adopt a listening descriptor: the classic server, clients alike.
+  so.useLibUV = false;
   const std::string host = numeric_host(master);
+  if (o.external_store()) {
+    so.isServer = false;
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, so);
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " could not reach the rendezvous store of "
+                  "torchrun's agent at MASTER_ADDR ", o.master_addr(), ":", o.master_port(), " within ",
+                  timeout.count(), " ms: ", cause_of(e.what()));
+    }
+  }
   if (o.rank() != 0) {
     try {
       return c10::make_intrusive<c10d::TCPStore>(host, so);
@@ -400,42 +345,9 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const CommunicatorOptions& o, con
                   "ranks): ", cause_of(e.what()));
     }
   }
-  const int fd = listen_on_master(master, o.master_addr(), o.master_port());
-#if TORCH_VERSION_MAJOR >= 2
-  // TCPStore takes over the bound socket (with the classic server set
-  // above: not every 2.x release lets the libuv one adopt a descriptor).
-  so.masterListenFd = fd;
+  // TCPStore takes over the socket bound to MASTER_ADDR (never every interface).
+  so.masterListenFd = listen_on_master(master, o.master_addr(), o.master_port());
   return c10::make_intrusive<c10d::TCPStore>(host, so);
-#else
-  // Checked above that MASTER_ADDR:port can be bound; released here so the
-  // store's own wildcard bind, redirected to the same address, gets it.
-  ::close(fd);
-  struct Redirect {
-    // The refused wildcard bind of the other address family is logged as a
-    // c10d warning; it is expected here, and noise to the user. Debian's
-    // LibTorch logs through glog, others through c10's own logger.
-#ifdef C10_USE_GLOG
-    static int& level() { return FLAGS_minloglevel; }
-#else
-    static int& level() { return FLAGS_caffe2_log_level; }
-#endif
-    explicit Redirect(const sockaddr_storage* a) : saved_level(level()) {
-      t_store_bind = a;
-      level() = std::max(saved_level, 2);
-    }
-    ~Redirect() {
-      t_store_bind = nullptr;
-      level() = saved_level;
-    }
-    int saved_level;
-  } redirect(&master);
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(host, so);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "Communicator::create(): rank 0 could not start the rendezvous store on MASTER_ADDR ",
-                o.master_addr(), ":", o.master_port(), ": ", cause_of(e.what()));
-  }
-#endif
 }
 
 // Every rank announces itself and its world size in the store, and waits
@@ -517,6 +429,23 @@ bool needs_staging(const detail::CommunicatorImpl& impl, const torch::Tensor& t)
   return impl.stage_device.has_value() && !t.is_cuda();
 }
 
+// LibTorch 2.13 renamed ProcessGroup's alltoall_base and _reduce_scatter_base
+// to all_to_all_single and reduce_scatter_single (the old names stay, deprecated).
+constexpr bool kSingleNames = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13);
+
+template <typename PG = c10d::ProcessGroup>
+c10::intrusive_ptr<c10d::Work> all_to_all_single(PG& pg, at::Tensor& out, at::Tensor& in,
+                                                 std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits) {
+  if constexpr (kSingleNames) return pg.all_to_all_single(out, in, out_splits, in_splits);
+  else return pg.alltoall_base(out, in, out_splits, in_splits);
+}
+
+template <typename PG = c10d::ProcessGroup>
+c10::intrusive_ptr<c10d::Work> reduce_scatter_single(PG& pg, at::Tensor& out, at::Tensor& in) {
+  if constexpr (kSingleNames) return pg.reduce_scatter_single(out, in);
+  else return pg._reduce_scatter_base(out, in);
+}
+
 }  // namespace
 
 // Pending ring exchange: the two c10d work items and the receive buffer.
@@ -592,15 +521,11 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
   if (backend == "mpi") {
 #ifdef CONTRAX_HAVE_MPI
     auto mpi = c10d::ProcessGroupMPI::createProcessGroupMPI();
-#ifdef CONTRAX_C10D_BACKENDS
     auto group = c10::make_intrusive<c10d::ProcessGroup>(static_cast<int>(mpi->getRank()),
                                                          static_cast<int>(mpi->getSize()));
     group->setDefaultBackend(c10d::ProcessGroup::BackendType::MPI);
     group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::MPI, mpi);
     impl->group = group;
-#else
-    impl->group = mpi;
-#endif
     impl->backend = "mpi";
     return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 #else
@@ -619,19 +544,22 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
     const sockaddr_storage master = resolve_master(o.master_addr(), o.rank());
     store = make_tcp_store(o, master, o.timeout());
     store->setTimeout(o.timeout());
+    if (!o.store_prefix().empty()) store = c10::make_intrusive<c10d::PrefixStore>(o.store_prefix(), store);
     try {
       rendezvous(*store, o.rank(), o.world_size(), deadline, o.timeout());
     } catch (const std::exception& e) {
       const std::string m = e.what();
       if (m.find("Communicator::create()") != std::string::npos) throw;
-      // The store went away under us: rank 0 stopped during the rendezvous.
+      // The store went away under us: its host stopped during the rendezvous.
       TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " lost the rendezvous store at MASTER_ADDR ",
-                  o.master_addr(), ":", o.master_port(), " (", cause_of(m),
-                  "): rank 0 stopped during the rendezvous; its own error says why");
+                  o.master_addr(), ":", o.master_port(), " (", cause_of(m), "): ",
+                  o.external_store() ? "torchrun's agent stopped serving it"
+                                     : "rank 0 stopped during the rendezvous; its own error says why");
     }
   }
   store->setTimeout(o.timeout());
   impl->store = store;
+  impl->external_store = o.external_store();
 
   try {
     if (backend == "gloo") {
@@ -640,11 +568,7 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
       opts->devices.push_back(gloo_device(o.master_addr()));
       auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(o.rank()),
                                                              static_cast<int>(o.world_size()), opts);
-#ifdef CONTRAX_C10D_BACKENDS
       impl->group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::GLOO, gloo);
-#else
-      impl->group = gloo;
-#endif
       impl->backend = "gloo";
     } else {
 #ifdef USE_C10D_NCCL
@@ -652,11 +576,7 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
       opts->timeout = o.timeout();
       auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(o.rank()),
                                                              static_cast<int>(o.world_size()), opts);
-#ifdef CONTRAX_C10D_BACKENDS
       impl->group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::NCCL, nccl);
-#else
-      impl->group = nccl;
-#endif
       impl->backend = "nccl";
       impl->stage_device = nccl_stage_device(o.device());
 #else
@@ -790,6 +710,13 @@ std::shared_ptr<Communicator> Communicator::from_env(const CommunicatorOptions& 
       port = env_int("MASTER_PORT", 0, "a port number");
     }
     o.master_addr(master).master_port(port);
+    // torchrun's agent serves the store on MASTER_ADDR:MASTER_PORT and says so;
+    // it keeps serving it across restarts, so each attempt has its own keys.
+    const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    if (agent != nullptr && std::string(agent) == "True") {
+      const int64_t attempt = env_int("TORCHELASTIC_RESTART_COUNT", 0, "a non-negative integer");
+      o.external_store(true).store_prefix("contrax/attempt_" + std::to_string(attempt) + "/");
+    }
   }
   auto comm = create(o);
   comm->impl_->local_rank = local_rank;
@@ -852,7 +779,7 @@ torch::Tensor Communicator::all_gather_rows(const torch::Tensor& local, const st
         [&] { auto s = local.sizes().vec(); s[0] = W * local.size(0); return s; }());
     std::vector<int64_t> in_splits(W, local.size(0));
     std::vector<int64_t> out_splits(counts.begin(), counts.end());
-    wait_work(pg.alltoall_base(out, input, out_splits, in_splits), "all_gather", *impl_);
+    wait_work(all_to_all_single(pg, out, input, out_splits, in_splits), "all_gather", *impl_);
   }
   record(stat_name, (W - 1) * local.size(0) * row_bytes(local));
   return out;
@@ -878,10 +805,9 @@ torch::Tensor Communicator::reduce_scatter_rows(const torch::Tensor& full, const
   torch::Tensor result;
   if (impl_->backend == "nccl" && all_equal(counts)) {
     result = torch::empty(shape, full.options());
-    wait_work(pg._reduce_scatter_base(result, src), "reduce_scatter", *impl_);
+    wait_work(reduce_scatter_single(pg, result, src), "reduce_scatter", *impl_);
   } else {
-    // Gloo has no true reduce-scatter: 1.13 has none, and 2.x's
-    // reduce_scatter_tensor sends an all-reduce's bytes, twice the volume
+    // Gloo has no true reduce-scatter: its reduce_scatter_tensor sends an all-reduce's bytes, twice the volume
     // (measured: python/bench/gloo_reduce_scatter_bytes.py). So every rank
     // sends slice s to rank s (all-to-all) and sums the W contributions it
     // received. Volume: total - mine rows sent, the reduce-scatter's.
@@ -890,7 +816,7 @@ torch::Tensor Communicator::reduce_scatter_rows(const torch::Tensor& full, const
     auto recv = torch::empty(recv_shape, full.options());
     std::vector<int64_t> out_splits(W, mine);
     std::vector<int64_t> in_splits(counts.begin(), counts.end());
-    wait_work(pg.alltoall_base(recv, src, out_splits, in_splits), "reduce_scatter", *impl_);
+    wait_work(all_to_all_single(pg, recv, src, out_splits, in_splits), "reduce_scatter", *impl_);
     auto parts = recv.view([&] {
       auto s = full.sizes().vec();
       s[0] = mine;
@@ -1036,6 +962,47 @@ std::shared_ptr<Communicator> wrap_process_group(c10::intrusive_ptr<c10d::Proces
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> process_group(const Communicator& comm) { return comm.impl().group; }
+
+std::unique_ptr<c10d::Reducer> make_reducer(const Communicator& comm, const std::vector<at::Tensor>& params,
+                                            int64_t first_bucket_bytes, int64_t bucket_bytes,
+                                            bool find_unused_parameters, bool gradient_as_bucket_view,
+                                            std::unordered_map<size_t, std::string> names) {
+  auto group = comm.impl().group;
+  TORCH_INTERNAL_ASSERT(group, "make_reducer(): world size ", comm.world_size(), " but no process group");
+  // As torch.nn.parallel.DistributedDataParallel: buckets of [first cap,
+  // cap] bytes, in reverse (gradients become ready roughly in reverse
+  // registration order).
+  std::vector<bool> expect_sparse(params.size(), false);
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<size_t> limits;
+  std::tie(buckets, limits) = c10d::compute_bucket_assignment_by_size(
+      params, {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)}, expect_sparse);
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(limits.begin(), limits.end());
+  // The constructor's arguments, by release: 2.6 takes the per-bucket size
+  // limits third; 2.7 dropped them; 2.8 added skip_all_reduce_unused_params
+  // and use_python_reducer; 2.11 added bucket_bytes_cap_list (empty: the
+  // Reducer's own limits when it rebuilds its buckets).
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 7
+  return std::make_unique<c10d::Reducer>(params, std::move(buckets), limits, group, expect_sparse, bucket_bytes,
+                                         find_unused_parameters, gradient_as_bucket_view, std::move(names),
+                                         first_bucket_bytes);
+#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 8
+  return std::make_unique<c10d::Reducer>(params, std::move(buckets), group, expect_sparse, bucket_bytes,
+                                         find_unused_parameters, gradient_as_bucket_view, std::move(names),
+                                         first_bucket_bytes);
+#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11
+  return std::make_unique<c10d::Reducer>(params, std::move(buckets), group, expect_sparse, bucket_bytes,
+                                         find_unused_parameters, gradient_as_bucket_view, std::move(names),
+                                         first_bucket_bytes, /*skip_all_reduce_unused_params=*/false,
+                                         /*use_python_reducer=*/false);
+#else
+  return std::make_unique<c10d::Reducer>(params, std::move(buckets), group, expect_sparse, bucket_bytes,
+                                         find_unused_parameters, gradient_as_bucket_view, std::move(names),
+                                         first_bucket_bytes, /*skip_all_reduce_unused_params=*/false,
+                                         /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+#endif
+}
 
 }  // namespace detail
 }  // namespace contrax

@@ -1,15 +1,14 @@
 // DataParallel: c10d's Reducer driven from C++ the way PyTorch's Python DDP
-// drives it (torch/nn/parallel/distributed.py, 1.13):
+// drives it (torch/nn/parallel/distributed.py):
 //   * construction: verify parameters across ranks, broadcast module state from
-//     rank 0, compute_bucket_assignment_by_size with [first cap, cap], reverse
-//     the buckets (gradients become ready roughly in reverse registration
-//     order), build the Reducer with the same ten arguments DDP passes;
+//     rank 0, then the Reducer with DDP's bucket assignment
+//     (detail::make_reducer, which adapts to each release's constructor);
 //   * forward, when grad mode is on and gradients are to be synchronised:
 //     rebuild_buckets() (a no-op after the first time), then
 //     prepare_for_backward(outputs) — this is what arms the reducer's autograd
 //     hooks; outside that (no_sync) the hooks return at once and gradients
 //     accumulate locally, to be averaged in the next armed backward.
-// The Reducer works from C++ on this LibTorch (1.13.1): its hooks are C++
+// The Reducer works from C++: its hooks are C++
 // post-hooks on the parameters' AccumulateGrad nodes, finalize_backward is
 // queued with the C++ autograd engine, and Python only ever supplied the
 // arguments. What DDP's Python adds on top (Logger, join hooks, mixed
@@ -259,21 +258,9 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, Communicat
   }
 
   impl_->group = detail::process_group(*comm_);
-  TORCH_INTERNAL_ASSERT(impl_->group, "DataParallel(): world size ", comm_->world_size(),
-                        " but the communicator has no process group");
-  std::vector<bool> expect_sparse(params.size(), false);
-  std::vector<std::vector<size_t>> bucket_indices;
-  std::vector<size_t> limits;
-  std::tie(bucket_indices, limits) = c10d::compute_bucket_assignment_by_size(
-      params,
-      {static_cast<size_t>(options_.first_bucket_bytes()), static_cast<size_t>(options_.bucket_bytes())},
-      expect_sparse);
-  std::reverse(bucket_indices.begin(), bucket_indices.end());
-  std::reverse(limits.begin(), limits.end());
-  impl_->reducer = std::make_unique<c10d::Reducer>(
-      params, std::move(bucket_indices), std::move(limits), impl_->group, expect_sparse,
-      options_.bucket_bytes(), options_.find_unused_parameters(), options_.gradient_as_bucket_view(),
-      std::move(names), options_.first_bucket_bytes());
+  impl_->reducer = detail::make_reducer(*comm_, params, options_.first_bucket_bytes(), options_.bucket_bytes(),
+                                        options_.find_unused_parameters(), options_.gradient_as_bucket_view(),
+                                        std::move(names));
   impl_->reducer->register_comm_hook(
       std::make_unique<CountingAllReduceHook>(impl_->group, comm_.get(), impl_->hook_calls));
 }

@@ -193,23 +193,13 @@ void restore_rng(const RngState& s) {
   for (const auto& kv : s.cuda) set_state(at::globalContext().defaultGenerator(kv.first), kv.second);
 }
 
-// LibTorch 2.4 made autocast's state per device type (the CPU-only calls are
-// deprecated there); 1.x has only the CPU-specific ones.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+// Autocast's state is per device type (LibTorch >= 2.4, so every supported one).
 bool cpu_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
 at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
 void set_cpu_autocast(bool on, at::ScalarType dtype) {
   at::autocast::set_autocast_enabled(at::kCPU, on);
   at::autocast::set_autocast_dtype(at::kCPU, dtype);
 }
-#else
-bool cpu_autocast_enabled() { return at::autocast::is_cpu_enabled(); }
-at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_cpu_dtype(); }
-void set_cpu_autocast(bool on, at::ScalarType dtype) {
-  at::autocast::set_cpu_enabled(on);
-  at::autocast::set_autocast_cpu_dtype(dtype);
-}
-#endif
 
 // CPU autocast to bfloat16 for the encoders' forwards, restoring the caller's
 // autocast state afterwards (as torch.autocast's __exit__ does).

@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstring>
-#include <type_traits>
 #include <mutex>
 
 namespace contrax {
@@ -41,35 +40,13 @@ c10::DataPtr counted_allocate(c10::Allocator* inner, size_t n) {
   return {data, t, &tracked_delete, device};
 }
 
-// c10::Allocator::allocate lost its `const` in LibTorch 2.x, which also added
-// the pure virtual copy_data(). Rather than guess the release from a version
-// number, look at the signature this LibTorch declares and override that one.
-// (Members of a partial specialization are only checked when it is used, so
-// the variant for the other API never has to compile.)
-constexpr bool kConstAllocate =
-    std::is_same<decltype(&c10::Allocator::allocate), c10::DataPtr (c10::Allocator::*)(size_t) const>::value;
-
-template <bool ConstAllocate, typename Base = c10::Allocator>
-class CountingAllocator;
-
-template <typename Base>
-class CountingAllocator<true, Base> final : public Base {  // LibTorch 1.x
- public:
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(size_t n) const override { return counted_allocate(inner_, n); }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-
- private:
-  c10::Allocator* inner_;
-};
-
-template <typename Base>
-class CountingAllocator<false, Base> final : public Base {  // LibTorch 2.x
+// Counts every CPU storage: forwards to the allocator that was current at
+// install time. Storage copies (clone of a storage) are plain host memcpy.
+class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
   c10::DataPtr allocate(size_t n) override { return counted_allocate(inner_, n); }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  // Storage copies (clone of a storage) are plain host memcpy for CPU memory.
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }
@@ -83,7 +60,7 @@ class CountingAllocator<false, Base> final : public Base {  // LibTorch 2.x
 void MemoryTracker::install() {
   static std::once_flag once;
   std::call_once(once, [] {
-    static CountingAllocator<kConstAllocate> allocator(c10::GetCPUAllocator());
+    static CountingAllocator allocator(c10::GetCPUAllocator());
     // Priority above the default so later default registrations do not win.
     c10::SetCPUAllocator(&allocator, /*priority=*/100);
     g_installed = true;

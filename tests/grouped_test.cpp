@@ -546,28 +546,12 @@ class WarningCapture : public c10::WarningHandler {
  public:
   WarningCapture() : previous_(get()) { set(this); }
   ~WarningCapture() override { set(previous_); }
-#if TORCH_VERSION_MAJOR >= 2
   void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
-#else
-  void process(const c10::SourceLocation&, const std::string& msg, const bool) override { messages.push_back(msg); }
-#endif
   std::vector<std::string> messages;
 
  private:
-  static c10::WarningHandler* get() {
-#if TORCH_VERSION_MAJOR >= 2
-    return c10::WarningUtils::get_warning_handler();
-#else
-    return c10::Warning::get_warning_handler();
-#endif
-  }
-  static void set(c10::WarningHandler* h) {
-#if TORCH_VERSION_MAJOR >= 2
-    c10::WarningUtils::set_warning_handler(h);
-#else
-    c10::Warning::set_warning_handler(h);
-#endif
-  }
+  static c10::WarningHandler* get() { return c10::WarningUtils::get_warning_handler(); }
+  static void set(c10::WarningHandler* h) { c10::WarningUtils::set_warning_handler(h); }
   c10::WarningHandler* previous_;
 };
 }  // namespace

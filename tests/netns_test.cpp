@@ -31,9 +31,13 @@
 #include "contrax/train/checkpoint.h"
 #include "contrax/train/trainer.h"
 
+#include "support/cli.h"
+#include "support/processes.h"
+
 namespace fs = std::filesystem;
 namespace ct = contrax::train;
 using Clock = std::chrono::steady_clock;
+using namespace contrax::testing;
 
 namespace {
 
@@ -43,115 +47,7 @@ const std::string kFast =
 
 bool sh(const std::string& cmd) { return std::system((cmd + " > /dev/null 2>&1").c_str()) == 0; }
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// The namespaces and the link, removed at scope exit.
-class TwoNodes {
- public:
-  TwoNodes() {
-    const std::string id = std::to_string(::getpid() % 100000);
-    ns_[0] = "cxa" + id;
-    ns_[1] = "cxb" + id;
-    veth_[0] = "cxv" + id + "a";
-    veth_[1] = "cxv" + id + "b";
-    if (!sh("command -v ip")) {
-      reason_ = "the `ip` tool (iproute2) is not installed";
-      return;
-    }
-    if (!sh("ip netns add " + ns_[0])) {
-      reason_ = "`ip netns add` is not permitted here (needs CAP_NET_ADMIN)";
-      return;
-    }
-    made_[0] = true;
-    made_[1] = sh("ip netns add " + ns_[1]);
-    const bool ok = made_[1] && sh("ip link add " + veth_[0] + " type veth peer name " + veth_[1]) &&
-                    sh("ip link set " + veth_[0] + " netns " + ns_[0]) &&
-                    sh("ip link set " + veth_[1] + " netns " + ns_[1]) &&
-                    sh("ip -n " + ns_[0] + " addr add 10.77.0.1/24 dev " + veth_[0]) &&
-                    sh("ip -n " + ns_[1] + " addr add 10.77.0.2/24 dev " + veth_[1]) &&
-                    sh("ip -n " + ns_[0] + " link set " + veth_[0] + " up") &&
-                    sh("ip -n " + ns_[1] + " link set " + veth_[1] + " up") &&
-                    sh("ip -n " + ns_[0] + " link set lo up") && sh("ip -n " + ns_[1] + " link set lo up");
-    if (!ok) reason_ = "could not set up the veth pair between the namespaces";
-  }
-  ~TwoNodes() {
-    // Deleting a namespace deletes its end of the veth pair, and with it the pair.
-    for (int i = 0; i < 2; ++i) {
-      if (made_[i]) sh("ip netns del " + ns_[i]);
-    }
-  }
-  const std::string& skip_reason() const { return reason_; }
-  const std::string& ns(int i) const { return ns_[i]; }
-  const std::string& veth(int i) const { return veth_[i]; }
-
- private:
-  std::string ns_[2], veth_[2], reason_;
-  bool made_[2] = {false, false};
-};
-
-struct Proc {
-  pid_t pid = -1;
-  std::string out;
-};
-
-Proc spawn(const std::string& cmd, const std::string& out) {
-  Proc p;
-  p.out = out;
-  std::fflush(nullptr);
-  p.pid = ::fork();
-  if (p.pid == 0) {
-    ::setpgid(0, 0);
-    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > '" + out + "' 2>&1").c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return p;
-}
-
-// Exit status (or 128 + signal), or -1 when it had to be killed after `limit`.
-int wait_for(const Proc& p, std::chrono::seconds limit) {
-  const auto deadline = Clock::now() + limit;
-  int st = 0;
-  for (;;) {
-    if (::waitpid(p.pid, &st, WNOHANG) == p.pid) break;
-    if (Clock::now() > deadline) {
-      ::kill(-p.pid, SIGKILL);
-      ::waitpid(p.pid, &st, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-std::vector<std::string> losses(const std::string& metrics) {
-  std::ifstream in(metrics);
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto p = line.find("\"loss\":");
-    if (p == std::string::npos) continue;
-    out.push_back(line.substr(p + 7, line.find(',', p) - p - 7));
-  }
-  return out;
-}
-
-struct TempDir {
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "contrax_netns_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(templ.data()), nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string path;
-};
+std::string slurp(const std::string& p) { return read_file(p); }
 
 std::string node_cmd(const TwoNodes& net, int node, int port, const std::string& train_args) {
   return "ip netns exec " + net.ns(node) + " " + kCli + " launch --nproc 1 --nnodes 2 --node-rank " +
@@ -166,7 +62,7 @@ TEST(TwoNamespaces, LossCurveEqualsSingleNodeAndACutLinkStopsBothSides) {
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   TwoNodes net;
   if (!net.skip_reason().empty()) GTEST_SKIP() << net.skip_reason();
-  TempDir t;
+  TempDir t("contrax_netns");
   const int port = 29600 + ::getpid() % 300;
 
   // The reference: both ranks on one node (loopback).
@@ -180,7 +76,7 @@ TEST(TwoNamespaces, LossCurveEqualsSingleNodeAndACutLinkStopsBothSides) {
   const int s0 = wait_for(n0, std::chrono::seconds(300)), s1 = wait_for(n1, std::chrono::seconds(300));
   ASSERT_EQ(s0, 0) << slurp(t.path + "/n0.txt");
   ASSERT_EQ(s1, 0) << slurp(t.path + "/n1.txt");
-  const auto a = losses(t.path + "/single/metrics.jsonl"), b = losses(t.path + "/multi/metrics.jsonl");
+  const auto a = losses_of(t.path + "/single/metrics.jsonl"), b = losses_of(t.path + "/multi/metrics.jsonl");
   ASSERT_EQ(a.size(), 5u);
   EXPECT_EQ(a, b) << "the two-node fp64 loss curve must equal the single-node one bit for bit (17 digits)";
   std::cout << "FAULT two namespaces: fp64 losses single-node vs two-node:";
@@ -193,9 +89,9 @@ TEST(TwoNamespaces, LossCurveEqualsSingleNodeAndACutLinkStopsBothSides) {
   auto c0 = spawn(node_cmd(net, 0, port + 1, cut_args + " --run-dir " + rd), t.path + "/c0.txt");
   auto c1 = spawn(node_cmd(net, 1, port + 1, cut_args + " --run-dir " + t.path + "/cut1"), t.path + "/c1.txt");
   const auto deadline = Clock::now() + std::chrono::seconds(180);
-  while (losses(rd + "/metrics.jsonl").size() < 5 && Clock::now() < deadline)
+  while (losses_of(rd + "/metrics.jsonl").size() < 5 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_GE(losses(rd + "/metrics.jsonl").size(), 5u) << slurp(t.path + "/c0.txt");
+  ASSERT_GE(losses_of(rd + "/metrics.jsonl").size(), 5u) << slurp(t.path + "/c0.txt");
   const auto cut_at = Clock::now();
   ASSERT_TRUE(sh("ip -n " + net.ns(0) + " link set " + net.veth(0) + " down"));
   const int e0 = wait_for(c0, std::chrono::seconds(60));

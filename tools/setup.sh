@@ -1,83 +1,117 @@
 #!/usr/bin/env bash
-# Installs what Contrax needs on Debian (bookworm: LibTorch 1.13; trixie:
-# LibTorch 2.6), as root, and configures and builds a Release build. Safe to
-# re-run: apt is skipped when all packages are already there, and the build is
-# incremental.
+# Installs what Contrax needs and builds what the main job needs (the
+# `contrax` tool), as root on Debian. Safe to re-run: what is installed is
+# skipped, downloads are kept, and the build is incremental.
+#
+#   * Debian packages: compiler, CMake, the data sets, CLI11, JSON, GoogleTest;
+#   * a project virtual environment (.venv) with PyPI's torch, pinned in
+#     requirements/torch.txt; its LibTorch (torch.utils.cmake_prefix_path) is
+#     what the C++ library, the tool and the Python package build against,
+#     with CUDA and NCCL where the CUDA toolkit is installed;
+#   * Gloo's headers, which PyPI's wheels lack (tools/gloo_headers.sh).
+#
+# Every wheel is downloaded once into $CONTRAX_CACHE/wheels and installed from
+# there: a second set-up on the same machine downloads nothing. (pip's own
+# HTTP cache keeps nothing from a server that sends no caching headers.)
+#
 #   CONTRAX_BUILD_DIR  build folder (default: build)
-#   CONTRAX_CUDA=1     trixie only: contrib's CUDA/NCCL LibTorch instead of the CPU one
+#   CONTRAX_VENV       the virtual environment (default: .venv)
+#   CONTRAX_CACHE      downloads (default: ~/.cache/contrax)
+#   CONTRAX_TARGETS    CMake targets to build (default: contrax_cli; "all" for everything)
+#   CONTRAX_EXTRA_REQUIREMENTS  more requirement files for .venv (tools/test.sh: requirements/test.txt)
+#   CONTRAX_TORCH      pypi (default) or system: the system's LibTorch and
+#                      python3-torch from Debian instead (tools/trixie.sh uses
+#                      it for Debian trixie's LibTorch 2.6)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${CONTRAX_BUILD_DIR:-build}
-CUDA=${CONTRAX_CUDA:-0}
-. /etc/os-release
-CODENAME=${VERSION_CODENAME:-unknown}
+VENV=${CONTRAX_VENV:-.venv}
+CACHE=${CONTRAX_CACHE:-$HOME/.cache/contrax}
+TARGETS=${CONTRAX_TARGETS:-contrax_cli}
+TORCH_FROM=${CONTRAX_TORCH:-pypi}
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+case "$TORCH_FROM" in pypi|system) ;; *) echo "setup: CONTRAX_TORCH must be pypi or system, but is '$TORCH_FROM'" >&2; exit 2 ;; esac
+t0=$(date +%s)
+phase() { echo "setup: $* ($(($(date +%s) - t0)) s so far)"; }
 
 PACKAGES=(
-  build-essential cmake pkg-config
-  libopenblas0-openmp             # ~30x faster GEMMs than the reference BLAS
+  build-essential cmake ninja-build ccache pkg-config curl xz-utils
   libgtest-dev zlib1g-dev         # tests; gzip-compressed IDX data files
   libcli11-dev                    # command-line flags, config files (CLI11)
   nlohmann-json3-dev              # every JSON file Contrax writes or reads
   dataset-fashion-mnist           # the real data set of `contrax train`
   wordnet-base                    # WordNet 3.0, the corpus of `contrax train --recipe retrieval`
-  pybind11-dev python3-dev python3-pytest  # the Python binding and its tests
-  python3-venv python3-setuptools python3-wheel python3-pip  # `pip install ./python`, offline
+  python3-dev python3-venv        # the Python package, the virtual environment
   python3-matplotlib              # curves.png of a run
   iproute2 util-linux             # ip netns/veth for the two-node test; flock, mount for the fault tests
 )
-if [ "$CUDA" = 1 ]; then
-  [ "$CODENAME" = trixie ] || { echo "setup: CONTRAX_CUDA=1 needs Debian trixie's contrib (this is $CODENAME); see tools/trixie.sh --cuda" >&2; exit 2; }
-  # LibTorch 2.6 with CUDA 12.4 and NCCL 2.22 (contrib), its Gloo build, CUDA compiler and headers (non-free)
-  PACKAGES+=(libtorch-cuda-dev libgloo-cuda-dev libnccl-dev python3-torch-cuda nvidia-cuda-toolkit)
-else
-  # LibTorch (CPU), c10d's Gloo headers, and the torch of the Python binding
-  PACKAGES+=(libtorch-dev libgloo-dev python3-torch)
+if [ "$TORCH_FROM" = system ]; then
+  # Debian's LibTorch (CPU), c10d's Gloo headers, the torch and pybind11 of the binding
+  PACKAGES+=(libtorch-dev libgloo-dev python3-torch pybind11-dev python3-pytest python3-numpy
+             python3-setuptools python3-wheel python3-pip libopenblas0-openmp)
 fi
-
 missing=()
 for p in "${PACKAGES[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  dpkg -s "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}"
+  phase "installing Debian packages: ${missing[*]} (about 1-2 min)"
   $SUDO apt-get update -qq
-  if ! DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; then
-    # CUDA LibTorch depends on nvidia-cudnn, an installer that downloads cuDNN
-    # from NVIDIA; where that host cannot be reached, keep everything else.
-    if [ "$CUDA" = 1 ] && ! dpkg -s nvidia-cudnn 2>/dev/null | grep -q 'ok installed'; then
-      echo "setup: nvidia-cudnn could not download cuDNN from NVIDIA; keeping the other CUDA packages without it"
-      $SUDO dpkg --remove --force-depends nvidia-cudnn >/dev/null 2>&1 || true
-      $SUDO dpkg --configure --force-depends -a >/dev/null
-      # apt refuses to install anything more while that dependency is unmet:
-      # fetch what is still missing and install it with dpkg.
-      still=()
-      for p in "${missing[@]}"; do dpkg -s "$p" 2>/dev/null | grep -q 'ok installed' || still+=("$p"); done
-      if ((${#still[@]})); then
-        debs=$(mktemp -d)
-        (cd "$debs" && apt-get download -qq "${still[@]}" >/dev/null)
-        $SUDO dpkg -i --force-depends "$debs"/*.deb >/dev/null
-        rm -rf "$debs"
-      fi
-    else
-      exit 1
-    fi
-  fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if [ "$CUDA" = 1 ] && ! ldconfig -p | grep -q 'libcudnn\.so\.9'; then
-  # libtorch_cuda.so needs libcudnn.so.9 to link and load, and Debian has no
-  # cuDNN binary (nvidia-cudnn downloads it from NVIDIA). Before configuring:
-  # the Python binding is configured only if `import torch` works.
-  if ls /dev/nvidia[0-9]* >/dev/null 2>&1; then
-    echo "setup: libcudnn.so.9 is missing: install cuDNN (nvidia-cudnn downloads it from NVIDIA); compiling the library only"
-    cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-    cmake --build "$BUILD" --target contrax -j"$(nproc)"
-    exit 0
+# Installs requirement files into the venv from the wheel cache, downloading
+# into the cache first only what is missing there.
+pip_cached() {
+  local py=$VENV/bin/python wheels=$CACHE/wheels
+  mkdir -p "$wheels"
+  if ! "$py" -m pip install -q --no-index --find-links "$wheels" "$@" 2>/dev/null; then
+    phase "downloading $(grep -hv '^#' "${@: -1}" | tr '\n' ' ')and what they need into $wheels"
+    "$py" -m pip download -q -d "$wheels" "$@"
+    "$py" -m pip install -q --no-index --find-links "$wheels" "$@"
   fi
-  echo "setup: libcudnn.so.9 is missing and there is no GPU: a stub that aborts if called stands in for cuDNN"
-  $SUDO bash tools/cudnn_stub.sh
+}
+
+cmake_args=()
+if [ "$TORCH_FROM" = pypi ]; then
+  if [ ! -x "$VENV/bin/python" ]; then
+    phase "creating the virtual environment $VENV"
+    python3 -m venv "$VENV"
+  fi
+  want=$(grep -E '^torch==' requirements/torch.txt | cut -d= -f3)
+  have=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+  if [ "${have%%+*}" != "$want" ]; then
+    phase "installing PyPI's torch $want into $VENV (first time: ~4 GB of wheels with CUDA's libraries, 2-4 min)"
+  fi
+  pip_cached -r requirements/torch.txt
+  for r in ${CONTRAX_EXTRA_REQUIREMENTS:-}; do pip_cached -c requirements/torch.txt -r "$r"; done
+  PY=$VENV/bin/python
+  # The CUDA wheels' CMake package needs the CUDA toolkit (nvcc), which may
+  # not be on PATH.
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+  prefix=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix" -DPython3_EXECUTABLE="$(cd "$VENV" && pwd)/bin/python3")
+  bash tools/gloo_headers.sh >/dev/null
+else
+  PY=/usr/bin/python3
+  cmake_args+=(-DPython3_EXECUTABLE=/usr/bin/python3)
 fi
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j"$(nproc)"
+
+if [ ! -f "$BUILD/build.ninja" ]; then
+  phase "configuring $BUILD"
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    "${cmake_args[@]}" >"$BUILD.configure.log" 2>&1 || {
+    echo "setup: configuring failed; the last lines of $BUILD.configure.log:" >&2
+    tail -n 30 "$BUILD.configure.log" >&2
+    exit 1
+  }
+fi
+# ccache reuses compilations across builds and clean clones; these settings
+# let it reuse the ones that include the precompiled LibTorch header.
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+export CCACHE_BASEDIR=$PWD
+[ "$TARGETS" = all ] && targets=() || read -r -a targets <<<"$TARGETS"
+phase "building ${TARGETS} in $BUILD (first time on 2 cores: about 10 min)"
+cmake --build "$BUILD" ${targets[@]:+--target "${targets[@]}"}
+phase "done: $("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"

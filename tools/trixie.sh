@@ -1,33 +1,33 @@
 #!/usr/bin/env bash
-# Runs the README's set-up and test commands against LibTorch 2.6 on this
-# bookworm machine: inside a Debian trixie root made with debootstrap from the
-# mirror apt already uses. The root lives in an ignored folder (.roots/trixie,
-# or $CONTRAX_TRIXIE_ROOT) and is reused by later runs; the checkout is
-# bind-mounted into it at /contrax and built in its own folder (build-trixie,
-# or build-trixie-cuda), so the bookworm build in build/ is left alone.
+# Runs the README's set-up and test commands against the oldest supported
+# PyTorch, 2.6, on this machine: Debian trixie's LibTorch 2.6.0 and
+# python3-torch, inside a Debian trixie root made with debootstrap from the
+# mirror apt already uses (no GPU libraries to download, unlike PyPI's 2.6
+# wheels, and Debian's own Gloo headers match its LibTorch). The root lives in
+# an ignored folder (.roots/trixie, or $CONTRAX_TRIXIE_ROOT) and is reused by
+# later runs; the checkout is bind-mounted into it at /contrax and built in its
+# own folder (build-trixie), so the build in build/ is left alone.
 #
-#   bash tools/trixie.sh                 # set-up + every test on LibTorch 2.6 (CPU)
-#   bash tools/trixie.sh --cuda          # trixie contrib's CUDA/NCCL LibTorch (see README: cuDNN)
+#   bash tools/trixie.sh                 # set-up + every test on LibTorch 2.6
 #   bash tools/trixie.sh -- build-trixie/contrax verify --nproc 4   # any command
 #   bash tools/trixie.sh --shell         # an interactive shell in the root
 #
-# Inside the root, the README's commands install what they need with apt-get,
-# exactly as on bookworm: this script only makes the root and mounts /proc,
-# /dev and the checkout while it runs (unmounted again on any exit).
+# Inside the root, the README's commands install what they need with apt-get
+# (CONTRAX_TORCH=system: Debian's LibTorch instead of a PyPI venv): this
+# script only makes the root and mounts /proc, /dev and the checkout while it
+# runs (unmounted again on any exit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 
-cuda=0
 shell=0
 cmd=()
 while (($#)); do
   case "$1" in
-    --cuda) cuda=1 ;;
     --shell) shell=1 ;;
     --) shift; cmd=("$@"); break ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "tools/trixie.sh: unknown argument '$1' (expected --cuda, --shell, or -- COMMAND...)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "tools/trixie.sh: unknown argument '$1' (expected --shell, or -- COMMAND...)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -35,12 +35,7 @@ done
 [ "$(id -u)" -eq 0 ] || { echo "tools/trixie.sh: must run as root (debootstrap, chroot and mount need it)" >&2; exit 2; }
 
 ROOT=${CONTRAX_TRIXIE_ROOT:-$REPO/.roots/trixie}
-if ((cuda)); then
-  ROOT=${CONTRAX_TRIXIE_ROOT:-$REPO/.roots/trixie-cuda}
-  BUILD=build-trixie-cuda
-else
-  BUILD=build-trixie
-fi
+BUILD=build-trixie
 
 # The mirror apt uses here (deb822 sources first, then the one-line format).
 mirror() {
@@ -95,7 +90,6 @@ if [ ! -f "$ROOT/.contrax-root-ready" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
   }
   components=main
-  ((cuda)) && components=main,contrib,non-free  # CUDA LibTorch (contrib) needs non-free CUDA
   MIRROR=$(mirror)
   echo "tools/trixie.sh: debootstrap trixie ($components) from $MIRROR into $ROOT"
   rm -rf "$ROOT"
@@ -123,7 +117,7 @@ do_mount "$ROOT/contrax" --bind "$REPO"
 run_in_root() {
   chroot "$ROOT" /usr/bin/env -i HOME=/root TERM="${TERM:-dumb}" LANG=C.UTF-8 \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    CONTRAX_BUILD_DIR="$BUILD" CONTRAX_CUDA="$cuda" CI="${CI:-}" \
+    CONTRAX_BUILD_DIR="$BUILD" CONTRAX_TORCH=system CI="${CI:-}" \
     bash -c 'cd /contrax && "$@"' bash "$@"
 }
 

@@ -43,6 +43,13 @@ struct CommunicatorOptions {
   /// When non-empty, rendezvous through this file instead of TCP (all ranks on
   /// one machine or a shared filesystem; what the thread-rank tests use).
   TORCH_ARG(std::string, file_store) = "";
+  /// The TCP store at master_addr:master_port is served by another process
+  /// (torchrun's elastic agent): every rank, rank 0 included, connects to it
+  /// as a client instead of rank 0 starting one.
+  TORCH_ARG(bool, external_store) = false;
+  /// Prefix of every key written to the store, so that runs sharing one store
+  /// (torchrun's restarts of a job) never read each other's keys.
+  TORCH_ARG(std::string, store_prefix) = "";
   /// "auto" (NCCL for CUDA `device`, Gloo otherwise), "gloo", "nccl" or "mpi".
   TORCH_ARG(std::string, backend) = "auto";
   /// The device the collectives will see tensors on; picks the "auto" backend.
@@ -104,8 +111,13 @@ class Communicator {
   /// 29500 + (SLURM_JOB_ID mod 1000), so that two jobs sharing a node do
   /// not collide; set MASTER_PORT to choose.
   ///
-  /// The rendezvous store listens on MASTER_ADDR only (127.0.0.1: loopback
-  /// only), never on every interface. Within `timeout` a missing rank, a
+  /// Under torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`) the agent already
+  /// serves the store on MASTER_ADDR:MASTER_PORT: every rank connects to it,
+  /// with its keys under `contrax/attempt_<TORCHELASTIC_RESTART_COUNT>/`, as
+  /// PyTorch's own `env://` rendezvous does.
+  ///
+  /// Otherwise rank 0 serves the rendezvous store, listening on MASTER_ADDR
+  /// only (127.0.0.1: loopback only), never on every interface. Within `timeout` a missing rank, a
   /// WORLD_SIZE that differs between ranks, a rank started twice or an
   /// unresolvable MASTER_ADDR each end in an error saying so.
   static std::shared_ptr<Communicator> from_env(

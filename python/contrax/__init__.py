@@ -28,7 +28,25 @@ from typing import List, Optional, Tuple, Union
 
 import torch
 
-from . import _contrax
+from . import _build_info
+
+
+def _check_torch() -> None:
+    """The extension runs only under the torch it was compiled against: another
+    version (or C++ ABI) would fail with undefined symbols or worse."""
+    built, abi = _build_info.TORCH_VERSION, _build_info.TORCH_CXX11_ABI
+    if torch.__version__ != built or int(torch.compiled_with_cxx11_abi()) != abi:
+        raise ImportError(
+            "contrax was built against torch %s (C++11 ABI %d), but this interpreter imports torch %s "
+            "(C++11 ABI %d) from %s; rebuild contrax against this torch: "
+            "python -m pip install --no-build-isolation --force-reinstall %s/python"
+            % (built, abi, torch.__version__, int(torch.compiled_with_cxx11_abi()),
+               torch.__path__[0], _build_info.SOURCE_DIR))
+
+
+_check_torch()
+
+from . import _contrax  # noqa: E402
 from .grad_cache import GradCache, GradCacheEncoder
 from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 

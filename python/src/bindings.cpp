@@ -163,13 +163,7 @@ contrax::LabelMode label_mode_of(const std::string& s, const char* caller) {
 // calls install their handler around themselves and restore this one.
 class PyWarningForwarder : public c10::WarningHandler {
  public:
-#if TORCH_VERSION_MAJOR >= 2
   void process(const c10::Warning& warning) override { forward(warning.msg()); }
-#else
-  void process(const c10::SourceLocation& /*where*/, const std::string& msg, const bool /*verbatim*/) override {
-    forward(msg);
-  }
-#endif
 
  private:
   static void forward(const std::string& msg) {
@@ -201,11 +195,7 @@ PYBIND11_MODULE(_contrax, m) {
   });
 
   static auto* forwarder = new PyWarningForwarder();  // lives as long as the process
-#if TORCH_VERSION_MAJOR >= 2
   c10::WarningUtils::set_warning_handler(forwarder);
-#else
-  c10::Warning::set_warning_handler(forwarder);
-#endif
 
   using namespace pybind11::literals;
   m.def(

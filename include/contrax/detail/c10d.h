@@ -9,6 +9,12 @@
 
 #include "contrax/communicator.h"
 
+#include <unordered_map>
+
+namespace c10d {
+class Reducer;
+}  // namespace c10d
+
 namespace contrax {
 namespace detail {
 
@@ -19,6 +25,7 @@ struct CommunicatorImpl {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string backend = "none";
   c10::intrusive_ptr<c10d::Store> store;          // null for world 1 or wrapped groups
+  bool external_store = false;                    // served by torchrun's agent, not rank 0
   c10::intrusive_ptr<c10d::ProcessGroup> group;   // null for world 1
   // NCCL moves CUDA tensors only: CPU tensors (row counts, flags, loss
   // values) are staged through this device. Set for the NCCL backend only.
@@ -33,6 +40,14 @@ std::shared_ptr<Communicator> wrap_process_group(
 
 /// The process group behind a communicator (null for world 1).
 c10::intrusive_ptr<c10d::ProcessGroup> process_group(const Communicator& comm);
+
+/// c10d's gradient Reducer over `comm`'s process group, with buckets of
+/// [first_bucket_bytes, bucket_bytes] as PyTorch's DDP assigns them. Its
+/// constructor changes between LibTorch releases; this adapts to each.
+std::unique_ptr<c10d::Reducer> make_reducer(const Communicator& comm, const std::vector<at::Tensor>& params,
+                                            int64_t first_bucket_bytes, int64_t bucket_bytes,
+                                            bool find_unused_parameters, bool gradient_as_bucket_view,
+                                            std::unordered_map<size_t, std::string> names);
 
 }  // namespace detail
 }  // namespace contrax

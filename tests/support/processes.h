@@ -1,0 +1,58 @@
+// Background processes and a two-host network for tests that start real
+// jobs: a command in its own process group with its output in a file, a wait
+// with a hard limit, a temporary directory, and two network namespaces joined
+// by a veth pair.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace contrax::testing {
+
+/// A shell command started in its own process group, output in `out`.
+struct Proc {
+  pid_t pid = -1;
+  std::string out;
+};
+
+/// Starts `sh -c "exec CMD > OUT 2>&1"` in a new process group.
+Proc spawn(const std::string& cmd, const std::string& out);
+
+/// Exit status (or 128 + signal), or -1 when the group had to be killed after `limit`.
+int wait_for(const Proc& p, std::chrono::seconds limit);
+
+/// A fresh directory under the system's temporary folder, removed at scope exit.
+struct TempDir {
+  explicit TempDir(const std::string& prefix = "contrax_test");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string path;
+};
+
+/// The `"loss":` values of a metrics.jsonl, as written (17 digits).
+std::vector<std::string> losses_of(const std::string& metrics_jsonl);
+
+/// Two network namespaces joined by a veth pair, 10.77.0.1/24 and
+/// 10.77.0.2/24 (addresses that exist only inside them), removed at scope
+/// exit. Needs CAP_NET_ADMIN; `skip_reason()` says why not when it failed.
+class TwoNodes {
+ public:
+  TwoNodes();
+  ~TwoNodes();
+  TwoNodes(const TwoNodes&) = delete;
+  TwoNodes& operator=(const TwoNodes&) = delete;
+  const std::string& skip_reason() const { return reason_; }
+  const std::string& ns(int i) const { return ns_[i]; }
+  const std::string& veth(int i) const { return veth_[i]; }
+  static std::string address(int i) { return i == 0 ? "10.77.0.1" : "10.77.0.2"; }
+
+ private:
+  std::string ns_[2], veth_[2], reason_;
+  bool made_[2] = {false, false};
+};
+
+}  // namespace contrax::testing
