@@ -39,7 +39,14 @@ std::string skip_reason() {
   if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"))
     return "dataset-fashion-mnist is not installed";
   auto r = run_shell(std::string(CONTRAX_TEST_PYTHON) + " -c 'import torch.distributed.run' 2>&1");
-  return r.status == 0 ? "" : "the build's Python cannot import torch.distributed.run: " + r.out;
+  if (r.status != 0) return "the build's Python cannot import torch.distributed.run: " + r.out;
+  // Debian's torch 2.6 is built without libuv, and its torchrun asks for a
+  // libuv store whatever the rendezvous backend: it cannot start anything.
+  r = run_shell(torchrun() + " --standalone --nproc-per-node 1 --no-python true 2>&1");
+  if (r.status != 0 && r.out.find("without libuv support") != std::string::npos)
+    return "this torch's torchrun cannot start workers: it asks for a libuv store, and this torch is built without "
+           "libuv (Debian's 2.6)";
+  return "";
 }
 
 // 12 steps, a checkpoint every 4, one thread per process (the interrupted and

@@ -4,7 +4,7 @@
 # modules in the default layout instead of the fused channels-last encoder,
 # for comparison) against the plain PyTorch DDP
 # program ../shared/peers/simclr_torch_ddp.py run as its users run it (no
-# tunables). Same recipe (contrax's `--recipe-variant peer`: the 32-64-128
+# tunables), on the same PyPI torch that contrax is built against (.venv). Same recipe (contrax's `--recipe-variant peer`: the 32-64-128
 # encoder, crop scale 0.2-1, temperature 0.2, which the peer implements; the
 # default recipe has since changed), global batch 256, 2 processes x 1 thread, STEPS steps
 # each, alternating, REPEATS rounds, each run alone under `flock $LOCK` (the
@@ -19,7 +19,7 @@ HERE=$(cd "$(dirname "$0")/.." && pwd)
 CONTRAX=${CONTRAX:-$HERE/build/contrax}
 PEER=${PEER:-$HERE/../shared/peers/simclr_torch_ddp.py}
 DATA=${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}
-PY=${PYTHON:-/usr/bin/python3}
+PY=${PYTHON:-$HERE/.venv/bin/python}
 LOCK=${LOCK:-/tmp/cpu.lock}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -40,7 +40,7 @@ while [ "$i" -lt "$REPEATS" ]; do
       '$PY' -c 'import json,sys; print(\"%.1f\" % json.load(sys.stdin)[\"examples_per_s\"])') &&
     echo \"contrax-unfused-encoder round $i load \$l examples_per_s \$eps\""
   flock "$LOCK" sh -c "cd '$WORK' && l=\$(uptime | sed 's/.*load average: //') &&
-    eps=\$('$PY' -m torch.distributed.run --redirects 9:3 --tee 9:3 --nproc_per_node 2 '$PEER' --data '$DATA' --max-steps $STEPS --no-eval --json 2>/dev/null |
+    eps=\$('$PY' -m torch.distributed.run --nproc_per_node 2 '$PEER' --data '$DATA' --max-steps $STEPS --no-eval --json 2>/dev/null |
       grep '^{' | '$PY' -c 'import json,sys; print(\"%.1f\" % json.loads(sys.stdin.readline())[\"examples_per_s\"])') &&
     echo \"pytorch-ddp round $i load \$l examples_per_s \$eps\""
 done

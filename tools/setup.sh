@@ -100,10 +100,11 @@ fi
 
 if [ ! -f "$BUILD/build.ninja" ]; then
   phase "configuring $BUILD"
+  mkdir -p "$BUILD"
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
-    "${cmake_args[@]}" >"$BUILD.configure.log" 2>&1 || {
-    echo "setup: configuring failed; the last lines of $BUILD.configure.log:" >&2
-    tail -n 30 "$BUILD.configure.log" >&2
+    "${cmake_args[@]}" >"$BUILD/configure.log" 2>&1 || {
+    echo "setup: configuring failed; the last lines of $BUILD/configure.log:" >&2
+    tail -n 30 "$BUILD/configure.log" >&2
     exit 1
   }
 fi
