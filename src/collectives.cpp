@@ -5,7 +5,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "contrax/detail/check.h"
+#include <sstream>
 
 namespace contrax {
 
@@ -31,7 +31,7 @@ enum Field : int64_t {
   kFields = kTrailing + kMaxTrailingDims
 };
 
-std::string shape_str(const std::vector<int64_t>& m) {
+std::string metadata_shape(const std::vector<int64_t>& m) {
   std::ostringstream os;
   os << "[b";
   for (int64_t i = 1; i < m[kDim]; ++i) os << ", " << m[kTrailing + i - 1];
@@ -89,7 +89,7 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
     bool same_shape = m[kDim] == ref[kDim];
     for (int64_t i = kTrailing; i < kFields && same_shape; ++i) same_shape = m[i] == ref[i];
     TORCH_CHECK(same_shape, caller, "(): argument '", arg, "' must have the same trailing shape on every rank, but it is ",
-                shape_str(m), " on rank ", s, " and ", shape_str(ref), " on rank 0");
+                metadata_shape(m), " on rank ", s, " and ", metadata_shape(ref), " on rank 0");
     TORCH_CHECK(m[kDtype] == ref[kDtype], caller, "(): argument '", arg,
                 "' must have the same dtype on every rank, but it is ", c10::ScalarType(m[kDtype]), " on rank ", s,
                 " and ", c10::ScalarType(ref[kDtype]), " on rank 0");

@@ -41,7 +41,7 @@ BatchInput BatchInput::other(c10::IValue value) {
 }
 
 namespace {
-const char* kind_name(BatchInput::Kind k) {
+const char* input_kind_name(BatchInput::Kind k) {
   switch (k) {
     case BatchInput::Kind::kTensor: return "a tensor";
     case BatchInput::Kind::kList: return "a list";
@@ -52,30 +52,30 @@ const char* kind_name(BatchInput::Kind k) {
 }  // namespace
 
 const torch::Tensor& BatchInput::tensor() const {
-  TORCH_CHECK(kind_ == Kind::kTensor, "BatchInput::tensor(): the input is ", kind_name(kind_), ", not a tensor");
+  TORCH_CHECK(kind_ == Kind::kTensor, "BatchInput::tensor(): the input is ", input_kind_name(kind_), ", not a tensor");
   return tensor_;
 }
 const std::vector<torch::Tensor>& BatchInput::list() const {
-  TORCH_CHECK(kind_ == Kind::kList, "BatchInput::list(): the input is ", kind_name(kind_), ", not a list");
+  TORCH_CHECK(kind_ == Kind::kList, "BatchInput::list(): the input is ", input_kind_name(kind_), ", not a list");
   return list_;
 }
 const std::map<std::string, torch::Tensor>& BatchInput::named() const {
-  TORCH_CHECK(kind_ == Kind::kNamed, "BatchInput::named(): the input is ", kind_name(kind_),
+  TORCH_CHECK(kind_ == Kind::kNamed, "BatchInput::named(): the input is ", input_kind_name(kind_),
               ", not named tensors");
   return named_;
 }
 const c10::IValue& BatchInput::value() const {
-  TORCH_CHECK(kind_ == Kind::kOther, "BatchInput::value(): the input is ", kind_name(kind_), ", not an IValue");
+  TORCH_CHECK(kind_ == Kind::kOther, "BatchInput::value(): the input is ", input_kind_name(kind_), ", not an IValue");
   return other_;
 }
 const torch::Tensor& BatchInput::operator[](size_t i) const {
   if (kind_ == Kind::kTensor && i == 0) return tensor_;
-  TORCH_CHECK(kind_ == Kind::kList, "BatchInput[", i, "]: the input is ", kind_name(kind_), ", not a list");
+  TORCH_CHECK(kind_ == Kind::kList, "BatchInput[", i, "]: the input is ", input_kind_name(kind_), ", not a list");
   TORCH_CHECK(i < list_.size(), "BatchInput[", i, "]: the list has only ", list_.size(), " tensors");
   return list_[i];
 }
 const torch::Tensor& BatchInput::operator[](const std::string& name) const {
-  TORCH_CHECK(kind_ == Kind::kNamed, "BatchInput[\"", name, "\"]: the input is ", kind_name(kind_),
+  TORCH_CHECK(kind_ == Kind::kNamed, "BatchInput[\"", name, "\"]: the input is ", input_kind_name(kind_),
               ", not named tensors");
   auto it = named_.find(name);
   if (it == named_.end()) {

@@ -1,18 +1,20 @@
 // Cost model of the loss engine's paths (see contrax/plan.h). The counts follow
-// the code in src/engine.cpp and src/losses.cpp; tests/losses_test.cpp checks
-// the byte counts against the communicator's counters of a real call and the
-// routing against the losses' own choice.
+// the code in src/engine/ and the front ends (src/infonce.cpp,
+// src/grouped.cpp); tests/losses_test.cpp checks the byte counts against the
+// communicator's counters of a real call and the routing against the losses'
+// own choice.
 #include "contrax/plan.h"
 
 #include <iomanip>
 #include <sstream>
 
-#include "contrax/detail/engine.h"
-#include "contrax/tiled.h"
+#include "engine/prologue.h"
 
 namespace contrax {
 
-LossPlan plan_loss(const PlanOptions& o) {
+namespace {
+
+void check_plan_options(const PlanOptions& o) {
   const std::string& loss = o.loss();
   TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "grouped" || loss == "nt_xent" || loss == "moco_v3",
               "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent or moco_v3, but got '", loss, "'");
@@ -27,21 +29,16 @@ LossPlan plan_loss(const PlanOptions& o) {
               o.tile_size());
   TORCH_CHECK(c10::isFloatingType(o.dtype()), "plan_loss(): argument 'dtype' must be a floating type, but got ",
               o.dtype());
-  LossPlan p;
-  p.options = o;
-  const int64_t W = o.world(), B = o.batch(), d = o.width();
-  const int64_t b = (B + W - 1) / W;  // the largest rank
-  p.rows_per_rank = b;
-  const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
-  const double unit = 2.0 * static_cast<double>(b) * static_cast<double>(B) * static_cast<double>(d);
-  // grouped_loss's buffer is [b x B g]: g blocks (its routing counts them so).
-  const int64_t blocks = loss == "grouped" ? o.group() : detail::logits_blocks(loss);
-  const int64_t tile = detail::tile_side(std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), e);
-  const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
-  const int64_t gather = (W - 1) * b * d * e;  // one [b, d] tower all-gathered
+}
 
-  PathCost mat{"materialised"}, tiled{"tiled"}, ring{"ring"};
-  ring.available = W > 1;
+// Per loss: the GEMM units, bytes sent and feature bytes of each path, and
+// the old algorithm's GEMM units. `gather`: one [b, d] tower all-gathered;
+// `b`: the largest rank's rows; `e`: bytes per element.
+int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t gather, PathCost& mat, PathCost& tiled,
+                    PathCost& ring) {
+  const std::string& loss = o.loss();
+  const int64_t W = o.world(), B = o.batch(), d = o.width();
+  int64_t old_gemms = 0;
   if (loss == "clip" || loss == "infonce") {
     const bool sym = loss == "clip";
     // Materialised: S = A B^T, dA = G B, dB = G^T A. Tiled: + one recomputation of S.
@@ -54,7 +51,7 @@ LossPlan plan_loss(const PlanOptions& o) {
     ring.bytes_sent_backward = 2 * gather;                                  // blocks again, with partials
     mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;                // B_all and dB_all
     ring.feature_bytes = 4 * b * d * e;                                     // two blocks, two partials
-    p.old_gemms = sym ? 6 : 3;
+    old_gemms = sym ? 6 : 3;
   } else if (loss == "grouped") {
     // One direction over [B g] candidates: S = Q C_all^T, dQ = G C_all, dC_all =
     // G^T Q, each g units; tiled recomputes S. The candidate tower is gathered
@@ -68,7 +65,7 @@ LossPlan plan_loss(const PlanOptions& o) {
     ring.bytes_sent_backward = 2 * cgather;
     mat.feature_bytes = tiled.feature_bytes = 2 * B * g * d * e;
     ring.feature_bytes = 4 * b * g * d * e;
-    p.old_gemms = 3 * g;
+    old_gemms = 3 * g;
   } else if (loss == "nt_xent") {
     // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4
     // units). Tiled and ring recompute S in the backward (4 more). Z travels
@@ -82,7 +79,7 @@ LossPlan plan_loss(const PlanOptions& o) {
     ring.bytes_sent_backward = z;                             // the blocks once more
     mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
     ring.feature_bytes = 4 * b * d * e;  // the block in hand and the arriving one
-    p.old_gemms = 12;
+    old_gemms = 12;
   } else {  // moco_v3: two directions, keys without gradient
     mat.gemms = 4;
     tiled.gemms = ring.gemms = 6;
@@ -91,8 +88,30 @@ LossPlan plan_loss(const PlanOptions& o) {
     ring.bytes_sent_backward = 2 * gather;  // the key blocks again, for the recomputation
     mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
     ring.feature_bytes = 4 * b * d * e;
-    p.old_gemms = 4;
+    old_gemms = 4;
   }
+  return old_gemms;
+}
+
+}  // namespace
+
+LossPlan plan_loss(const PlanOptions& o) {
+  check_plan_options(o);
+  const std::string& loss = o.loss();
+  LossPlan p;
+  p.options = o;
+  const int64_t W = o.world(), B = o.batch(), d = o.width();
+  const int64_t b = (B + W - 1) / W;  // the largest rank
+  p.rows_per_rank = b;
+  const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
+  const double unit = 2.0 * static_cast<double>(b) * static_cast<double>(B) * static_cast<double>(d);
+  // grouped_loss's buffer is [b x B g]: g blocks (its routing counts them so).
+  const int64_t blocks = loss == "grouped" ? o.group() : detail::logits_blocks(loss);
+  const int64_t tile = detail::tile_side(std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), e);
+  const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
+  PathCost mat{"materialised"}, tiled{"tiled"}, ring{"ring"};
+  ring.available = W > 1;
+  p.old_gemms = count_costs(o, b, e, (W - 1) * b * d * e, mat, tiled, ring);
   mat.logits_bytes = blocks * b * B * e;
   tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
   for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;

@@ -1,33 +1,31 @@
 // SigLIP's pairwise sigmoid loss as one autograd function over ring-visited,
-// chunked key blocks (see contrax/siglip.h). It shares the ring driver and the
-// tile helpers with the tiled InfoNCE (contrax/tiled.h).
+// tiled key blocks (see contrax/siglip.h), on the engine's tile loop and key
+// blocks (engine/tiles.h) and its shared prologue (engine/prologue.h).
 #include "contrax/siglip.h"
 
-#include <algorithm>
 #include <cmath>
 
-#include "contrax/collectives.h"
-#include "contrax/detail/check.h"
-#include "contrax/tiled.h"
+#include "engine/prologue.h"
+#include "engine/tiles.h"
 
 namespace contrax {
 
 namespace {
 
-struct SigLipPlan : torch::CustomClassHolder {
-  CommunicatorPtr comm;         // null or world 1: b holds every row
-  std::vector<int64_t> counts;  // b rows per rank
+struct SigLipState : torch::CustomClassHolder {
+  detail::EngineLayout layout;  // null comm or world 1: b holds every row
   int64_t tile = 64;
+
+  detail::KeyBlocks key_blocks() const { return detail::KeyBlocks(layout.comm, layout.counts, layout.rank); }
 };
 
-// y_ij = -z_ij x_ij for the tile of rows [r0, r0+R) and columns [c0, c0+T) of
-// one block: x = as @ bt^T + bias, sign flipped on the positives (i, i) when
-// the block is this rank's own.
-torch::Tensor signed_logits(const torch::Tensor& as_c /* [R, d] */, const torch::Tensor& bt /* [T, d] */,
-                            const c10::optional<torch::Tensor>& bias, bool own, int64_t r0, int64_t c0) {
-  auto y = torch::mm(as_c, bt.t());  // [R, T]
+// y_ij = -z_ij x_ij for tile `t` of one block: x = as @ bt^T + bias, sign
+// flipped on the positives (i, i) when the block is this rank's own.
+torch::Tensor signed_logits(const torch::Tensor& as /* [b, d] */, const torch::Tensor& block /* [n, d] */,
+                            const c10::optional<torch::Tensor>& bias, bool own, const detail::Tile& t) {
+  auto y = torch::mm(as.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t());  // [R, C]
   if (bias.has_value()) y.add_(*bias);
-  if (own) detail::tile_diagonal(y, r0, c0, 0).neg_();
+  if (own) detail::tile_diagonal(y, t.r0, t.c0, 0).neg_();
   return y;
 }
 
@@ -37,25 +35,20 @@ class SigLip : public torch::autograd::Function<SigLip> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a /* [b, d] */,
                                const torch::Tensor& b /* [n_r, d] */, const torch::Tensor& scale /* [] */,
                                const c10::optional<torch::Tensor>& bias /* [] */,
-                               const c10::intrusive_ptr<SigLipPlan>& plan) {
-    auto as = a * scale;                       // [b, d]
+                               const c10::intrusive_ptr<SigLipState>& state) {
+    auto as = a * scale;                              // [b, d]
     auto f = torch::zeros({a.size(0)}, a.options());  // [b]
-    const int64_t rows = a.size(0), tile = plan->tile;
-    detail::ring_for_each_block(plan->comm, plan->counts, b, [&](int64_t owner, const torch::Tensor& block) {
-      const bool own = !plan->comm || owner == plan->comm->rank();
-      for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-        const int64_t R = std::min(tile, rows - r0);
-        for (int64_t c0 = 0; c0 < block.size(0); c0 += tile) {
-          const int64_t T = std::min(tile, block.size(0) - c0);
-          auto y = signed_logits(as.narrow(0, r0, R), block.narrow(0, c0, T), bias, own, r0, c0);
-          // softplus(y) = -log sigmoid(-y), exact for every y (torch's softplus
-          // switches to the identity above a threshold).
-          f.narrow(0, r0, R).sub_(torch::log_sigmoid(y.neg_()).sum(1));
-        }
-      }
+    const auto blocks = state->key_blocks();
+    blocks.for_each(b, [&](int64_t owner, int64_t, const torch::Tensor& block) {
+      detail::for_each_tile(a.size(0), block.size(0), state->tile, [&](const detail::Tile& t) {
+        auto y = signed_logits(as, block, bias, owner == blocks.rank(), t);
+        // softplus(y) = -log sigmoid(-y), exact for every y (torch's softplus
+        // switches to the identity above a threshold).
+        f.narrow(0, t.r0, t.rows).sub_(torch::log_sigmoid(y.neg_()).sum(1));
+      });
     });
     ctx->save_for_backward({a, b, scale});
-    ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     if (bias.has_value()) ctx->saved_data["bias"] = bias->detach();
     return f;
   }
@@ -68,48 +61,41 @@ class SigLip : public torch::autograd::Function<SigLip> {
   // The b-gradient of each block is summed around the ring back to its owner.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    TORCH_CHECK(!torch::GradMode::is_enabled(), "siglip_loss(): double backward (create_graph=true) is not supported");
+    auto state = c10::static_intrusive_pointer_cast<SigLipState>(ctx->saved_data["state"].toCapsule());
+    TORCH_CHECK(!torch::GradMode::is_enabled(), state->layout.caller,
+                "(): double backward (create_graph=true) is not supported");
     auto saved = ctx->get_saved_variables();
     const auto& a = saved[0];
     const auto& b = saved[1];
     const auto& scale = saved[2];
-    auto plan = c10::static_intrusive_pointer_cast<SigLipPlan>(ctx->saved_data["plan"].toCapsule());
     c10::optional<torch::Tensor> bias;
     if (ctx->saved_data.count("bias")) bias = ctx->saved_data["bias"].toTensor();
     auto g = grads[0].contiguous();  // [b]
-    const int64_t rows = a.size(0), tile = plan->tile;
     const bool want_db = ctx->needs_input_grad(1);
 
     // g is folded into [b, d] operands (as * g, and A scaled once at the end)
     // instead of into every [tile x tile] entry.
-    auto as = a * scale;                     // [b, d]
-    auto asg = as * g.unsqueeze(1);          // [b, d]
-    auto H_sum = torch::zeros_like(a);       // [b, d]: sum_j h_ij b_j, h = G / g
-    auto h_rows = torch::zeros_like(g);      // [b]: sum_j h_ij (bias only)
-    auto visit = [&](int64_t owner, const torch::Tensor& block) {
-      const bool own = !plan->comm || owner == plan->comm->rank();
-      torch::Tensor db = want_db ? torch::zeros_like(block) : torch::Tensor();  // [n, d]
-      for (int64_t c0 = 0; c0 < block.size(0); c0 += tile) {
-        const int64_t T = std::min(tile, block.size(0) - c0);
-        auto bt = block.narrow(0, c0, T);  // [T, d]
-        for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-          const int64_t R = std::min(tile, rows - r0);
-          auto h = signed_logits(as.narrow(0, r0, R), bt, bias, own, r0, c0).sigmoid_();  // [R, T]
-          if (own) detail::tile_diagonal(h, r0, c0, 0).neg_();                           // times -z
-          H_sum.narrow(0, r0, R).addmm_(h, bt);
-          if (want_db) db.narrow(0, c0, T).addmm_(h.t(), asg.narrow(0, r0, R));
-          if (bias.has_value()) h_rows.narrow(0, r0, R).add_(h.sum(1));
-        }
-      }
-      return db;
-    };
-    torch::Tensor db;
-    if (want_db) {
-      db = detail::ring_for_each_block_grad(plan->comm, plan->counts, b, visit);
-    } else {
-      detail::ring_for_each_block(plan->comm, plan->counts, b,
-                                  [&](int64_t owner, const torch::Tensor& block) { visit(owner, block); });
-    }
+    auto as = a * scale;                 // [b, d]
+    auto asg = as * g.unsqueeze(1);      // [b, d]
+    auto H_sum = torch::zeros_like(a);   // [b, d]: sum_j h_ij b_j, h = G / g
+    auto h_rows = torch::zeros_like(g);  // [b]: sum_j h_ij (bias only)
+    const auto blocks = state->key_blocks();
+    auto db = blocks.for_each_grad(b, want_db, [&](int64_t owner, int64_t, const torch::Tensor& block) {
+      const bool own = owner == blocks.rank();
+      torch::Tensor db_block = want_db ? torch::zeros_like(block) : torch::Tensor();  // [n, d]
+      detail::for_each_tile(
+          a.size(0), block.size(0), state->tile,
+          [&](const detail::Tile& t) {
+            auto bt = block.narrow(0, t.c0, t.cols);                          // [C, d]
+            auto h = signed_logits(as, block, bias, own, t).sigmoid_();       // [R, C]
+            if (own) detail::tile_diagonal(h, t.r0, t.c0, 0).neg_();          // times -z
+            H_sum.narrow(0, t.r0, t.rows).addmm_(h, bt);
+            if (want_db) db_block.narrow(0, t.c0, t.cols).addmm_(h.t(), asg.narrow(0, t.r0, t.rows));
+            if (bias.has_value()) h_rows.narrow(0, t.r0, t.rows).add_(h.sum(1));
+          },
+          /*columns_outer=*/true);
+      return db_block;
+    });
     auto A = H_sum.mul_(g.unsqueeze(1));  // [b, d]: sum_j G_ij b_j
     auto da = A * scale;
     auto ds = (A * a).sum().reshape(scale.sizes());
@@ -130,10 +116,7 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
   check.require(options.max_logit_scale() > 0.0, "argument 'max_logit_scale' must be positive, but got ",
                 options.max_logit_scale());
-  check.require(options.tile_size() >= 0, "argument 'tile_size' must be >= 0 (0 = automatic), but got ",
-                options.tile_size());
-  check.require(options.tile_bytes() > 0, "argument 'tile_bytes' must be positive, but got ",
-                options.tile_bytes());
+  detail::check_tile_options(check, options.tile_size(), options.tile_bytes());
   const bool ok = check.error().empty();
   namespace F = torch::nn::functional;
   auto norm = [&](const torch::Tensor& x) {
@@ -141,22 +124,18 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   };
   auto a_n = norm(a), b_n = norm(b);
   const auto& comm = options.comm();
-  const int64_t W = comm ? comm->world_size() : 1;
-  auto counts = detail::exchange_row_counts(ok ? b_n : torch::Tensor(), comm, caller, "b", check.error());
-  int64_t B = 0;
-  for (auto c : counts) B += c;
-  TORCH_CHECK(B > 0, caller, "(): the global batch is empty (every rank passed 0 rows)");
+  auto counts = detail::agree_on_rows(caller, ok ? b_n : torch::Tensor(), "b", comm, check.error());
 
-  auto plan = c10::make_intrusive<SigLipPlan>();
-  plan->comm = W > 1 ? comm : nullptr;
-  plan->counts = counts;
-  plan->tile = detail::tile_side(options.tile_size(), options.tile_bytes(), a.element_size());
+  auto state = c10::make_intrusive<SigLipState>();
+  state->layout = detail::make_layout(caller, comm, counts);
+  state->tile = detail::tile_side(options.tile_size(), options.tile_bytes(), a.element_size());
   auto scale = logit_scale.exp();
   if (std::isfinite(options.max_logit_scale())) scale = scale.clamp_max(options.max_logit_scale());
   c10::optional<torch::Tensor> bias;
   if (logit_bias.has_value()) bias = logit_bias->to(a.scalar_type());
-  auto rows = SigLip::apply(a_n, b_n, scale.to(a.scalar_type()), bias, plan);  // [b]
-  return rows.sum() * (static_cast<double>(W) / static_cast<double>(B));
+  auto rows = SigLip::apply(a_n, b_n, scale.to(a.scalar_type()), bias, state);  // [b]
+  const auto& L = state->layout;
+  return rows.sum() * (static_cast<double>(L.world) / static_cast<double>(L.total));
 }
 
 SigLipLossImpl::SigLipLossImpl(SigLipLossOptions options_, double init_scale, double init_bias)

@@ -108,7 +108,7 @@ torch::Tensor reference_rows(const Case& c, const Inputs& in, const torch::Tenso
 
 // One case at one world size and row pattern: the value each rank returns and
 // the gradients of its rows and of the scalars, against the reference (see the
-// gradient convention in contrax/detail/engine.h and Reduction in losses.h).
+// gradient convention in src/engine/engine.h and Reduction in contrax/vocabulary.h).
 void expect_exact(const Case& c, const std::vector<int64_t>& rows) {
   const int64_t W = static_cast<int64_t>(rows.size());
   int64_t B = 0;

@@ -12,6 +12,7 @@
 #include "contrax/memory.h"
 #include "contrax/plan.h"
 #include "contrax/reference.h"
+#include "contrax/tiled.h"
 #include "contrax/verify.h"
 #include "support/errors.h"
 #include "support/ranks.h"
@@ -322,6 +323,34 @@ TEST(LossEngine, SecondBackwardThroughTheSameGraphIsAnError) {
   auto nt = nt_xent_loss(a, a * 2);
   nt.backward({}, /*retain_graph=*/true);
   CONTRAX_EXPECT_ERROR(nt.backward(), "nt_xent_loss(): backward ran twice through the same graph");
+}
+
+// The engine's backward errors name the function that was called, whichever
+// front end led to the block (issue 26: they used to say clip_loss()).
+TEST(LossEngine, BackwardErrorsNameTheCaller) {
+  auto q = torch::randn({4, 3}, torch::kDouble).requires_grad_(true);
+  auto s = torch::tensor(0.5, torch::kDouble);
+  auto grouped = [&](MemoryPath path) {
+    return grouped_loss(q, q * 2, s, {}, GroupedLossOptions().path(path));
+  };
+  auto moco = [&](MemoryPath path) {
+    return moco_v3_loss(q, q * 2, q * 3, q * 4, MocoV3LossOptions().path(path));
+  };
+  auto twice = grouped(MemoryPath::kMaterialised);
+  twice.backward({}, /*retain_graph=*/true);
+  CONTRAX_EXPECT_ERROR(twice.backward(), "grouped_loss(): backward ran twice through the same graph");
+  twice = moco(MemoryPath::kMaterialised);
+  twice.backward({}, /*retain_graph=*/true);
+  CONTRAX_EXPECT_ERROR(twice.backward(), "moco_v3_loss(): backward ran twice through the same graph");
+  auto grad_of_grad = [&](const torch::Tensor& loss) {
+    torch::autograd::grad({loss}, {q}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  };
+  for (auto path : {MemoryPath::kMaterialised, MemoryPath::kTiled}) {
+    CONTRAX_EXPECT_ERROR(grad_of_grad(grouped(path)), "grouped_loss(): double backward (create_graph=true)");
+    CONTRAX_EXPECT_ERROR(grad_of_grad(moco(path)), "moco_v3_loss(): double backward (create_graph=true)");
+  }
+  CONTRAX_EXPECT_ERROR(grad_of_grad(tiled_clip_loss(q, q * 2, s)), "tiled_clip_loss(): double backward");
+  CONTRAX_EXPECT_ERROR(grad_of_grad(tiled_nt_xent_loss(q, q * 2)), "tiled_nt_xent_loss(): double backward");
 }
 
 // The materialised path holds one logits buffer per rank and no second one:

@@ -1,9 +1,9 @@
-// The engine's fused element-wise kernels (contrax/detail/lse_kernels.h)
+// The engine's fused element-wise kernels (src/engine/lse_kernels.h)
 // against fp64 references: the vectorised exp, the row/column log-sum-exps
 // (row blocks, the column split across threads, masked and non-finite
 // entries) and the in-place softmax gradient, and the fused path of every
 // loss against the ATen path it replaces (which CUDA tensors still take).
-#include "contrax/detail/lse_kernels.h"
+#include "engine/lse_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>

@@ -17,24 +17,13 @@ namespace contrax {
 ///
 /// Defaults: scale clamped at 100, no normalisation, world 1, automatic memory
 /// path, mean reduction, no labels.
-struct GroupedLossOptions {
+struct GroupedLossOptions : detail::WithMemoryPath<GroupedLossOptions> {
   /// The scale exp(logit_scale) is clamped to at most this.
   TORCH_ARG(double, max_logit_scale) = 100.0;
   /// L2-normalise queries and candidates inside the loss.
   TORCH_ARG(bool, normalize) = false;
   /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path (see MemoryPath in losses.h); default automatic.
-  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
-  /// Tiled path: side of a logits tile (0: from `tile_bytes`), as in
-  /// ClipLossOptions (-1 is the deprecated spelling of kMaterialised).
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// Tiled path: budget of one logits tile when `tile_size` is 0.
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
-  /// Threshold of kAuto (logits bytes per rank).
-  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only (implies it): candidate blocks travel around the ring instead of being gathered.
-  TORCH_ARG(bool, ring) = false;
   /// Reduction of the per-query losses (mean over the global number of queries).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
   /// Optional int64 [b_r]: the id of each query's positive.

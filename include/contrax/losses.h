@@ -12,49 +12,19 @@
 #include <torch/torch.h>
 
 #include "contrax/communicator.h"
+#include "contrax/vocabulary.h"
 
 namespace contrax {
-
-/// How a loss reduces its per-row losses l_i (the global batch has N rows).
-/// Under the gradient convention (rank r returns L_r, the mean over ranks is
-/// the loss, every rank backpropagates):
-///   kMean: L_r = (W/N) sum_{i in r} l_i   (mean over ranks = the global mean)
-///   kSum:  L_r = W sum_{i in r} l_i       (mean over ranks = the global sum)
-///   kNone: the [b_r] per-row losses l_i of this rank's rows, each the exact
-///          global-batch loss of that row; backward with upstream g_i gives
-///          this rank's rows W times the gradient of (1/W) sum_r <g_r, l_r>,
-///          i.e. what each rank backpropagating its own weighted sum and
-///          data-parallel averaging gives. Every rank must run backward (the
-///          symmetric losses all-gather the upstream gradients, O(N)).
-enum class Reduction { kMean, kSum, kNone };
-
-/// Which memory path a loss takes (`path` of every loss's options; the same
-/// words in every loss, SigLIP and the tiled functions included):
-///   kAuto: materialise the logits while the largest rank's take at most
-///     `max_logits_bytes`, otherwise tiled (the choice is made from the
-///     exchanged row counts, identically on every rank);
-///   kMaterialised: one logits buffer per rank (fastest while it fits);
-///   kTiled: tile by tile (memory O(b x tile), same value and gradients;
-///     `ring` passes the key blocks around the ring instead of gathering them).
-/// `tile_size` is the side of a tile on the tiled path (0: chosen so one tile
-/// takes about `tile_bytes`); a positive `tile_size` with kAuto asks for tiles.
-enum class MemoryPath { kAuto, kMaterialised, kTiled };
-
-/// What a shared label means (`labels` options).
-/// kMultiPositive: every column whose label equals the row's label is a
-///   positive (supervised-contrastive form: l_i = lse_i - mean_{p in P(i)} S_ip,
-///   the designated positive always in P(i)).
-/// kMaskDuplicates: such columns, other than the designated positive, are
-///   removed from the softmax (-inf): duplicate / false-negative masking.
-enum class LabelMode { kMultiPositive, kMaskDuplicates };
 
 // ---------------------------------------------------------------------------
 // CLIP / InfoNCE
 
 /// Options for `clip_loss`.
 ///
-/// Defaults: symmetric, scale clamped at 100, no normalisation, world 1.
-struct ClipLossOptions {
+/// Defaults: symmetric, scale clamped at 100, no normalisation, world 1, the
+/// automatic memory path (`memory()`: MemoryPathOptions in contrax/vocabulary.h,
+/// or its shorthands `path()`, `tile_size()`, `ring()`, ...), as for every loss below.
+struct ClipLossOptions : detail::WithMemoryPath<ClipLossOptions> {
   /// true: (CE(a->b) + CE(b->a)) / 2. false: CE(a->b) only (InfoNCE, retrieval).
   TORCH_ARG(bool, symmetric) = true;
   /// The scale exp(logit_scale) is clamped to at most this (CLIP uses 100).
@@ -63,19 +33,6 @@ struct ClipLossOptions {
   TORCH_ARG(bool, normalize) = false;
   /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path (see MemoryPath); default automatic.
-  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
-  /// Tiled path: side of a logits tile; 0 (default) chooses it from
-  /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
-  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
-  /// (still accepted for one release, with a warning).
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// Tiled path: budget of one logits tile when `tile_size` is 0.
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
-  /// Threshold of kAuto (default 256 MiB of logits per rank).
-  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only (implies it): key blocks travel around the ring instead of being gathered.
-  TORCH_ARG(bool, ring) = false;
   /// Reduction of the per-row losses (per row: the mean of its two directions
   /// when symmetric).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
@@ -105,25 +62,12 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
 // NT-Xent (SimCLR)
 
 /// Options for `nt_xent_loss`. Defaults: temperature 0.1, normalise, world 1.
-struct NTXentLossOptions {
+struct NTXentLossOptions : detail::WithMemoryPath<NTXentLossOptions> {
   /// Softmax temperature; must be > 0.
   TORCH_ARG(double, temperature) = 0.1;
   /// L2-normalise the projections inside the loss (cosine similarity).
   TORCH_ARG(bool, normalize) = true;
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path (see MemoryPath); default automatic.
-  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
-  /// Tiled path: side of a logits tile; 0 (default) chooses it from
-  /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
-  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
-  /// (still accepted for one release, with a warning).
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// Tiled path: budget of one logits tile when `tile_size` is 0.
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
-  /// Threshold of kAuto (default 256 MiB of logits per rank).
-  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only (implies it): key blocks travel around the ring instead of being gathered.
-  TORCH_ARG(bool, ring) = false;
   /// Reduction over the B examples (per example: the mean of its two views'
   /// losses).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
@@ -145,23 +89,10 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, con
 
 /// Options for `moco_v3_loss`. Defaults: temperature 1.0 (MoCo v3 ViT uses 0.2),
 /// normalise, world 1.
-struct MocoV3LossOptions {
+struct MocoV3LossOptions : detail::WithMemoryPath<MocoV3LossOptions> {
   TORCH_ARG(double, temperature) = 1.0;
   TORCH_ARG(bool, normalize) = true;
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-  /// Memory path (see MemoryPath); default automatic.
-  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
-  /// Tiled path: side of a logits tile; 0 (default) chooses it from
-  /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
-  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
-  /// (still accepted for one release, with a warning).
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// Tiled path: budget of one logits tile when `tile_size` is 0.
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
-  /// Threshold of kAuto (default 256 MiB of logits per rank).
-  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tiled path only (implies it): key blocks travel around the ring instead of being gathered.
-  TORCH_ARG(bool, ring) = false;
   /// Reduction over the B examples (per example: 2T (l(q1_i, k2) + l(q2_i, k1))).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
 };

@@ -11,16 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "contrax/losses.h"
+#include "contrax/vocabulary.h"
 
 namespace contrax {
 
 /// Options for `plan_loss`. Defaults: symmetric CLIP, B = 8192, d = 256,
-/// W = 1, fp32, automatic path with the losses' default threshold and tiles.
+/// W = 1, fp32, the losses' default memory path (`memory()` and its
+/// shorthands, as in the losses' options: MemoryPathOptions).
 ///
 ///   auto p = contrax::plan_loss(contrax::PlanOptions().batch(32768).world(4));
 ///   std::cout << contrax::to_string(p);
-struct PlanOptions {
+struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
   /// "clip" (symmetric), "infonce" (one direction), "grouped" (one direction,
   /// `group` candidates per query: grouped_loss), "nt_xent" or "moco_v3".
   TORCH_ARG(std::string, loss) = "clip";
@@ -32,16 +33,6 @@ struct PlanOptions {
   TORCH_ARG(int64_t, world) = 1;
   /// Feature dtype; fp16/bf16 are computed in fp32 (the engine's rule).
   TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
-  /// The losses' `path` (see MemoryPath in losses.h).
-  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
-  /// The losses' `tile_size`: the tile side (0: from `tile_bytes`); a positive
-  /// value with kAuto selects the tiled path; -1 is the deprecated kMaterialised.
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// The losses' `ring` (tiled, W > 1).
-  TORCH_ARG(bool, ring) = false;
-  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
-  /// Tile budget when the tiled path picks its own side.
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
 };
 
 /// One path's cost for the rank with the most rows.

@@ -27,10 +27,6 @@
 
 #include <torch/torch.h>
 
-#include <functional>
-#include <vector>
-
-#include "contrax/collectives.h"  // the ring driver (detail::ring_for_each_block*) lives there now
 #include "contrax/communicator.h"
 #include "contrax/losses.h"
 
@@ -110,18 +106,5 @@ torch::Tensor tiled_nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z
 torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
                                  const torch::Tensor& k2, const MocoV3LossOptions& options = {},
                                  const TiledOptions& tiled = {});
-
-namespace detail {
-
-/// Side of a square logits tile: `tile_size` if positive, otherwise the largest
-/// side whose tile fits `tile_bytes` at `element_size`, at least 64.
-int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size);
-
-/// The diagonal of a `[R, T]` tile whose first row is global row `row0` and
-/// first column global column `col0`, for the entries (i, offset + i); may be
-/// empty. Used to mask or flip positives by index instead of by buffer.
-torch::Tensor tile_diagonal(const torch::Tensor& tile, int64_t row0, int64_t col0, int64_t offset);
-
-}  // namespace detail
 
 }  // namespace contrax

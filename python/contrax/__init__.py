@@ -118,8 +118,8 @@ def set_keep_loss_workspace(keep: bool) -> None:
     """Whether a materialised loss's CPU logits buffer (32 MiB or more) is kept
     by the calling thread between calls (default: yes, unless the environment
     has ``CONTRAX_KEEP_WORKSPACE=0``). Reusing it saves faulting in every page
-    of a fresh buffer on every call (about 180 ms for 512 MiB on a benchmark
-    machine); the price is that it stays resident. ``False`` also releases it.
+    of a fresh buffer on every call (docs/benchmarks.md measures what that
+    costs); the price is that it stays resident. ``False`` also releases it.
     CUDA tensors are not affected."""
     _contrax.set_keep_loss_workspace(bool(keep))
 

@@ -2,7 +2,7 @@
 // normalisation is per example).
 #include "contrax/train/models.h"
 
-#include "contrax/detail/lse_kernels.h"
+#include "util/env.h"
 #include "contrax/losses.h"
 
 namespace contrax {

@@ -3,14 +3,19 @@
 // one, in place. CPU float/double tiles with unit column stride go through
 // vectorised kernels (AVX-512, AVX2 or baseline, chosen at run time) split
 // across LibTorch's intra-op threads; any other tile (CUDA, a transposed view)
-// through the equivalent ATen operations. Internal: used by src/engine.cpp.
+// through the equivalent ATen operations. Internal to the engine (src/engine/),
+// not installed; the per-instruction-set kernels are in src/engine/kernels/.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <limits>
 #include <string>
 
 namespace contrax::detail {
+
+/// +inf in double: the engine masks logits with -kInf (exact in every dtype).
+inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
 /// Row and column log-sum-exps of a tile.
 struct TileLse {
@@ -69,10 +74,6 @@ torch::Tensor exp_rows_(torch::Tensor& t /* [R, C] */, double shift, const torch
 /// In place t_ij <- t_ij (a_i + b_j).
 void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a /* [R] */,
                            const torch::Tensor& b /* [C] */);
-
-/// Switches that start on unless their environment variable is "0" (the
-/// engine's; the trainer's fused encoder, CONTRAX_FUSED_ENCODER).
-bool env_on(const char* name);
 
 /// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
 /// apply (default true; the CONTRAX_FUSED_KERNELS=0 environment variable turns

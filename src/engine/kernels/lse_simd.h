@@ -3,7 +3,7 @@
 // turn of a tile into softmax gradients. This header is the implementation;
 // it is compiled once per instruction set (lse_simd_base.cpp, _avx2.cpp,
 // _avx512.cpp, each with its own -m flags and CONTRAX_SIMD_NS) and the
-// dispatcher in src/lse_kernels.cpp picks the widest the CPU runs. No LibTorch
+// dispatcher in src/engine/lse_kernels.cpp picks the widest the CPU runs. No LibTorch
 // header here: a precompiled LibTorch header built for the baseline ISA cannot
 // be mixed into an AVX-512 translation unit.
 //
@@ -32,7 +32,7 @@
 #error "define CONTRAX_SIMD_BYTES (the vector width in bytes) before including lse_simd.h"
 #endif
 
-#include "kernels/lse_simd_api.h"
+#include "engine/kernels/lse_simd_api.h"
 
 namespace contrax::detail::kernels::CONTRAX_SIMD_NS {
 namespace {

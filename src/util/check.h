@@ -1,4 +1,5 @@
-// Argument checks shared by the losses. They *return* the error text instead of
+// Argument checks shared by the losses and the gathers (internal, not
+// installed). They *return* the error text instead of
 // throwing so that a distributed loss can tell every rank about a bad argument
 // before any data collective (see detail::exchange_row_counts), instead of
 // letting the healthy ranks hang in a gather the failing rank never joins.
@@ -33,6 +34,8 @@ class ArgChecker {
     return *this;
   }
   const std::string& error() const { return error_; }
+  /// The function whose arguments are checked (the messages' prefix).
+  const char* caller() const { return caller_; }
   /// Throws the collected error (for code paths with no peer to tell).
   void throw_if_failed() const { TORCH_CHECK(error_.empty(), error_); }
 

@@ -1,26 +1,23 @@
 // Tensor-level front of the engine's fused element-wise kernels
-// (src/kernels/lse_simd.h): instruction-set dispatch, the split over intra-op
+// (src/engine/kernels/lse_simd.h): instruction-set dispatch, the split over intra-op
 // threads, and the ATen fallback for tiles the kernels do not take.
-#include "contrax/detail/lse_kernels.h"
+#include "engine/lse_kernels.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
-#include "kernels/lse_simd_api.h"
+#include "engine/kernels/lse_simd_api.h"
+#include "util/env.h"
 
 namespace contrax::detail {
 
 namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // The instruction sets in order of preference; CMakeLists.txt compiles the
 // AVX2 and AVX-512 tables on x86-64 only.
@@ -302,11 +299,6 @@ void scale_rows_plus_cols_(torch::Tensor& t, const torch::Tensor& a, const torch
       k.scale(x + r0 * ld, r1 - r0, C, ld, ptr<scalar_t>(av) + r0, ptr<scalar_t>(bv));
     });
   });
-}
-
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && std::strcmp(v, "0") == 0);
 }
 
 bool bounded_shift_enabled() { return bounded_flag().load(std::memory_order_relaxed); }

@@ -1,5 +1,5 @@
-// Argument checks that report instead of throw (see contrax/detail/check.h).
-#include "contrax/detail/check.h"
+// Argument checks that report instead of throw (see util/check.h).
+#include "util/check.h"
 
 #include <cmath>
 

@@ -1,5 +1,5 @@
 // The raw interface of the engine's element-wise kernels (see lse_simd.h), one
-// table per instruction set. Single-threaded on one tile; src/lse_kernels.cpp
+// table per instruction set. Single-threaded on one tile; src/engine/lse_kernels.cpp
 // splits work across threads and wraps them for tensors.
 #pragma once
 

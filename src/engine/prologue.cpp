@@ -1,0 +1,177 @@
+// The prologue every loss front end shares (see engine/prologue.h).
+#include "engine/prologue.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <set>
+
+#include "contrax/collectives.h"
+
+namespace contrax::detail {
+
+EngineLayout make_layout(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts) {
+  EngineLayout l;
+  l.caller = caller;
+  l.world = comm ? comm->world_size() : 1;
+  l.rank = comm ? comm->rank() : 0;
+  l.comm = l.world > 1 ? comm : nullptr;
+  l.counts = std::move(counts);
+  for (size_t s = 0; s < l.counts.size(); ++s) {
+    if (static_cast<int64_t>(s) < l.rank) l.offset += l.counts[s];
+    l.total += l.counts[s];
+  }
+  return l;
+}
+
+std::vector<int64_t> agree_on_rows(const char* caller, const torch::Tensor& counted, const char* arg,
+                                   const CommunicatorPtr& comm, const std::string& local_error, const char* rows,
+                                   int64_t extra, std::vector<int64_t>* extras) {
+  auto counts = exchange_row_counts(counted, comm, caller, arg, local_error, extra, extras);
+  int64_t total = 0;
+  for (auto c : counts) total += c;
+  TORCH_CHECK(total > 0, caller, "(): the global batch is empty (every rank passed 0 ", rows, ")");
+  return counts;
+}
+
+bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_bytes, int64_t max_logits_bytes) {
+  if (path == MemoryPath::kTiled || ring) return true;
+  if (path == MemoryPath::kMaterialised || tile_size == -1) return false;
+  return tile_size > 0 || logits_bytes > max_logits_bytes;
+}
+
+int64_t logits_blocks(const std::string& loss) {
+  if (loss == "nt_xent") return 4;
+  if (loss == "moco_v3") return 2;
+  return 1;
+}
+
+int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size) {
+  if (tile_size > 0) return tile_size;
+  const double side = std::sqrt(static_cast<double>(tile_bytes) / static_cast<double>(element_size));
+  return std::max<int64_t>(64, static_cast<int64_t>(side));
+}
+
+namespace {
+
+// Whether `caller` warns now: once per process and loss, as TORCH_WARN_ONCE
+// does per call site.
+bool first_warning(const char* caller) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  return warned.insert(caller).second;
+}
+
+}  // namespace
+
+void check_memory_path(ArgChecker& check, const MemoryPathOptions& o) {
+  const bool materialised = o.path() == MemoryPath::kMaterialised || o.tile_size() == -1;
+  check.require(o.tile_size() >= -1,
+                "argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), but got ",
+                o.tile_size());
+  check.require(o.tile_bytes() > 0, "argument 'tile_bytes' must be positive, but got ", o.tile_bytes());
+  check.require(o.max_logits_bytes() > 0, "argument 'max_logits_bytes' must be positive, but got ",
+                o.max_logits_bytes());
+  check.require(o.tile_size() != -1 || o.path() != MemoryPath::kTiled,
+                "'tile_size' -1 (the deprecated spelling of path kMaterialised) contradicts path kTiled");
+  check.require(!o.ring() || !materialised, "'ring' needs the tiled path, but the path is materialised (",
+                o.tile_size() == -1 ? "'tile_size' is -1" : "'path' is kMaterialised", ")");
+  if (check.error().empty() && o.tile_size() == -1 && first_warning(check.caller())) {
+    TORCH_WARN(check.caller(),
+               "(): tile_size(-1) is deprecated and will be removed in the next release; use "
+               "path(contrax::MemoryPath::kMaterialised) (tile_size is the tile side on the tiled path)");
+  }
+}
+
+void check_tile_options(ArgChecker& check, int64_t tile_size, int64_t tile_bytes) {
+  check.require(tile_size >= 0, "argument 'tile_size' must be >= 0 (0 = automatic), but got ", tile_size);
+  check.require(tile_bytes > 0, "argument 'tile_bytes' must be positive, but got ", tile_bytes);
+}
+
+Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts,
+                       c10::ScalarType features, const MemoryPathOptions& memory, int64_t blocks) {
+  Prologue p;
+  p.dtype = compute_dtype(features);
+  const int64_t e = static_cast<int64_t>(c10::elementSize(p.dtype));
+  int64_t B = 0, bmax = 0;
+  for (auto c : counts) {
+    B += c;
+    bmax = std::max(bmax, c);
+  }
+  p.tiled = route_tiled(memory.path(), memory.tile_size(), memory.ring(), bmax * B * e * blocks,
+                        memory.max_logits_bytes());
+  p.layout = make_layout(caller, comm, std::move(counts));
+  p.ring = p.tiled && memory.ring() && p.layout.world > 1;
+  p.tile = tile_side(std::max<int64_t>(memory.tile_size(), 0), memory.tile_bytes(), e);
+  return p;
+}
+
+c10::ScalarType compute_dtype(c10::ScalarType t) { return (t == c10::kHalf || t == c10::kBFloat16) ? c10::kFloat : t; }
+
+torch::Tensor safe_normalize(const torch::Tensor& x) {
+  // x / max(|x|, eps) is unchanged by scaling x by any m > 0 together with eps,
+  // so dividing by the row's largest magnitude first (a constant for autograd:
+  // the function does not depend on it) changes nothing but the overflow.
+  auto m = x.detach().abs().amax(1, /*keepdim=*/true).clamp_min(std::numeric_limits<float>::min());  // [n, 1]
+  auto y = x / m;
+  return y / torch::maximum(y.norm(2, 1, /*keepdim=*/true), 1e-12 / m);
+}
+
+torch::Tensor prepare(const torch::Tensor& x, c10::ScalarType dtype, bool normalize) {
+  auto y = x.to(dtype);
+  return normalize ? safe_normalize(y) : y;
+}
+
+torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale) {
+  // exp never sees more than log(max_scale), so its backward multiplies by a
+  // finite number; at and above the clamp the constant branch is taken (zero
+  // gradient, as min(exp(x), max) has wherever exp(x) >= max).
+  const double log_max = std::log(max_scale);
+  auto capped = logit_scale.clamp_max(log_max).exp();
+  return torch::where(logit_scale < log_max, capped, torch::full_like(capped, max_scale));
+}
+
+void warn_if_scale_not_log(const torch::Tensor& logit_scale, double max_logit_scale) {
+  // open_clip and Inf-CL pass the scale itself (1/0.07 = 14.3, or 100) where
+  // Contrax takes its log. Reading the value needs a host sync, so parameters
+  // off the CPU are looked at only in the first calls of a process (the
+  // mistake is made once, at construction, and shows at once).
+  static std::atomic<int64_t> device_checks{0};
+  if (!logit_scale.defined() || logit_scale.dim() != 0 || !c10::isFloatingType(logit_scale.scalar_type())) return;
+  if (!logit_scale.device().is_cpu() && device_checks.fetch_add(1) >= 16) return;
+  const double v = logit_scale.detach().item<double>();
+  if (!(v > std::log(max_logit_scale) + 1.0)) return;
+  TORCH_WARN_ONCE("logit_scale=", v, " is the log of the scale (Contrax clamps exp(logit_scale) at ", max_logit_scale,
+                  "): pass log(1/0.07)=2.66, not 1/0.07=14.3 as open_clip/Inf-CL do");
+}
+
+void check_labels(ArgChecker& check, const torch::Tensor& labels, const char* arg, int64_t rows,
+                  const torch::Device& device) {
+  if (!labels.defined()) return;
+  check.require(labels.scalar_type() == torch::kLong, "argument '", arg, "' must be an int64 tensor, but got dtype ",
+                labels.scalar_type());
+  check.require(labels.dim() == 1 && labels.size(0) == rows, "argument '", arg, "' must have shape [", rows,
+                "] (one label per row on this rank), but got ", labels.sizes());
+  check.require(labels.device() == device, "argument '", arg, "' must be on the features' device (", device,
+                "), but got ", labels.device());
+}
+
+torch::Tensor gather_rows(const torch::Tensor& local, const CommunicatorPtr& comm, const std::vector<int64_t>& counts,
+                          bool with_grad) {
+  // The counts are agreed (agree_on_rows): no second metadata round trip.
+  if (!comm || comm->world_size() == 1) return with_grad ? local : local.detach();
+  if (with_grad) return gather_rows_with_grad(local, comm, counts);
+  torch::NoGradGuard no_grad;
+  return comm->all_gather_rows(local.detach(), counts, "all_gather_no_grad");
+}
+
+torch::Tensor gather_labels(const torch::Tensor& local, const CommunicatorPtr& comm,
+                            const std::vector<int64_t>& counts) {
+  if (!local.defined() || !comm || comm->world_size() == 1) return local;
+  return comm->all_gather_rows(local.contiguous(), counts, "labels_all_gather");
+}
+
+}  // namespace contrax::detail

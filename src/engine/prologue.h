@@ -1,0 +1,128 @@
+// The one prologue every loss front end shares (CLIP, grouped, NT-Xent, MoCo
+// v3, SigLIP, the tiled entry points): the row-count agreement that turns one
+// rank's bad argument into an error on every rank, the layout of the global
+// batch, the memory path's routing (decided from the exchanged counts, so the
+// same on every rank), the compute dtype, the feature normalisation, the
+// clamped scale, the label checks and the gathers. Internal to the engine
+// (src/engine/), not installed.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "contrax/communicator.h"
+#include "contrax/vocabulary.h"
+#include "util/check.h"
+
+namespace contrax::detail {
+
+/// Who called and where this rank's rows sit in the global batch; identical
+/// on every rank except `rank` and `offset`.
+struct EngineLayout {
+  const char* caller = "";      // the public function called, for error messages
+  CommunicatorPtr comm;         // null when W == 1
+  std::vector<int64_t> counts;  // b_s for every rank
+  int64_t rank = 0;
+  int64_t world = 1;
+  int64_t offset = 0;  // off_r
+  int64_t total = 0;   // B
+};
+
+/// Builds the layout from exchanged counts.
+EngineLayout make_layout(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts);
+
+/// exchange_row_counts (contrax/collectives.h) of `counted` (the argument
+/// named `arg`), sharing this rank's `local_error` first, and an error on every
+/// rank when the global batch is empty ("every rank passed 0 <rows>").
+/// `extra`/`extras` ride along as there.
+std::vector<int64_t> agree_on_rows(const char* caller, const torch::Tensor& counted, const char* arg,
+                                   const CommunicatorPtr& comm, const std::string& local_error,
+                                   const char* rows = "rows", int64_t extra = 0,
+                                   std::vector<int64_t>* extras = nullptr);
+
+// ---- the memory path
+
+/// The routing every loss and `plan_loss` share (MemoryPath in
+/// contrax/vocabulary.h): tiled for path kTiled or `ring`; materialised for
+/// kMaterialised or the deprecated tile_size -1; tiled for a positive
+/// tile_size; otherwise tiled when the largest rank's materialised logits
+/// (`logits_bytes`) would exceed `max_logits_bytes`.
+bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_bytes, int64_t max_logits_bytes);
+
+/// How many [b x B] logits blocks the materialised path of `loss` holds per
+/// rank ("clip"/"infonce": 1, "nt_xent": 4 (one [2b x 2B]), "moco_v3": 2): the
+/// automatic routing and `plan_loss` compare this with `max_logits_bytes`.
+int64_t logits_blocks(const std::string& loss);
+
+/// Side of a square logits tile: `tile_size` if positive, otherwise the largest
+/// side whose tile fits `tile_bytes` at `element_size`, at least 64.
+int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size);
+
+/// Checks the memory-path options into `check` (inconsistent ones are an
+/// argument error); warns once per caller about the deprecated tile_size -1.
+void check_memory_path(ArgChecker& check, const MemoryPathOptions& o);
+
+/// The tile options of the always-tiled entry points (TiledOptions, SigLIP,
+/// tiled_info_nce): `tile_size` >= 0 (0: from `tile_bytes`), `tile_bytes` > 0.
+void check_tile_options(ArgChecker& check, int64_t tile_size, int64_t tile_bytes);
+
+/// What the ranks decided from the agreed counts, identically on every rank.
+struct Prologue {
+  EngineLayout layout;
+  c10::ScalarType dtype = c10::kFloat;  // the compute dtype (compute_dtype)
+  bool tiled = false;                   // the tiled path
+  bool ring = false;                    // tiled, ring and W > 1: key blocks travel instead of being gathered
+  int64_t tile = 64;                    // side of a logits tile on the tiled path
+};
+
+/// The prologue of a loss over features of dtype `features`: `blocks` is how
+/// many [b x B] logits blocks its materialised path holds (the routing's
+/// measure, see logits_blocks).
+Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts,
+                       c10::ScalarType features, const MemoryPathOptions& memory, int64_t blocks);
+
+// ---- the features
+
+/// The dtype the engine computes in for features of dtype `t`: fp16 and bf16
+/// are accumulated in fp32 (log-sum-exps, loss, gradients of the block); fp32
+/// and fp64 stay.
+c10::ScalarType compute_dtype(c10::ScalarType t);
+
+/// L2 normalisation of rows that cannot overflow: rows are divided by their
+/// largest magnitude before the norm is taken, so 1e20-sized fp32 inputs give
+/// unit rows instead of zeros. Same value and gradient as
+/// F::normalize(x, dim 1, eps 1e-12) wherever that one does not overflow.
+torch::Tensor safe_normalize(const torch::Tensor& x /* [n, d] */);
+
+/// `x` in `dtype`, L2-normalised (safe_normalize) when `normalize`.
+torch::Tensor prepare(const torch::Tensor& x, c10::ScalarType dtype, bool normalize);
+
+/// The logit scale min(exp(logit_scale), max_scale) with the clamp taken on the
+/// log side: exp never sees a value above log(max_scale), so a huge
+/// logit_scale gives the clamped scale and a zero (not NaN) gradient.
+torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale);
+
+/// Warns once when `logit_scale` looks like the scale itself rather than its
+/// log (the commonest porting mistake from open_clip and Inf-CL).
+void warn_if_scale_not_log(const torch::Tensor& logit_scale, double max_logit_scale);
+
+/// `labels` (undefined: nothing to check) must be an int64 vector of `rows`
+/// entries on `device`; `arg` names it.
+void check_labels(ArgChecker& check, const torch::Tensor& labels, const char* arg, int64_t rows,
+                  const torch::Device& device);
+
+// ---- the gathers, once the counts are agreed
+
+/// Every rank's `local` rows in rank order ([sum(counts), ...]): with
+/// gradient (backward: reduce-scatter) or without; `local` itself for W = 1.
+torch::Tensor gather_rows(const torch::Tensor& local, const CommunicatorPtr& comm,
+                          const std::vector<int64_t>& counts, bool with_grad);
+
+/// Every rank's labels in rank order (`counts` rows each); undefined `local`:
+/// undefined.
+torch::Tensor gather_labels(const torch::Tensor& local, const CommunicatorPtr& comm,
+                            const std::vector<int64_t>& counts);
+
+}  // namespace contrax::detail

@@ -1,0 +1,275 @@
+// The tiled blocks (see engine/tiled_blocks.h): CLIP / InfoNCE / grouped and
+// NT-Xent, each one autograd function that keeps only its inputs and per-row
+// statistics, and walks the logits tile by tile (engine/tiles.h) over the
+// gathered keys or the ring's blocks.
+#include "engine/tiled_blocks.h"
+
+#include <algorithm>
+
+#include "engine/block.h"
+#include "engine/tiles.h"
+
+namespace contrax::detail {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct TiledState : BlockState {
+  int64_t tile = 64;
+  bool ring = false;  // k is this rank's block and blocks travel around the ring
+
+  // Every rank's key block: g key rows per row of the layout.
+  KeyBlocks key_blocks() const {
+    auto counts = layout.counts;
+    for (auto& c : counts) c *= spec.group;
+    return KeyBlocks(ring ? layout.comm : nullptr, std::move(counts), layout.rank);
+  }
+};
+
+// The logits of tile `t` of key block `block` (first global column col0):
+// qs rows times block rows, plus the bias, with the masked diagonal (if any)
+// at -inf.
+torch::Tensor tile_logits(const TiledState& state, const torch::Tensor& qs /* [b, d] */,
+                          const torch::Tensor& block /* [n, d] */, const torch::Tensor& bias, const Tile& t,
+                          int64_t col0) {
+  auto s = torch::mm(qs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t());  // [R, C]
+  if (bias.defined()) s.add_(bias);
+  if (state.spec.masked >= 0) tile_diagonal(s, t.r0, col0 + t.c0, state.spec.masked).fill_(-kInf);
+  return s;
+}
+
+// CLIP / InfoNCE / grouped, tiled: the materialised block's forward statistics
+// and gradient (engine/block.h), one [tile x tile] block at a time; the label
+// structure is recomputed per tile from the labels (O(R + C) each).
+class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
+                               const torch::Tensor& k /* [N, d], or [b g, d] in ring mode */,
+                               const torch::Tensor& scale /* [] */, const c10::optional<torch::Tensor>& bias /* [] */,
+                               const c10::intrusive_ptr<TiledState>& state) {
+    const auto& L = state->layout;
+    const int64_t b = q.size(0), g = state->spec.group, d = q.size(1);
+    const torch::Tensor bias_t = bias.has_value() ? *bias : torch::Tensor();
+    auto qs = q * scale;  // [b, d]
+    ForwardStats st(*state, b, qs.options());
+    const auto blocks = state->key_blocks();
+    blocks.for_each(k, [&](int64_t, int64_t col0, const torch::Tensor& block) {
+      for_each_tile(b, block.size(0), state->tile, [&](const Tile& t) {
+        auto s = tile_logits(*state, qs, block, bias_t, t, col0);
+        auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
+        st.add(s, P, t.r0, col0 + t.c0);
+      });
+    });
+    // The designated positives: every g-th row of this rank's own candidates
+    // (global column (off + i) g, inside k at that column less k's first).
+    const int64_t own0 = L.offset * g - (state->ring ? blocks.starts()[L.rank] : 0);
+    auto own = k.narrow(0, own0, b * g);                                  // [b g, d]
+    auto designated = (qs * own.reshape({b, g, d}).select(1, 0)).sum(1);  // [b]
+    if (bias_t.defined()) designated = designated + bias_t;
+    RowTerms rt;
+    auto l = finish_forward(*state, st, designated, rt);
+    ctx->save_for_backward({q, k, scale});
+    save_terms(ctx, rt);
+    if (bias_t.defined()) ctx->saved_data["bias"] = bias_t.detach();
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return reduce_rows(l, L, state->spec.reduction);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
+    check_no_double_backward(state->layout);
+    auto saved = ctx->get_saved_variables();
+    const auto& q = saved[0];
+    const auto& k = saved[1];
+    const auto& scale = saved[2];
+    const auto rt = saved_terms(ctx);
+    const torch::Tensor bias = ctx->saved_data.count("bias") ? ctx->saved_data["bias"].toTensor() : torch::Tensor();
+    const int64_t b = q.size(0);
+    const bool want_dk = ctx->needs_input_grad(1);
+    const bool want_bias = bias.defined() && ctx->needs_input_grad(3);
+    const auto w = backward_weights(*state, grads[0], q.scalar_type());
+    auto qs = q * scale;            // [b, d]
+    auto A = torch::zeros_like(q);  // [b, d]: sum_j G_ij k_j
+    auto g_sum = torch::zeros({}, q.options());
+    auto dk = state->key_blocks().for_each_grad(k, want_dk, [&](int64_t, int64_t col0, const torch::Tensor& block) {
+      torch::Tensor dk_block = want_dk ? torch::zeros_like(block) : torch::Tensor();  // [n, d]
+      for_each_tile(
+          b, block.size(0), state->tile,
+          [&](const Tile& t) {
+            auto kt = block.narrow(0, t.c0, t.cols);            // [C, d]
+            auto s = tile_logits(*state, qs, block, bias, t, col0);  // [R, C], then in place G
+            auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
+            tile_gradient(*state, rt, w, s, P, t.r0, col0 + t.c0);
+            s.mul_(w.c);
+            A.narrow(0, t.r0, t.rows).addmm_(s, kt);
+            if (want_dk) dk_block.narrow(0, t.c0, t.cols).addmm_(s.t(), qs.narrow(0, t.r0, t.rows));
+            if (want_bias) g_sum.add_(s.sum());
+          },
+          /*columns_outer=*/true);
+      return dk_block;
+    });
+    auto dq = A * scale;
+    torch::Tensor ds;
+    if (ctx->needs_input_grad(2)) ds = (A * q).sum().reshape(scale.sizes());
+    return {dq, dk, ds, want_bias ? g_sum : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// NT-Xent, tiled: the materialised block's gradient entry by entry, over the
+// gathered Z (one block, no gradient) or, on the ring, over every rank's block
+// [z1_s; z2_s] as it passes. Either way the backward needs no gradient
+// collective: G~ (engine/block.h) of rank r's rows is computed from its own
+// rows' logits and every row's lse (all-gathered, O(B)), so the ring's
+// backward sends the (gradient-free) blocks around once more and nothing else.
+// Row tiles never straddle the two views, so a tile's self and positive
+// entries are each one diagonal (tile_diagonal's offset, per view v of the
+// rows, with the block's own column numbers):
+//   gathered Z, columns [z1_all; z2_all]: self off + p (view 1) and
+//     B + off + p - b (view 2); positive B + off + p and off + p - b;
+//   ring, the own block [z1_r; z2_r] (columns in local order): self p,
+//     positive p + b (view 1) and p - b (view 2); other blocks have neither.
+class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
+ public:
+  struct Diagonals {
+    bool any = false;                                   // does this block hold self/positive columns?
+    int64_t self_off[2] = {0, 0}, pos_off[2] = {0, 0};  // per view of the rows
+  };
+
+  static Diagonals diagonals(const TiledState& state, int64_t owner) {
+    const auto& L = state.layout;
+    const int64_t b = L.counts[L.rank];
+    Diagonals d;
+    if (!state.ring) {
+      d.any = true;
+      d.self_off[0] = L.offset;
+      d.self_off[1] = L.total + L.offset - b;
+      d.pos_off[0] = L.total + L.offset;
+      d.pos_off[1] = L.offset - b;
+    } else if (owner == L.rank) {
+      d.any = true;
+      d.pos_off[0] = b;
+      d.pos_off[1] = -b;
+    }
+    return d;
+  }
+
+  // The entries of a [2B] global-order vector ([z1_all rows; z2_all rows]) for
+  // the columns of a block: all of it for the gathered Z; for the ring block
+  // [z1_s; z2_s] of 2 b_s rows starting at key row col0 = 2 off_s (two key
+  // rows per example), [v[off_s : off_s + b_s]; v[B + off_s : ...]].
+  static torch::Tensor block_cols(const TiledState& state, int64_t col0, const torch::Tensor& block,
+                                  const torch::Tensor& v /* [2B] */) {
+    if (!state.ring || !v.defined()) return v;
+    const int64_t off = col0 / 2, bs = block.size(0) / 2;
+    return torch::cat({v.narrow(0, off, bs), v.narrow(0, state.layout.total + off, bs)});
+  }
+
+  // fn(tile, v) for the tiles of the block's columns against this rank's rows
+  // of view v ([v b, (v + 1) b)), view by view.
+  static void for_each_view_tile(int64_t b, int64_t n_cols, int64_t side,
+                                 const std::function<void(const Tile&, int64_t v)>& fn) {
+    for (int64_t v = 0; v < 2; ++v) {
+      for_each_tile(b, n_cols, side, [&](Tile t) {
+        t.r0 += v * b;
+        fn(t, v);
+      });
+    }
+  }
+
+  // keys: the gathered Z ([2B, d]) or, on the ring, this rank's own block
+  // ([2b, d] = z without gradient).
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& z /* [2b, d] */, const torch::Tensor& keys,
+                               const c10::intrusive_ptr<TiledState>& state) {
+    const int64_t b2 = z.size(0), b = b2 / 2;
+    auto zs = z * state->inv_temperature;  // [2b, d]
+    auto lse = torch::full({b2}, -kInf, zs.options());
+    state->key_blocks().for_each(keys, [&](int64_t owner, int64_t, const torch::Tensor& block) {
+      const auto dg = diagonals(*state, owner);
+      for_each_view_tile(b, block.size(0), state->tile, [&](const Tile& t, int64_t v) {
+        auto s = torch::mm(zs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t());  // [R, C]
+        if (dg.any) tile_diagonal(s, t.r0, t.c0, dg.self_off[v]).fill_(-kInf);
+        auto lr = lse.narrow(0, t.r0, t.rows);
+        lr.copy_(torch::logaddexp(lr, tile_lse(s, /*rows=*/true, /*cols=*/false).row));
+      });
+    });
+    // S_{u, pos(u)}: view-1 row i against view-2 row i of the same example.
+    auto zd = z.detach();
+    auto swapped = torch::cat({zd.narrow(0, b, b), zd.narrow(0, 0, b)});  // [2b, d]
+    auto positive = (zs * swapped).sum(1);                                 // [2b]
+    ctx->save_for_backward({z, keys});
+    ctx->saved_data["lse"] = lse;
+    ctx->saved_data["lse_all"] = gather_view_lse(lse, state->layout);
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return nt_reduce(lse - positive, *state);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
+    check_no_double_backward(state->layout);
+    auto saved = ctx->get_saved_variables();
+    const auto& z = saved[0];
+    const auto& keys = saved[1];
+    auto lse = ctx->saved_data["lse"].toTensor();
+    auto lse_all = ctx->saved_data["lse_all"].toTensor();
+    const int64_t b = z.size(0) / 2;
+    const auto w = nt_weights(*state, grads[0], z.scalar_type());
+    auto zs = z * state->inv_temperature;
+    auto A = torch::zeros_like(z);  // [2b, d]
+    state->key_blocks().for_each(keys, [&](int64_t owner, int64_t col0, const torch::Tensor& block) {
+      const auto dg = diagonals(*state, owner);
+      const auto lse_cols = block_cols(*state, col0, block, lse_all);
+      const auto w_cols = block_cols(*state, col0, block, w.all);
+      for_each_view_tile(b, block.size(0), state->tile, [&](const Tile& t, int64_t v) {
+        auto zt = block.narrow(0, t.c0, t.cols);
+        auto s = torch::mm(zs.narrow(0, t.r0, t.rows), zt.t());  // [R, C], then in place G
+        if (dg.any) tile_diagonal(s, t.r0, t.c0, dg.self_off[v]).fill_(-kInf);
+        softmax_grad_(s, lse.narrow(0, t.r0, t.rows), w.row.defined() ? w.row.narrow(0, t.r0, t.rows) : torch::Tensor(),
+                      lse_cols.narrow(0, t.c0, t.cols),
+                      w_cols.defined() ? w_cols.narrow(0, t.c0, t.cols) : torch::Tensor());
+        auto pos = dg.any ? tile_diagonal(s, t.r0, t.c0, dg.pos_off[v]) : s.narrow(0, 0, 0).select(1, 0);
+        if (pos.numel() > 0) {
+          if (w.row.defined()) {
+            // The diagonal's first row: max(0, -(pos_off + r0 - c0)) within the tile.
+            const int64_t first = std::max<int64_t>(0, -(dg.pos_off[v] + t.r0 - t.c0));
+            pos.sub_(w.row.narrow(0, t.r0 + first, pos.numel()) * 2.0);
+          } else {
+            pos.sub_(2.0);
+          }
+        }
+        A.narrow(0, t.r0, t.rows).addmm_(s.mul_(w.c), zt);
+      });
+    });
+    return {A, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor tiled_clip_block(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
+                               const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
+                               int64_t tile, bool ring) {
+  auto state = c10::make_intrusive<TiledState>();
+  state->layout = layout;
+  state->spec = spec;
+  state->tile = tile;
+  state->ring = ring && layout.world > 1;
+  c10::optional<torch::Tensor> opt_bias;
+  if (bias.defined()) opt_bias = bias;
+  return TiledClipBlock::apply(q, k, scale, opt_bias, state);
+}
+
+torch::Tensor tiled_nt_xent_block(const torch::Tensor& z, const torch::Tensor& keys, double inv_temperature,
+                                  const EngineLayout& layout, int64_t tile, Reduction reduction, bool ring) {
+  auto state = c10::make_intrusive<TiledState>();
+  state->layout = layout;
+  state->reduction = reduction;
+  state->inv_temperature = inv_temperature;
+  state->tile = tile;
+  state->ring = ring && layout.world > 1;
+  state->spec.group = 2;  // key rows per example (its two views): a ring block is [z1_s; z2_s]
+  return TiledNtXentBlock::apply(z, state->ring ? z.detach() : keys, state);
+}
+
+}  // namespace contrax::detail

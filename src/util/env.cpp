@@ -1,0 +1,14 @@
+// Environment switches (see util/env.h).
+#include "util/env.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace contrax::detail {
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+}  // namespace contrax::detail
