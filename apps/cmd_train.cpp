@@ -30,10 +30,10 @@
 #include "cli.h"
 #include "contrax/communicator.h"
 #include "contrax/launcher.h"
-#include "contrax/train/augment.h"
-#include "contrax/train/eval.h"
-#include "contrax/train/idx.h"
-#include "contrax/train/trainer.h"
+#include "contrax/train/image/augment.h"
+#include "contrax/train/image/eval.h"
+#include "contrax/train/image/idx.h"
+#include "contrax/train/image/trainer.h"
 #include "contrax/verify.h"
 #include "json_util.h"
 #include "run_dir.h"
@@ -79,18 +79,18 @@ struct TrainFlags {
   std::string recipe = defaults.recipe();
   int64_t nproc = 2;
   std::string data_dir = ct::kDefaultDataDir;
-  int64_t epochs = defaults.epochs();
-  int64_t max_steps = defaults.max_steps();
-  int64_t batch = defaults.batch_size();
+  int64_t epochs = defaults.run().epochs();
+  int64_t max_steps = defaults.run().max_steps();
+  int64_t batch = defaults.run().batch_size();
   int64_t chunk = defaults.chunk_size();
-  double lr = defaults.lr();
-  double wd = defaults.weight_decay();
-  int64_t warmup = defaults.warmup_steps();
+  double lr = defaults.run().lr();
+  double wd = defaults.run().weight_decay();
+  int64_t warmup = defaults.run().warmup_steps();
   double temperature = defaults.temperature();
   double moco_m = defaults.moco_momentum();
-  int64_t seed = static_cast<int64_t>(defaults.seed());
+  int64_t seed = static_cast<int64_t>(defaults.run().seed());
   std::string run_dir;  // empty: runs/<recipe>
-  int64_t ckpt_every = defaults.checkpoint_every();
+  int64_t ckpt_every = defaults.run().checkpoint_every();
   std::string resume = "never";
   bool overwrite = false;
   bool json = false;
@@ -99,9 +99,9 @@ struct TrainFlags {
   int64_t probe_limit = 10000;
   int64_t threads = 0;
   std::string dtype = "float";
-  int64_t log_every = defaults.log_every();
-  int64_t stop_at = defaults.stop_at_step();
-  int64_t skip_nonfinite = defaults.skip_nonfinite();
+  int64_t log_every = defaults.run().log_every();
+  int64_t stop_at = defaults.run().stop_at_step();
+  int64_t skip_nonfinite = defaults.run().skip_nonfinite();
   bool no_eval = false, no_verify = false, no_plot = false, force = false;
   int64_t timeout_s = 300;
   int64_t max_restarts = 0;
@@ -333,14 +333,14 @@ int run_train(const std::vector<std::string>& raw_args) {
     // image recipes, so that --help and --dump-config show what will run. (A
     // recipe set in a config file gets them after parsing, below.)
     const ct::RetrievalOptions r;
-    f.epochs = r.epochs();
-    f.batch = r.batch_size();
-    f.lr = r.lr();
-    f.wd = r.weight_decay();
-    f.warmup = r.warmup_steps();
+    f.epochs = r.run().epochs();
+    f.batch = r.run().batch_size();
+    f.lr = r.run().lr();
+    f.wd = r.run().weight_decay();
+    f.warmup = r.run().warmup_steps();
     f.temperature = r.temperature();
-    f.ckpt_every = r.checkpoint_every();
-    f.log_every = r.log_every();
+    f.ckpt_every = r.run().checkpoint_every();
+    f.log_every = r.run().log_every();
   }
   add_flags(app, f);
   if (int st = cli::parse(app, args); st >= 0) return st;
@@ -367,18 +367,18 @@ int run_train(const std::vector<std::string>& raw_args) {
     // Flags given keep their value; the others take the retrieval defaults.
     auto& o = retrieval.options;
     auto given = [&app](const char* flag) { return app.count(flag) > 0; };
-    if (given("--epochs")) o.epochs(f.epochs);
-    if (given("--batch-size")) o.batch_size(f.batch);
-    if (given("--lr")) o.lr(f.lr);
-    if (given("--weight-decay")) o.weight_decay(f.wd);
-    if (given("--warmup-steps")) o.warmup_steps(f.warmup);
+    if (given("--epochs")) o.run().epochs(f.epochs);
+    if (given("--batch-size")) o.run().batch_size(f.batch);
+    if (given("--lr")) o.run().lr(f.lr);
+    if (given("--weight-decay")) o.run().weight_decay(f.wd);
+    if (given("--warmup-steps")) o.run().warmup_steps(f.warmup);
     if (given("--temperature")) o.temperature(f.temperature);
-    if (given("--checkpoint-every")) o.checkpoint_every(f.ckpt_every);
-    if (given("--log-every")) o.log_every(f.log_every);
-    o.max_steps(f.max_steps).stop_at_step(f.stop_at).query_chunk_size(f.chunk).passage_chunk_size(f.passage_chunk)
-        .hard_negatives(f.hard_negatives).seed(static_cast<uint64_t>(f.seed))
+    if (given("--checkpoint-every")) o.run().checkpoint_every(f.ckpt_every);
+    if (given("--log-every")) o.run().log_every(f.log_every);
+    o.run().max_steps(f.max_steps).stop_at_step(f.stop_at).seed(static_cast<uint64_t>(f.seed))
         .dtype(f.dtype == "double" ? torch::kDouble : torch::kFloat).skip_nonfinite(f.skip_nonfinite)
         .stop_requested([] { return g_signal != 0; });
+    o.query_chunk_size(f.chunk).passage_chunk_size(f.passage_chunk).hard_negatives(f.hard_negatives);
     o.query_tower(ct::BagTowerOptions(o.query_tower()).buckets(f.buckets).embed_dim(f.embed_dim))
         .passage_tower(ct::BagTowerOptions(o.passage_tower()).buckets(f.buckets).embed_dim(f.embed_dim));
     retrieval.wordnet_dir = f.wordnet_dir;
@@ -453,7 +453,7 @@ int run_train(const std::vector<std::string>& raw_args) {
   }
 
   if (f.recipe == "retrieval") {
-    retrieval.options.resume(resume);
+    retrieval.options.run().resume(resume);
     cli::RetrievalIo io;
     io.out = [&console](const std::string& s) { console.out(s); };
     io.result = [&console](const std::string& s) { console.result(s); };
@@ -485,27 +485,28 @@ int run_train(const std::vector<std::string>& raw_args) {
                    f.channels, " and ", f.strides);
   auto opts = ct::TrainOptions()
                   .recipe(f.recipe)
-                  .epochs(f.epochs)
-                  .max_steps(f.max_steps)
-                  .stop_at_step(f.stop_at)
-                  .batch_size(f.batch)
+                  .run(ct::RunOptions()
+                           .epochs(f.epochs)
+                           .max_steps(f.max_steps)
+                           .stop_at_step(f.stop_at)
+                           .batch_size(f.batch)
+                           .lr(f.lr)
+                           .weight_decay(f.wd)
+                           .warmup_steps(f.warmup)
+                           .seed(static_cast<uint64_t>(f.seed))
+                           .dtype(f.dtype == "double" ? torch::kDouble : torch::kFloat)
+                           .run_dir(run_dir)
+                           .checkpoint_every(f.ckpt_every)
+                           .resume(resume)
+                           .log_every(f.log_every)
+                           .skip_nonfinite(f.skip_nonfinite)
+                           .log([&console](const std::string& line) { console.out(line); })
+                           .stop_requested([] { return g_signal != 0; }))
                   .chunk_size(f.chunk)
-                  .lr(f.lr)
-                  .weight_decay(f.wd)
-                  .warmup_steps(f.warmup)
                   .temperature(f.temperature)
                   .moco_momentum(f.moco_m)
-                  .seed(static_cast<uint64_t>(f.seed))
-                  .dtype(f.dtype == "double" ? torch::kDouble : torch::kFloat)
-                  .run_dir(run_dir)
-                  .checkpoint_every(f.ckpt_every)
-                  .resume(resume)
-                  .log_every(f.log_every)
-                  .skip_nonfinite(f.skip_nonfinite)
                   .model(model_options)
-                  .augment(ct::AugmentOptions(base.augment()).scale_min(f.crop_min))
-                  .log([&console](const std::string& line) { console.out(line); })
-                  .stop_requested([] { return g_signal != 0; });
+                  .augment(ct::AugmentOptions(base.augment()).scale_min(f.crop_min));
   if (rank == 0) {
     std::ostringstream os;
     os << "contrax train: " << f.recipe << " on " << train_data.size() << " examples of " << f.data_dir << ", "

@@ -14,7 +14,7 @@
 
 #include "cli.h"
 #include "contrax/launcher.h"
-#include "contrax/train/checkpoint.h"
+#include "contrax/train/common/checkpoint.h"
 
 namespace fs = std::filesystem;
 

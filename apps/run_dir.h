@@ -2,7 +2,7 @@
 // keep one run from destroying another.
 //
 //   checkpoint.pt   the last checkpoint (every --checkpoint-every steps, at the end, when stopped)
-//   metrics.jsonl   one JSON object per step (contrax/train/metrics.h)
+//   metrics.jsonl   one JSON object per step (contrax/train/common/metrics.h)
 //   config.json     every setting, the versions and the world size
 //   train.log       what rank 0 printed
 //   results.json    the summary: evaluation table, exactness check, timings

@@ -6,7 +6,8 @@
 #include <sstream>
 
 #include "contrax/launcher.h"
-#include "contrax/train/trainer.h"
+#include "contrax/train/image/trainer.h"
+#include "contrax/train/retrieval/eval.h"
 #include "contrax/verify.h"
 #include "run_dir.h"
 
@@ -31,26 +32,26 @@ Json retrieval_settings_json(const RetrievalRun& r) {
   Json s;
   s["recipe"] = "retrieval";
   s["wordnet"] = r.wordnet_dir;
-  s["epochs"] = o.epochs();
-  s["max_steps"] = o.max_steps();
-  s["batch_size"] = o.batch_size();
+  s["epochs"] = o.run().epochs();
+  s["max_steps"] = o.run().max_steps();
+  s["batch_size"] = o.run().batch_size();
   s["chunk_size"] = o.query_chunk_size();
   s["passage_chunk_size"] = o.passage_chunk_size();
   s["hard_negatives"] = o.hard_negatives();
-  s["lr"] = o.lr();
-  s["weight_decay"] = o.weight_decay();
-  s["warmup_steps"] = o.warmup_steps();
+  s["lr"] = o.run().lr();
+  s["weight_decay"] = o.run().weight_decay();
+  s["warmup_steps"] = o.run().warmup_steps();
   s["temperature"] = o.temperature();
-  s["seed"] = o.seed();
-  s["dtype"] = o.dtype() == torch::kDouble ? "double" : "float";
+  s["seed"] = o.run().seed();
+  s["dtype"] = o.run().dtype() == torch::kDouble ? "double" : "float";
   s["run_dir"] = r.run_dir;
-  s["checkpoint_every"] = o.checkpoint_every();
+  s["checkpoint_every"] = o.run().checkpoint_every();
   s["train_limit"] = r.train_limit;
   s["eval_limit"] = r.eval_limit;
   s["query_features"] = r.query_chargrams ? "words+chargrams" : "words";
-  s["log_every"] = o.log_every();
-  s["stop_at_step"] = o.stop_at_step();
-  s["skip_nonfinite"] = o.skip_nonfinite();
+  s["log_every"] = o.run().log_every();
+  s["stop_at_step"] = o.run().stop_at_step();
+  s["skip_nonfinite"] = o.run().skip_nonfinite();
   s["eval"] = !r.no_eval;
   s["verify"] = !r.no_verify;
   for (const auto& [name, t] : {std::pair<const char*, ct::BagTowerOptions>{"query_tower", o.query_tower()},
@@ -74,14 +75,14 @@ int run_retrieval(const RetrievalRun& run, const CommunicatorPtr& comm, const Re
                    .query_chargrams(run.query_chargrams);
   const auto corpus = ct::make_retrieval_corpus(ct::load_wordnet(run.wordnet_dir), copts);
   auto opts = o0;
-  opts.run_dir(run.run_dir).log([&io](const std::string& line) { io.out(line); });
+  opts.run().run_dir(run.run_dir).log([&io](const std::string& line) { io.out(line); });
   if (rank == 0) {
     std::ostringstream os;
     const int64_t g = 1 + opts.hard_negatives();
     os << "contrax train: retrieval (WordNet reverse dictionary) on " << corpus.train.size()
        << " training synsets of " << run.wordnet_dir << " (" << corpus.heldout.size() << " held out), " << world
        << " process" << (world > 1 ? "es" : "") << " x " << at::get_num_threads() << " thread"
-       << (at::get_num_threads() > 1 ? "s" : "") << ", global batch " << opts.batch_size() << " queries x " << g
+       << (at::get_num_threads() > 1 ? "s" : "") << ", global batch " << opts.run().batch_size() << " queries x " << g
        << " passages (" << opts.hard_negatives() << " hard negative" << (opts.hard_negatives() == 1 ? "" : "s") << ")"
        << (opts.query_chunk_size() > 0
                ? ", gradient cache chunks of " + std::to_string(opts.query_chunk_size()) + " queries / " +
@@ -89,7 +90,7 @@ int run_retrieval(const RetrievalRun& run, const CommunicatorPtr& comm, const Re
                                                                   : opts.query_chunk_size() * g) +
                      " passages"
                : std::string())
-       << ", run dir " << run.run_dir << (opts.resume() ? " (resuming)" : "") << "\n";
+       << ", run dir " << run.run_dir << (opts.run().resume() ? " (resuming)" : "") << "\n";
     io.out(os.str());
   }
   ct::RetrievalTrainResult r;
@@ -156,7 +157,7 @@ int run_retrieval(const RetrievalRun& run, const CommunicatorPtr& comm, const Re
   s["steps_run"] = steps_run;
   s["total_steps"] = r.total_steps;
   s["epochs"] = r.epochs_done;
-  s["batch_size"] = opts.batch_size();
+  s["batch_size"] = opts.run().batch_size();
   s["chunk_size"] = opts.query_chunk_size();
   s["hard_negatives"] = opts.hard_negatives();
   s["skipped_steps"] = r.skipped_steps;

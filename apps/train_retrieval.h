@@ -1,5 +1,5 @@
 // `contrax train --recipe retrieval`: the two-tower WordNet reverse-dictionary
-// run (contrax/train/retrieval.h) inside `contrax train`'s run machinery.
+// run (contrax/train/retrieval/trainer.h) inside `contrax train`'s run machinery.
 // cmd_train.cpp parses the flags, prepares the run directory, starts the
 // workers and opens the log; this part loads the corpus, trains, evaluates
 // the three systems and writes results.json and the summary.
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "contrax/communicator.h"
-#include "contrax/train/retrieval.h"
+#include "contrax/train/retrieval/trainer.h"
 #include "json_util.h"
 
 namespace contrax::cli {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "contrax/launcher.h"
-#include "contrax/train/retrieval.h"
-#include "contrax/train/trainer.h"
+#include "contrax/train/retrieval/trainer.h"
+#include "contrax/train/image/trainer.h"
 #include "contrax/verify.h"
 #include "support/cli.h"
 
@@ -202,7 +202,7 @@ TEST(Cli, ConfigRoundTripsDumpConfig) {
   ASSERT_EQ(first.status, 0) << first.out;
   EXPECT_NE(first.out.find("lr=0.5"), std::string::npos) << first.out;
   EXPECT_NE(first.out.find("recipe=\"moco-v3\""), std::string::npos) << first.out;
-  EXPECT_NE(first.out.find("epochs=" + std::to_string(contrax::train::TrainOptions().epochs())), std::string::npos)
+  EXPECT_NE(first.out.find("epochs=" + std::to_string(contrax::train::TrainOptions().run().epochs())), std::string::npos)
       << "defaults are written too\n"
       << first.out;
   { std::ofstream(d + "/run.toml") << first.out; }
@@ -235,30 +235,30 @@ TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
   ASSERT_EQ(train.status, 0);
   const contrax::train::TrainOptions t;
   for (const std::string line :
-       {"recipe=\"" + t.recipe() + "\"", "epochs=" + std::to_string(t.epochs()),
-        "batch-size=" + std::to_string(t.batch_size()), "warmup-steps=" + std::to_string(t.warmup_steps()),
-        "checkpoint-every=" + std::to_string(t.checkpoint_every()), "log-every=" + std::to_string(t.log_every()),
-        "skip-nonfinite=" + std::to_string(t.skip_nonfinite()),
+       {"recipe=\"" + t.recipe() + "\"", "epochs=" + std::to_string(t.run().epochs()),
+        "batch-size=" + std::to_string(t.run().batch_size()), "warmup-steps=" + std::to_string(t.run().warmup_steps()),
+        "checkpoint-every=" + std::to_string(t.run().checkpoint_every()), "log-every=" + std::to_string(t.run().log_every()),
+        "skip-nonfinite=" + std::to_string(t.run().skip_nonfinite()),
         "encoder-channels=\"" + join(t.model().encoder().channels()) + "\"",
         "encoder-strides=\"" + join(t.model().encoder().strides()) + "\"",
         "encoder-pool-grid=" + std::to_string(t.model().encoder().pool_grid())}) {
     EXPECT_NE(train.out.find("\n" + line + "\n"), std::string::npos) << line << "\n" << train.out;
   }
-  EXPECT_EQ(t.lr(), 2e-3);  // the default run's recipe, unchanged
-  EXPECT_EQ(t.epochs(), 16);
+  EXPECT_EQ(t.run().lr(), 2e-3);  // the default run's recipe, unchanged
+  EXPECT_EQ(t.run().epochs(), 16);
   EXPECT_NE(train.out.find("\nlr=0.002\n"), std::string::npos) << train.out;
   // The retrieval recipe shows its own defaults for the flags it shares.
   auto retrieval = run_cli_stdout("train --recipe retrieval --dump-config");
   ASSERT_EQ(retrieval.status, 0);
   const contrax::train::RetrievalOptions r;
   for (const std::string line :
-       {std::string("recipe=\"retrieval\""), "epochs=" + std::to_string(r.epochs()),
-        "batch-size=" + std::to_string(r.batch_size()), "warmup-steps=" + std::to_string(r.warmup_steps()),
-        "checkpoint-every=" + std::to_string(r.checkpoint_every()), "log-every=" + std::to_string(r.log_every()),
+       {std::string("recipe=\"retrieval\""), "epochs=" + std::to_string(r.run().epochs()),
+        "batch-size=" + std::to_string(r.run().batch_size()), "warmup-steps=" + std::to_string(r.run().warmup_steps()),
+        "checkpoint-every=" + std::to_string(r.run().checkpoint_every()), "log-every=" + std::to_string(r.run().log_every()),
         "hard-negatives=" + std::to_string(r.hard_negatives())}) {
     EXPECT_NE(retrieval.out.find("\n" + line + "\n"), std::string::npos) << line << "\n" << retrieval.out;
   }
-  EXPECT_NE(r.epochs(), t.epochs());  // else the check above shows nothing
+  EXPECT_NE(r.run().epochs(), t.run().epochs());  // else the check above shows nothing
   auto verify = run_cli_stdout("verify --dump-config");
   const contrax::VerifyOptions v;
   EXPECT_NE(verify.out.find("\nwidth=" + std::to_string(v.width()) + "\n"), std::string::npos) << verify.out;
@@ -273,13 +273,13 @@ TEST(Cli, RecipeVariantPeerRestoresThePeersRecipeAndFlagsStillWin) {
   const auto p = contrax::train::peer_recipe();
   const auto& enc = p.model().encoder();
   std::ostringstream lr, t, crop;
-  lr << "\nlr=" << p.lr() << "\n";
+  lr << "\nlr=" << p.run().lr() << "\n";
   t << "\ntemperature=" << p.temperature() << "\n";
   crop << "\ncrop-scale-min=" << p.augment().scale_min() << "\n";
   const std::vector<std::string> peer_lines{"\nencoder-channels=\"" + join(enc.channels()) + "\"\n",
                                             "\nencoder-strides=\"" + join(enc.strides()) + "\"\n",
                                             "\nencoder-pool-grid=" + std::to_string(enc.pool_grid()) + "\n",
-                                            "\nepochs=" + std::to_string(p.epochs()) + "\n",
+                                            "\nepochs=" + std::to_string(p.run().epochs()) + "\n",
                                             lr.str(), t.str(), crop.str()};
   EXPECT_EQ(join(enc.channels()), "32,64,128");  // what simclr_torch_ddp.py builds
   EXPECT_EQ(join(enc.strides()), "2,2,1");

@@ -30,8 +30,8 @@
 #include <thread>
 #include <vector>
 
-#include "contrax/train/checkpoint.h"
-#include "contrax/train/trainer.h"
+#include "contrax/train/common/checkpoint.h"
+#include "contrax/train/image/trainer.h"
 
 namespace fs = std::filesystem;
 namespace ct = contrax::train;

@@ -28,8 +28,8 @@
 #include <thread>
 #include <vector>
 
-#include "contrax/train/checkpoint.h"
-#include "contrax/train/trainer.h"
+#include "contrax/train/common/checkpoint.h"
+#include "contrax/train/image/trainer.h"
 
 #include "support/cli.h"
 #include "support/processes.h"

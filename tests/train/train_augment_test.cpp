@@ -5,9 +5,11 @@
 
 #include <chrono>
 
-#include "contrax/train/augment.h"
+#include "contrax/train/image/augment.h"
+#include "support/errors.h"
 
 namespace ct = contrax::train;
+using contrax::testing::error_of;
 
 namespace {
 
@@ -16,14 +18,6 @@ torch::Tensor fake_images(int64_t n) {
   return torch::randint(0, 256, {n, 1, 28, 28}, torch::kUInt8);
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 ct::AugmentOptions all_on() { return ct::AugmentOptions().blur_prob(0.5).noise_prob(0.5); }
 

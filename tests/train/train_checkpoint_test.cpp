@@ -20,36 +20,18 @@
 #include <fstream>
 #include <thread>
 
-#include "contrax/train/checkpoint.h"
-#include "contrax/train/models.h"
+#include "contrax/train/common/checkpoint.h"
+#include "contrax/train/image/models.h"
+#include "support/errors.h"
+#include "support/processes.h"
 
 namespace ct = contrax::train;
+using contrax::testing::error_of;
+using contrax::testing::TempDir;
 
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/contrax_ckpt_test_XXXXXX";
-    const char* d = ::mkdtemp(tmpl);
-    EXPECT_NE(d, nullptr);
-    path = d != nullptr ? d : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 int64_t file_size(const std::string& p) {
   struct stat st {};

@@ -3,21 +3,15 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "contrax/train/augment.h"
-#include "contrax/train/eval.h"
+#include "contrax/train/image/augment.h"
+#include "contrax/train/image/eval.h"
+#include "support/errors.h"
 
 namespace ct = contrax::train;
+using contrax::testing::error_of;
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Gaussian clusters around well separated class means.
 std::pair<torch::Tensor, torch::Tensor> clusters(int64_t n, int64_t d, int64_t classes, uint64_t seed) {

@@ -14,26 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "contrax/train/idx.h"
+#include "contrax/train/image/idx.h"
+#include "support/errors.h"
+#include "support/processes.h"
 
 namespace ct = contrax::train;
+using contrax::testing::error_of;
+using contrax::testing::TempDir;
 
 namespace {
 
-// A fresh directory under /tmp, removed with everything in it at scope exit.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/contrax_idx_test_XXXXXX";
-    const char* d = ::mkdtemp(tmpl);
-    EXPECT_NE(d, nullptr);
-    path = d != nullptr ? d : "/tmp";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
 
 void put_u32(std::string& s, uint32_t v) {
   s.push_back(char((v >> 24) & 0xff));
@@ -75,14 +65,6 @@ void write_gz(const std::string& path, const std::string& bytes) {
   gzclose(f);
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 void expect_pixels(const torch::Tensor& x) {
   for (int64_t i = 0; i < x.size(0); ++i) {

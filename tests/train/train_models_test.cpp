@@ -8,22 +8,14 @@
 #include <cstdlib>
 
 #include "contrax/losses.h"
-#include "contrax/train/models.h"
-#include "contrax/train/schedule.h"
+#include "contrax/train/image/models.h"
+#include "contrax/train/common/schedule.h"
+#include "support/errors.h"
 #include "support/ranks.h"
 
 namespace ct = contrax::train;
+using contrax::testing::error_of;
 
-namespace {
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-}  // namespace
 
 TEST(Models, EncoderAndHeadShapes) {
   torch::manual_seed(0);

@@ -9,19 +9,25 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "contrax/train/retrieval.h"
-#include "contrax/train/trainer.h"
-#include "contrax/train/wordnet.h"
+#include "contrax/train/retrieval/bm25.h"
+#include "contrax/train/retrieval/eval.h"
+#include "contrax/train/retrieval/trainer.h"
+#include "contrax/train/image/trainer.h"
+#include "contrax/train/retrieval/wordnet.h"
 #include "support/cli.h"
+#include "support/errors.h"
+#include "support/processes.h"
 #include "support/ranks.h"
 
 namespace ct = contrax::train;
+using contrax::testing::error_of;
 
 namespace {
 
@@ -64,15 +70,6 @@ std::string fixture_dir() {
   return d;
 }
 
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
 
 }  // namespace
 
@@ -284,17 +281,19 @@ ct::RetrievalCorpus synthetic_corpus(int64_t n) {
 }
 
 ct::RetrievalOptions small_options() {
-  return ct::RetrievalOptions()
-      .batch_size(24)
-      .max_steps(3)
-      .warmup_steps(1)
-      .lr(1e-2)
-      .hard_negatives(2)
-      .dtype(torch::kDouble)
-      .log_every(0)
-      .seed(3)
+  ct::RetrievalOptions o;
+  o.hard_negatives(2)
       .query_tower(ct::BagTowerOptions(256).embed_dim(8).hidden_dim(16).out_dim(8))
       .passage_tower(ct::BagTowerOptions(256).embed_dim(12).hidden_dim(8).out_dim(8));
+  o.run().batch_size(24).max_steps(3).warmup_steps(1).lr(1e-2).dtype(torch::kDouble).log_every(0).seed(3);
+  return o;
+}
+
+// small_options() with its run options changed by `edit`.
+ct::RetrievalOptions small_options(const std::function<void(ct::RunOptions&)>& edit) {
+  auto o = small_options();
+  edit(o.run());
+  return o;
 }
 
 struct WorldRun {
@@ -347,7 +346,9 @@ TEST(RetrievalTrainer, GradientCacheEqualsOneShot) {
 TEST(RetrievalTrainer, LearnsTheSyntheticPairs) {
   // The loss must fall on a task the towers can fit.
   const auto c = synthetic_corpus(200);
-  auto r = train_world(1, c, small_options().max_steps(-1).epochs(15).batch_size(50).dtype(torch::kFloat));
+  auto r = train_world(1, c, small_options([](ct::RunOptions& r) {
+                         r.max_steps(-1).epochs(15).batch_size(50).dtype(torch::kFloat);
+                       }));
   ASSERT_FALSE(r.losses.empty());
   EXPECT_LT(r.losses.back(), 0.7 * r.losses.front()) << r.losses.front() << " -> " << r.losses.back();
 }
@@ -355,18 +356,19 @@ TEST(RetrievalTrainer, LearnsTheSyntheticPairs) {
 TEST(RetrievalTrainer, ResumeContinuesOnTheSameCurve) {
   const auto c = synthetic_corpus(49);
   const std::string a = temp_dir("full"), b = temp_dir("half");
-  auto o = small_options().max_steps(5).dtype(torch::kFloat);
-  const auto full = train_world(2, c, ct::RetrievalOptions(o).run_dir(a));
-  const auto half = train_world(2, c, ct::RetrievalOptions(o).run_dir(b).stop_at_step(2));
+  auto o = small_options([](ct::RunOptions& r) { r.max_steps(5).dtype(torch::kFloat); });
+  const auto full = train_world(2, c, ct::RetrievalOptions(o).run(ct::RunOptions(o.run()).run_dir(a)));
+  const auto half =
+      train_world(2, c, ct::RetrievalOptions(o).run(ct::RunOptions(o.run()).run_dir(b).stop_at_step(2)));
   EXPECT_EQ(half.losses.size(), 2u);
-  const auto rest = train_world(2, c, ct::RetrievalOptions(o).run_dir(b).resume(true));
+  const auto rest = train_world(2, c, ct::RetrievalOptions(o).run(ct::RunOptions(o.run()).run_dir(b).resume(true)));
   ASSERT_EQ(rest.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], full.losses[2 + i]);
   for (size_t i = 0; i < full.params.size(); ++i) EXPECT_TRUE(torch::equal(rest.params[i], full.params[i])) << i;
   // Another batch size is refused, naming the flags.
   std::string msg;
   try {
-    train_world(2, c, ct::RetrievalOptions(o).run_dir(b).resume(true).batch_size(12));
+    train_world(2, c, ct::RetrievalOptions(o).run(ct::RunOptions(o.run()).run_dir(b).resume(true).batch_size(12)));
   } catch (const std::exception& e) {
     msg = e.what();
   }
@@ -379,10 +381,12 @@ TEST(RetrievalTrainer, ErrorsNameTheOption) {
   EXPECT_NE(err(small_options().hard_negatives(-1)).find("hard negatives must be in [0, 64], but got -1"),
             std::string::npos);
   EXPECT_NE(err(small_options().temperature(0)).find("temperature must be > 0, but got 0"), std::string::npos);
-  EXPECT_NE(err(small_options().batch_size(0)).find("batch size must be >= 1, but got 0"), std::string::npos);
+  EXPECT_NE(err(small_options([](ct::RunOptions& r) { r.batch_size(0); })).find("batch size must be >= 1, but got 0"),
+            std::string::npos);
   EXPECT_NE(err(small_options().query_chunk_size(-1)).find("query chunk size must be >= 0, but got -1"),
             std::string::npos);
-  EXPECT_NE(err(small_options().resume(true)).find("resuming needs a run directory"), std::string::npos);
+  EXPECT_NE(err(small_options([](ct::RunOptions& r) { r.resume(true); })).find("resuming needs a run directory"),
+            std::string::npos);
 }
 
 // ---------------------------------------------------------------------------
@@ -396,13 +400,6 @@ const char* kFast =
     "train --recipe retrieval --nproc 2 --threads 1 --batch-size 64 --train-limit 2048 --eval-limit 400 "
     "--log-every 0 --no-plot --no-verify --timeout 120";
 
-std::vector<std::string> metric_losses(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line)["loss"].dump());
-  return out;
-}
 
 }  // namespace
 
@@ -443,7 +440,7 @@ TEST(RetrievalCli, ResumeGivesTheSameMetricsAsAnUninterruptedRun) {
   EXPECT_NE(half.out.find("stopped at step 3/6"), std::string::npos) << half.out;
   auto rest = contrax::testing::run_cli(std::string(kFast) + " --max-steps 6 --resume --run-dir " + b);
   ASSERT_EQ(rest.status, 0) << rest.out;
-  EXPECT_EQ(metric_losses(a + "/metrics.jsonl"), metric_losses(b + "/metrics.jsonl"));
+  EXPECT_EQ(contrax::testing::losses_of(a + "/metrics.jsonl"), contrax::testing::losses_of(b + "/metrics.jsonl"));
   const auto ra = nlohmann::json::parse(contrax::testing::read_file(a + "/results.json"));
   const auto rb = nlohmann::json::parse(contrax::testing::read_file(b + "/results.json"));
   for (const char* k : {"recall_at_1", "recall_at_10", "mrr", "random_init_recall_at_10", "lexical_recall_at_10"}) {

@@ -4,7 +4,7 @@
 
 #include <set>
 
-#include "contrax/train/sampler.h"
+#include "contrax/train/common/sampler.h"
 
 namespace ct = contrax::train;
 

@@ -1,5 +1,7 @@
-// The training loop: world-size independence (fp64), the gradient cache path,
-// resume equality, a clean stop on SIGTERM, and the CLI's flag errors.
+// The training loop and the image recipes: a recipe that is only a step and
+// its data, world-size independence (fp64), the gradient cache path, resume
+// equality, the non-finite guard, a clean stop on SIGTERM, and the CLI's flag
+// errors.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -17,12 +19,15 @@
 #include <thread>
 #include <vector>
 
-#include "contrax/train/checkpoint.h"
-#include "contrax/train/idx.h"
-#include "contrax/train/trainer.h"
+#include "contrax/train/common/checkpoint.h"
+#include "contrax/train/image/idx.h"
+#include "contrax/train/image/trainer.h"
+#include "support/cli.h"
+#include "support/processes.h"
 #include "support/ranks.h"
 
 namespace ct = contrax::train;
+using contrax::testing::losses_of;
 
 namespace {
 
@@ -61,20 +66,14 @@ double max_rel_err(const std::vector<torch::Tensor>& a, const std::vector<torch:
 }
 
 ct::TrainOptions small_options(const std::string& recipe) {
-  return ct::TrainOptions()
-      .recipe(recipe)
-      .batch_size(24)
-      .max_steps(3)
-      .warmup_steps(1)
-      .lr(1e-2)
-      .dtype(torch::kDouble)
-      .log_every(0)
-      .seed(3)
-      .model(ct::ContrastiveModelOptions()
-                 .encoder(ct::EncoderOptions().channels({8, 16}).strides({2, 2}).groups(4))
-                 .proj_hidden_dim(32)
-                 .proj_dim(16)
-                 .pred_hidden_dim(32));
+  ct::TrainOptions o;
+  o.recipe(recipe).model(ct::ContrastiveModelOptions()
+                             .encoder(ct::EncoderOptions().channels({8, 16}).strides({2, 2}).groups(4))
+                             .proj_hidden_dim(32)
+                             .proj_dim(16)
+                             .pred_hidden_dim(32));
+  o.run().batch_size(24).max_steps(3).warmup_steps(1).lr(1e-2).dtype(torch::kDouble).log_every(0).seed(3);
+  return o;
 }
 
 std::string temp_dir(const std::string& name) {
@@ -83,34 +82,8 @@ std::string temp_dir(const std::string& name) {
   return d;
 }
 
-std::vector<std::string> metric_losses(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<std::string> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    auto p = line.find("\"loss\":");
-    auto q = line.find(',', p);
-    out.push_back(line.substr(p + 7, q - p - 7));
-  }
-  return out;
-}
-
-struct Run {
-  int status = -1;
-  std::string output;
-};
-
-Run run_cli(const std::string& args) {
-  std::string out = ::testing::TempDir() + "contrax_trainer_cli_" + std::to_string(::getpid()) + ".txt";
-  int st = std::system((std::string(CONTRAX_CLI_PATH) + " train " + args + " > '" + out + "' 2>&1").c_str());
-  Run r;
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  std::ifstream in(out);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  r.output = ss.str();
-  return r;
-}
+// `contrax train ARGS`, its status and what it printed.
+contrax::testing::CliRun run_cli(const std::string& args) { return contrax::testing::run_cli("train " + args); }
 
 const char* kFastCli =
     "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --no-plot --log-every 0 --threads 1";
@@ -128,7 +101,7 @@ TEST(Trainer, TwoRanksEqualOneRankSimCLR) {
   ASSERT_EQ(l2.size(), 3u);
   for (size_t i = 0; i < l1.size(); ++i) EXPECT_NEAR(l1[i], l2[i], 1e-10 * std::abs(l1[i]));
   // The parameters moved (the comparison is not vacuous).
-  auto p0 = train_world(1, data, ct::TrainOptions(o).max_steps(3).stop_at_step(0));
+  auto p0 = train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).max_steps(3).stop_at_step(0)));
   EXPECT_GT(max_rel_err(p1, p0), 1e-4);
 }
 
@@ -160,7 +133,7 @@ void expect_empty_rank_equals_one_rank(int64_t chunk_size) {
       EXPECT_NEAR(l3[i], l1[i], 1e-10 * std::abs(l1[i])) << "step " << i;
     }
     // The 2-row step moved the parameters (it was trained on, not skipped).
-    auto p2 = train_world(1, data, ct::TrainOptions(o).stop_at_step(2));
+    auto p2 = train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).stop_at_step(2)));
     EXPECT_GT(max_rel_err(p1, p2), 1e-6);
   }
 }
@@ -173,8 +146,10 @@ TEST(Trainer, EmptyRankLogsAFiniteLoss) {
   // The metrics line of the step in which rank 2 holds no row.
   auto data = synthetic(50);
   const std::string d = temp_dir("empty_rank_metrics");
-  train_world(3, data, small_options("simclr").dtype(torch::kFloat).run_dir(d));
-  auto losses = metric_losses(d + "/metrics.jsonl");
+  auto o = small_options("simclr");
+  o.run().dtype(torch::kFloat).run_dir(d);
+  train_world(3, data, o);
+  auto losses = losses_of(d + "/metrics.jsonl");
   ASSERT_EQ(losses.size(), 3u);
   for (const auto& l : losses) EXPECT_TRUE(std::isfinite(std::stod(l))) << l;
 }
@@ -192,20 +167,22 @@ TEST(Trainer, GradientCacheEqualsOneShot) {
 TEST(Trainer, ResumeContinuesOnTheSameCurve) {
   auto data = synthetic(60);
   for (const std::string recipe : {"simclr", "moco-v3"}) {
-    auto o = small_options(recipe).max_steps(6).dtype(torch::kFloat);
+    auto o = small_options(recipe);
+    o.run().max_steps(6).dtype(torch::kFloat);
     const std::string a = temp_dir("full_" + recipe), b = temp_dir("half_" + recipe);
     std::vector<double> la, lb1, lb2;
-    auto pa = train_world(1, data, ct::TrainOptions(o).run_dir(a), &la);
-    train_world(1, data, ct::TrainOptions(o).run_dir(b).stop_at_step(3), &lb1);
+    auto pa = train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(a)), &la);
+    train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(b).stop_at_step(3)), &lb1);
     EXPECT_TRUE(ct::is_valid_checkpoint(ct::checkpoint_path(b)));
-    auto pb = train_world(1, data, ct::TrainOptions(o).run_dir(b).resume(true), &lb2);
+    auto pb =
+        train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(b).resume(true)), &lb2);
     ASSERT_EQ(lb1.size(), 3u);
     ASSERT_EQ(lb2.size(), 3u);
     lb1.insert(lb1.end(), lb2.begin(), lb2.end());
     EXPECT_EQ(lb1, la) << recipe;  // bit-exact: same thread count, same order of operations
     ASSERT_EQ(pa.size(), pb.size());
     for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(torch::equal(pa[i], pb[i])) << recipe << " parameter " << i;
-    EXPECT_EQ(metric_losses(a + "/metrics.jsonl"), metric_losses(b + "/metrics.jsonl"));
+    EXPECT_EQ(losses_of(a + "/metrics.jsonl"), losses_of(b + "/metrics.jsonl"));
   }
 }
 
@@ -213,18 +190,112 @@ TEST(Trainer, ResumeRejectsOtherSettings) {
   auto data = synthetic(60);
   auto o = small_options("simclr");
   const std::string d = temp_dir("mismatch");
-  train_world(1, data, ct::TrainOptions(o).run_dir(d).stop_at_step(1));
+  train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(d).stop_at_step(1)));
   try {
-    train_world(1, data, ct::TrainOptions(o).run_dir(d).resume(true).batch_size(12));
+    train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(d).resume(true).batch_size(12)));
     FAIL() << "expected an error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("resume with the same flags"), std::string::npos) << e.what();
   }
 }
 
+// A recipe costs a step and its data: least squares on 40 rows through the
+// loop alone. Its own setting is recorded and checked on resume, its progress
+// text and rate reach the progress line, a stopped run resumes on the same
+// curve, and a non-finite step is skipped or stops the run.
+TEST(TrainLoop, ARecipeIsAStepAndItsData) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(5);
+  const auto x = torch::randn({40, 3}, g, torch::kDouble);
+  const auto y = x.matmul(torch::tensor({1.0, -2.0, 0.5}, torch::kDouble));
+  struct Out {
+    ct::RunResult result;
+    std::vector<std::string> lines;
+  };
+  auto train = [&](ct::RunOptions o, int64_t widgets, int64_t nan_at_step = -1) {
+    Out out;
+    torch::manual_seed(0);
+    torch::nn::Linear model(torch::nn::LinearOptions(3, 1).bias(false));
+    model->to(torch::kDouble);
+    o.batch_size(10).max_steps(8).warmup_steps(0).lr(0.1).log_every(1).log(
+        [&out](const std::string& line) { out.lines.push_back(line); });
+    ct::TrainLoop loop(nullptr, o,
+                       {"least-squares", 40, {{"model", model.get()}}, model->parameters(), {{"widgets", widgets, "widgets"}}});
+    ct::Step step;
+    step.loss = [&](const ct::StepBatch& b) {
+      auto r = model->forward(x.index_select(0, b.indices)).squeeze(1) - y.index_select(0, b.indices);
+      auto loss = r.pow(2).mean() * (b.step == nan_at_step ? std::nan("") : 1.0);
+      loss.backward();
+      return loss;
+    };
+    step.progress = [] { return std::string("  widgets 3"); };
+    step.rate_unit = "rows";
+    out.result = loop.run(step);
+    return out;
+  };
+  const std::string a = temp_dir("loop_full"), b = temp_dir("loop_half");
+  const auto full = train(ct::RunOptions().run_dir(a), 3);
+  ASSERT_EQ(full.result.losses.size(), 8u);
+  EXPECT_LT(full.result.losses.back(), 0.5 * full.result.losses.front());
+  ASSERT_FALSE(full.lines.empty());
+  EXPECT_NE(full.lines[0].find("step 1/8  epoch 1 (1/4)  loss "), std::string::npos) << full.lines[0];
+  EXPECT_NE(full.lines[0].find("  widgets 3  lr "), std::string::npos) << full.lines[0];
+  EXPECT_NE(full.lines[0].find(" rows/s  ETA "), std::string::npos) << full.lines[0];
+  ct::Checkpoint saved;
+  saved.load(ct::checkpoint_path(a));
+  EXPECT_EQ(saved.strings["recipe"], "least-squares");
+  EXPECT_EQ(saved.ints["widgets"], 3);
+  EXPECT_EQ(saved.ints["step"], 8);
+  // Stopped at step 3 and resumed: the same losses, bit for bit.
+  const auto first = train(ct::RunOptions().run_dir(b).stop_at_step(3), 3);
+  EXPECT_TRUE(first.result.interrupted);
+  const auto rest = train(ct::RunOptions().run_dir(b).resume(true), 3);
+  EXPECT_EQ(rest.result.start_step, 3);
+  auto both = first.result.losses;
+  both.insert(both.end(), rest.result.losses.begin(), rest.result.losses.end());
+  EXPECT_EQ(both, full.result.losses);
+  // The recipe's own setting must match too.
+  try {
+    train(ct::RunOptions().run_dir(a).resume(true), 4);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("8 steps, 3 widgets; this run has 10, 0, 40, 8, 4 (resume with the same flags)"),
+              std::string::npos)
+        << e.what();
+  }
+  // A non-finite step: skipped when allowed (and said so), else the run stops naming it.
+  const auto skipped = train(ct::RunOptions().skip_nonfinite(1), 3, /*nan_at_step=*/2);
+  EXPECT_EQ(skipped.result.skipped_steps, 1);
+  EXPECT_EQ(skipped.result.steps, 8);
+  EXPECT_NE(skipped.lines[2].find("NOT APPLIED: non-finite loss"), std::string::npos) << skipped.lines[2];
+  try {
+    train(ct::RunOptions(), 3, /*nan_at_step=*/2);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training diverged at step 3/8: the loss is not finite"), std::string::npos)
+        << e.what();
+  }
+}
+
+// The flat spellings of the run options, kept for one release, set and read
+// the nested ones.
+TEST(Trainer, DeprecatedFlatRunOptionsForwardToRun) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  auto o = ct::TrainOptions().epochs(2).run_dir("runs/x").temperature(0.5).progress_to_stderr(true);
+  EXPECT_EQ(o.run().epochs(), 2);
+  EXPECT_EQ(o.run().run_dir(), "runs/x");
+  EXPECT_TRUE(o.run().progress_to_stderr());
+  EXPECT_EQ(o.run().batch_size(), 256) << "the recipe's other defaults stay";
+  o.lr() = 0.25;
+  EXPECT_EQ(o.run().lr(), 0.25);
+  EXPECT_EQ(o.epochs(), 2);
+#pragma GCC diagnostic pop
+}
+
 TEST(Trainer, ErrorsNameTheOption) {
   auto data = synthetic(30);
-  auto o = small_options("simclr").max_steps(1);
+  auto o = small_options("simclr");
+  o.run().max_steps(1);
   auto error = [&](const ct::Dataset& d, const ct::TrainOptions& opts) {
     try {
       ct::train_contrastive(nullptr, d, opts);
@@ -241,11 +312,12 @@ TEST(Trainer, ErrorsNameTheOption) {
   { std::ofstream(file) << "x"; }
   for (const auto& c : std::vector<Case>{
            {ct::TrainOptions(o).recipe("byol"), "recipe must be 'simclr' or 'moco-v3', but got 'byol'"},
-           {ct::TrainOptions(o).batch_size(0), "batch size must be >= 1, but got 0"},
+           {ct::TrainOptions(o).run(ct::RunOptions(o.run()).batch_size(0)), "batch size must be >= 1, but got 0"},
            {ct::TrainOptions(o).chunk_size(-1), "chunk size must be >= 0, but got -1"},
-           {ct::TrainOptions(o).dtype(torch::kHalf), "dtype must be float or double"},
-           {ct::TrainOptions(o).resume(true), "resuming needs a run directory"},
-           {ct::TrainOptions(o).run_dir(file + "/run"), "cannot create run directory '" + file + "/run/'"},
+           {ct::TrainOptions(o).run(ct::RunOptions(o.run()).dtype(torch::kHalf)), "dtype must be float or double"},
+           {ct::TrainOptions(o).run(ct::RunOptions(o.run()).resume(true)), "resuming needs a run directory"},
+           {ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(file + "/run")),
+            "cannot create run directory '" + file + "/run/'"},
        }) {
     auto msg = error(data, c.options);
     EXPECT_NE(msg.find(c.message), std::string::npos) << c.message << "\n" << msg;
@@ -255,12 +327,14 @@ TEST(Trainer, ErrorsNameTheOption) {
   // metrics.jsonl cannot be opened (a directory of that name).
   const std::string blocked = temp_dir("metrics_blocked");
   std::filesystem::create_directories(blocked + "/metrics.jsonl");
-  msg = error(data, ct::TrainOptions(o).run_dir(blocked));
+  msg = error(data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(blocked)));
   EXPECT_NE(msg.find("cannot write " + blocked + "/metrics.jsonl"), std::string::npos) << msg;
   // Resuming a SimCLR checkpoint as MoCo v3.
   const std::string d = temp_dir("other_recipe");
-  train_world(1, data, ct::TrainOptions(o).run_dir(d));
-  msg = error(data, small_options("moco-v3").max_steps(1).run_dir(d).resume(true));
+  train_world(1, data, ct::TrainOptions(o).run(ct::RunOptions(o.run()).run_dir(d)));
+  auto moco = small_options("moco-v3");
+  moco.run().max_steps(1).run_dir(d).resume(true);
+  msg = error(data, moco);
   EXPECT_NE(msg.find("checkpoint " + ct::checkpoint_path(d) + " is of recipe 'simclr', not 'moco-v3'"),
             std::string::npos)
       << msg;
@@ -269,13 +343,13 @@ TEST(Trainer, ErrorsNameTheOption) {
 TEST(TrainCli, TwoProcessResumeEqualsUninterrupted) {
   const std::string a = temp_dir("cli_full"), b = temp_dir("cli_half");
   auto full = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps 6 --run-dir " + a);
-  ASSERT_EQ(full.status, 0) << full.output;
+  ASSERT_EQ(full.status, 0) << full.out;
   auto half = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps 6 --stop-at-step 3 --run-dir " + b);
-  ASSERT_EQ(half.status, 0) << half.output;
-  EXPECT_NE(half.output.find("stopped at step 3/6"), std::string::npos) << half.output;
+  ASSERT_EQ(half.status, 0) << half.out;
+  EXPECT_NE(half.out.find("stopped at step 3/6"), std::string::npos) << half.out;
   auto rest = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps 6 --resume --run-dir " + b);
-  ASSERT_EQ(rest.status, 0) << rest.output;
-  auto la = metric_losses(a + "/metrics.jsonl"), lb = metric_losses(b + "/metrics.jsonl");
+  ASSERT_EQ(rest.status, 0) << rest.out;
+  auto la = losses_of(a + "/metrics.jsonl"), lb = losses_of(b + "/metrics.jsonl");
   EXPECT_EQ(la.size(), 6u);
   EXPECT_EQ(la, lb);
 }
@@ -286,10 +360,10 @@ TEST(TrainCli, TwoProcessesTrainALastBatchOfOneRow) {
   const std::string d = temp_dir("cli_one_row");
   auto r = run_cli("--train-limit 129 --batch-size 64 --warmup-steps 1 --no-eval --no-verify --log-every 1 "
                    "--threads 1 --nproc 2 --epochs 1 --timeout 60 --no-plot --run-dir " + d);
-  ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("step 3/3  epoch 1 (3/3)"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("nan"), std::string::npos) << r.output;  // the printed losses too
-  auto losses = metric_losses(d + "/metrics.jsonl");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("step 3/3  epoch 1 (3/3)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("nan"), std::string::npos) << r.out;  // the printed losses too
+  auto losses = losses_of(d + "/metrics.jsonl");
   ASSERT_EQ(losses.size(), 3u);
   for (const auto& l : losses) EXPECT_TRUE(std::isfinite(std::stod(l))) << l;
 }
@@ -298,13 +372,13 @@ TEST(TrainCli, JsonSummaryWithEvaluation) {
   const std::string d = temp_dir("cli_json");
   auto r = run_cli("--nproc 2 --train-limit 256 --batch-size 64 --max-steps 2 --eval-limit 300 --json --threads 1 --no-plot "
                    "--run-dir " + d);
-  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(r.status, 0) << r.out;
   for (const char* key : {"\"linear_probe_acc\":", "\"knn_acc\":", "\"random_init_linear_probe_acc\":",
                           "\"raw_pixel_linear_probe_acc\":", "\"random_init_knn_acc\":", "\"raw_pixel_knn_acc\":",
                           "\"linear_probe_l2\":", "\"raw_pixel_linear_probe_l2\":", "\"eval_s\":",
                           "\"examples_per_s\":", "\"wall_s\":", "\"steps\":2", "\"world_size\":2",
                           "\"recipe\":\"simclr\"", "\"verify\":{\"ok\":true,\"max_rel_err\":", "\"cases\":"}) {
-    EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
+    EXPECT_NE(r.out.find(key), std::string::npos) << key << "\n" << r.out;
   }
 }
 
@@ -316,11 +390,11 @@ TEST(TrainCli, EvaluationLongerThanTheCollectiveTimeoutIsFine) {
   const std::string d = temp_dir("cli_slow_eval");
   auto r = run_cli("--nproc 2 --train-limit 128 --batch-size 64 --max-steps 1 --eval-limit 3000 --json --threads 1 --no-plot "
                    "--timeout 2 --run-dir " + d);
-  ASSERT_EQ(r.status, 0) << r.output;
-  const auto at = r.output.find("\"eval_s\":");
-  ASSERT_NE(at, std::string::npos) << r.output;
+  ASSERT_EQ(r.status, 0) << r.out;
+  const auto at = r.out.find("\"eval_s\":");
+  ASSERT_NE(at, std::string::npos) << r.out;
   // The premise: the evaluation really outlasted the timeout.
-  EXPECT_GT(std::stod(r.output.substr(at + 9)), 2.0) << r.output;
+  EXPECT_GT(std::stod(r.out.substr(at + 9)), 2.0) << r.out;
 }
 
 TEST(TrainCli, SigtermStopsCleanlyWithACheckpoint) {
@@ -336,9 +410,9 @@ TEST(TrainCli, SigtermStopsCleanlyWithACheckpoint) {
   }
   // Wait for a few steps to be logged.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (metric_losses(d + "/metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline)
+  while (losses_of(d + "/metrics.jsonl").size() < 3 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_GE(metric_losses(d + "/metrics.jsonl").size(), 3u);
+  ASSERT_GE(losses_of(d + "/metrics.jsonl").size(), 3u);
   ::kill(pid, SIGTERM);
   int st = 0;
   ASSERT_EQ(::waitpid(pid, &st, 0), pid);
@@ -355,7 +429,7 @@ TEST(TrainCli, SigtermStopsCleanlyWithACheckpoint) {
   auto r = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps " + std::to_string(c.ints["step"] + 1) +
                    " --resume --run-dir " + d);
   EXPECT_NE(r.status, 0);  // a different --max-steps changes the schedule: refused
-  EXPECT_NE(r.output.find("resume with the same flags"), std::string::npos) << r.output;
+  EXPECT_NE(r.out.find("resume with the same flags"), std::string::npos) << r.out;
 }
 
 TEST(TrainCli, FlagErrors) {
@@ -377,10 +451,10 @@ TEST(TrainCli, FlagErrors) {
            {"--nproc 1 --resume --run-dir /nonexistent/run", "/nonexistent/run/checkpoint.pt", 2},
        }) {
     auto r = run_cli(c.args);
-    EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.output;
-    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+    EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(c.message), std::string::npos) << c.args << "\n" << r.out;
   }
   auto h = run_cli("--help");
   EXPECT_EQ(h.status, 0);
-  EXPECT_NE(h.output.find("--chunk-size"), std::string::npos) << h.output;
+  EXPECT_NE(h.out.find("--chunk-size"), std::string::npos) << h.out;
 }

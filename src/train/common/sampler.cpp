@@ -1,21 +1,12 @@
 // Sharded sampler: seeded per-epoch permutation, global batches, contiguous
 // rank slices. Pure functions of (seed, epoch, step, rank).
-#include "contrax/train/sampler.h"
+#include "contrax/train/common/sampler.h"
 
 #include <random>
 
 namespace contrax {
 namespace train {
 namespace {
-
-// SplitMix64 finaliser: spreads (seed, epoch) over the whole 64-bit seed space
-// so that neighbouring epochs get unrelated Mersenne Twister streams.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Uniform integer in [0, bound) without modulo bias (rejection on the top
 // partial range). std::uniform_int_distribution's algorithm is
@@ -28,6 +19,13 @@ uint64_t bounded(std::mt19937_64& rng, uint64_t bound) {
 }
 
 }  // namespace
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
 
 RankSlice rank_slice(int64_t rows, int64_t world_size, int64_t rank) {
   TORCH_CHECK(rows >= 0, "rank_slice(): argument 'rows' must be >= 0, but got ", rows);
@@ -78,7 +76,7 @@ torch::Tensor ShardedSampler::permutation(int64_t epoch) const {
   std::lock_guard<std::mutex> lock(cache_mutex_);
   if (epoch != cached_epoch_) {
     cached_perm_ = options_.shuffle()
-                       ? seeded_permutation(dataset_size_, mix64(options_.seed() ^ mix64(uint64_t(epoch))))
+                       ? seeded_permutation(dataset_size_, splitmix64(options_.seed() ^ splitmix64(uint64_t(epoch))))
                        : torch::arange(dataset_size_, torch::kInt64);
     cached_epoch_ = epoch;
   }

@@ -1,6 +1,6 @@
 // IDX reader: gzip or plain MNIST-format files into tensors, with errors that
 // name the file and say what is wrong and how to get a good copy.
-#include "contrax/train/idx.h"
+#include "contrax/train/image/idx.h"
 
 #include <zlib.h>
 

@@ -27,7 +27,7 @@
 // torch's ReLU and GroupNorm backwards take three and an extra tensor. The
 // upstream gradient may be broadcast over H and W (the backward of a sum over
 // the map, as the encoder's pooling): then dy is read once per channel.
-#include "contrax/train/models.h"
+#include "contrax/train/image/models.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 

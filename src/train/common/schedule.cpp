@@ -1,5 +1,5 @@
 // Warm-up + cosine learning-rate schedule (pure function of the step).
-#include "contrax/train/schedule.h"
+#include "contrax/train/common/schedule.h"
 
 #include <cmath>
 

@@ -1,4 +1,7 @@
-#include "contrax/train/metrics.h"
+// The per-step metrics file (see metrics.h): JSON lines written with a checked
+// write per step, and read back strictly; a resumed run keeps the lines up to
+// its checkpoint.
+#include "contrax/train/common/metrics.h"
 
 #include <c10/util/Exception.h>
 
@@ -11,7 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "contrax/train/checkpoint.h"
+#include "contrax/train/common/checkpoint.h"
 
 namespace contrax {
 namespace train {

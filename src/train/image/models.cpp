@@ -1,6 +1,6 @@
 // Encoder, heads and the SimCLR / MoCo v3 modules (see models.h for why the
 // normalisation is per example).
-#include "contrax/train/models.h"
+#include "contrax/train/image/models.h"
 
 #include "util/env.h"
 #include "contrax/losses.h"

@@ -1,6 +1,6 @@
 // WordNet data-file parser, the retrieval corpus built from it (split, passage
 // ids, hashed features, hard-negative pools) and the hard-negative draws.
-#include "contrax/train/wordnet.h"
+#include "contrax/train/retrieval/wordnet.h"
 
 #include <algorithm>
 #include <cctype>
@@ -90,13 +90,6 @@ std::string lower(std::string s) {
 }
 
 }  // namespace
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 std::vector<Synset> parse_wordnet_data(const std::string& text, int pos_file, const std::string& source) {
   TORCH_CHECK(pos_file >= 0 && pos_file < 4, "parse_wordnet_data(): argument 'pos_file' must be in [0, 4), but got ",

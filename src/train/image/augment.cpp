@@ -1,22 +1,17 @@
 // Batched SimCLR augmentations with per-example generators (see augment.h for
 // why the randomness is per example).
-#include "contrax/train/augment.h"
+#include "contrax/train/image/augment.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
 #include <vector>
 
+#include "contrax/train/common/sampler.h"
+
 namespace contrax {
 namespace train {
 namespace {
-
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Uniform double in [0, 1) from the top 53 bits of the generator's next word.
 double uniform(at::CPUGeneratorImpl* gen, double lo = 0.0, double hi = 1.0) {
@@ -76,11 +71,11 @@ void check_probability(double p, const char* name) {
 }  // namespace
 
 uint64_t augment_seed(const AugmentKey& key, int64_t index) {
-  uint64_t h = mix64(key.seed);
-  h = mix64(h ^ static_cast<uint64_t>(key.epoch));
-  h = mix64(h ^ static_cast<uint64_t>(key.step));
-  h = mix64(h ^ static_cast<uint64_t>(key.view));
-  return mix64(h ^ static_cast<uint64_t>(index));
+  uint64_t h = splitmix64(key.seed);
+  h = splitmix64(h ^ static_cast<uint64_t>(key.epoch));
+  h = splitmix64(h ^ static_cast<uint64_t>(key.step));
+  h = splitmix64(h ^ static_cast<uint64_t>(key.view));
+  return splitmix64(h ^ static_cast<uint64_t>(index));
 }
 
 torch::Tensor normalize_images(const torch::Tensor& images, double mean, double std, torch::Dtype dtype) {

@@ -1,5 +1,5 @@
 // Atomic checkpoints over torch::serialize archives (see checkpoint.h).
-#include "contrax/train/checkpoint.h"
+#include "contrax/train/common/checkpoint.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // Frozen-encoder evaluation: embedding, L-BFGS linear probe, weighted kNN,
 // and the raw-pixel and random-init baselines.
-#include "contrax/train/eval.h"
+#include "contrax/train/image/eval.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <functional>
 
-#include "contrax/train/augment.h"
+#include "contrax/train/image/augment.h"
 
 namespace contrax {
 namespace train {

@@ -1,0 +1,88 @@
+// Checkpoints that survive a crash at any moment.
+//
+// A checkpoint holds everything a run needs to continue as if it had never
+// stopped: the parameters and buffers of several named modules, the state of
+// named optimizers, named random generators, integer/float/string scalars
+// (step, epoch, schedule state, ...) and a free-form metadata string (JSON).
+//
+// Writing is atomic: the archive goes to `<path>.tmp.<pid>`, is fsync'ed,
+// renamed over `<path>` and the directory is fsync'ed. Until the rename the
+// previous checkpoint at `<path>` is untouched, and rename(2) replaces it in one
+// step, so a crash (even SIGKILL or power loss after the fsyncs) leaves either
+// the old or the new checkpoint, never a torn one. Stale temporaries of crashed
+// writers are ignored by `load` and removed by `remove_stale_temporaries`.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace contrax {
+namespace train {
+
+/// A set of named things to save or restore, plus scalar state.
+///
+/// Modules, optimizers and generators are registered by reference (not owned):
+/// `save` reads them, `load` writes into them in place, so the same object can
+/// be built once and used for both.
+///
+///   contrax::train::Checkpoint ckpt;
+///   ckpt.module("model", *model).optimizer("adam", adam).generator("cpu", gen);
+///   ckpt.ints["step"] = step;
+///   ckpt.metadata = R"({"recipe": "simclr"})";
+///   ckpt.save(run_dir + "/checkpoint.pt");
+///   ...
+///   ckpt.load(run_dir + "/checkpoint.pt");   // model, adam, gen restored; ints refilled
+class Checkpoint {
+ public:
+  /// Registers module `name` (parameters and buffers, recursively).
+  Checkpoint& module(const std::string& name, torch::nn::Module& module);
+  /// Registers optimizer `name` (Adam, AdamW, SGD, ... through their serialize()).
+  Checkpoint& optimizer(const std::string& name, torch::optim::Optimizer& optimizer);
+  /// Registers a random generator; `at::Generator` is a handle, so the copy
+  /// restores the caller's generator.
+  Checkpoint& generator(const std::string& name, at::Generator generator);
+
+  /// Scalars saved and restored by value (load replaces these maps).
+  std::map<std::string, int64_t> ints;
+  std::map<std::string, double> doubles;
+  std::map<std::string, std::string> strings;
+  /// Free-form metadata (JSON by convention), restored by `load`.
+  std::string metadata;
+
+  /// Writes atomically to `path` (see file comment). Throws on I/O errors;
+  /// the previous file at `path` is intact if it throws.
+  void save(const std::string& path) const;
+
+  /// Restores every registered module, optimizer and generator from `path`
+  /// and refills the scalars and metadata. Throws naming the path for a
+  /// missing, truncated or corrupt file, and naming the entry when a registered
+  /// module/optimizer/generator is absent from the file or does not match it.
+  void load(const std::string& path);
+
+ private:
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules_;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers_;
+  std::vector<std::pair<std::string, at::Generator>> generators_;
+};
+
+/// True when `path` holds a complete checkpoint written by `Checkpoint::save`
+/// (opens it and checks the format marker); never throws.
+bool is_valid_checkpoint(const std::string& path);
+
+/// Removes `<path>.tmp.<pid>` files whose writer process no longer runs
+/// (left behind by a crash). Returns how many were removed.
+int64_t remove_stale_temporaries(const std::string& path);
+
+/// Writes `bytes` to `path` atomically: `<path>.tmp.<pid>`, fsync, rename,
+/// fsync of the directory. The building block of `Checkpoint::save`, also
+/// useful for small files such as a run summary.
+///
+///   contrax::train::write_file_atomically(dir + "/summary.json", json);
+void write_file_atomically(const std::string& path, const std::string& bytes);
+
+}  // namespace train
+}  // namespace contrax

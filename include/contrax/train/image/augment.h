@@ -1,0 +1,93 @@
+// SimCLR augmentations for small grey images, batched on CPU.
+//
+// One call turns a batch of uint8 images into augmented, normalised float
+// views: a random resized crop and horizontal flip folded into one affine
+// sampling grid (one batched grid_sample, bilinear), brightness and contrast
+// jitter, and optional Gaussian blur and noise.
+//
+// Reproducibility across world sizes: every random number an example uses comes
+// from its own torch::Generator seeded from (seed, epoch, step, view, global
+// example index), never from a shared stream. So an example's view is the same
+// whether one process augments the whole global batch or four ranks each
+// augment a quarter; that, with the sampler's rank-ordered slices, is what makes
+// an N-process run reproduce the 1-process run exactly. All batched ops are
+// elementwise per example (the sampling grid is built by broadcasting rather
+// than a batched matrix product), so results do not depend on the batch split
+// even bit for bit.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace contrax {
+namespace train {
+
+/// Fashion-MNIST's pixel mean and standard deviation (of x / 255, train split).
+constexpr double kFashionMnistMean = 0.2860;
+constexpr double kFashionMnistStd = 0.3530;
+
+/// Options for `augment`. Defaults follow SimCLR's recipe adapted to 28x28
+/// grey images: crop scale (0.2, 1), aspect ratio (3/4, 4/3), flip 0.5,
+/// brightness/contrast jitter 0.4 applied with probability 0.8, blur and noise
+/// off, Fashion-MNIST normalisation, float32 output.
+struct AugmentOptions {
+  /// Range of the crop's area as a fraction of the image.
+  TORCH_ARG(double, scale_min) = 0.2;
+  TORCH_ARG(double, scale_max) = 1.0;
+  /// Range of the crop's width/height ratio (sampled log-uniformly).
+  TORCH_ARG(double, ratio_min) = 3.0 / 4.0;
+  TORCH_ARG(double, ratio_max) = 4.0 / 3.0;
+  /// Probability of a horizontal flip.
+  TORCH_ARG(double, flip_prob) = 0.5;
+  /// Probability of applying colour jitter; brightness factor in
+  /// [1 - brightness, 1 + brightness], contrast factor likewise.
+  TORCH_ARG(double, jitter_prob) = 0.8;
+  TORCH_ARG(double, brightness) = 0.4;
+  TORCH_ARG(double, contrast) = 0.4;
+  /// Probability of a Gaussian blur (5x5, sigma uniform in [0.1, blur_sigma_max]).
+  TORCH_ARG(double, blur_prob) = 0.0;
+  TORCH_ARG(double, blur_sigma_max) = 1.0;
+  /// Probability of additive Gaussian noise of standard deviation `noise_std`
+  /// (in [0, 1] pixel units, before normalisation).
+  TORCH_ARG(double, noise_prob) = 0.0;
+  TORCH_ARG(double, noise_std) = 0.05;
+  /// Output = (x / 255 - mean) / std.
+  TORCH_ARG(double, mean) = kFashionMnistMean;
+  TORCH_ARG(double, std) = kFashionMnistStd;
+  /// kFloat or kDouble (fp64 exactness tests).
+  TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
+};
+
+/// What makes a view's randomness: the run's seed, the training position and
+/// which of the two views. The example's global index is the fourth part.
+struct AugmentKey {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  int64_t step = 0;
+  int64_t view = 0;
+};
+
+/// The 64-bit seed of example `index`'s generator under `key`.
+uint64_t augment_seed(const AugmentKey& key, int64_t index);
+
+/// Augments a batch.
+///
+/// images: [b, 1, H, W] uint8 (or [b, H, W]); indices: [b] int64, the examples'
+/// global data-set indices (they seed the per-example generators).
+/// Returns [b, 1, H, W] of `options.dtype()`, normalised. b may be 0.
+///
+///   auto v1 = contrax::train::augment(x, idx, {seed, epoch, step, /*view=*/0});
+///   auto v2 = contrax::train::augment(x, idx, {seed, epoch, step, /*view=*/1});
+torch::Tensor augment(const torch::Tensor& images, const torch::Tensor& indices, const AugmentKey& key,
+                      const AugmentOptions& options = {});
+
+/// The evaluation transform: uint8 [b, 1, H, W] -> normalised [b, 1, H, W]
+/// (no randomness). Default: Fashion-MNIST statistics, float32.
+///
+///   auto x = contrax::train::normalize_images(test.images);
+torch::Tensor normalize_images(const torch::Tensor& images, double mean = kFashionMnistMean,
+                               double std = kFashionMnistStd, torch::Dtype dtype = torch::kFloat);
+
+}  // namespace train
+}  // namespace contrax

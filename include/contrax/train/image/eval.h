@@ -1,0 +1,158 @@
+// Evaluating representations: what did contrastive training buy?
+//
+// The encoder is frozen and embeds the train and test splits; two standard
+// read-outs then measure the representation:
+//  * a linear probe: multinomial logistic regression on standardised features,
+//    trained full-batch with L-BFGS (strong-Wolfe line search, no learning rate
+//    to tune) until a tolerance stops it, with the L2 strength chosen on a
+//    held-out part of the train split and then refitted on all of it (the
+//    logistic-regression protocol of Kornblith et al. 2019 and CLIP). A fixed
+//    penalty favours one representation: fitted on 10000 Fashion-MNIST
+//    images, raw pixels (784 dims) validate best at lambda 1e-2, the trained
+//    128-dim encoder at 1e-4, and the former fixed 1e-4 cost raw pixels 2.8
+//    points of test accuracy (0.807 instead of 0.835);
+//  * k-nearest-neighbour accuracy as in the InstDisc / DINO kNN monitor: cosine
+//    similarity to the train features (the memory bank: the whole train split
+//    by default, as there; a smaller bank lowers every representation's
+//    accuracy, raw pixels' from 0.857 to 0.818 with 10000 images), the top k
+//    vote with weights exp(sim / T), computed in blocks of test rows to bound
+//    memory.
+// Baselines make the numbers readable: the same read-outs on raw pixels and on
+// a randomly initialised encoder of the same architecture.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "contrax/train/image/idx.h"
+#include "contrax/train/image/models.h"
+
+namespace contrax {
+namespace train {
+
+/// Embeds normalised images with a frozen model, without gradient, in batches,
+/// in eval mode (restored afterwards). `images`: [N, 1, H, W] uint8; `fn` maps
+/// a float batch [n, 1, H, W] to [n, d]. Returns float [N, d] (or the dtype
+/// `fn` returns). Default batch 1024.
+///
+///   auto f = contrax::train::embed([&](const torch::Tensor& x) { return enc(x); }, data.images);
+torch::Tensor embed(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& images,
+                    int64_t batch_size = 1024, torch::Dtype dtype = torch::kFloat);
+
+/// `embed` with an encoder: switches it to eval mode for the pass and back.
+///
+///   auto f = contrax::train::embed(model->encoder, train.images);   // [N, 128]
+torch::Tensor embed(Encoder encoder, const torch::Tensor& images, int64_t batch_size = 1024);
+
+/// Options for `linear_probe`. Defaults: standardise; L2 strength chosen from
+/// 1e-1, 1e-2, ..., 1e-5 on a seeded 10% validation part of the train rows;
+/// L-BFGS up to 1000 iterations per fit, stopping when the largest gradient
+/// entry is below 1e-5 or the loss changes by less than 1e-9.
+struct LinearProbeOptions {
+  /// Standardise features with the (fitting) train rows' mean and std first.
+  TORCH_ARG(bool, standardize) = true;
+  /// Candidate lambdas in CE + lambda/2 * ||W||^2 (bias not penalised). One
+  /// value: used as is on all train rows, no validation split. Several: they
+  /// are fitted on the non-validation rows from the largest down, each fit
+  /// warm-started from the previous one, until one is less accurate on the
+  /// validation rows than the best so far; the best (the larger on a tie) is
+  /// refitted on all train rows.
+  TORCH_ARG(std::vector<double>, l2_grid) = std::vector<double>({1e-1, 1e-2, 1e-3, 1e-4, 1e-5});
+  /// Fraction of the train rows held out to choose lambda, in (0, 1).
+  TORCH_ARG(double, val_fraction) = 0.1;
+  /// Seed of the validation split.
+  TORCH_ARG(uint64_t, seed) = 0;
+  /// L-BFGS iterations per fit (full batch).
+  TORCH_ARG(int64_t, max_iter) = 1000;
+  /// L-BFGS stops when max |gradient| falls below this.
+  TORCH_ARG(double, tolerance_grad) = 1e-5;
+  /// Classes; -1 infers max(label) + 1 over both splits.
+  TORCH_ARG(int64_t, num_classes) = -1;
+};
+
+/// Result of `linear_probe`.
+struct LinearProbeResult {
+  double train_acc = 0;
+  double test_acc = 0;
+  double final_loss = 0;
+  /// The L2 strength of the final fit, and its validation accuracy (-1 when
+  /// `l2_grid` has one value and nothing was held out).
+  double l2 = 0;
+  double val_acc = -1;
+  /// L-BFGS iterations of the final fit and max |gradient| where it stopped;
+  /// `converged`: a tolerance stopped it before `max_iter`.
+  int64_t iterations = 0;
+  double grad_max = 0;
+  bool converged = false;
+  double seconds = 0;
+};
+
+/// Multinomial logistic regression read-out.
+///
+/// train_x: [N, d], train_y: [N] int64, test_x: [M, d], test_y: [M] int64.
+///
+///   auto r = contrax::train::linear_probe(ftrain, train.labels, ftest, test.labels);
+///   std::cout << r.test_acc << " with lambda " << r.l2;
+LinearProbeResult linear_probe(const torch::Tensor& train_x, const torch::Tensor& train_y,
+                               const torch::Tensor& test_x, const torch::Tensor& test_y,
+                               const LinearProbeOptions& options = {});
+
+/// Options for `knn_accuracy`. Defaults: k = 20, temperature 0.07, 256 test
+/// rows per block (memory 256 x N floats).
+struct KnnOptions {
+  TORCH_ARG(int64_t, k) = 20;
+  TORCH_ARG(double, temperature) = 0.07;
+  TORCH_ARG(int64_t, block_size) = 256;
+  /// -1 infers max(label) + 1 over both splits.
+  TORCH_ARG(int64_t, num_classes) = -1;
+};
+
+/// Weighted kNN classification accuracy of the test features against the train
+/// features as the memory bank (cosine similarity; features are L2-normalised
+/// here). train_x: [N, d], train_y: [N], test_x: [M, d], test_y: [M].
+///
+///   double acc = contrax::train::knn_accuracy(ftrain, train.labels, ftest, test.labels,
+///                                             contrax::train::KnnOptions().k(200));
+double knn_accuracy(const torch::Tensor& train_x, const torch::Tensor& train_y, const torch::Tensor& test_x,
+                    const torch::Tensor& test_y, const KnnOptions& options = {});
+
+/// Both read-outs of one representation.
+struct EvalResult {
+  double linear_probe_acc = 0;
+  double knn_acc = 0;
+  LinearProbeResult probe;  // details of the linear probe (lambda, convergence)
+  double seconds = 0;       // embedding + both read-outs
+};
+
+/// Options for the `evaluate_*` helpers. Defaults: the probe and the kNN
+/// memory bank use the whole train split.
+struct EvalOptions {
+  TORCH_ARG(LinearProbeOptions, probe) = {};
+  TORCH_ARG(KnnOptions, knn) = {};
+  /// > 0: the linear probe is fitted on the first this many train examples
+  /// only (its cost grows with rows x feature dimension x L-BFGS iterations,
+  /// and raw pixels have 784 dimensions); the kNN memory bank is always the
+  /// whole train split. -1: all.
+  TORCH_ARG(int64_t, probe_train_limit) = -1;
+  /// Images per forward pass when embedding.
+  TORCH_ARG(int64_t, batch_size) = 1024;
+};
+
+/// Embeds both splits with `encoder` (frozen) and runs both read-outs.
+///
+///   auto r = contrax::train::evaluate_encoder(model->encoder, train, test);
+EvalResult evaluate_encoder(Encoder encoder, const Dataset& train, const Dataset& test,
+                            const EvalOptions& options = {});
+
+/// Both read-outs on raw normalised pixels ([N, H*W] features).
+EvalResult evaluate_raw_pixels(const Dataset& train, const Dataset& test, const EvalOptions& options = {});
+
+/// Both read-outs on a freshly initialised encoder with `encoder_options`,
+/// seeded with `seed` (the global torch RNG state is saved and restored).
+EvalResult evaluate_random_init(const EncoderOptions& encoder_options, uint64_t seed, const Dataset& train,
+                                const Dataset& test, const EvalOptions& options = {});
+
+}  // namespace train
+}  // namespace contrax

@@ -1,0 +1,201 @@
+// Models for `contrax train`: a small CNN encoder for 28x28 grey images, the
+// SimCLR projection head, the MoCo v3 predictor, and the two recipes' modules.
+//
+// Normalisation is GroupNorm (or none), never BatchNorm: BatchNorm normalises
+// with statistics of the rows a rank holds, so a rank with 128 rows and a single
+// process with 256 rows compute different activations and the distributed run
+// stops being the single-process run (SimCLR and MoCo fix this with SyncBN,
+// i.e. more communication). GroupNorm normalises each example on its own, so
+// the forward pass of an example is independent of its batch, and the exact
+// losses make the whole step independent of the world size. The encoder is
+// sized to train at a few thousand images per second on 2 CPU cores.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace contrax {
+namespace train {
+
+/// Options for `Encoder`. Defaults: channels 32-64-128 with strides 2-2-1
+/// (28x28 -> 14x14 -> 7x7 -> 7x7), one conv per stage, GroupNorm with 8 groups,
+/// no dropout, 1 input channel. Measured by CPU time on this machine: ~1600
+/// images/s forward+backward on 2 threads, versus ~800 with strides 1-2-2.
+struct EncoderOptions {
+  /// Output channels of the conv stages; the representation has channels.back()
+  /// dimensions.
+  TORCH_ARG(std::vector<int64_t>, channels) = std::vector<int64_t>({32, 64, 128});
+  /// Stride of each stage's first conv (same length as `channels`).
+  TORCH_ARG(std::vector<int64_t>, strides) = std::vector<int64_t>({2, 2, 1});
+  /// "group" (GroupNorm) or "none". BatchNorm is deliberately not offered (see
+  /// the file comment).
+  TORCH_ARG(std::string, norm) = "group";
+  /// Groups of each GroupNorm; must divide every stage's channel count.
+  TORCH_ARG(int64_t, groups) = 8;
+  /// Dropout before the pooled representation; 0 disables it (exactness tests).
+  TORCH_ARG(double, dropout) = 0.0;
+  TORCH_ARG(int64_t, in_channels) = 1;
+  /// Convolutions per stage; the extra ones keep stride 1 and the width.
+  TORCH_ARG(int64_t, convs_per_stage) = 1;
+  /// Side of the output's pooling grid: 1 is global average pooling; g > 1
+  /// averages the last feature map over g x g cells and flattens them, so the
+  /// representation keeps where in the image a feature was
+  /// (channels.back() * g * g dimensions).
+  TORCH_ARG(int64_t, pool_grid) = 1;
+  /// On the CPU (float or double, norm "group"): convolutions in the
+  /// channels-last layout and each GroupNorm + ReLU as one fused kernel
+  /// (group_norm_relu()), the same function computed in less time (see
+  /// docs/benchmarks.md). Elsewhere, or false, or with the environment
+  /// variable CONTRAX_FUSED_ENCODER=0: torch's modules in their default layout.
+  TORCH_ARG(bool, fused_cpu) = true;
+};
+
+/// CNN encoder: per stage conv3x3 -> norm -> ReLU (`convs_per_stage` times,
+/// the first with the stage's stride), then average pooling over the whole
+/// map or a `pool_grid` x `pool_grid` grid of cells (and dropout when enabled).
+///
+///   contrax::train::Encoder enc(contrax::train::EncoderOptions{});
+///   auto h = enc(x);   // x: [b, 1, 28, 28] -> h: [b, 128]
+class EncoderImpl : public torch::nn::Module {
+ public:
+  explicit EncoderImpl(EncoderOptions options = {});
+  /// x: [b, C, H, W] -> [b, output_dim()]
+  torch::Tensor forward(const torch::Tensor& x);
+  int64_t output_dim() const { return options.channels().back() * options.pool_grid() * options.pool_grid(); }
+  /// Whether a CPU float or double input takes the fused path (fused_cpu()
+  /// and norm "group", unless CONTRAX_FUSED_ENCODER=0 was set at construction).
+  bool fused_on_cpu() const { return fused_; }
+  EncoderOptions options;
+
+ private:
+  torch::Tensor fused_features(const torch::Tensor& x);
+  torch::nn::Sequential features_{nullptr};
+  std::vector<torch::nn::Conv2d> convs_;        // the convs and norms inside features_,
+  std::vector<torch::nn::GroupNorm> norms_;     // for the fused path
+  bool fused_ = false;
+  torch::nn::Dropout dropout_{nullptr};
+};
+TORCH_MODULE(Encoder);
+
+/// relu(group_norm(x, groups, weight, bias, eps)) as one autograd function on
+/// the CPU (float or double), computed per example in the channels-last layout
+/// (the output is channels-last). It keeps only x and two numbers per group
+/// for its backward, where torch's pair keeps x and the output; its backward
+/// is two passes over x and dy instead of three, and takes a gradient that is
+/// broadcast over H and W (the backward of a sum over the map) without
+/// expanding it. Derivation in src/train/group_norm_relu.cpp.
+torch::Tensor group_norm_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                              int64_t groups, double eps = 1e-5);
+
+/// Options for `MLPHead`. Defaults: 2 layers, hidden 256, output 128, no norm.
+struct MLPHeadOptions {
+  MLPHeadOptions(int64_t in_dim = 128) : in_dim_(in_dim) {}
+  TORCH_ARG(int64_t, in_dim);
+  TORCH_ARG(int64_t, hidden_dim) = 256;
+  TORCH_ARG(int64_t, out_dim) = 128;
+  /// Number of Linear layers (>= 1); ReLU between them, none after the last.
+  TORCH_ARG(int64_t, num_layers) = 2;
+  /// LayerNorm after each hidden Linear (a per-example norm; see file comment).
+  TORCH_ARG(bool, layer_norm) = false;
+};
+
+/// MLP used as the SimCLR/MoCo projection head and as MoCo v3's predictor.
+///
+///   contrax::train::MLPHead proj(contrax::train::MLPHeadOptions(128).out_dim(64));
+///   auto z = proj(h);   // [b, 128] -> [b, 64]
+class MLPHeadImpl : public torch::nn::Module {
+ public:
+  explicit MLPHeadImpl(MLPHeadOptions options = {});
+  /// x: [b, in_dim] -> [b, out_dim]
+  torch::Tensor forward(const torch::Tensor& x);
+  MLPHeadOptions options;
+
+ private:
+  torch::nn::Sequential layers_{nullptr};
+};
+TORCH_MODULE(MLPHead);
+
+/// The encoder of the default `contrax train` recipe: four stages 32-64-128-256
+/// with stride 2 each (28 -> 14 -> 7 -> 4 -> 2; receptive field 31 px, the
+/// whole image), GroupNorm(8), and the 2x2 last map flattened (pool_grid 2: a
+/// 1024-dimensional representation that keeps which quarter of the image a
+/// feature is in). Chosen by measurement (docs/benchmarks.md, "Fashion-MNIST
+/// recipe"): the kept layout is what lifts kNN accuracy above raw pixels; it
+/// costs fewer multiply-adds per image than the 32-64-128 (2-2-1) encoder.
+inline EncoderOptions default_recipe_encoder() {
+  return EncoderOptions().channels({32, 64, 128, 256}).strides({2, 2, 2, 2}).pool_grid(2);
+}
+
+/// Options for the recipe modules. Defaults: `default_recipe_encoder()`,
+/// projector 1024 -> 256 -> 128, MoCo v3 predictor 128 -> 256 -> 128.
+struct ContrastiveModelOptions {
+  TORCH_ARG(EncoderOptions, encoder) = default_recipe_encoder();
+  TORCH_ARG(int64_t, proj_hidden_dim) = 256;
+  TORCH_ARG(int64_t, proj_dim) = 128;
+  TORCH_ARG(int64_t, proj_layers) = 2;
+  TORCH_ARG(int64_t, pred_hidden_dim) = 256;
+  /// LayerNorm in the heads' hidden layers.
+  TORCH_ARG(bool, head_layer_norm) = false;
+};
+
+/// SimCLR: encoder + projection head. The encoder alone is what evaluation uses.
+///
+///   contrax::train::SimCLRModel model(contrax::train::ContrastiveModelOptions{});
+///   auto z1 = model(v1), z2 = model(v2);                  // [b, 128] each
+///   auto loss = contrax::nt_xent_loss(z1, z2, opts);
+class SimCLRModelImpl : public torch::nn::Module {
+ public:
+  explicit SimCLRModelImpl(ContrastiveModelOptions options = {});
+  /// x: [b, 1, H, W] -> projections [b, proj_dim]
+  torch::Tensor forward(const torch::Tensor& x);
+  ContrastiveModelOptions options;
+  Encoder encoder{nullptr};
+  MLPHead projector{nullptr};
+};
+TORCH_MODULE(SimCLRModel);
+
+/// MoCo v3: online encoder + projector + predictor (trained) and a momentum
+/// copy of encoder + projector (updated by EMA only, never by gradient).
+///
+/// The momentum branch is a registered submodule ("momentum"), so `to()`,
+/// `parameters()` and checkpoints see it, but its parameters have
+/// requires_grad = false: give the optimizer and the data-parallel wrapper
+/// `trainable_parameters()`, not `parameters()`.
+///
+///   contrax::train::MocoV3Model model(contrax::train::ContrastiveModelOptions{});
+///   auto q1 = model->query(v1), q2 = model->query(v2);    // with gradient
+///   auto k1 = model->key(v1), k2 = model->key(v2);        // no gradient
+///   auto loss = contrax::moco_v3_loss(q1, q2, k1, k2, opts);
+///   loss.backward(); optimizer.step();
+///   model->update_momentum(contrax::momentum_schedule(0.99, step, total));
+class MocoV3ModelImpl : public torch::nn::Module {
+ public:
+  explicit MocoV3ModelImpl(ContrastiveModelOptions options = {});
+  /// Queries: predictor(projector(encoder(x))). x: [b, 1, H, W] -> [b, proj_dim]
+  torch::Tensor query(const torch::Tensor& x);
+  /// Keys from the momentum branch, without gradient. x: [b, 1, H, W] -> [b, proj_dim]
+  torch::Tensor key(const torch::Tensor& x);
+  /// Same as query().
+  torch::Tensor forward(const torch::Tensor& x) { return query(x); }
+  /// momentum <- m * momentum + (1 - m) * online (encoder and projector).
+  void update_momentum(double m);
+  /// Parameters of the online branch and the predictor (what the optimizer owns).
+  std::vector<torch::Tensor> trainable_parameters() const;
+
+  ContrastiveModelOptions options;
+  SimCLRModel online{nullptr};  // encoder + projector
+  MLPHead predictor{nullptr};
+  SimCLRModel momentum{nullptr};
+  /// The online encoder (what evaluation uses).
+  Encoder encoder() const { return online->encoder; }
+};
+TORCH_MODULE(MocoV3Model);
+
+/// Number of elements over `parameters`.
+int64_t count_parameters(const std::vector<torch::Tensor>& parameters);
+
+}  // namespace train
+}  // namespace contrax

@@ -1,0 +1,60 @@
+// Evaluating retrieval: recall@1, recall@10 and MRR of the held-out ranking
+// task, one protocol and one evaluation set for every system (the trained
+// towers, the random-init towers, BM25 on words and on character n-grams).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "contrax/train/retrieval/bm25.h"
+#include "contrax/train/retrieval/towers.h"
+#include "contrax/train/retrieval/wordnet.h"
+
+namespace contrax {
+namespace train {
+
+/// recall@1, recall@10 and MRR of a ranking task.
+struct RetrievalMetrics {
+  double recall_at_1 = 0;
+  double recall_at_10 = 0;
+  double mrr = 0;
+  int64_t queries = 0;
+  int64_t passages = 0;
+};
+
+/// Metrics of scores [Q, P] (higher is better) where query i's correct
+/// passage is column target[i] (int64 [Q]). Ties are broken uniformly at
+/// random, in expectation: with g passages scoring strictly higher than the
+/// correct one and t others scoring equal, its rank is uniform on
+/// g+1 .. g+t+1, so recall@k = clamp((k - g) / (t + 1), 0, 1) and the
+/// reciprocal rank is the mean of 1/r over that range. (A lexical score is 0
+/// for most passages, so "ties count for the query" would flatter it, and
+/// "against" would wrong it.)
+RetrievalMetrics retrieval_metrics(const torch::Tensor& scores, const torch::Tensor& target);
+
+/// The held-out ranking task: every held-out gloss against the DISTINCT
+/// held-out passages (by passage id); a query is correct when the passage
+/// string of its own synset is ranked first (whichever synset it came from).
+struct RetrievalEvalSet {
+  std::vector<int64_t> query_synsets;    // [Q] synset indices
+  std::vector<int64_t> passage_synsets;  // [P] one synset per distinct passage
+  torch::Tensor target;                  // int64 [Q]: column of the query's passage
+};
+
+/// The first `limit` held-out synsets (-1: all).
+RetrievalEvalSet make_eval_set(const RetrievalCorpus& corpus, int64_t limit = -1);
+
+/// The towers' ranking: cosine similarity of query and passage embeddings.
+RetrievalMetrics evaluate_towers(BagTower query_tower, BagTower passage_tower, const RetrievalCorpus& corpus,
+                                 const RetrievalEvalSet& set);
+
+/// BM25 rankings: "word" (gloss words vs lemma words) or "chargram"
+/// (character 3-5-grams of both).
+RetrievalMetrics evaluate_bm25(const RetrievalCorpus& corpus, const RetrievalEvalSet& set, const std::string& terms,
+                               const Bm25Options& options = {});
+
+}  // namespace train
+}  // namespace contrax
