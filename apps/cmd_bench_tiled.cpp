@@ -35,17 +35,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-int64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
-
 std::string mib(int64_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
@@ -114,7 +103,7 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     // The materialised loss peaks at three [B x B] fp32 buffers (logits,
     // log-probabilities, their gradient: 3088 MiB measured at B = 16384); 10% slack.
     const int64_t need = 33 * B * B * 4 / 10;
-    const bool fits = B <= max_materialised && need < mem_available_bytes() * 7 / 10;
+    const bool fits = B <= max_materialised && need < contrax::available_memory_bytes() * 7 / 10;
     Run mat;
     double floor_s = 0;
     bool floor_measured = false;

@@ -90,6 +90,14 @@ int run_verify(const std::vector<std::string>& args) {
                      "; use --backend gloo to share GPUs");
   }
 
+  if (!contrax::in_launched_worker()) {
+    // The reference's memory, before any process starts or allocates.
+    const auto r = rows.empty() ? contrax::default_row_counts(nproc) : rows;
+    int64_t total = 0;
+    for (auto n : r) total += n;
+    const auto problem = contrax::verify_memory_problem(total, width, "flag '--rows'", "--width");
+    cli::usage_check(problem.empty(), problem);
+  }
   if (!contrax::in_launched_worker() && nproc > 1) {
     // Re-run ourselves as the workers; only rank 0 prints, without prefixes so
     // that --json output stays machine-readable.

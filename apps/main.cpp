@@ -1,5 +1,6 @@
 // Entry point of the `contrax` tool: dispatches to the registered subcommands,
 // and the flag helpers they share (CLI11 with range-checked typed values).
+#include <ATen/Version.h>
 #include <malloc.h>
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -24,15 +25,29 @@ std::map<std::string, CommandInfo>& registry() {
 }
 
 std::string blas_library() {
+  // The CPU BLAS LibTorch was built with (its build settings' BLAS_INFO:
+  // "mkl", linked into libtorch_cpu in PyPI's wheels; "open" or "flexi" in
+  // Debian's) and, where it is a shared library, the one loaded. CUDA's
+  // cuBLAS is not the CPU BLAS.
+  const std::string config = at::show_config(), key = "BLAS_INFO=";
+  std::string kind = "unknown";
+  if (auto p = config.find(key); p != std::string::npos) {
+    p += key.size();
+    kind = config.substr(p, config.find_first_of(", \n", p) - p);
+  }
   std::ifstream maps("/proc/self/maps");
   std::string line;
   while (std::getline(maps, line)) {
     auto pos = line.find('/');
     if (pos == std::string::npos) continue;
     std::string path = line.substr(pos);
-    if (path.find("blas") != std::string::npos || path.find("mkl") != std::string::npos) return path;
+    const auto name = path.substr(path.rfind('/') + 1);
+    if ((name.find("blas") != std::string::npos || name.find("mkl") != std::string::npos) &&
+        name.find("cublas") == std::string::npos) {
+      return kind + " (" + path + ")";
+    }
   }
-  return "unknown";
+  return kind == "mkl" ? "mkl (linked into LibTorch)" : kind;
 }
 
 std::string version_string() {

@@ -11,6 +11,8 @@
 #include "contrax/grad_cache.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -173,17 +175,54 @@ void set_state(at::Generator gen, const torch::Tensor& state) {
   gen.set_state(state);
 }
 
-// CPU default generator always; the default generator of each CUDA device an
-// input lives on (what torch.utils.checkpoint saves). Goes through the ATen
-// context's hooks, so this compiles and runs without CUDA.
-RngState capture_rng(const BatchInput& input) {
+}  // namespace
+
+namespace detail {
+
+// The CUDA devices whose generators a chunk's forward may draw from: those
+// of its input tensors, of the encoder's parameters (CPU inputs moved to the
+// model's device inside the encoder), and the current CUDA device (where a
+// device-less randn or a dropout on a fresh tensor draws). Once each, in
+// order of appearance. Pure, so the CPU tests check it.
+std::vector<c10::Device> rng_cuda_devices(const std::vector<c10::Device>& seen,
+                                          c10::optional<c10::Device> current_cuda) {
+  std::vector<c10::Device> out;
+  auto add = [&](const c10::Device& d) {
+    if (d.is_cuda() && std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  };
+  for (const auto& d : seen) add(d);
+  if (current_cuda) add(*current_cuda);
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+
+c10::optional<c10::Device> current_cuda_device() {
+  if (!at::globalContext().hasCUDA()) return c10::nullopt;  // no CUDA build, or no device
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice();
+}
+
+std::vector<c10::Device> devices_of(const BatchInput& input, const GradCacheEncoder* enc) {
+  std::vector<c10::Device> d;
+  for (const auto& t : input.tensors()) {
+    if (t.defined()) d.push_back(t.device());
+  }
+  if (enc != nullptr && enc->module()) {
+    for (const auto& p : enc->module()->parameters()) d.push_back(p.device());
+  }
+  return d;
+}
+
+// The default CPU generator always, and the CUDA generators above (what
+// torch.utils.checkpoint saves). Goes through the ATen context's hooks, so
+// this compiles and runs without CUDA.
+RngState capture_rng(const std::vector<c10::Device>& devices) {
   RngState s;
   s.cpu = get_state(at::detail::getDefaultCPUGenerator());
-  for (const auto& t : input.tensors()) {
-    if (!t.defined() || !t.is_cuda()) continue;
-    bool seen = false;
-    for (const auto& kv : s.cuda) seen = seen || kv.first == t.device();
-    if (!seen) s.cuda.emplace_back(t.device(), get_state(at::globalContext().defaultGenerator(t.device())));
+  for (const auto& d : detail::rng_cuda_devices(devices, current_cuda_device())) {
+    s.cuda.emplace_back(d, get_state(at::globalContext().defaultGenerator(d)));
   }
   return s;
 }
@@ -193,35 +232,41 @@ void restore_rng(const RngState& s) {
   for (const auto& kv : s.cuda) set_state(at::globalContext().defaultGenerator(kv.first), kv.second);
 }
 
-// Autocast's state is per device type (LibTorch >= 2.4, so every supported one).
-bool cpu_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
-at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
-void set_cpu_autocast(bool on, at::ScalarType dtype) {
-  at::autocast::set_autocast_enabled(at::kCPU, on);
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+// The device type whose autocast the encoders run under: the encoder's
+// parameters' (CUDA for a model on the GPU even with CPU inputs), else its
+// inputs', else the CPU.
+c10::DeviceType autocast_device_type(const std::vector<c10::Device>& devices) {
+  for (const auto& d : devices) {
+    if (d.is_cuda()) return c10::DeviceType::CUDA;
+  }
+  return c10::DeviceType::CPU;
 }
 
-// CPU autocast to bfloat16 for the encoders' forwards, restoring the caller's
-// autocast state afterwards (as torch.autocast's __exit__ does).
-class CpuBf16Autocast {
+// Autocast to bfloat16 on one device type for an encoder's forward,
+// restoring the caller's autocast state afterwards (as torch.autocast's
+// __exit__ does). Autocast's state is per device type.
+class Bf16Autocast {
  public:
-  explicit CpuBf16Autocast(bool on) : on_(on) {
+  Bf16Autocast(bool on, c10::DeviceType type) : on_(on), type_(type) {
     if (!on_) return;
-    prev_enabled_ = cpu_autocast_enabled();
-    prev_dtype_ = cpu_autocast_dtype();
-    set_cpu_autocast(true, at::kBFloat16);
+    prev_enabled_ = at::autocast::is_autocast_enabled(type_);
+    prev_dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
     at::autocast::increment_nesting();
   }
-  ~CpuBf16Autocast() {
+  ~Bf16Autocast() {
     if (!on_) return;
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    set_cpu_autocast(prev_enabled_, prev_dtype_);
+    at::autocast::set_autocast_enabled(type_, prev_enabled_);
+    at::autocast::set_autocast_dtype(type_, prev_dtype_);
   }
-  CpuBf16Autocast(const CpuBf16Autocast&) = delete;
-  CpuBf16Autocast& operator=(const CpuBf16Autocast&) = delete;
+  Bf16Autocast(const Bf16Autocast&) = delete;
+  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
 
  private:
   bool on_;
+  c10::DeviceType type_;
   bool prev_enabled_ = false;
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
@@ -308,10 +353,11 @@ size_t GradCache::run_pass1(size_t e, const BatchInput& input) {
   for (auto& piece : pieces) {
     Chunk chunk;
     chunk.input = std::move(piece);
-    if (options_.replay_rng()) chunk.rng = capture_rng(chunk.input);
+    const auto devices = devices_of(chunk.input, &enc);
+    if (options_.replay_rng()) chunk.rng = capture_rng(devices);
     {
       torch::NoGradGuard no_grad;
-      CpuBf16Autocast autocast(options_.bf16_autocast());
+      Bf16Autocast autocast(options_.bf16_autocast(), autocast_device_type(devices));
       chunk.rep = representation(enc, e, enc.forward()(chunk.input)).detach();
     }
     TORCH_CHECK(chunk.rep.dim() >= 1, "GradCache: the representation of ", encoder_label(enc, e),
@@ -426,25 +472,23 @@ torch::Tensor GradCache::finish(const RepresentationLossFn& loss_fn) {
 
   // Where the random state would be had each chunk run once: restored at the
   // end so that the steps after this one draw what they would have drawn.
-  RngState after = options_.replay_rng() ? capture_rng(BatchInput(torch::Tensor())) : RngState{};
+  RngState after;
   if (options_.replay_rng()) {
-    for (const auto& chunks : impl_->chunks) {
-      for (const auto& c : chunks) {
-        for (const auto& t : c.input.tensors()) {
-          if (!t.defined() || !t.is_cuda()) continue;
-          bool seen = false;
-          for (const auto& kv : after.cuda) seen = seen || kv.first == t.device();
-          if (!seen) after.cuda.emplace_back(t.device(), get_state(at::globalContext().defaultGenerator(t.device())));
-        }
+    std::vector<c10::Device> devices;
+    for (size_t e = 0; e < impl_->chunks.size(); ++e) {
+      for (const auto& c : impl_->chunks[e]) {
+        const auto d = devices_of(c.input, &encoders_[e]);
+        devices.insert(devices.end(), d.begin(), d.end());
       }
     }
+    after = capture_rng(devices);
   }
 
   // ---- pass 2.
   torch::AutoGradMode enable_grad(true);
   auto rerun = [&](size_t e, const Chunk& c) {
     if (options_.replay_rng()) restore_rng(c.rng);
-    CpuBf16Autocast autocast(options_.bf16_autocast());
+    Bf16Autocast autocast(options_.bf16_autocast(), autocast_device_type(devices_of(c.input, &encoders_[e])));
     torch::Tensor rep = representation(encoders_[e], e, encoders_[e].forward()(c.input));
     TORCH_CHECK(rep.sizes() == c.shape, "GradCache: ", encoder_label(encoders_[e], e),
                 " gave a representation of shape ", rep.sizes(), " in the second pass but ", c10::IntArrayRef(c.shape),

@@ -76,6 +76,7 @@ int64_t agreed_group(const char* caller, const std::vector<int64_t>& gs) {
 torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& candidates,
                            const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
                            const GroupedLossOptions& options) {
+  detail::NoAutocast no_autocast;
   const char* caller = "grouped_loss";
   detail::ArgChecker check(caller);
   int64_t g = 0;

@@ -29,6 +29,7 @@ MemoryPathOptions memory_path(ArgChecker& check, const MemoryPathOptions& own, c
 torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch::Tensor& b,
                          const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
                          const ClipLossOptions& options, const TiledOptions* forced) {
+  NoAutocast no_autocast;
   ArgChecker check(caller);
   check.paired_features(a, "a", b, "b");
   check.scalar(logit_scale, "logit_scale");
@@ -67,6 +68,7 @@ torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch
 
 torch::Tensor nt_xent_front(const char* caller, const torch::Tensor& z1, const torch::Tensor& z2,
                             const NTXentLossOptions& options, const TiledOptions* forced) {
+  NoAutocast no_autocast;
   ArgChecker check(caller);
   check.features(z1, "z1").features(z2, "z2");
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
@@ -101,6 +103,7 @@ torch::Tensor nt_xent_front(const char* caller, const torch::Tensor& z1, const t
 torch::Tensor moco_v3_front(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2,
                             const torch::Tensor& k1, const torch::Tensor& k2, const MocoV3LossOptions& options,
                             const TiledOptions* forced) {
+  NoAutocast no_autocast;
   ArgChecker check(caller);
   check.features(q1, "q1").features(q2, "q2").features(k1, "k1").features(k2, "k2");
   if (check.error().empty()) {

@@ -1,10 +1,14 @@
-// CPU allocation counting by wrapping LibTorch's CPU allocator.
+// Host memory: CPU allocation counting by wrapping LibTorch's CPU allocator,
+// and the memory this process may still allocate (see contrax/memory.h).
 #include "contrax/memory.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <cstring>
 #include <mutex>
 
@@ -79,5 +83,59 @@ PeakScope::PeakScope() {
 }
 
 int64_t PeakScope::peak_above_start() const { return MemoryTracker::peak_bytes() - start_; }
+
+namespace {
+
+// One number from a cgroup v2 file of this process's cgroup; -1 for "max",
+// a missing file or no cgroup v2.
+int64_t cgroup_value(const std::string& file) {
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  if (path.empty()) return -1;
+  std::ifstream f("/sys/fs/cgroup" + (path == "/" ? std::string() : path) + "/" + file);
+  std::string v;
+  if (!(f >> v) || v == "max") return -1;
+  try {
+    return std::stoll(v);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+int64_t available_memory_bytes() {
+  int64_t avail = 0;
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") {
+      avail = kb * 1024;
+      break;
+    }
+  }
+  const int64_t limit = cgroup_value("memory.max"), used = cgroup_value("memory.current");
+  if (limit >= 0) {
+    const int64_t left = std::max<int64_t>(limit - std::max<int64_t>(used, 0), 0);
+    avail = avail > 0 ? std::min(avail, left) : left;
+  }
+  return avail;
+}
+
+std::string format_bytes(double bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 6) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : bytes < 10 ? "%.1f %s" : "%.0f %s", bytes, units[u]);
+  return buf;
+}
 
 }  // namespace contrax

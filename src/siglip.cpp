@@ -61,6 +61,7 @@ class SigLip : public torch::autograd::Function<SigLip> {
   // The b-gradient of each block is summed around the ring back to its owner.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::NoAutocast no_autocast;
     auto state = c10::static_intrusive_pointer_cast<SigLipState>(ctx->saved_data["state"].toCapsule());
     TORCH_CHECK(!torch::GradMode::is_enabled(), state->layout.caller,
                 "(): double backward (create_graph=true) is not supported");
@@ -109,6 +110,7 @@ class SigLip : public torch::autograd::Function<SigLip> {
 
 torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
                           const c10::optional<torch::Tensor>& logit_bias, const SigLipLossOptions& options) {
+  detail::NoAutocast no_autocast;
   const char* caller = "siglip_loss";
   detail::ArgChecker check(caller);
   check.paired_features(a, "a", b, "b");
@@ -129,8 +131,7 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   auto state = c10::make_intrusive<SigLipState>();
   state->layout = detail::make_layout(caller, comm, counts);
   state->tile = detail::tile_side(options.tile_size(), options.tile_bytes(), a.element_size());
-  auto scale = logit_scale.exp();
-  if (std::isfinite(options.max_logit_scale())) scale = scale.clamp_max(options.max_logit_scale());
+  auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale());  // NaN stays NaN
   c10::optional<torch::Tensor> bias;
   if (logit_bias.has_value()) bias = logit_bias->to(a.scalar_type());
   auto rows = SigLip::apply(a_n, b_n, scale.to(a.scalar_type()), bias, state);  // [b]

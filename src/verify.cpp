@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "contrax/collectives.h"
@@ -11,6 +12,7 @@
 #include "contrax/grad_cache.h"
 #include "contrax/grouped.h"
 #include "contrax/losses.h"
+#include "contrax/memory.h"
 #include "contrax/reference.h"
 #include "contrax/siglip.h"
 
@@ -293,6 +295,23 @@ std::vector<int64_t> default_row_counts(int64_t world_size) {
   return rows;
 }
 
+int64_t verify_reference_bytes(int64_t total_rows, int64_t width) {
+  const double B = static_cast<double>(total_rows);
+  const double bytes = 6.0 * (2.0 * B) * (2.0 * B) * 8.0 + 256.0 * B * static_cast<double>(width);
+  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
+std::string verify_memory_problem(int64_t total_rows, int64_t width, const std::string& rows_name,
+                                  const std::string& width_name) {
+  const int64_t need = verify_reference_bytes(total_rows, width), avail = available_memory_bytes();
+  if (avail <= 0 || need <= avail) return {};
+  return c10::str(rows_name, " (", total_rows, " rows in all, width ", width, ") needs about ",
+                  format_bytes(static_cast<double>(need)),
+                  " for the single-device fp64 reference ([2B x 2B] logits, their softmax and gradients), but this "
+                  "machine (or its memory limit) allows ",
+                  format_bytes(static_cast<double>(avail)), "; use fewer rows or a smaller ", width_name);
+}
+
 VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, const VerifyOptions& o) {
   auto comm = comm_in ? comm_in : Communicator::single();
   const int64_t W = comm->world_size(), r = comm->rank();
@@ -307,6 +326,8 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   }
   TORCH_CHECK(B > 0, "verify(): option 'rows' must sum to a positive batch");
   TORCH_CHECK(o.width() > 0, "verify(): option 'width' must be positive, but got ", o.width());
+  const auto memory = verify_memory_problem(B, o.width(), "verify(): option 'rows'", "option 'width'");
+  TORCH_CHECK_VALUE(memory.empty(), memory);
   const torch::Device dev = o.device();
   const int64_t n_cuda = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
   TORCH_CHECK(dev.is_cpu() || (dev.is_cuda() && dev.index() < n_cuda && n_cuda > 0),

@@ -27,6 +27,7 @@
 #include "contrax/launcher.h"
 #include "contrax/train/retrieval/trainer.h"
 #include "contrax/train/image/trainer.h"
+#include "contrax/memory.h"
 #include "contrax/verify.h"
 #include "support/cli.h"
 
@@ -175,6 +176,9 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
       {"verify --nproc 1 --rows 1,2", "flag '--rows' must have one entry per rank (1), but got 2"},
       {"verify --nproc 0", "flag '--nproc' must be >= 1, but got 0"},
       {"verify --nproc 100000", "flag '--nproc' must be <= " + max_procs},
+      // Issue 29, item 6: ATen's "you tried to allocate 8000000000000 bytes" after 8 s before.
+      {"verify --nproc 2 --rows 1000000,0",
+       "flag '--rows' (1000000 rows in all, width 16) needs about 175 TiB for the single-device fp64 reference"},
       {"launch --nproc 0 -- true", "flag '--nproc' must be >= 1, but got 0"},
       {"launch --nproc-per-node 1000 -- true", "flag '--nproc' must be <= " + max_procs},
       {"launch --master-port 70000 -- true", "flag '--master-port' must be <= 65535, but got 70000"},
@@ -193,6 +197,25 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
   auto unknown = run_cli("frobnicate");
   EXPECT_EQ(unknown.status, 2);
   EXPECT_NE(unknown.out.find("contrax: unknown command 'frobnicate'"), std::string::npos) << unknown.out;
+}
+
+// Issue 29, item 6: the library refuses before allocating, as a ValueError
+// (an argument problem) naming the option; format_bytes reads as a person would.
+TEST(Cli, VerifyRefusesAReferenceThatDoesNotFit) {
+  try {
+    contrax::verify(contrax::Communicator::single(), contrax::VerifyOptions().rows({2000000}).cases({"clip"}));
+    ADD_FAILURE() << "verify() allocated a 700 TiB reference";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("verify(): option 'rows' (2000000 rows in all, width 16) needs about 698 TiB"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("use fewer rows or a smaller option 'width'"), std::string::npos);
+  }
+  EXPECT_GT(contrax::available_memory_bytes(), 0);
+  EXPECT_EQ(contrax::format_bytes(512), "512 B");
+  EXPECT_EQ(contrax::format_bytes(3.3 * 1024 * 1024), "3.3 MiB");
+  EXPECT_EQ(contrax::format_bytes(7.5 * (1 << 30)), "7.5 GiB");
+  EXPECT_EQ(contrax::format_bytes(192e12), "175 TiB");
 }
 
 TEST(Cli, ConfigRoundTripsDumpConfig) {

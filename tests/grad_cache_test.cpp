@@ -682,3 +682,19 @@ TEST(GradCacheGrouped, CandidatesWithGTimesTheRowsMatchTheOneShotStep) {
     expect_match(m.grads(), want, 1e-10, c10::str("grouped, rank ", r));
   }, std::chrono::seconds(15));
 }
+
+// Issue 28, item 5: the generators replayed on CUDA. Before, only the CUDA
+// devices of a chunk's input tensors were saved: an encoder that moves CPU
+// inputs to its GPU, or draws on the current device, replayed a different
+// dropout mask in pass 2. The choice of devices is pure and checked here; the
+// replay itself runs in tools/gpu_check.sh's suite on a GPU.
+TEST(GradCacheRng, CudaGeneratorsOfInputsParametersAndTheCurrentDevice) {
+  const c10::Device cpu(torch::kCPU), g0(torch::kCUDA, 0), g1(torch::kCUDA, 1), g2(torch::kCUDA, 2);
+  using D = std::vector<c10::Device>;
+  EXPECT_EQ(contrax::detail::rng_cuda_devices({cpu, cpu}, c10::nullopt), D{});
+  EXPECT_EQ(contrax::detail::rng_cuda_devices({cpu, g1}, c10::nullopt), D{g1});
+  // CPU inputs, parameters on cuda:1, current device cuda:0.
+  EXPECT_EQ(contrax::detail::rng_cuda_devices({cpu, g1, g1}, g0), (D{g1, g0}));
+  EXPECT_EQ(contrax::detail::rng_cuda_devices({g2, cpu, g0, g2}, g0), (D{g2, g0}));
+  EXPECT_EQ(contrax::detail::rng_cuda_devices({}, g1), D{g1});
+}

@@ -2,9 +2,12 @@
 // concatenated batch (fp64, W = 1..4, equal, uneven and empty-rank batches),
 // finite-difference checks, the error messages, and a negative control showing
 // that the exactness check catches the classic all_gather-without-gradient bug.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
 
 #include "contrax/collectives.h"
 #include "contrax/grouped.h"
@@ -12,12 +15,14 @@
 #include "contrax/memory.h"
 #include "contrax/plan.h"
 #include "contrax/reference.h"
+#include "contrax/siglip.h"
 #include "contrax/tiled.h"
 #include "contrax/verify.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 
 using namespace contrax;
+using contrax::testing::error_of;
 using contrax::testing::run_ranks;
 using contrax::testing::run_ranks_collect_errors;
 using contrax::testing::rel_err;
@@ -409,6 +414,139 @@ TEST(LossExtremes, HugeLogitScaleHasZeroNotNaNGradient) {
       auto ref = reference::clip_loss(a.to(torch::kDouble), b.to(torch::kDouble), torch::tensor(std::log(100.0), torch::kDouble),
                                       c10::nullopt, true, 100.0, true);
       EXPECT_NEAR(loss.item<float>(), ref.item<double>(), 1e-4 * std::max(1.0, ref.item<double>()));
+    }
+  }
+}
+
+// Issue 29, item 1: `where(x < log_max, exp, max)` sent a NaN scale to the
+// maximum (NaN < log_max is false), a finite loss with a zero scale gradient
+// that no divergence check could see. Every scalar of every loss, and a NaN
+// feature, must give NaN out; a NaN temperature is refused by name.
+TEST(LossExtremes, NaNInAnyScalarGivesNaN) {
+  torch::manual_seed(11);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto a = torch::randn({6, 4}, torch::kDouble), b = torch::randn({6, 4}, torch::kDouble);
+  auto ok = torch::tensor(std::log(10.0), torch::kDouble), bad = torch::tensor(nan, torch::kDouble);
+  auto is_nan = [](const torch::Tensor& t) { return std::isnan(t.item<double>()); };
+  for (int64_t tile : {int64_t{-1}, int64_t{2}}) {
+    auto o = ClipLossOptions().tile_size(tile);
+    auto ls = bad.clone().requires_grad_(true);
+    auto loss = clip_loss(a, b, ls, c10::nullopt, o);
+    EXPECT_TRUE(is_nan(loss)) << "clip scale, tile " << tile;
+    loss.backward();
+    EXPECT_TRUE(std::isnan(ls.grad().item<double>())) << "clip scale gradient, tile " << tile;
+    EXPECT_TRUE(is_nan(clip_loss(a, b, ok, bad, o))) << "clip bias, tile " << tile;
+    EXPECT_TRUE(is_nan(clip_loss(a, b, bad, c10::nullopt, ClipLossOptions(o).normalize(true)))) << tile;
+    EXPECT_TRUE(is_nan(tiled_clip_loss(a, b, bad))) << tile;
+    EXPECT_TRUE(is_nan(grouped_loss(a, torch::cat({b, b}, 0), bad, c10::nullopt,
+                                    GroupedLossOptions().tile_size(tile)))) << "grouped scale, tile " << tile;
+    EXPECT_TRUE(is_nan(grouped_loss(a, torch::cat({b, b}, 0), ok, bad, GroupedLossOptions().tile_size(tile))))
+        << "grouped bias, tile " << tile;
+    auto z = a.clone();
+    z[2][1] = nan;
+    EXPECT_TRUE(is_nan(nt_xent_loss(z, b, NTXentLossOptions().tile_size(tile)))) << "nt_xent feature, tile " << tile;
+    EXPECT_TRUE(is_nan(moco_v3_loss(z, b, a, b, MocoV3LossOptions().tile_size(tile)))) << "moco feature " << tile;
+    EXPECT_TRUE(is_nan(clip_loss(z, b, ok, c10::nullopt, o))) << "clip feature, tile " << tile;
+  }
+  for (int64_t tile : {int64_t{0}, int64_t{2}}) {
+    auto o = SigLipLossOptions().tile_size(tile);
+    EXPECT_TRUE(is_nan(siglip_loss(a, b, bad, ok, o))) << "siglip scale, tile " << tile;
+    EXPECT_TRUE(is_nan(siglip_loss(a, b, ok, bad, o))) << "siglip bias, tile " << tile;
+    EXPECT_TRUE(is_nan(siglip_loss(a, b, bad, ok, SigLipLossOptions(o).max_logit_scale(100.0)))) << tile;
+  }
+  EXPECT_NE(error_of([&] { nt_xent_loss(a, b, NTXentLossOptions().temperature(nan)); })
+                .find("nt_xent_loss(): argument 'temperature' must be a positive finite number, but got nan"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { moco_v3_loss(a, b, a, b, MocoV3LossOptions().temperature(nan)); })
+                .find("argument 'temperature' must be a positive finite number"),
+            std::string::npos);
+}
+
+// Issue 29, item 7: a reduced-precision scale (as autocast users hold it)
+// gave ATen's "clamp_max_scalar_cpu not implemented for 'Half'"; it is
+// computed in fp32 and gives the fp32 scale's loss and gradient.
+TEST(LossExtremes, ReducedPrecisionScaleIsComputedInFp32) {
+  torch::manual_seed(12);
+  auto a = torch::randn({5, 3}), b = torch::randn({5, 3});
+  for (auto dt : {torch::kHalf, torch::kBFloat16}) {
+    auto ls = torch::tensor(2.5, dt).requires_grad_(true);
+    auto ref_ls = ls.detach().to(torch::kFloat).requires_grad_(true);
+    auto loss = clip_loss(a, b, ls);
+    auto ref = clip_loss(a, b, ref_ls);
+    loss.backward();
+    ref.backward();
+    EXPECT_FLOAT_EQ(loss.item<float>(), ref.item<float>()) << dt;
+    EXPECT_EQ(ls.grad().scalar_type(), dt);
+    EXPECT_NEAR(ls.grad().to(torch::kFloat).item<float>(), ref_ls.grad().item<float>(),
+                1e-2 * std::abs(ref_ls.grad().item<float>()) + 1e-3) << dt;
+    EXPECT_TRUE(std::isfinite(siglip_loss(a, b, ls.detach()).item<float>())) << dt;
+  }
+}
+
+// Issue 29, item 7: [b, 0] features reached ATen's amax() inside the
+// normalisation; every loss refuses a width of 0 by the argument's name.
+TEST(LossErrors, ZeroWidthFeaturesAreRefusedByName) {
+  auto e = torch::randn({4, 0}), s = torch::tensor(1.0);
+  const std::string want = "must have a width of at least 1";
+  auto has = [&](const std::string& msg, const char* what) {
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    EXPECT_NE(msg.find(want), std::string::npos) << msg;
+  };
+  has(error_of([&] { nt_xent_loss(e, e); }), "nt_xent_loss(): argument 'z1'");
+  has(error_of([&] { tiled_nt_xent_loss(e, e); }), "tiled_nt_xent_loss(): argument 'z1'");
+  has(error_of([&] { moco_v3_loss(e, e, e, e); }), "moco_v3_loss(): argument 'q1'");
+  has(error_of([&] { clip_loss(e, e, s); }), "clip_loss(): argument 'a'");
+}
+
+// Issue 28, item 3: one precision policy. Every loss computes the same
+// function inside and outside autocast, forward and backward, on each path:
+// the engine's GEMMs ran in bf16 under torch.autocast("cpu", bfloat16)
+// before (relative differences of about 1e-2), and a backward() called
+// inside autocast changed the gradients of a forward taken outside.
+TEST(LossPrecision, AutocastChangesNoLossOrGradient) {
+  torch::manual_seed(13);
+  const std::vector<torch::Tensor> inputs{torch::randn({7, 6}), torch::randn({7, 6}), torch::randn({7, 6}),
+                                          torch::randn({7, 6}), torch::randn({14, 6}), torch::tensor(std::log(8.0f)),
+                                          torch::tensor(-2.0f)};
+  using V = std::vector<torch::Tensor>;
+  const std::vector<std::pair<std::string, std::function<torch::Tensor(const V&)>>> cases{
+      {"clip", [](const V& x) { return clip_loss(x[0], x[1], x[5], c10::nullopt, ClipLossOptions().normalize(true)); }},
+      {"clip tiled", [](const V& x) { return clip_loss(x[0], x[1], x[5], x[6], ClipLossOptions().tile_size(3)); }},
+      {"nt_xent", [](const V& x) { return nt_xent_loss(x[0], x[1]); }},
+      {"nt_xent tiled", [](const V& x) { return nt_xent_loss(x[0], x[1], NTXentLossOptions().tile_size(3)); }},
+      {"moco_v3", [](const V& x) { return moco_v3_loss(x[0], x[1], x[2], x[3], MocoV3LossOptions().tile_size(4)); }},
+      {"grouped", [](const V& x) { return grouped_loss(x[0], x[4], x[5], x[6]); }},
+      {"siglip", [](const V& x) { return siglip_loss(x[0], x[1], x[5], x[6], SigLipLossOptions().tile_size(3)); }},
+  };
+  auto set_autocast = [](bool on) {
+    at::autocast::set_autocast_enabled(at::kCPU, on);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    if (!on) at::autocast::clear_cache();
+  };
+  for (const auto& [name, fn] : cases) {
+    std::vector<std::pair<torch::Tensor, V>> runs;  // (loss, gradients) per (forward, backward) placement
+    for (int placement = 0; placement < 4; ++placement) {
+      V leaves;
+      for (const auto& t : inputs) leaves.push_back(t.clone().requires_grad_(true));
+      set_autocast(placement & 1);
+      auto loss = fn(leaves);
+      set_autocast(placement & 2);
+      loss.backward();
+      set_autocast(false);
+      V grads;
+      for (const auto& l : leaves) grads.push_back(l.grad().defined() ? l.grad() : torch::zeros_like(l));
+      runs.emplace_back(loss.detach(), grads);
+    }
+    for (int placement = 1; placement < 4; ++placement) {
+      const auto where = name + (placement & 1 ? ", forward inside" : ", forward outside") +
+                         (placement & 2 ? ", backward inside" : ", backward outside");
+      EXPECT_EQ(runs[placement].first.scalar_type(), torch::kFloat) << where;
+      EXPECT_TRUE(torch::allclose(runs[placement].first, runs[0].first, 1e-6, 1e-7)) << where;
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        EXPECT_TRUE(torch::allclose(runs[placement].second[k], runs[0].second[k], 1e-6, 1e-7))
+            << where << ", gradient of input " << k << ": max diff "
+            << (runs[placement].second[k] - runs[0].second[k]).abs().max().item<float>();
+      }
     }
   }
 }

@@ -107,6 +107,11 @@ struct has_forward<M, A, std::void_t<decltype(std::declval<M&>().forward(std::de
 
 [[noreturn]] void no_module_forward(const char* kind);
 
+/// The CUDA devices among `seen` and `current_cuda`, once each, in order: the
+/// generators GradCache saves and replays besides the CPU's.
+std::vector<c10::Device> rng_cuda_devices(const std::vector<c10::Device>& seen,
+                                          c10::optional<c10::Device> current_cuda);
+
 // Module holders and module pointers take the module constructors; checked
 // before std::function's own callable test, which a ModuleHolder's
 // operator() would fail with a hard error.
@@ -207,12 +212,15 @@ class GradCacheEncoder {
 struct GradCacheOptions {
   /// Loss-scale hook applied before the loss backward (fp16 on GPU).
   TORCH_ARG(LossScaleFn, scale_loss) = nullptr;
-  /// Run the encoders under CPU autocast to bfloat16 (LibTorch >= 1.10). The
-  /// loss function runs outside autocast; representations arrive in bf16.
+  /// Run the encoders under autocast to bfloat16 on their device (the
+  /// encoder's parameters', else its inputs': CUDA for a model on the GPU fed
+  /// CPU tensors). The loss function runs outside autocast; representations
+  /// arrive in bf16.
   TORCH_ARG(bool, bf16_autocast) = false;
-  /// Save the default CPU generator (and the CUDA generators of CUDA inputs)
-  /// before each chunk and restore it for the chunk's second pass. Turning it
-  /// off is wrong for any encoder that draws random numbers (dropout).
+  /// Save the default CPU generator, and the CUDA generators of the chunk's
+  /// inputs, of the encoder's parameters and of the current CUDA device,
+  /// before each chunk and restore them for the chunk's second pass. Turning
+  /// it off is wrong for any encoder that draws random numbers (dropout).
   TORCH_ARG(bool, replay_rng) = true;
   /// DataParallel over the module owning the loss-side parameters (e.g. a
   /// `ClipLoss` with its logit scale): its reducer is armed for the one loss

@@ -1,4 +1,5 @@
-// Counting CPU tensor memory: current and peak bytes held by tensor storages.
+// Host memory: counting CPU tensor memory (current and peak bytes held by
+// tensor storages), and how much more this process may allocate.
 //
 // LibTorch keeps no allocation statistics for CPU tensors, so benchmarks and
 // the memory tests install a thin wrapper around the CPU allocator that counts
@@ -6,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 // The loss workspace's functions moved to contrax/workspace.h; included here
 // for one release, for code that found them in this header.
@@ -40,5 +42,13 @@ class PeakScope {
  private:
   int64_t start_;
 };
+
+/// Bytes this process may still allocate on the host: /proc/meminfo's
+/// MemAvailable, capped by the cgroup's limit (memory.max - memory.current,
+/// cgroup v2) where one is set; 0 when neither can be read.
+int64_t available_memory_bytes();
+
+/// `bytes` for a person: "512 B", "3.2 MiB", "7.5 GiB", "175 TiB".
+std::string format_bytes(double bytes);
 
 }  // namespace contrax

@@ -96,6 +96,17 @@ std::vector<VerifyCase>& verify_cases();
 /// Default per-rank rows: uneven, with an empty rank from W = 3 on.
 std::vector<int64_t> default_row_counts(int64_t world_size);
 
+/// About the most host memory the single-device fp64 reference of any case
+/// needs for `total_rows` rows of `width` features: NT-Xent's [2B x 2B]
+/// logits, their softmax and gradients (six such buffers), plus the features.
+int64_t verify_reference_bytes(int64_t total_rows, int64_t width);
+
+/// Empty if `verify_reference_bytes` fits `available_memory_bytes()` (or the
+/// latter is unknown); else why not, naming `rows_name` and `width_name`
+/// (e.g. "option 'rows'" or "flag '--rows'") and what to change.
+std::string verify_memory_problem(int64_t total_rows, int64_t width, const std::string& rows_name,
+                                  const std::string& width_name);
+
 /// Runs on every rank (collectively); results are identical on every rank.
 std::vector<VerifyResult> verify(const CommunicatorPtr& comm, const VerifyOptions& options = {});
 

@@ -1,16 +1,23 @@
 """Benchmark: contrax.clip_loss forward+backward vs a straightforward Python
 [local x global] CLIP loss built on torch.distributed.nn.all_gather.
 
-    PYTHONPATH=build/python python3 python/bench/bench_clip.py --world 2,4 --batch 2048 --width 256
+    PYTHONPATH=build/python .venv/bin/python python/bench/bench_clip.py --world 2,4 --batch 2048 --width 256
+    # on GPUs (tools/gpu_check.sh): NCCL, one GPU per rank, bf16 autocast as open_clip trains
+    ... bench_clip.py --device cuda --world 2 --batch 4096 --width 768 --autocast
 
-Each (implementation, W) pair runs in its own freshly spawned set of W Gloo
-processes (one thread each) on the same inputs (same seed). Reported per pair:
-median wall time of one forward+backward (rank 0, after a barrier, 2 warm-up
-iterations excluded) and peak memory = the largest increase of the process's
-peak RSS (resource.getrusage ru_maxrss) over the loss iterations, taken over
-ranks. Large tensors are mmap-backed by glibc, so RSS follows tensor memory;
-the baseline is taken after the inputs exist. Both losses are checked equal.
+Each (implementation, W) pair runs in its own freshly spawned set of W
+processes (Gloo, one thread each; NCCL with --device cuda) on the same inputs
+(same seed). Reported per pair: median wall time of one forward+backward (rank
+0, after a barrier, 2 warm-up iterations excluded) and peak memory: on the CPU
+the largest increase of the process's peak RSS (resource.getrusage ru_maxrss)
+over the loss iterations, taken over ranks (large tensors are mmap-backed by
+glibc, so RSS follows tensor memory; the baseline is taken after the inputs
+exist); on CUDA torch.cuda.max_memory_allocated above the inputs. Both losses
+are checked equal. --autocast runs both under torch.autocast(bf16): the
+Python loss's GEMMs and cross-entropy then run as autocast decides, Contrax's
+engine excludes autocast and keeps its own precision policy.
 """
+import contextlib
 import argparse
 import os
 import resource
@@ -42,40 +49,72 @@ def rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def worker(rank, world, init_file, impl, batch, width, iters, queue):
+def worker(rank, world, init_file, impl, opts, queue):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    cuda = opts.device == "cuda"
+    dev = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world)
     import contrax
 
+    batch, width = opts.batch, opts.width
     g = torch.Generator().manual_seed(0)
     a_all = torch.randn(world * batch, width, generator=g)
     b_all = torch.randn(world * batch, width, generator=g)
-    a = a_all[rank * batch:(rank + 1) * batch].clone().requires_grad_(True)
-    b = b_all[rank * batch:(rank + 1) * batch].clone().requires_grad_(True)
+    a = a_all[rank * batch:(rank + 1) * batch].to(dev).requires_grad_(True)
+    b = b_all[rank * batch:(rank + 1) * batch].to(dev).requires_grad_(True)
     del a_all, b_all
-    s = torch.tensor(2.5, requires_grad=True)
-    fn = (lambda: contrax.clip_loss(a, b, s)) if impl == "contrax" else (lambda: naive_clip_loss(a, b, s))
-    # Warm-up on a tiny batch loads code paths without raising the RSS peak much.
-    small = [t[:4].detach().clone().requires_grad_(True) for t in (a, b)]
-    (contrax.clip_loss(*small, s) if impl == "contrax" else naive_clip_loss(*small, s)).backward()
+    s = torch.tensor(2.5, device=dev, requires_grad=True)
+    path = {"path": opts.path} if opts.path != "auto" else {}
+
+    def loss_of(x, y):
+        if impl == "python":
+            return naive_clip_loss(x, y, s)
+        if opts.path == "ring":
+            return contrax.tiled_clip_loss(x, y, s, ring=True)
+        return contrax.clip_loss(x, y, s, **path)
+
+    autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if opts.autocast
+                else contextlib.nullcontext())
+
+    def step(x, y):
+        with autocast:
+            loss = loss_of(x, y)
+        loss.backward()
+        return loss
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    # Warm-up on a tiny batch loads code paths without raising the peak much.
+    step(*[t[:4].detach().clone().requires_grad_(True) for t in (a, b)])
+    sync()
     dist.barrier()
 
     base = rss_mib()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+        base_cuda = torch.cuda.memory_allocated(dev) / 2**20
     times, loss_value = [], None
-    for it in range(iters + 2):
+    for it in range(opts.iters + 2):
         a.grad = b.grad = s.grad = None
         dist.barrier()
+        sync()
         t0 = time.perf_counter()
-        loss = fn()
-        loss.backward()
+        loss = step(a, b)
+        sync()
         dt = time.perf_counter() - t0
         if it >= 2:
             times.append(dt)
         loss_value = loss.item()
         del loss
-    peak = torch.tensor([rss_mib() - base])
+    used = torch.cuda.max_memory_allocated(dev) / 2**20 - base_cuda if cuda else rss_mib() - base
+    peak = torch.tensor([used], device=dev)
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-    total = torch.tensor([loss_value], dtype=torch.float64)
+    total = torch.tensor([loss_value], dtype=torch.float64, device=dev)
     dist.all_reduce(total)
     if rank == 0:
         queue.put((impl, world, statistics.median(times), peak.item(), total.item() / world))
@@ -90,7 +129,7 @@ def run(impl, world, args):
     os.close(fd)
     os.unlink(init_file)
     try:
-        mp.spawn(worker, args=(world, init_file, impl, args.batch, args.width, args.iters, queue), nprocs=world)
+        mp.spawn(worker, args=(world, init_file, impl, args, queue), nprocs=world)
     finally:
         if os.path.exists(init_file):
             os.unlink(init_file)
@@ -103,9 +142,18 @@ def main():
     p.add_argument("--batch", type=int, default=2048, help="rows per rank")
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: NCCL, one GPU per rank")
+    p.add_argument("--path", choices=["auto", "materialised", "tiled", "ring"], default="auto",
+                   help="Contrax's memory path")
+    p.add_argument("--autocast", action="store_true", help="both losses under torch.autocast(bf16)")
     args = p.parse_args()
-    print(f"CLIP forward+backward, fp32, {args.batch} rows/rank, width {args.width}, "
-          f"1 thread/rank, median of {args.iters}; peak = max over ranks of ru_maxrss increase")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch.cuda.is_available() is False on this machine")
+    where = (f"{torch.cuda.get_device_name(0)}, NCCL" if args.device == "cuda" else "CPU, Gloo, 1 thread/rank")
+    peak = "torch.cuda.max_memory_allocated" if args.device == "cuda" else "ru_maxrss"
+    print(f"CLIP forward+backward, fp32{' under bf16 autocast' if args.autocast else ''}, {args.batch} rows/rank, "
+          f"width {args.width}, Contrax path {args.path}, {where}, torch {torch.__version__}, median of "
+          f"{args.iters}; peak = max over ranks of the {peak} increase")
     print(f"{'W':>2}  {'contrax ms':>10}  {'python ms':>10}  {'time ratio':>10}  "
           f"{'contrax MiB':>11}  {'python MiB':>10}  {'mem ratio':>9}  {'loss diff':>9}")
     for world in [int(w) for w in args.world.split(",")]:

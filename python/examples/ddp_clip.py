@@ -1,9 +1,6 @@
 """CLIP-style training with DistributedDataParallel and contrax's exact loss.
 
-    PYTHONPATH=build/python python3 -m torch.distributed.run --nproc_per_node 2 python/examples/ddp_clip.py
-
-(On Debian bookworm, Python 3.11, add `--redirects 9:3 --tee 9:3` before
-`--nproc_per_node`: see python/README.md.)
+    PYTHONPATH=build/python .venv/bin/torchrun --nproc_per_node 2 python/examples/ddp_clip.py
 
 Every rank holds its own share of the batch (here uneven: the last rank gets a
 short batch); contrax.clip_loss computes [local x global] logits against the

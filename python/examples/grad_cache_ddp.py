@@ -1,11 +1,7 @@
 """Gradient cache with DistributedDataParallel: a two-tower (image / text)
 CLIP step over a global batch assembled from small data-loader batches.
 
-    PYTHONPATH=build/python python3 -m torch.distributed.run --redirects 9:3 --tee 9:3 \\
-        --nproc_per_node 2 python/examples/grad_cache_ddp.py
-
-(`--redirects 9:3 --tee 9:3`: the workaround for Debian's torch 1.13 launcher on
-Python 3.11, see python/README.md.)
+    PYTHONPATH=build/python .venv/bin/torchrun --nproc_per_node 2 python/examples/grad_cache_ddp.py
 
 Each rank receives its share of a step's batch as sub-batches from a loader
 (uneven: the last rank's share is shorter) and hands them to GradCache.cache()

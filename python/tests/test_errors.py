@@ -21,6 +21,38 @@ def test_value_error_single_process():
     assert "Exception raised from" not in str(info.value)  # no C++ backtrace
 
 
+def test_zero_width_features_are_value_errors():
+    # Issue 29, item 7: these reached ATen's amax() error before.
+    e = torch.randn(4, 0)
+    for name, call in [("nt_xent_loss", lambda: contrax.nt_xent_loss(e, e)),
+                       ("tiled_nt_xent_loss", lambda: contrax.tiled_nt_xent_loss(e, e)),
+                       ("moco_v3_loss", lambda: contrax.moco_v3_loss(e, e, e, e)),
+                       ("clip_loss", lambda: contrax.clip_loss(e, e, torch.tensor(1.0)))]:
+        with pytest.raises(ValueError, match=name + r"\(\): argument '(z1|q1|a)' must have a width of at least 1"):
+            call()
+
+
+def test_reduced_precision_logit_scale_is_computed_in_fp32():
+    # Issue 29, item 7: an fp16 scale raised "clamp_max_scalar_cpu not
+    # implemented for 'Half'"; it now gives the fp32 scale's loss.
+    torch.manual_seed(3)
+    a, b = torch.randn(5, 3), torch.randn(5, 3)
+    for dt in (torch.float16, torch.bfloat16):
+        s = torch.tensor(2.5, dtype=dt)
+        assert contrax.clip_loss(a, b, s).item() == contrax.clip_loss(a, b, s.float()).item()
+
+
+def test_nan_logit_scale_gives_nan():
+    # Issue 29, item 1: a NaN scale was replaced by the maximum scale.
+    a, b = torch.randn(4, 3), torch.randn(4, 3)
+    for path in ("materialised", "tiled"):
+        s = torch.tensor(float("nan"), requires_grad=True)
+        loss = contrax.clip_loss(a, b, s, path=path, tile_size=2)
+        loss.backward()
+        assert torch.isnan(loss) and torch.isnan(s.grad), path
+    assert torch.isnan(contrax.siglip_loss(a, b, torch.tensor(float("nan")), torch.tensor(0.0)))
+
+
 def test_bad_group_is_type_error():
     with pytest.raises(TypeError, match="argument 'group' must be a torch.distributed ProcessGroup"):
         contrax.clip_loss(torch.randn(2, 3), torch.randn(2, 3), torch.tensor(0.0), group="world")

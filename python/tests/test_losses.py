@@ -250,3 +250,34 @@ def test_kept_loss_workspace():
         assert torch.equal(x, y) and torch.equal(x, z)
     contrax.release_loss_workspace()
     assert contrax.loss_workspace_bytes() == 0
+
+
+@pytest.mark.parametrize("name", ["clip", "clip_tiled", "nt_xent", "moco_v3", "grouped", "siglip"])
+def test_autocast_changes_no_loss_or_gradient(name):
+    # Issue 28, item 3: the engine's GEMMs ran in bf16 under torch.autocast
+    # before; the loss and its gradients are now the same wherever forward and
+    # backward are called.
+    torch.manual_seed(5)
+    base = [torch.randn(7, 6) for _ in range(4)] + [torch.randn(14, 6), torch.tensor(2.0), torch.tensor(-2.0)]
+    call = {
+        "clip": lambda x: contrax.clip_loss(x[0], x[1], x[5], normalize=True),
+        "clip_tiled": lambda x: contrax.tiled_clip_loss(x[0], x[1], x[5], x[6], tile_size=3),
+        "nt_xent": lambda x: contrax.nt_xent_loss(x[0], x[1]),
+        "moco_v3": lambda x: contrax.moco_v3_loss(x[0], x[1], x[2], x[3]),
+        "grouped": lambda x: contrax.grouped_loss(x[0], x[4], x[5], x[6]),
+        "siglip": lambda x: contrax.siglip_loss(x[0], x[1], x[5], x[6], chunk_size=3),
+    }[name]
+    runs = []
+    for fwd_inside in (False, True):
+        for bwd_inside in (False, True):
+            leaves = [t.clone().requires_grad_(True) for t in base]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fwd_inside):
+                loss = call(leaves)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bwd_inside):
+                loss.backward()
+            runs.append((loss.detach(), [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]))
+    for loss, grads in runs[1:]:
+        assert loss.dtype == torch.float32
+        torch.testing.assert_close(loss, runs[0][0], rtol=1e-6, atol=1e-7)
+        for g, g0 in zip(grads, runs[0][1]):
+            torch.testing.assert_close(g, g0, rtol=1e-6, atol=1e-7)

@@ -119,6 +119,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    NoAutocast no_autocast;
     auto state = c10::static_intrusive_pointer_cast<BlockState>(ctx->saved_data["state"].toCapsule());
     check_single_backward(*state);
     auto saved = ctx->get_saved_variables();
@@ -234,6 +235,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    NoAutocast no_autocast;
     auto state = c10::static_intrusive_pointer_cast<BlockState>(ctx->saved_data["state"].toCapsule());
     check_single_backward(*state);
     const auto& L = state->layout;

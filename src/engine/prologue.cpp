@@ -128,10 +128,18 @@ torch::Tensor prepare(const torch::Tensor& x, c10::ScalarType dtype, bool normal
 torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale) {
   // exp never sees more than log(max_scale), so its backward multiplies by a
   // finite number; at and above the clamp the constant branch is taken (zero
-  // gradient, as min(exp(x), max) has wherever exp(x) >= max).
+  // gradient, as min(exp(x), max) has wherever exp(x) >= max). Both tests are
+  // `x >= log_max`, and the cap is a `where`, not clamp_max: a NaN fails the
+  // test and must reach the loss and its own gradient through the exp branch
+  // (NaN in, NaN out), where `x < log_max` replaced it by the maximum and
+  // clamp_max's backward gave it a zero gradient. A reduced-precision scale
+  // (fp16/bf16, as autocast users hold it) is computed in fp32: exp(log 100)
+  // needs no more, and CPU kernels for half clamps are not everywhere.
+  const auto x = c10::isReducedFloatingType(logit_scale.scalar_type()) ? logit_scale.to(torch::kFloat) : logit_scale;
   const double log_max = std::log(max_scale);
-  auto capped = logit_scale.clamp_max(log_max).exp();
-  return torch::where(logit_scale < log_max, capped, torch::full_like(capped, max_scale));
+  const auto over = x >= log_max;
+  auto capped = torch::where(over, torch::full_like(x, log_max), x).exp();
+  return torch::where(over, torch::full_like(capped, max_scale), capped);
 }
 
 void warn_if_scale_not_log(const torch::Tensor& logit_scale, double max_logit_scale) {

@@ -7,6 +7,7 @@
 // (src/engine/), not installed.
 #pragma once
 
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
 #include <string>
@@ -17,6 +18,16 @@
 #include "util/check.h"
 
 namespace contrax::detail {
+
+/// Autocast off for the scope: a loss computes one function whether or not
+/// its caller is inside torch.autocast, in its forward and in its backward
+/// (the engine picks its own compute dtype: fp32 for fp16/bf16 features, with
+/// fp32 log-sum-exps; autocast would lower its GEMMs to bf16 on the CPU and
+/// make the loss depend on where backward() was called). One at every front
+/// end's entry and at the top of every engine backward.
+class NoAutocast {
+  c10::impl::ExcludeDispatchKeyGuard guard_{c10::autocast_dispatch_keyset};
+};
 
 /// Who called and where this rank's rows sit in the global batch; identical
 /// on every rank except `rank` and `offset`.

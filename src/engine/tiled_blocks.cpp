@@ -78,6 +78,7 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    NoAutocast no_autocast;
     auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
     check_no_double_backward(state->layout);
     auto saved = ctx->get_saved_variables();
@@ -206,6 +207,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    NoAutocast no_autocast;
     auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
     check_no_double_backward(state->layout);
     auto saved = ctx->get_saved_variables();

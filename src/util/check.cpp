@@ -12,6 +12,9 @@ ArgChecker& ArgChecker::features(const torch::Tensor& t, const char* name) {
   } else if (t.dim() != 2) {
     error_ = c10::str(caller_, "(): argument '", name, "' must be a 2-D tensor [rows, width], but got shape ",
                       t.sizes());
+  } else if (t.size(1) == 0) {
+    error_ = c10::str(caller_, "(): argument '", name, "' must have a width of at least 1 (features [rows, width]), "
+                      "but got shape ", t.sizes());
   } else if (!c10::isFloatingType(t.scalar_type())) {
     error_ = c10::str(caller_, "(): argument '", name, "' must be a floating-point tensor, but got dtype ",
                       t.scalar_type());
