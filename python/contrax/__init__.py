@@ -10,7 +10,8 @@ an empty rank).
 
 ``group=`` takes a ``torch.distributed`` ``ProcessGroup``. When omitted it is
 the default group if ``torch.distributed`` is initialised, and otherwise the
-losses are the plain single-device losses.
+losses are the plain single-device losses; ``group=contrax.LOCAL`` asks for
+those (this rank's rows only, no collective) even when it is initialised.
 
 Argument errors raise ``ValueError`` with the C++ library's message (naming the
 argument), on every rank; other failures (e.g. a peer that died) raise
@@ -51,6 +52,7 @@ from .grad_cache import GradCache, GradCacheEncoder
 from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 __all__ = [
+    "LOCAL",
     "clip_loss",
     "grouped_loss",
     "nt_xent_loss",
@@ -80,8 +82,22 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+class _Local:
+    """The type of ``contrax.LOCAL``."""
+
+    def __repr__(self) -> str:
+        return "contrax.LOCAL"
+
+
+#: ``group=contrax.LOCAL``: the single-device loss over this rank's rows, with
+#: no collective, whether or not ``torch.distributed`` is initialised.
+LOCAL = _Local()
+
+
 def _comm(group):
     """The cached C++ communicator for ``group`` (see module docstring)."""
+    if group is LOCAL:
+        return _contrax.communicator(None)
     if group is None:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():

@@ -1,0 +1,125 @@
+"""contrax.integrations without the peer libraries: the drop-ins' values and
+gradients against their libraries' formulas written out in PyTorch (one
+process, fp64), and every argument error. The runs against the real packages
+are in tests/integrations/."""
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import contrax
+from contrax.integrations import open_clip as cx_open_clip
+from distributed import F64, rel_err, run
+
+
+def _features(n=6, d=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = F.normalize(torch.randn(n, d, generator=g, dtype=F64), dim=1).requires_grad_()
+    b = F.normalize(torch.randn(n, d, generator=g, dtype=F64), dim=1).requires_grad_()
+    return a, b
+
+
+def _grads(loss, *xs):
+    return torch.autograd.grad(loss, xs, retain_graph=True)
+
+
+# ---- open_clip -----------------------------------------------------------------
+
+def _open_clip_formula(a, b, scale, bias):
+    logits = scale * a @ b.t() + (0 if bias is None else bias)
+    t = torch.arange(a.shape[0])
+    return (F.cross_entropy(logits, t) + F.cross_entropy(logits.t(), t)) / 2
+
+
+def _siglip_formula(a, b, scale, bias):
+    logits = scale * a @ b.t() + bias
+    z = 2 * torch.eye(a.shape[0], dtype=a.dtype) - 1
+    return -F.logsigmoid(z * logits).sum() / a.shape[0]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_open_clip_clip_loss_takes_the_scale(with_bias):
+    a, b = _features()
+    log_scale = torch.tensor(math.log(1 / 0.07), dtype=F64, requires_grad=True)
+    bias = torch.tensor(-0.5, dtype=F64, requires_grad=True) if with_bias else None
+    scale = log_scale.exp()  # what open_clip's CLIP.forward returns
+    out = cx_open_clip.ClipLoss()(a, b, scale, bias, output_dict=True)
+    assert set(out) == {"contrastive_loss"}
+    want = _open_clip_formula(a, b, scale, bias)
+    assert rel_err(out["contrastive_loss"].detach(), want.detach()) <= 1e-13
+    inputs = (a, b, log_scale) + ((bias,) if with_bias else ())
+    for got, ref in zip(_grads(out["contrastive_loss"], *inputs), _grads(want, *inputs)):
+        assert rel_err(got, ref) <= 1e-12 or (got - ref).abs().max() <= 1e-15
+
+
+def test_open_clip_siglip_loss_takes_the_scale():
+    a, b = _features()
+    log_scale = torch.tensor(math.log(10.0), dtype=F64, requires_grad=True)
+    bias = torch.tensor(-10.0, dtype=F64, requires_grad=True)
+    got = cx_open_clip.SigLipLoss()(a, b, log_scale.exp(), bias)
+    want = _siglip_formula(a, b, log_scale.exp(), bias)
+    assert rel_err(got.detach(), want.detach()) <= 1e-13
+    for g, r in zip(_grads(got, a, b, log_scale, bias), _grads(want, a, b, log_scale, bias)):
+        assert rel_err(g, r) <= 1e-12
+
+
+def test_open_clip_scale_may_be_a_number_and_large():
+    a, b = _features()
+    # open_clip clamps its parameter in the training loop, not in the loss:
+    # a scale of 500 is used as it is (Contrax's own default clamps at 100).
+    got = cx_open_clip.ClipLoss()(a, b, 500.0)
+    assert rel_err(got, _open_clip_formula(a, b, 500.0, None)) <= 1e-13
+
+
+def test_open_clip_create_loss_follows_args():
+    args = types.SimpleNamespace(distill=False, model="ViT-B-32", siglip=False, local_loss=True,
+                                 gather_with_grad=True, rank=0, world_size=1, horovod=False, loss_dist_impl=None)
+    loss = cx_open_clip.create_loss(args)
+    assert isinstance(loss, cx_open_clip.ClipLoss) and loss.local_loss and loss.gather_with_grad
+    args.siglip, args.loss_dist_impl = True, "shift"
+    loss = cx_open_clip.create_loss(args)
+    assert isinstance(loss, cx_open_clip.SigLipLoss) and loss.dist_impl == "shift"
+    with pytest.raises(ValueError, match=r"create_loss\(\): args.model is 'coca_ViT-B-32', a CoCa model"):
+        cx_open_clip.create_loss(types.SimpleNamespace(**{**vars(args), "model": "coca_ViT-B-32"}))
+    with pytest.raises(ValueError, match=r"create_loss\(\): args.distill is set"):
+        cx_open_clip.create_loss(types.SimpleNamespace(**{**vars(args), "distill": True}))
+
+
+def test_open_clip_argument_errors():
+    a, b = _features()
+    with pytest.raises(ValueError, match=r"ClipLoss\(\): argument 'use_horovod' must be False"):
+        cx_open_clip.ClipLoss(use_horovod=True)
+    with pytest.raises(ValueError, match=r"SigLipLoss\(\): argument 'dist_impl' must be 'bidir', 'shift', "
+                                         r"'reduce', 'gather' or None, but got 'ring'"):
+        cx_open_clip.SigLipLoss(dist_impl="ring")
+    with pytest.raises(ValueError, match=r"ClipLoss.forward\(\): argument 'world_size' is 2, but "
+                                         r"torch.distributed is not initialised"):
+        cx_open_clip.ClipLoss(rank=1, world_size=2)(a, b, 10.0)
+    with pytest.raises(ValueError, match=r"ClipLoss.forward\(\): argument 'logit_scale' must be a scalar "
+                                         r"\(0-dim\) tensor, but got shape \[3\]"):
+        cx_open_clip.ClipLoss()(a, b, torch.ones(3, dtype=F64))
+    with pytest.raises(TypeError, match=r"SigLipLoss.forward\(\): argument 'logit_bias' must be a tensor or a "
+                                        r"number, but got str"):
+        cx_open_clip.SigLipLoss()(a, b, 10.0, "x")
+
+
+def _rank_mismatch_worker(rank, world):
+    a, b = _features(seed=rank)
+    with pytest.raises(ValueError, match=r"ClipLoss.forward\(\): arguments 'rank'=0 and 'world_size'=3 do not "
+                                         rf"match the process group \(rank {rank} of 2\)"):
+        cx_open_clip.ClipLoss(rank=0, world_size=3)(a, b, 10.0)
+    if rank == 1:
+        with pytest.raises(ValueError, match=r"SigLipLoss.forward\(\): arguments 'rank'=0 and 'world_size'=2 do "
+                                             r"not match the process group \(rank 1 of 2\)"):
+            cx_open_clip.SigLipLoss(rank=0, world_size=2)(a, b, 10.0, -10.0)
+    # world_size=1 under an initialised group is open_clip's one-process loss: this rank's rows alone.
+    got = cx_open_clip.ClipLoss()(a, b, 10.0)
+    assert rel_err(got, _open_clip_formula(a, b, 10.0, None)) <= 1e-13
+    assert rel_err(contrax.clip_loss(a, b, torch.tensor(math.log(10.0), dtype=F64), max_logit_scale=1e9,
+                                     group=contrax.LOCAL), got) <= 1e-13
+
+
+def test_open_clip_rank_and_world_size_are_checked():
+    run(2, _rank_mismatch_worker)
