@@ -123,3 +123,40 @@ def _rank_mismatch_worker(rank, world):
 
 def test_open_clip_rank_and_world_size_are_checked():
     run(2, _rank_mismatch_worker)
+
+
+# ---- lightly -------------------------------------------------------------------
+
+def _lightly_formula(out0, out1, temperature):
+    """lightly's NTXentLoss without memory bank, one process (lightly/loss/ntx_ent_loss.py)."""
+    z0, z1 = F.normalize(out0, dim=1), F.normalize(out1, dim=1)
+    n = z0.shape[0]
+    keep = ~torch.eye(n, dtype=torch.bool)
+    l00 = (z0 @ z0.t() / temperature)[keep].view(n, -1)
+    l11 = (z1 @ z1.t() / temperature)[keep].view(n, -1)
+    logits = torch.cat([torch.cat([z0 @ z1.t() / temperature, l00], 1),
+                        torch.cat([z1 @ z0.t() / temperature, l11], 1)])
+    return F.cross_entropy(logits, torch.arange(n).repeat(2))
+
+
+def test_lightly_nt_xent_matches_its_formula():
+    from contrax.integrations import lightly as cx_lightly
+    g = torch.Generator().manual_seed(3)
+    out0 = torch.randn(7, 4, generator=g, dtype=F64, requires_grad=True)
+    out1 = torch.randn(7, 4, generator=g, dtype=F64, requires_grad=True)
+    got = cx_lightly.NTXentLoss(temperature=0.2)(out0, out1)
+    want = _lightly_formula(out0, out1, 0.2)
+    assert rel_err(got.detach(), want.detach()) <= 1e-13
+    for a, b in zip(_grads(got, out0, out1), _grads(want, out0, out1)):
+        assert rel_err(a, b) <= 1e-12
+
+
+def test_lightly_argument_errors():
+    from contrax.integrations import lightly as cx_lightly
+    with pytest.raises(ValueError, match=r"NTXentLoss\(\): argument 'temperature' must be a finite number > 0, "
+                                         r"but got -0.5"):
+        cx_lightly.NTXentLoss(temperature=-0.5)
+    with pytest.raises(ValueError, match=r"NTXentLoss\(\): argument 'memory_bank_size' must be 0, but got "
+                                         r"\(4096, 128\): the memory bank \(MoCo v2\) is lightly's own"):
+        cx_lightly.NTXentLoss(memory_bank_size=(4096, 128))
+    assert cx_lightly.NTXentLoss(memory_bank_size=(0, 128)).memory_bank_size == (0, 128)
