@@ -160,3 +160,140 @@ def test_lightly_argument_errors():
                                          r"\(4096, 128\): the memory bank \(MoCo v2\) is lightly's own"):
         cx_lightly.NTXentLoss(memory_bank_size=(4096, 128))
     assert cx_lightly.NTXentLoss(memory_bank_size=(0, 128)).memory_bank_size == (0, 128)
+
+
+# ---- sentence-transformers -------------------------------------------------------
+
+def _mnrl_formula(columns, scale, cosine, same_text):
+    """sentence-transformers' MNRL written out, one process: anchor i against
+    every positive and hard negative, target its own positive; candidates that
+    `same_text(i, column, j)` says carry anchor i's positive's text (other than
+    that positive) left out."""
+    q, docs = columns[0], columns[1:]
+    if cosine:
+        q, docs = F.normalize(q, dim=1), [F.normalize(d, dim=1) for d in docs]
+    n = q.shape[0]
+    logits = scale * q @ torch.cat(docs).t()  # [n, n * len(docs)], column-major
+    for i in range(n):
+        for c in range(len(docs)):
+            for j in range(n):
+                if (c, j) != (0, i) and same_text(i, c, j):
+                    logits[i, c * n + j] = float("-inf")
+    return F.cross_entropy(logits, torch.arange(n))
+
+
+def _tokens(texts, width):
+    """A tokenised column: one id per word, right-padded with 0 to `width`."""
+    ids = torch.zeros(len(texts), width, dtype=torch.long)
+    mask = torch.zeros(len(texts), width, dtype=torch.long)
+    for r, t in enumerate(texts):
+        toks = [sum(map(ord, w)) for w in t.split()]
+        ids[r, :len(toks)] = torch.tensor(toks)
+        mask[r, :len(toks)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("cosine", [True, False])
+def test_sentence_transformers_mnrl_matches_its_formula(cosine):
+    from contrax.integrations import sentence_transformers as cx_st
+    g = torch.Generator().manual_seed(5)
+    cols = [torch.randn(5, 4, generator=g, dtype=F64, requires_grad=True) for _ in range(3)]
+    sim = cx_st._cos_sim if cosine else types.SimpleNamespace(__name__="dot_score")
+    loss = cx_st.MultipleNegativesRankingLoss(None, scale=7.0, similarity_fct=sim)
+    got = loss.compute_loss_from_embeddings(cols)
+    want = _mnrl_formula(cols, 7.0, cosine, lambda i, c, j: False)
+    assert rel_err(got.detach(), want.detach()) <= 1e-13
+    for a, b in zip(_grads(got, *cols), _grads(want, *cols)):
+        assert rel_err(a, b) <= 1e-12
+
+
+def test_sentence_transformers_duplicates_of_the_positive_are_masked():
+    from contrax.integrations import sentence_transformers as cx_st
+    positives = ["red apple", "green pear", "red apple", "blue sky"]    # anchors 0 and 2 share a positive
+    negatives = ["blue sky", "dark night", "wet rain", "green pear"]   # and two negatives repeat positives
+    pos_cols, neg_cols = _tokens(positives, 4), _tokens(negatives, 6)  # another width: ids ignore padding
+    ids = [cx_st.text_ids(_tokens(["q a", "q b", "q c", "q d"], 3)), cx_st.text_ids(pos_cols),
+           cx_st.text_ids(neg_cols)]
+    assert ids[1][0] == ids[1][2] and ids[1][3] == ids[2][0] and ids[1][1] == ids[2][3] and ids[1][0] != ids[1][1]
+    g = torch.Generator().manual_seed(6)
+    cols = [torch.randn(4, 3, generator=g, dtype=F64, requires_grad=True) for _ in range(3)]
+    texts = [positives, negatives]
+    loss = cx_st.MultipleNegativesRankingLoss(None)
+    got = loss.compute_loss_from_embeddings(cols, ids=ids)
+    want = _mnrl_formula(cols, 20.0, True, lambda i, c, j: texts[c][j] == positives[i])
+    assert rel_err(got.detach(), want.detach()) <= 1e-13
+    for a, b in zip(_grads(got, *cols), _grads(want, *cols)):
+        assert rel_err(a, b) <= 1e-12
+    # Without the masking, the duplicates are negatives (sentence-transformers' own loss).
+    plain = cx_st.MultipleNegativesRankingLoss(None, mask_duplicates=False)
+    assert plain._ids([pos_cols, neg_cols]) is None
+    unmasked = _mnrl_formula(cols, 20.0, True, lambda i, c, j: False)
+    assert rel_err(plain.compute_loss_from_embeddings(cols), unmasked) <= 1e-13
+    assert rel_err(unmasked, want) > 1e-3
+
+
+class _TinyEncoder(torch.nn.Module):
+    """What a SentenceTransformer looks like to its losses: features in, a dict
+    with `sentence_embedding` out (and written into the features, as its
+    modules do)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(500, 6).double()
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, features):
+        m = features["attention_mask"].unsqueeze(-1).double()
+        features["sentence_embedding"] = self.drop((self.embed(features["input_ids"] % 500) * m).sum(1) / m.sum(1))
+        return features
+
+
+def test_sentence_transformers_cached_equals_uncached():
+    from contrax.integrations import sentence_transformers as cx_st
+    cols = [_tokens([f"q{i} w{i % 3}" for i in range(7)], 3), _tokens([f"p{i} x y{i}" for i in range(7)], 4),
+            _tokens([f"n{i}" for i in range(7)], 2)]
+    grads = []
+    for make in (lambda m: cx_st.MultipleNegativesRankingLoss(m, scale=9.0),
+                 lambda m: cx_st.CachedMultipleNegativesRankingLoss(m, scale=9.0, mini_batch_size=3)):
+        model = _TinyEncoder().eval()  # no dropout: the uncached loss runs the columns in other batches
+        loss = make(model)(cols, None)
+        (loss * 0.25).backward()  # a gradient-accumulation scale must reach the re-embedded mini-batches
+        grads.append((loss.detach(), model.embed.weight.grad.clone()))
+    assert rel_err(grads[1][0], grads[0][0]) <= 1e-13
+    assert rel_err(grads[1][1], grads[0][1]) <= 1e-12
+    with torch.no_grad():  # evaluation: the loss alone
+        model = _TinyEncoder().eval()
+        value = cx_st.CachedMultipleNegativesRankingLoss(model, scale=9.0, mini_batch_size=2)(cols, None)
+    assert rel_err(value, grads[0][0]) <= 1e-13
+
+
+def test_sentence_transformers_argument_errors():
+    from contrax.integrations import sentence_transformers as cx_st
+    M, C = cx_st.MultipleNegativesRankingLoss, cx_st.CachedMultipleNegativesRankingLoss
+    with pytest.raises(ValueError, match=r"MultipleNegativesRankingLoss\(\): argument 'directions' must be "
+                                         r"\('query_to_doc',\), but got \('query_to_doc', 'doc_to_query'\)"):
+        M(None, directions=("query_to_doc", "doc_to_query"))
+    with pytest.raises(ValueError, match=r"MultipleNegativesRankingLoss\(\): argument 'hardness_mode' must be "
+                                         r"None \(or 'hardness_strength' 0\), but got 'hard_negatives' with"):
+        M(None, hardness_mode="hard_negatives", hardness_strength=5.0)
+    with pytest.raises(ValueError, match=r"MultipleNegativesRankingLoss\(\): argument 'scale' must be a positive "
+                                         r"number, but got 0"):
+        M(None, scale=0)
+    with pytest.raises(ValueError, match=r"argument 'partition_mode' must be 'joint' or 'per_direction'"):
+        M(None, partition_mode="rows")
+    with pytest.raises(ValueError, match=r"MultipleNegativesRankingLoss\(\): argument 'similarity_fct' must be "
+                                         r"sentence_transformers.util.cos_sim or dot_score .*but got euclidean_sim"):
+        M(None, similarity_fct=types.SimpleNamespace(__name__="euclidean_sim"))
+    with pytest.raises(ValueError, match=r"CachedMultipleNegativesRankingLoss\(\): argument 'mini_batch_size' "
+                                         r"must be a positive integer, but got 0"):
+        C(None, mini_batch_size=0)
+    with pytest.raises(ValueError, match=r"CachedMultipleNegativesRankingLoss\(\): argument "
+                                         r"'mini_batch_num_tokens' must be None"):
+        C(None, mini_batch_num_tokens=512)
+    with pytest.raises(ValueError, match=r"MultipleNegativesRankingLoss.forward\(\): expected at least 2 columns "
+                                         r"\(anchor, positive, ...\), got 1"):
+        M(None).compute_loss_from_embeddings([torch.zeros(2, 3, dtype=F64)])
+    with pytest.raises(ValueError, match=r"CachedMultipleNegativesRankingLoss.forward\(\): expected at least 2 "
+                                         r"columns"):
+        C(_TinyEncoder())([_tokens(["a"], 1)], None)
