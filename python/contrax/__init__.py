@@ -10,7 +10,8 @@ an empty rank).
 
 ``group=`` takes a ``torch.distributed`` ``ProcessGroup``. When omitted it is
 the default group if ``torch.distributed`` is initialised, and otherwise the
-losses are the plain single-device losses.
+losses are the plain single-device losses; ``group=contrax.LOCAL`` asks for
+those (this rank's rows only, no collective) even when it is initialised.
 
 Argument errors raise ``ValueError`` with the C++ library's message (naming the
 argument), on every rank; other failures (e.g. a peer that died) raise
@@ -47,16 +48,19 @@ def _check_torch() -> None:
 _check_torch()
 
 from . import _contrax  # noqa: E402
+from . import _ops  # noqa: E402  (the operators' fake kernels and autograd, for torch.compile)
 from .grad_cache import GradCache, GradCacheEncoder
 from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 __all__ = [
+    "LOCAL",
     "clip_loss",
     "grouped_loss",
     "nt_xent_loss",
     "moco_v3_loss",
     "gather_with_grad",
     "gather_no_grad",
+    "grad_cache_inject",
     "momentum_schedule",
     "momentum_update",
     "communicator",
@@ -80,8 +84,22 @@ __all__ = [
 __version__ = "0.1.0"
 
 
+class _Local:
+    """The type of ``contrax.LOCAL``."""
+
+    def __repr__(self) -> str:
+        return "contrax.LOCAL"
+
+
+#: ``group=contrax.LOCAL``: the single-device loss over this rank's rows, with
+#: no collective, whether or not ``torch.distributed`` is initialised.
+LOCAL = _Local()
+
+
 def _comm(group):
     """The cached C++ communicator for ``group`` (see module docstring)."""
+    if group is LOCAL:
+        return _contrax.communicator(None)
     if group is None:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
@@ -192,6 +210,9 @@ def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
         ValueError: bad argument (on every rank; the others name the failing rank).
         RuntimeError: a collective failed (e.g. a peer died).
     """
+    if torch.compiler.is_compiling():
+        return _ops.clip_loss(a, b, logit_scale, logit_bias, labels, symmetric, max_logit_scale, normalize,
+                              label_mode, reduction, path, tile_size, ring, group)
     return _contrax.clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
                               normalize, _comm(group), labels, label_mode, reduction, path, int(tile_size),
                               bool(ring))
@@ -228,6 +249,9 @@ def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: t
         ``l_i = lse_i - S_{i, pos(i)}`` reduced as ``reduction`` says;
         differentiable in ``queries``, ``candidates``, ``logit_scale`` and ``logit_bias``.
     """
+    if torch.compiler.is_compiling():
+        return _ops.grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels, label_mode,
+                                 reduction, max_logit_scale, normalize, path, tile_size, ring, group)
     return _contrax.grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels,
                                  label_mode, reduction, float(max_logit_scale), normalize, int(tile_size),
                                  bool(ring), _comm(group), path)
@@ -254,6 +278,8 @@ def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1
     Returns:
         0-dim tensor, differentiable in ``z1`` and ``z2``.
     """
+    if torch.compiler.is_compiling():
+        return _ops.nt_xent_loss(z1, z2, temperature, normalize, reduction, path, tile_size, ring, group)
     return _contrax.nt_xent_loss(z1, z2, float(temperature), normalize, _comm(group), reduction, path,
                                  int(tile_size), bool(ring))
 
@@ -279,6 +305,8 @@ def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch
     Returns:
         0-dim tensor (``[b_r]`` with ``"none"``), differentiable in ``q1`` and ``q2``.
     """
+    if torch.compiler.is_compiling():
+        return _ops.moco_v3_loss(q1, q2, k1, k2, temperature, normalize, reduction, path, tile_size, ring, group)
     return _contrax.moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, _comm(group), reduction, path,
                                  int(tile_size), bool(ring))
 
@@ -299,6 +327,11 @@ def gather_with_grad(x: torch.Tensor, group=None, *, return_counts: bool = False
         The backward is a reduce-scatter with SUM: this rank's rows receive the
         sum over ranks of the gradient of their slice.
     """
+    if torch.compiler.is_compiling():
+        if return_counts:
+            raise ValueError("gather_with_grad(): argument 'return_counts' must be False under torch.compile (the "
+                             "per-rank counts are known only when it runs)")
+        return _ops.gather_with_grad(x, group)
     all_rows, counts, offset = _contrax.gather(x, True, _comm(group))
     return (all_rows, counts, offset) if return_counts else all_rows
 
@@ -339,6 +372,9 @@ def tiled_clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
     Returns:
         0-dim tensor ``L_r``, as ``clip_loss``.
     """
+    if torch.compiler.is_compiling():
+        return _ops.clip_loss(a, b, logit_scale, logit_bias, None, symmetric, max_logit_scale, normalize,
+                              "multi_positive", "mean", "tiled", tile_size, ring, group)
     return _contrax.tiled_clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
                                     normalize, int(tile_size), bool(ring), _comm(group))
 
@@ -347,6 +383,8 @@ def tiled_nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float
                        normalize: bool = True, tile_size: int = 0, ring: bool = False,
                        group=None) -> torch.Tensor:
     """``nt_xent_loss`` computed tile by tile (optionally around the ring); see ``tiled_clip_loss``."""
+    if torch.compiler.is_compiling():
+        return _ops.nt_xent_loss(z1, z2, temperature, normalize, "mean", "tiled", tile_size, ring, group)
     return _contrax.tiled_nt_xent_loss(z1, z2, float(temperature), normalize, int(tile_size), bool(ring),
                                        _comm(group))
 
@@ -355,6 +393,8 @@ def tiled_moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
                        temperature: float = 1.0, normalize: bool = True, tile_size: int = 0,
                        ring: bool = False, group=None) -> torch.Tensor:
     """``moco_v3_loss`` computed tile by tile (optionally around the ring); see ``tiled_clip_loss``."""
+    if torch.compiler.is_compiling():
+        return _ops.moco_v3_loss(q1, q2, k1, k2, temperature, normalize, "mean", "tiled", tile_size, ring, group)
     return _contrax.tiled_moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, int(tile_size),
                                        bool(ring), _comm(group))
 
@@ -383,8 +423,20 @@ def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
         0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale``
         and ``logit_bias``.
     """
+    if torch.compiler.is_compiling():
+        return _ops.siglip_loss(a, b, logit_scale, logit_bias, max_logit_scale, normalize, chunk_size, group)
     return _contrax.siglip_loss(a, b, logit_scale, logit_bias, float(max_logit_scale), normalize,
                                 int(chunk_size), _comm(group))
+
+
+def grad_cache_inject(rep: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """GradCache's pass 2 as an operator (``torch.ops.contrax.grad_cache_inject``):
+    a 0-dim zero whose backward gives ``rep`` the gradient ``grad``, times the
+    gradient reaching it. ``grad_cache_inject(encoder(chunk), cached).backward()``
+    is ``torch.autograd.backward(encoder(chunk), cached)`` in a form that
+    ``torch.compile(fullgraph=True)`` traces with the encoder.
+    """
+    return _ops.grad_cache_inject(rep, grad)
 
 
 def momentum_schedule(base: float, step: int, total_steps: int) -> float:

@@ -407,19 +407,90 @@ class GradCache:
         where = "GradCache.finish()"
         loss_fn = loss_fn if loss_fn is not None else self.loss_fn
         try:
-            if loss_fn is None:
-                raise ValueError(f"{where}: argument 'loss_fn' is required: none was given here or to GradCache()")
-            if not callable(loss_fn):
-                raise TypeError(f"{where}: argument 'loss_fn' must be callable, but got {_describe(loss_fn)}")
-            for e, chunks in enumerate(self._chunks):
-                if not chunks:
-                    raise ValueError(f"{where}: {self._label(e)} has cached nothing; call cache() for every "
-                                     "encoder before finish() (an empty rank caches a 0-row input)")
-            return self._finish(loss_fn, where)
+            self._check_finish(loss_fn, where)
+            loss_value, grads = self._loss_grads(loss_fn, where)
+            # Where the generators would be had each chunk run once (the loss
+            # included): restored after pass 2, so later steps draw what they
+            # would have drawn without gradient cache.
+            after = _capture_rng(self._rng_devices(self._chunks)) if self.replay_rng else None
+            try:
+                self._pass2(self._chunks, grads)
+            finally:
+                if after is not None:
+                    _restore_rng(after)
+            return loss_value
         finally:
             self.clear()
 
-    def _finish(self, loss_fn, where):
+    def finish_deferred(self, loss_fn: Optional[Callable[..., torch.Tensor]] = None) -> torch.Tensor:
+        """``finish()`` for a training loop that calls ``loss.backward()`` itself
+        (Hugging Face's Trainer, open_clip's loop).
+
+        Runs the loss and its backward into the cached representations now,
+        and returns the loss (0-dim, detached from everything, requiring grad)
+        with a hook: when a backward reaches it with gradient ``g`` (1, or a
+        gradient accumulation's ``1/K``, or a ``GradScaler``'s scale), pass 2
+        runs there, backpropagating ``g`` times each chunk's cached gradient,
+        with the same random-state replay and one gradient synchronisation per
+        DDP module as ``finish()``. Loss-side parameters got their gradient
+        unscaled from the loss's backward, here. The generators are left
+        where the backward found them. The cache is free for the next step at
+        once; the hook holds this step's chunks until it has run (once: a
+        second backward through the returned loss is an error).
+
+        Args:
+            loss_fn: overrides the constructor's ``loss_fn`` for this step.
+
+        Returns:
+            The loss value as a new leaf whose backward runs pass 2.
+        """
+        where = "GradCache.finish_deferred()"
+        loss_fn = loss_fn if loss_fn is not None else self.loss_fn
+        try:
+            self._check_finish(loss_fn, where)
+            loss_value, grads = self._loss_grads(loss_fn, where)
+            chunks = self._chunks
+            self._chunks = [[] for _ in self.encoders]
+        finally:
+            self.clear()
+        pending = [chunks, grads]
+
+        def replay(grad_output):
+            if pending[0] is None:
+                raise RuntimeError("GradCache.finish_deferred(): a backward already ran through this loss; its "
+                                   "second pass has been done (compute the step again instead)")
+            step_chunks, step_grads = pending
+            pending[0] = pending[1] = None
+            if not (grad_output.numel() == 1 and grad_output.item() == 1.0):
+                step_grads = [[g * grad_output.reshape(()) for g in per] for per in step_grads]
+            state = _capture_rng(self._rng_devices(step_chunks)) if self.replay_rng else None
+            try:
+                self._pass2(step_chunks, step_grads)
+            finally:
+                if state is not None:
+                    _restore_rng(state)
+
+        out = loss_value.clone().requires_grad_(True)
+        out.register_hook(replay)
+        return out
+
+    @staticmethod
+    def _rng_devices(chunks):
+        return sorted({d for per in chunks for c in per for d in c.rng[1]})
+
+    def _check_finish(self, loss_fn, where):
+        if loss_fn is None:
+            raise ValueError(f"{where}: argument 'loss_fn' is required: none was given here or to GradCache()")
+        if not callable(loss_fn):
+            raise TypeError(f"{where}: argument 'loss_fn' must be callable, but got {_describe(loss_fn)}")
+        for e, chunks in enumerate(self._chunks):
+            if not chunks:
+                raise ValueError(f"{where}: {self._label(e)} has cached nothing; call cache() for every "
+                                 f"encoder before {where.split('.', 1)[1]} (an empty rank caches a 0-row input)")
+
+    def _loss_grads(self, loss_fn, where):
+        """The loss over the cached representations and its one backward:
+        (detached loss value, per encoder the cached gradient split by chunk)."""
         leaves = []
         for chunks in self._chunks:
             parts = [c.rep for c in chunks]
@@ -449,22 +520,9 @@ class GradCache:
             g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
             grads.append(g.split([c.rows for c in chunks]))
         del leaves
+        return loss_value, grads
 
-        # Where the generators would be had each chunk run once (the loss
-        # included): restored after pass 2, so later steps draw what they
-        # would have drawn without gradient cache.
-        after = None
-        if self.replay_rng:
-            devices = sorted({d for chunks in self._chunks for c in chunks for d in c.rng[1]})
-            after = _capture_rng(devices)
-        try:
-            self._pass2(grads)
-        finally:
-            if after is not None:
-                _restore_rng(after)
-        return loss_value
-
-    def _pass2(self, grads):
+    def _pass2(self, chunks_of, grads):
         # The one synchronised chunk of each DDP module: the last chunk of the
         # last encoder using it (tied towers share one). Every other chunk's
         # forward runs under no_sync, which is what DDP checks (at forward
@@ -474,10 +532,10 @@ class GradCache:
         final = {}
         for e, enc in enumerate(self.encoders):
             if enc.ddp is not None:
-                final[id(enc.ddp)] = (e, len(self._chunks[e]) - 1)
+                final[id(enc.ddp)] = (e, len(chunks_of[e]) - 1)
         with torch.enable_grad():
             for e, enc in enumerate(self.encoders):
-                for i, c in enumerate(self._chunks[e]):
+                for i, c in enumerate(chunks_of[e]):
                     synced = enc.ddp is None or final[id(enc.ddp)] == (e, i)
                     with (contextlib.nullcontext() if synced else enc.ddp.no_sync()):
                         if c.rng is not None:

@@ -177,6 +177,8 @@ class PyWarningForwarder : public c10::WarningHandler {
 
 }  // namespace
 
+void bind_ops(pybind11::module_& m);  // python/src/ops.cpp: the torch.library operators' group registry
+
 PYBIND11_MODULE(_contrax, m) {
   m.doc() = "C++ core of the contrax Python binding (use the `contrax` package, not this module).";
 
@@ -196,6 +198,7 @@ PYBIND11_MODULE(_contrax, m) {
 
   static auto* forwarder = new PyWarningForwarder();  // lives as long as the process
   c10::WarningUtils::set_warning_handler(forwarder);
+  bind_ops(m);
 
   using namespace pybind11::literals;
   m.def(

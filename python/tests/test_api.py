@@ -11,7 +11,9 @@ import contrax
 def _stub():
     stub_path = os.path.join(os.path.dirname(contrax.__file__), "__init__.pyi")
     tree = ast.parse(open(stub_path).read())
-    return {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    names.update({n.target.id: n for n in tree.body if isinstance(n, ast.AnnAssign)})  # constants: `LOCAL: _Local`
+    return names
 
 
 def _stub_params(fn_node):
@@ -38,6 +40,6 @@ def test_docstrings_and_stub():
                     assert member.__doc__ and len(member.__doc__.strip()) > 20, (name, attr)
                 params = [p for p in inspect.signature(member).parameters]
                 assert _stub_params(methods[attr]) == params, (name, attr)
-        else:
+        elif callable(obj):
             params = list(inspect.signature(obj).parameters)
             assert _stub_params(stub[name]) == params, name

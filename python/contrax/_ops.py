@@ -1,0 +1,196 @@
+"""The fake kernels and autograd formulas of the ``contrax`` PyTorch operators
+(``torch.ops.contrax.*``, defined with their kernels in python/src/ops.cpp),
+and the calls that ``contrax``'s functions make while ``torch.compile``
+traces them.
+
+``torch.compile`` cannot look into a pybind function: called on fake tensors
+it would need their data. The operators give it what it needs instead: the
+shapes of the outputs (the fake kernels below: a loss is 0-dim, or ``[b]``
+with ``reduction="none"``, in the inputs' dtype, fp32 for fp16/bf16 inputs; a
+gradient has its input's shape; a gather's row count is an unbacked size,
+known only when it runs) and how to differentiate them (``register_autograd``:
+a loss's backward is its ``*_backward`` operator, which recomputes; see
+python/src/ops.cpp for the derivation). Eager calls keep the binding's
+functions (one fused autograd function per loss, no recomputation); only
+compiled code goes through the operators.
+
+A process group enters an operator as its name. ``group_name`` resolves the
+``group=`` argument once per compilation (``torch.compiler.assume_constant_result``)
+and registers the group's cached communicator under that name.
+"""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from . import _contrax
+
+__all__ = ["group_name", "clip_loss", "grouped_loss", "nt_xent_loss", "moco_v3_loss", "siglip_loss",
+           "gather_with_grad", "grad_cache_inject"]
+
+_world_of_name = {"": 1}
+
+
+@torch.compiler.assume_constant_result
+def group_name(group) -> str:
+    """The name an operator knows ``group=`` by ("" for a world of 1), with its
+    communicator registered under it."""
+    from . import _comm
+    comm = _comm(group)
+    if comm.world_size == 1:
+        return ""
+    pg = group if group is not None else dist.group.WORLD
+    name = pg.group_name
+    _contrax._register_op_group(name, comm)
+    _world_of_name[name] = comm.world_size
+    return name
+
+
+def _loss_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def _loss_like(x: torch.Tensor, reduction: str) -> torch.Tensor:
+    return x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=_loss_dtype(x))
+
+
+def _grad_like(grad: torch.Tensor, x: Optional[torch.Tensor]) -> torch.Tensor:
+    """What a backward operator returns for input ``x``: its gradient, or a
+    0-dim placeholder for an absent optional input."""
+    return grad.new_empty(()) if x is None else torch.empty_like(x)
+
+
+def _register_loss(name: str, n_tensors: int, n_grad: int, reduction_at: Optional[int]):
+    """Fake kernels and autograd of ``contrax::<name>`` and ``<name>_backward``.
+
+    The first ``n_tensors`` arguments are tensors (optional ones may be None),
+    the first ``n_grad`` of them differentiable; the rest are options, passed
+    on unchanged; ``reduction_at`` is the index of the ``reduction`` argument
+    (None: always 0-dim).
+    """
+    op = getattr(torch.ops.contrax, name)
+    backward_op = getattr(torch.ops.contrax, name + "_backward")
+
+    def fake(*args):
+        return _loss_like(args[0], args[reduction_at] if reduction_at is not None else "mean")
+
+    def fake_backward(grad, *args):
+        return tuple(_grad_like(grad, x) for x in args[:n_grad])
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:n_tensors])
+        ctx.options = inputs[n_tensors:]
+
+    def backward(ctx, grad):
+        saved = ctx.saved_tensors
+        grads = backward_op(grad, *saved, *ctx.options)
+        grads = [g if x is not None else None for g, x in zip(grads, saved)]
+        return (*grads, *([None] * (n_tensors - n_grad + len(ctx.options))))
+
+    torch.library.register_fake(f"contrax::{name}")(fake)
+    torch.library.register_fake(f"contrax::{name}_backward")(fake_backward)
+    torch.library.register_autograd(f"contrax::{name}", backward, setup_context=setup_context)
+    return op
+
+
+_clip = _register_loss("clip_loss", 5, 4, reduction_at=9)
+_grouped = _register_loss("grouped_loss", 6, 4, reduction_at=7)
+_nt_xent = _register_loss("nt_xent_loss", 2, 2, reduction_at=4)
+_moco = _register_loss("moco_v3_loss", 4, 2, reduction_at=6)
+_siglip = _register_loss("siglip_loss", 4, 4, reduction_at=None)
+
+
+def clip_loss(a, b, logit_scale, logit_bias, labels, symmetric, max_logit_scale, normalize, label_mode, reduction,
+              path, tile_size, ring, group):
+    return _clip(a, b, logit_scale, logit_bias, labels, bool(symmetric), float(max_logit_scale), bool(normalize),
+                 label_mode, reduction, path, int(tile_size), bool(ring), group_name(group))
+
+
+def grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels, label_mode, reduction,
+                 max_logit_scale, normalize, path, tile_size, ring, group):
+    return _grouped(queries, candidates, logit_scale, logit_bias, labels, candidate_labels, label_mode, reduction,
+                    float(max_logit_scale), bool(normalize), path, int(tile_size), bool(ring), group_name(group))
+
+
+def nt_xent_loss(z1, z2, temperature, normalize, reduction, path, tile_size, ring, group):
+    return _nt_xent(z1, z2, float(temperature), bool(normalize), reduction, path, int(tile_size), bool(ring),
+                    group_name(group))
+
+
+def moco_v3_loss(q1, q2, k1, k2, temperature, normalize, reduction, path, tile_size, ring, group):
+    return _moco(q1, q2, k1, k2, float(temperature), bool(normalize), reduction, path, int(tile_size), bool(ring),
+                 group_name(group))
+
+
+def siglip_loss(a, b, logit_scale, logit_bias, max_logit_scale, normalize, tile_size, group):
+    return _siglip(a, b, logit_scale, logit_bias, float(max_logit_scale), bool(normalize), int(tile_size),
+                   group_name(group))
+
+
+# ---- gather with gradient ------------------------------------------------------------
+
+@torch.library.register_fake("contrax::gather_with_grad")
+def _gather_fake(x, group, equal_rows):
+    if group == "":
+        rows = x.shape[0]
+    elif equal_rows:
+        rows = x.shape[0] * _world_of_name[group]
+    else:
+        rows = torch.library.get_ctx().new_dynamic_size()
+    return x.new_empty((rows, *x.shape[1:])), x.new_empty((_world_of_name[group],), dtype=torch.long)
+
+
+@torch.library.register_fake("contrax::gather_with_grad_backward")
+def _gather_backward_fake(grad, counts, rows, group):
+    return grad.new_empty((rows, *grad.shape[1:]))
+
+
+def _gather_setup(ctx, inputs, output):
+    x, group, _ = inputs
+    ctx.save_for_backward(output[1])
+    ctx.rows, ctx.group = x.shape[0], group
+
+
+def _gather_backward(ctx, grad_all, grad_counts):
+    (counts,) = ctx.saved_tensors
+    return torch.ops.contrax.gather_with_grad_backward(grad_all, counts, ctx.rows, ctx.group), None, None
+
+
+torch.library.register_autograd("contrax::gather_with_grad", _gather_backward, setup_context=_gather_setup)
+
+
+def gather_with_grad(x, group):
+    """The rows of every rank (the operator's first output). Their number is
+    known when the step runs (an unbacked size) where Dynamo captures such
+    operators (``torch._dynamo.config.capture_dynamic_output_shape_ops``);
+    otherwise the ranks must hold equal batches (W * b rows, checked)."""
+    equal_rows = not torch._dynamo.config.capture_dynamic_output_shape_ops
+    return torch.ops.contrax.gather_with_grad(x, group_name(group), equal_rows)[0]
+
+
+# ---- GradCache: the cached gradient into a representation ----------------------------
+
+@torch.library.register_fake("contrax::grad_cache_inject")
+def _inject_fake(rep, grad):
+    return rep.new_empty((), dtype=torch.promote_types(rep.dtype, torch.float32))
+
+
+def _inject_setup(ctx, inputs, output):
+    rep, grad = inputs
+    ctx.save_for_backward(grad)
+    ctx.dtype = rep.dtype
+
+
+def _inject_backward(ctx, g):
+    (cached,) = ctx.saved_tensors
+    return (g * cached).to(ctx.dtype), None
+
+
+torch.library.register_autograd("contrax::grad_cache_inject", _inject_backward, setup_context=_inject_setup)
+
+
+def grad_cache_inject(rep: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """A 0-dim zero whose backward gives ``rep`` the gradient ``grad`` (times
+    the gradient reaching it): GradCache's pass 2 as an operator,
+    ``grad_cache_inject(encoder(chunk), cached_grad).backward()``."""
+    return torch.ops.contrax.grad_cache_inject(rep, grad)

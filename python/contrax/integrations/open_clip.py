@@ -1,0 +1,179 @@
+"""open_clip's ``ClipLoss`` and ``SigLipLoss``, computed exactly by Contrax.
+
+The swap (open_clip_train/main.py, or any loop that builds open_clip's loss)::
+
+    from open_clip import create_loss                              # before
+    from contrax.integrations.open_clip import create_loss         # after
+
+or ``open_clip.ClipLoss(...)`` -> ``contrax.integrations.open_clip.ClipLoss(...)``
+with the same arguments. The training loop is unchanged: the loss is called as
+open_clip calls it, ``loss(**model_out, output_dict=True)``, with
+``logit_scale`` the scale itself (``model.logit_scale.exp()``, not its log)
+and ``logit_bias`` the bias.
+
+What changes underneath:
+
+* **Exact gradients whatever ``local_loss`` / ``gather_with_grad`` say.**
+  open_clip's defaults (both False) give every parameter but the scale 1/W of
+  its gradient under DDP, and ``local_loss=True`` without
+  ``gather_with_grad`` a wrong one; here the features are always gathered
+  with gradient (backward: a reduce-scatter) into ``[local x global]`` logits,
+  and the data-parallel average is the gradient of one device on the
+  concatenated batch. ``local_loss`` only chooses the value returned, as in
+  open_clip: this rank's share (True), or the global batch's loss on every
+  rank (False; one extra all-reduce of a scalar).
+* **Uneven batches**: ranks may hold different numbers of rows (a short last
+  batch, even none); open_clip's gathers abort then. Rank r's share is
+  ``L_r = (W/B) sum_{i in r} l_i``, which is open_clip's local mean when the
+  batches are even.
+* **Memory**: CLIP's ``[local x global]`` logits are materialised while they
+  take at most 256 MiB per rank and computed tile by tile above that
+  (``path=``, ``tile_size=``, ``ring=`` to choose); SigLIP's are always
+  computed in tiles, with the text blocks passed around the ring.
+
+Contrax-only keyword arguments: ``group=`` (a ``torch.distributed``
+ProcessGroup instead of the default one), ``path``/``tile_size``/``ring``.
+``cache_labels`` and ``dist_impl`` are accepted and have nothing to choose
+(Contrax builds no label matrix and has one ring); ``use_horovod=True`` is
+refused.
+"""
+from typing import Optional
+
+import torch
+
+from .. import clip_loss, siglip_loss
+from ._groups import mean_over_ranks, open_clip_group, optional_scalar, scalar_tensor
+
+__all__ = ["ClipLoss", "SigLipLoss", "create_loss"]
+
+
+def _no_clamp(log_scale: torch.Tensor) -> float:
+    """open_clip clamps the scale parameter in its training loop, not in the
+    loss: the largest finite scale of the dtype, which no scale reaches,
+    leaves the loss unclamped."""
+    return float(torch.finfo(log_scale.dtype).max)
+
+
+def _log_scale(logit_scale, like: torch.Tensor, where: str) -> torch.Tensor:
+    """open_clip passes the scale; Contrax takes its log (``exp(log s) = s``, and
+    the gradient reaching the caller's scale is the same either way)."""
+    return scalar_tensor(logit_scale, like, "logit_scale", where).log()
+
+
+class ClipLoss(torch.nn.Module):
+    """open_clip's ``ClipLoss`` with exact distributed gradients.
+
+    Args (open_clip's):
+        local_loss: the value returned is this rank's share of the loss (True)
+            or the global batch's loss (False, open_clip's default); the
+            gradients are the exact ones either way.
+        gather_with_grad: accepted; the gather always carries the gradient.
+        cache_labels: accepted; nothing to cache.
+        rank, world_size: this process's place; ``world_size`` 1 computes the
+            loss over this rank's rows alone (as open_clip does), above 1 it
+            must match ``torch.distributed``'s default group (or ``group``).
+        use_horovod: must be False.
+
+    Keyword-only (Contrax's):
+        path, tile_size, ring: the memory path of ``contrax.clip_loss``.
+        group: the ``torch.distributed`` ProcessGroup to span instead of the default one.
+
+    ``forward(image_features, text_features, logit_scale, logit_bias=None,
+    output_dict=False)`` as open_clip: ``{"contrastive_loss": loss}`` when
+    ``output_dict``, else the loss.
+    """
+
+    def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
+                 rank: int = 0, world_size: int = 1, use_horovod: bool = False, *, path: str = "auto",
+                 tile_size: int = 0, ring: bool = False, group=None):
+        super().__init__()
+        if use_horovod:
+            raise ValueError("ClipLoss(): argument 'use_horovod' must be False: Contrax runs on "
+                             "torch.distributed process groups, not Horovod")
+        self.local_loss = bool(local_loss)
+        self.gather_with_grad = bool(gather_with_grad)
+        self.cache_labels = bool(cache_labels)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.use_horovod = False
+        self.path = str(path)
+        self.tile_size = int(tile_size)
+        self.ring = bool(ring)
+        self.group = group
+
+    def forward(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
+                logit_bias=None, output_dict: bool = False):
+        """The symmetric CLIP loss of paired ``[b_r, d]`` features, ``logits =
+        logit_scale * image @ text_all.T + logit_bias``."""
+        where = "ClipLoss.forward()"
+        group = open_clip_group(self.rank, self.world_size, self.group, where)
+        log_scale = _log_scale(logit_scale, image_features, where)
+        loss = clip_loss(image_features, text_features, log_scale,
+                         optional_scalar(logit_bias, image_features, "logit_bias", where),
+                         max_logit_scale=_no_clamp(log_scale), path=self.path, tile_size=self.tile_size, ring=self.ring,
+                         group=group)
+        if not self.local_loss:
+            loss = mean_over_ranks(loss, group)
+        return {"contrastive_loss": loss} if output_dict else loss
+
+
+class SigLipLoss(torch.nn.Module):
+    """open_clip's ``SigLipLoss`` (sigmoid loss, SigLIP) computed by Contrax.
+
+    Args (open_clip's):
+        cache_labels: accepted; nothing to cache.
+        rank, world_size: as in ``ClipLoss``.
+        dist_impl: accepted (``'bidir'``, ``'shift'``, ``'reduce'``, ``'gather'``
+            or None); Contrax passes the text blocks around its own ring.
+
+    Keyword-only (Contrax's):
+        tile_size: rows and columns of one logits tile (0: about 16 MiB).
+        group: as in ``ClipLoss``.
+
+    ``forward(image_features, text_features, logit_scale, logit_bias=None,
+    output_dict=False)``: the value is this rank's share, as open_clip's.
+    """
+
+    def __init__(self, cache_labels: bool = False, rank: int = 0, world_size: int = 1,
+                 dist_impl: Optional[str] = None, *, tile_size: int = 0, group=None):
+        super().__init__()
+        self.dist_impl = dist_impl or "bidir"
+        if self.dist_impl not in ("bidir", "shift", "reduce", "gather"):
+            raise ValueError("SigLipLoss(): argument 'dist_impl' must be 'bidir', 'shift', 'reduce', 'gather' or "
+                             f"None, but got {dist_impl!r}")
+        self.cache_labels = bool(cache_labels)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.tile_size = int(tile_size)
+        self.group = group
+
+    def forward(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
+                logit_bias=None, output_dict: bool = False):
+        """``-(1/b) sum_i sum_j log sigmoid(z_ij (logit_scale * image_i . text_j + logit_bias))``
+        over this rank's images against every rank's texts (``b`` = this rank's
+        rows when batches are even; ``W/B`` in general)."""
+        where = "SigLipLoss.forward()"
+        group = open_clip_group(self.rank, self.world_size, self.group, where)
+        loss = siglip_loss(image_features, text_features, _log_scale(logit_scale, image_features, where),
+                           optional_scalar(logit_bias, image_features, "logit_bias", where),
+                           chunk_size=self.tile_size, group=group)
+        return {"contrastive_loss": loss} if output_dict else loss
+
+
+def create_loss(args):
+    """open_clip's ``create_loss(args)`` (open_clip/factory.py) with Contrax's losses:
+    ``SigLipLoss`` when ``args.siglip``, else ``ClipLoss``, from the same fields
+    (``local_loss``, ``gather_with_grad``, ``rank``, ``world_size``, ``horovod``,
+    ``loss_dist_impl``). Distillation and CoCa's caption loss are open_clip's
+    own and not provided: build those with ``open_clip.create_loss``."""
+    if getattr(args, "distill", False):
+        raise ValueError("create_loss(): args.distill is set; Contrax provides ClipLoss and SigLipLoss, not "
+                         "open_clip's DistillClipLoss (use open_clip.create_loss)")
+    if "coca" in str(getattr(args, "model", "")).lower():
+        raise ValueError(f"create_loss(): args.model is {args.model!r}, a CoCa model; Contrax provides ClipLoss "
+                         "and SigLipLoss, not open_clip's CoCaLoss (use open_clip.create_loss)")
+    if getattr(args, "siglip", False):
+        return SigLipLoss(rank=args.rank, world_size=args.world_size,
+                          dist_impl=getattr(args, "loss_dist_impl", None))
+    return ClipLoss(local_loss=args.local_loss, gather_with_grad=args.gather_with_grad, cache_labels=True,
+                    rank=args.rank, world_size=args.world_size, use_horovod=getattr(args, "horovod", False))

@@ -1,0 +1,338 @@
+"""sentence-transformers' ``MultipleNegativesRankingLoss`` and
+``CachedMultipleNegativesRankingLoss`` computed exactly by Contrax, for
+``SentenceTransformerTrainer``.
+
+The swap::
+
+    from sentence_transformers.sentence_transformer import losses            # before
+    from contrax.integrations import sentence_transformers as losses         # after
+
+    loss = losses.MultipleNegativesRankingLoss(model, gather_across_devices=True)
+    loss = losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=32, gather_across_devices=True)
+
+Same arguments and the same ``forward(sentence_features, labels)``; the
+Trainer needs nothing else. Columns: anchor, positive, then any number of
+hard-negative columns. Anchor i's candidates are every positive and every hard
+negative of the (gathered) batch; its loss is ``lse_i - scale * sim(a_i, p_i)``,
+with ``sim`` the cosine (``cos_sim``, the default) or the dot product
+(``dot_score``).
+
+What changes underneath:
+
+* **Exact across ranks, also with uneven batches.** With
+  ``gather_across_devices=True`` the embeddings of every rank are gathered
+  with gradient into ``[local x global]`` logits (Contrax's grouped loss), and
+  rank r returns ``L_r = (W/B) sum_{i in r} l_i``: sentence-transformers'
+  local mean when batches are even, and still exact when the last batch is
+  split unevenly (sentence-transformers' ``offset = rank * batch_size``
+  assumes equal ones).
+* **Duplicates of the anchor's positive are masked as negatives**
+  (``mask_duplicates=True``, the default): a candidate whose text is the
+  anchor's positive's (the same tokens), other than that positive itself, is
+  left out of the anchor's softmax instead of counting as a negative.
+  sentence-transformers leaves this to the ``no_duplicates`` batch sampler;
+  with it there are no such candidates and the losses are identical.
+* **The cached variant is Contrax's GradCache** (``contrax.GradCache``): every
+  column is embedded in mini-batches without a graph (the random state saved
+  before each), the loss and its backward give every embedding's gradient,
+  and the Trainer's ``loss.backward()`` re-embeds each mini-batch with its
+  random state and backpropagates that gradient, scaled by what reaches the
+  loss (gradient accumulation, fp16 scaling), with one DDP gradient
+  synchronisation per step.
+
+Only the default interaction (``directions=("query_to_doc",)``) is
+provided, and no hardness weighting; other settings are refused with the
+reason. Contrax-only keyword arguments: ``mask_duplicates``, ``path`` /
+``tile_size`` / ``ring`` (the memory path) and ``group``.
+"""
+import hashlib
+from collections.abc import Mapping
+from typing import Any, Dict, Iterable, List, Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from .. import grouped_loss
+from ..grad_cache import GradCache, GradCacheEncoder
+from ._groups import distributed_group
+
+__all__ = ["MultipleNegativesRankingLoss", "CachedMultipleNegativesRankingLoss"]
+
+
+def _cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity matrix (the default when sentence-transformers is absent)."""
+    return torch.nn.functional.normalize(a, dim=-1) @ torch.nn.functional.normalize(b, dim=-1).transpose(0, 1)
+
+
+def _default_similarity():
+    try:
+        from sentence_transformers.util import cos_sim
+        return cos_sim
+    except ImportError:
+        return _cos_sim
+
+
+def _normalize_for(similarity_fct, where: str) -> bool:
+    """Contrax computes Gram matrices: cosine (normalise inside) or dot product."""
+    name = getattr(similarity_fct, "__name__", type(similarity_fct).__name__)
+    if name in ("cos_sim", "_cos_sim", "pairwise_cos_sim"):
+        return True
+    if name in ("dot_score", "pairwise_dot_score"):
+        return False
+    raise ValueError(f"{where}: argument 'similarity_fct' must be sentence_transformers.util.cos_sim or dot_score "
+                     f"(Contrax computes cosine or dot-product logits), but got {name}")
+
+
+def _check_options(where, scale, directions, partition_mode, hardness_mode, hardness_strength):
+    if not (isinstance(scale, (int, float)) and scale > 0):
+        raise ValueError(f"{where}: argument 'scale' must be a positive number, but got {scale!r}")
+    if tuple(directions) != ("query_to_doc",):
+        raise ValueError(f"{where}: argument 'directions' must be ('query_to_doc',), but got {tuple(directions)!r}: "
+                         "Contrax provides the standard anchor-to-candidates loss (use sentence-transformers' own "
+                         "loss for the symmetric and same-type terms)")
+    if partition_mode not in ("joint", "per_direction"):
+        raise ValueError(f"{where}: argument 'partition_mode' must be 'joint' or 'per_direction', "
+                         f"but got {partition_mode!r}")
+    if hardness_mode is not None and hardness_strength != 0.0:
+        raise ValueError(f"{where}: argument 'hardness_mode' must be None (or 'hardness_strength' 0), but got "
+                         f"{hardness_mode!r} with strength {hardness_strength}: hardness weighting is not provided")
+
+
+def text_ids(features: Mapping) -> Optional[torch.Tensor]:
+    """One int64 id per row of a tokenised column: a hash of the row's tokens
+    without padding, so equal texts get equal ids in any column and on any
+    rank (None when the column has no ``input_ids``)."""
+    ids = features.get("input_ids") if isinstance(features, Mapping) else None
+    if not torch.is_tensor(ids) or ids.dim() != 2:
+        return None
+    mask = features.get("attention_mask")
+    rows = ids.to(torch.int64).cpu().numpy()
+    keep = mask.bool().cpu().numpy() if torch.is_tensor(mask) and mask.shape == ids.shape else None
+    out = []
+    for r in range(rows.shape[0]):
+        tokens = rows[r][keep[r]] if keep is not None else rows[r]
+        digest = hashlib.blake2b(tokens.tobytes(), digest_size=8).digest()
+        out.append(int.from_bytes(digest, "little", signed=True))
+    return torch.tensor(out, dtype=torch.int64, device=ids.device)
+
+
+def _embed_columns(model, features: List[Dict[str, Any]]) -> List[torch.Tensor]:
+    """sentence-transformers' own column embedding (one merged forward for the
+    candidate columns where it can), so that the embeddings are the ones its
+    loss sees; one forward per column without it."""
+    try:
+        from sentence_transformers.base.losses.merged_forward import embed_columns
+    except ImportError:
+        return [model(f)["sentence_embedding"] for f in features]
+    return embed_columns(model, features)
+
+
+class _GroupedRanking:
+    """The loss both classes compute from the embeddings of the columns."""
+
+    def _setup(self, where, scale, similarity_fct, gather_across_devices, directions, partition_mode,
+               hardness_mode, hardness_strength, mask_duplicates, path, tile_size, ring, group):
+        similarity_fct = _default_similarity() if similarity_fct is None else similarity_fct
+        _check_options(where, scale, directions, partition_mode, hardness_mode, hardness_strength)
+        self.scale = float(scale)
+        self.similarity_fct = similarity_fct
+        self._normalize = _normalize_for(similarity_fct, where)
+        self.gather_across_devices = bool(gather_across_devices)
+        self.directions = tuple(directions)
+        self.partition_mode = partition_mode
+        self.hardness_mode = hardness_mode
+        self.hardness_strength = float(hardness_strength)
+        self.mask_duplicates = bool(mask_duplicates)
+        self.path = str(path)
+        self.tile_size = int(tile_size)
+        self.ring = bool(ring)
+        self.group = group
+
+    def _ids(self, features):
+        if not self.mask_duplicates:
+            return None
+        ids = [text_ids(f) for f in features]
+        return None if any(i is None for i in ids) else ids
+
+    def compute_loss_from_embeddings(self, embeddings: List[torch.Tensor], labels=None,
+                                     ids: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
+        """The loss of the columns' embeddings ``[anchor, positive, negative_1, ...]``
+        (``[b_r, d]`` each); ``ids`` (one int64 ``[b_r]`` per column, equal for
+        equal texts) mask the duplicates of each anchor's positive."""
+        where = f"{type(self).__name__}.forward()"
+        if len(embeddings) < 2:
+            raise ValueError(f"{where}: expected at least 2 columns (anchor, positive, ...), got {len(embeddings)}")
+        queries, docs = embeddings[0], embeddings[1:]
+        # [b, g, d] -> [b * g, d]: each anchor's positive, then its hard negatives.
+        candidates = torch.stack(docs, dim=1).reshape(-1, queries.shape[-1])
+        labels_q = candidate_labels = None
+        if ids is not None:
+            labels_q = ids[1]
+            candidate_labels = torch.stack(ids[1:], dim=1).reshape(-1)
+        log_scale = torch.tensor(self.scale, dtype=queries.dtype, device=queries.device).log()
+        return grouped_loss(queries, candidates, log_scale, labels=labels_q, candidate_labels=candidate_labels,
+                            label_mode="mask_duplicates", max_logit_scale=float(torch.finfo(queries.dtype).max),
+                            normalize=self._normalize, path=self.path, tile_size=self.tile_size, ring=self.ring,
+                            group=distributed_group(self.gather_across_devices, self.group, where))
+
+    def _config(self) -> Dict[str, Any]:
+        return {"scale": self.scale, "similarity_fct": getattr(self.similarity_fct, "__name__", "?"),
+                "gather_across_devices": self.gather_across_devices, "directions": self.directions,
+                "partition_mode": self.partition_mode, "mask_duplicates": self.mask_duplicates}
+
+    @property
+    def temperature(self) -> float:
+        """``1 / scale``."""
+        return 1.0 / self.scale
+
+
+class MultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
+    """sentence-transformers' ``MultipleNegativesRankingLoss`` (InfoNCE with
+    in-batch and hard negatives), exact across ranks.
+
+    Args (sentence-transformers'):
+        model: the SentenceTransformer (the Trainer swaps in its DDP wrapper).
+        scale: logits are ``scale * sim`` (``1 / temperature``; default 20).
+        similarity_fct: ``cos_sim`` (default) or ``dot_score``.
+        gather_across_devices: candidates from every rank (True) or this rank's alone.
+        directions, partition_mode, hardness_mode, hardness_strength: only the
+            defaults (see the module docstring).
+
+    Keyword-only (Contrax's):
+        mask_duplicates: leave candidates with the anchor's positive's text out
+            of its softmax (default True).
+        path, tile_size, ring: the memory path of ``contrax.grouped_loss``.
+        group: the ``torch.distributed`` ProcessGroup to span instead of the default one.
+    """
+
+    def __init__(self, model, scale: float = 20.0, similarity_fct=None, gather_across_devices: bool = False,
+                 directions=("query_to_doc",), partition_mode: str = "joint", hardness_mode=None,
+                 hardness_strength: float = 0.0, *, mask_duplicates: bool = True, path: str = "auto",
+                 tile_size: int = 0, ring: bool = False, group=None):
+        torch.nn.Module.__init__(self)
+        self.model = model
+        self._setup("MultipleNegativesRankingLoss()", scale, similarity_fct, gather_across_devices, directions,
+                    partition_mode, hardness_mode, hardness_strength, mask_duplicates, path, tile_size, ring, group)
+
+    def forward(self, sentence_features: Iterable[Dict[str, torch.Tensor]], labels=None) -> torch.Tensor:
+        """The loss of one batch of tokenised columns (anchor, positive, negatives...)."""
+        features = list(sentence_features)
+        return self.compute_loss_from_embeddings(_embed_columns(self.model, features), labels, self._ids(features))
+
+    def get_config_dict(self) -> Dict[str, Any]:
+        """The hyperparameters for the model card."""
+        return self._config()
+
+    @property
+    def citation(self) -> str:
+        return ("@misc{henderson2017efficient, title={Efficient Natural Language Response Suggestion for Smart "
+                "Reply}, author={Matthew Henderson and others}, year={2017}, eprint={1705.00652}, "
+                "archivePrefix={arXiv}}")
+
+
+def _rows(features: Mapping) -> int:
+    for key in ("input_ids", "attention_mask"):
+        if torch.is_tensor(features.get(key)):
+            return features[key].shape[0]
+    return next(v.shape[0] for v in features.values() if torch.is_tensor(v) and v.dim() > 0)
+
+
+def _split_features(features: Mapping, chunk_size: int):
+    """Mini-batches of a tokenised column: tensors sliced along the batch, the
+    padding that every row of a mini-batch shares dropped; each wrapped as a
+    1-tuple so that GradCache passes it to the model as one argument."""
+    rows = _rows(features)
+    mask = features.get("attention_mask")
+    pieces = []
+    for start in range(0, max(rows, 1), chunk_size):
+        stop = min(start + chunk_size, rows)
+        width = None
+        if torch.is_tensor(mask) and mask.dim() == 2 and stop > start:
+            used = mask[start:stop].any(dim=0).nonzero()
+            width = int(used.max()) + 1 if used.numel() else mask.shape[1]
+        piece = {}
+        for k, v in features.items():
+            if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == rows:
+                v = v[start:stop]
+                if width is not None and v.dim() == 2 and v.shape[1] == mask.shape[1]:
+                    v = v[:, :width]
+            piece[k] = v
+        pieces.append((piece,))
+    return pieces
+
+
+class CachedMultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
+    """sentence-transformers' ``CachedMultipleNegativesRankingLoss`` on Contrax's
+    GradCache: the loss of ``MultipleNegativesRankingLoss`` with the activation
+    memory of one mini-batch, and one DDP gradient synchronisation per step.
+
+    Args as ``MultipleNegativesRankingLoss``, plus:
+        mini_batch_size: rows per embedding mini-batch (default 32).
+        mini_batch_num_tokens: must be None (token-count packing is not provided).
+        show_progress_bar: accepted; nothing to show.
+
+    The forward embeds every column in mini-batches without a graph, computes
+    the loss and its gradient with respect to every embedding, and returns the
+    loss; the Trainer's ``backward()`` on it re-embeds the mini-batches (same
+    random state, so the same dropout masks) and backpropagates. Under
+    ``torch.no_grad()`` (evaluation) it only computes the loss.
+
+    With DDP, every rank re-embeds its own mini-batches; when ranks hold
+    different numbers of rows and so different numbers of mini-batches, DDP's
+    buffer broadcast before each forward needs ``ddp_broadcast_buffers=False``
+    (the Trainer's argument; transformer models' buffers are constants).
+    """
+
+    def __init__(self, model, scale: float = 20.0, similarity_fct=None, mini_batch_size: int = 32,
+                 mini_batch_num_tokens: Optional[int] = None, gather_across_devices: bool = False,
+                 directions=("query_to_doc",), partition_mode: str = "joint", show_progress_bar: bool = False,
+                 hardness_mode=None, hardness_strength: float = 0.0, *, mask_duplicates: bool = True,
+                 path: str = "auto", tile_size: int = 0, ring: bool = False, group=None):
+        torch.nn.Module.__init__(self)
+        where = "CachedMultipleNegativesRankingLoss()"
+        if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int) or mini_batch_size <= 0:
+            raise ValueError(f"{where}: argument 'mini_batch_size' must be a positive integer, "
+                             f"but got {mini_batch_size!r}")
+        if mini_batch_num_tokens is not None:
+            raise ValueError(f"{where}: argument 'mini_batch_num_tokens' must be None: mini-batches are counted "
+                             "in rows (mini_batch_size)")
+        self.model = model
+        self.mini_batch_size = mini_batch_size
+        self.mini_batch_num_tokens = None
+        self.show_progress_bar = bool(show_progress_bar)
+        self._setup(where, scale, similarity_fct, gather_across_devices, directions, partition_mode, hardness_mode,
+                    hardness_strength, mask_duplicates, path, tile_size, ring, group)
+
+    def _encoder(self, column: int) -> GradCacheEncoder:
+        model = self.model
+        ddp = model if isinstance(model, DistributedDataParallel) else None
+        # A fresh dict per call: sentence-transformers' modules write their
+        # outputs into the features they are given.
+        return GradCacheEncoder(lambda piece: model(dict(piece))["sentence_embedding"], self.mini_batch_size,
+                                split=_split_features, name=f"column {column}", ddp=ddp)
+
+    def forward(self, sentence_features: Iterable[Dict[str, torch.Tensor]], labels=None) -> torch.Tensor:
+        """The loss of one batch; its backward runs GradCache's second pass."""
+        features = list(sentence_features)
+        if len(features) < 2:
+            raise ValueError(f"{type(self).__name__}.forward(): expected at least 2 columns (anchor, positive, "
+                             f"...), got {len(features)}")
+        ids = self._ids(features)
+        if not torch.is_grad_enabled():
+            reps = [torch.cat([self.model(dict(p[0]))["sentence_embedding"]
+                               for p in _split_features(f, self.mini_batch_size)]) for f in features]
+            return self.compute_loss_from_embeddings(reps, labels, ids)
+        cache = GradCache([self._encoder(c) for c in range(len(features))])
+        for c, f in enumerate(features):
+            cache.cache(c, f)
+        return cache.finish_deferred(lambda *reps: self.compute_loss_from_embeddings(list(reps), labels, ids))
+
+    def get_config_dict(self) -> Dict[str, Any]:
+        """The hyperparameters for the model card."""
+        return {**self._config(), "mini_batch_size": self.mini_batch_size}
+
+    @property
+    def citation(self) -> str:
+        return ("@misc{gao2021scaling, title={Scaling Deep Contrastive Learning Batch Size under Memory Limited "
+                "Setup}, author={Luyu Gao and Yunyi Zhang and Jiawei Han and Jamie Callan}, year={2021}, "
+                "eprint={2101.06983}, archivePrefix={arXiv}}")

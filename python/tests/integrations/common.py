@@ -1,0 +1,64 @@
+"""What the torchrun workers of the integration tests share: the process
+group from torchrun's environment, comparisons, a data loader of uneven
+per-rank shares, and a report line per check."""
+import datetime
+import gc
+import os
+
+import torch
+import torch.distributed as dist
+
+import contrax
+
+F64 = torch.float64
+
+
+def init():
+    """Gloo from torchrun's environment; returns (rank, world)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def finish():
+    """Frees the default group the way python/tests/distributed.py explains
+    (contrax's cache holds it last and frees it without the GIL)."""
+    dist.barrier()
+    contrax.communicator()
+    dist.destroy_process_group()
+    gc.collect()
+    contrax.clear_cache()
+
+
+def rel_err(got, want):
+    got, want = torch.as_tensor(got, dtype=F64), torch.as_tensor(want, dtype=F64)
+    scale = max(want.abs().max().item(), 1e-300)
+    return (got - want).abs().max().item() / scale
+
+
+def params_err(model, ref):
+    """Largest relative difference over the parameters of two modules with the same names."""
+    got, want = dict(model.named_parameters()), dict(ref.named_parameters())
+    assert got.keys() == want.keys(), (sorted(got), sorted(want))
+    return max(rel_err(got[n].detach(), want[n].detach()) for n in got)
+
+
+def unwrap(model):
+    return model.module if hasattr(model, "module") else model
+
+
+def share(rows, rank):
+    """(offset, count) of this rank in a global batch split as `rows`."""
+    return sum(rows[:rank]), rows[rank]
+
+
+def report(rank, name, value, limit, *, above=False):
+    """Checks value <= limit (or > limit with above=True) and prints one line on rank 0."""
+    ok = value > limit if above else value <= limit
+    if rank == 0:
+        print(f"CHECK {name}: {value:.3e} {'>' if above else '<='} {limit:g} {'ok' if ok else 'FAILED'}", flush=True)
+    assert ok, f"{name}: {value!r} {'>' if above else '<='} {limit!r} does not hold"
+
+
+def world_env():
+    return int(os.environ.get("WORLD_SIZE", "1"))
