@@ -43,6 +43,14 @@ torch::Tensor tile_logits(const TiledState& state, const torch::Tensor& qs /* [b
 // CLIP / InfoNCE / grouped, tiled: the materialised block's forward statistics
 // and gradient (engine/block.h), one [tile x tile] block at a time; the label
 // structure is recomputed per tile from the labels (O(R + C) each).
+
+// A backward's tiled state, refusing a second backward through the same graph.
+c10::intrusive_ptr<TiledState> backward_state(AutogradContext* ctx) {
+  auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
+  check_no_double_backward(state->layout);
+  return state;
+}
+
 class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
@@ -79,8 +87,7 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
-    check_no_double_backward(state->layout);
+    auto state = backward_state(ctx);
     auto saved = ctx->get_saved_variables();
     const auto& q = saved[0];
     const auto& k = saved[1];
@@ -208,8 +215,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
-    check_no_double_backward(state->layout);
+    auto state = backward_state(ctx);
     auto saved = ctx->get_saved_variables();
     const auto& z = saved[0];
     const auto& keys = saved[1];
