@@ -102,4 +102,7 @@ std::string blas_library();
 /// "contrax 0.1.0, LibTorch 1.13.1, BLAS /usr/lib/..., N threads".
 std::string version_string();
 
+/// "12.3 MiB": a byte count as the benchmarks print it.
+std::string mib(int64_t bytes);
+
 }  // namespace contrax::cli

@@ -1,5 +1,6 @@
 // The `contrax` tool end to end: --help and --version, flag errors (exit 2,
-// naming the flag), --config / --dump-config, the run directory's rules (an
+// naming the flag), --config / --dump-config, the recipes of `contrax train`
+// (a word after train, or --recipe), the run directory's rules (an
 // existing run is refused and left byte-identical, --resume auto, the lock),
 // strict JSON in metrics.jsonl and the summary (also after a divergence), and
 // verify over real processes.
@@ -307,6 +308,51 @@ TEST(Cli, RecipeVariantPeerRestoresThePeersRecipeAndFlagsStillWin) {
   // The default is not the peer's encoder.
   auto def = run_cli_stdout("train --dump-config");
   EXPECT_EQ(def.out.find(peer_lines[0]), std::string::npos) << def.out;
+}
+
+TEST(Cli, RecipesAreWordsAfterTrainAndRecipeIsTheirAlias) {
+  // `contrax train RECIPE` and `contrax train --recipe RECIPE` are one command
+  // with one set of settings; plain `contrax train` is simclr.
+  for (const std::string recipe : {"simclr", "moco-v3", "retrieval"}) {
+    auto word = run_cli_stdout("train " + recipe + " --lr 0.5 --dump-config");
+    auto flag = run_cli_stdout("train --lr 0.5 --recipe " + recipe + " --dump-config");
+    ASSERT_EQ(word.status, 0) << recipe << "\n" << word.out;
+    EXPECT_EQ(word.out, flag.out) << recipe;
+    EXPECT_NE(word.out.find("\nrecipe=\"" + recipe + "\"\n"), std::string::npos) << word.out;
+  }
+  EXPECT_EQ(run_cli_stdout("train --dump-config").out, run_cli_stdout("train simclr --dump-config").out);
+  // Each recipe's help shows its own flags and defaults.
+  const contrax::train::RetrievalOptions r;
+  auto retrieval = run_cli("train retrieval --help");
+  ASSERT_EQ(retrieval.status, 0) << retrieval.out;
+  // CLI11 prints a flag's default after '=' ("--epochs INT:INT>=1=3").
+  const auto line = [](const std::string& help, const std::string& flag) {
+    const auto at = help.find("  " + flag + " ");
+    return at == std::string::npos ? std::string() : help.substr(at, help.find('\n', at) - at) + " ";
+  };
+  const auto shows = [](const std::string& line, int64_t value) {
+    return line.find("=" + std::to_string(value) + " ") != std::string::npos;
+  };
+  EXPECT_TRUE(shows(line(retrieval.out, "--epochs"), r.run().epochs())) << retrieval.out;
+  EXPECT_TRUE(shows(line(retrieval.out, "--batch-size"), r.run().batch_size())) << retrieval.out;
+  EXPECT_NE(line(retrieval.out, "--hard-negatives"), "") << retrieval.out;
+  EXPECT_EQ(line(retrieval.out, "--encoder-channels"), "") << "an image recipe's flag\n" << retrieval.out;
+  auto moco = run_cli("train moco-v3 --help");
+  const contrax::train::TrainOptions t;
+  EXPECT_TRUE(shows(line(moco.out, "--epochs"), t.run().epochs())) << moco.out;
+  EXPECT_TRUE(shows(line(moco.out, "--batch-size"), t.run().batch_size())) << moco.out;
+  EXPECT_NE(line(moco.out, "--moco-momentum"), "") << moco.out;
+  EXPECT_EQ(line(moco.out, "--hard-negatives"), "") << "the retrieval recipe's flag\n" << moco.out;
+  EXPECT_NE(moco.out.find("contrax train RECIPE --help"), std::string::npos) << moco.out;
+  // A recipe's flag is refused by another recipe; the word and --recipe must agree.
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"train retrieval --encoder-channels 8,16", "--encoder-channels"},
+           {"train moco-v3 --hard-negatives 2", "--hard-negatives"},
+           {"train retrieval --recipe simclr", "flag '--recipe' says simclr but the recipe is retrieval"}}) {
+    auto bad = run_cli(args + " --dump-config");
+    EXPECT_EQ(bad.status, 2) << args << "\n" << bad.out;
+    EXPECT_NE(bad.out.find(message), std::string::npos) << args << "\n" << bad.out;
+  }
 }
 
 TEST(Cli, SecondTrainIntoARunDirIsRefusedAndTheRunStaysByteIdentical) {
