@@ -95,6 +95,13 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 int64_t max_procs();
 constexpr int64_t kMaxProcsPerCore = 8;
 
+/// Intra-op threads per process that not even --force allows: a multiple of
+/// the cores. OpenMP starts its whole team at the first parallel region and
+/// cannot fail politely: `--force --threads 100000` hung silently (and ignored
+/// SIGTERM) while the kernel created the threads.
+int64_t max_threads();
+constexpr int64_t kMaxThreadsPerCore = 64;
+
 /// The BLAS library this process actually mapped (Debian picks it through
 /// alternatives; benchmarks print it because it changes GEMM speed ~30x).
 std::string blas_library();

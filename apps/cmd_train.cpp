@@ -238,6 +238,9 @@ void TrainCommand::check_flags() {
                    " per core; --force allows more), but got ", nproc_);
   cli::usage_check(force_ || threads_ <= cap, "flag '--threads' must be <= ", cap, " (", cli::kMaxProcsPerCore,
                    " per core; --force allows more), but got ", threads_);
+  cli::usage_check(threads_ <= cli::max_threads(), "flag '--threads' must be <= ", cli::max_threads(), " (",
+                   cli::kMaxThreadsPerCore, " per core, even with --force: OpenMP starts every thread at once), but got ",
+                   threads_);
   cli::usage_check(recipe_->run().max_steps() != 0, "flag '--max-steps' must be -1 (none) or >= 1, but got 0");
   cli::usage_check(tool_.train_limit != 0, "flag '--train-limit' must be -1 (all) or >= 1, but got 0");
   cli::usage_check(tool_.eval_limit != 0, "flag '--eval-limit' must be -1 (all) or >= 1, but got 0");

@@ -51,6 +51,8 @@ std::string mib(int64_t bytes) {
 
 int64_t max_procs() { return kMaxProcsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
 
+int64_t max_threads() { return kMaxThreadsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
+
 void setup_app(CLI::App& app) {
   // Every option's default is shown by --help and written by --dump-config,
   // so a dumped file is a complete record of the settings.

@@ -138,6 +138,7 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
     std::string args, message;
   };
   const std::string max_procs = std::to_string(8 * std::max(1u, std::thread::hardware_concurrency()));
+  const std::string max_threads = std::to_string(64 * std::max(1u, std::thread::hardware_concurrency()));
   const std::vector<Case> cases = {
       {"train --recipe byol", "flag '--recipe' must be simclr, moco-v3 or retrieval, but got 'byol'"},
       {"train --batch-size 0", "flag '--batch-size' must be >= 1, but got 0"},
@@ -151,6 +152,11 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
       {"train --nproc 9223372036854775807", "flag '--nproc' must be <= " + max_procs},
       {"train --nproc 1000", "flag '--nproc' must be <= " + max_procs + " (8 per core; --force allows more)"},
       {"train --threads 100000", "flag '--threads' must be <= " + max_procs},
+      // Issue 29, item 4: --force lifts the soft cap, not the hard one (this hung
+      // silently before, ignoring SIGTERM: killed after 25 s, status 137).
+      {"train --force --threads 100000", "flag '--threads' must be <= " + max_threads +
+                                             " (64 per core, even with --force: OpenMP starts every thread at once), "
+                                             "but got 100000"},
       {"train --timeout 9223372036854775807", "flag '--timeout' must be <= 86400"},
       {"train --timeout 0", "flag '--timeout' must be >= 1, but got 0"},
       {"train --dtype half", "flag '--dtype' must be float or double, but got 'half'"},
