@@ -135,6 +135,17 @@ std::unique_ptr<cli::TrainRecipe> choose_recipe(const std::vector<std::string>& 
   return recipe == "retrieval" ? cli::make_retrieval_recipe() : cli::make_image_recipe(recipe, variant);
 }
 
+// The smallest temperature a dtype carries. Logits are cosines over T, so
+// they reach 1/T, and the backward's products and sums of squares (the
+// gradient's norm, AdamW's second moment) grow as (1/T)^4: that must stay
+// below the dtype's largest number, with a margin of 10 on 1/T, rounded up to
+// a power of ten. float: 1e-08 (fp32 gradients were measured to overflow at
+// 1e-9 and not at 1e-8, max^(1/4) = 1.4e9); double: 1e-76.
+double min_temperature(const std::string& dtype) {
+  const double max = dtype == "double" ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+  return std::pow(10.0, std::ceil(std::log10(10 / std::pow(max, 0.25))));
+}
+
 // Every setting of a run; the defaults of the run's flags are the recipe's
 // options (the one place they are written), the others the tool's own.
 class TrainCommand {
@@ -153,6 +164,7 @@ class TrainCommand {
   Json settings() const;
   Json verify() const;
   int report(const ct::RunResult& r, std::chrono::steady_clock::time_point wall0);
+  std::string divergence_cause() const;
 
   const std::vector<std::string> command_, args_;  // as given; with a bare --resume spelled out
   CLI::App app_{"train a recipe (SimCLR, MoCo v3, two-tower retrieval) over N processes, then evaluate", "train"};
@@ -163,6 +175,7 @@ class TrainCommand {
   std::string run_dir_, resume_ = "never", dtype_ = "float";
   bool overwrite_ = false, json_ = false, no_verify_ = false, no_plot_ = false, force_ = false;
   bool resumed_ = false;
+  double default_lr_ = 0, default_temperature_ = 0;  // the recipe's, for divergence_cause()
   ct::RunDir::Claim claim_;  // the run directory's lock, held until the run ends
   contrax::CommunicatorPtr comm_;
   std::unique_ptr<Console> console_;
@@ -241,6 +254,12 @@ void TrainCommand::check_flags() {
   cli::usage_check(threads_ <= cli::max_threads(), "flag '--threads' must be <= ", cli::max_threads(), " (",
                    cli::kMaxThreadsPerCore, " per core, even with --force: OpenMP starts every thread at once), but got ",
                    threads_);
+  const double t = recipe_->temperature(), t_min = min_temperature(dtype_);
+  cli::usage_check(t >= t_min, "flag '--temperature' must be >= ", t_min, " with --dtype ", dtype_,
+                   " (logits reach 1/T and the gradients' squares grow as (1/T)^4, which must stay below ", dtype_,
+                   "'s largest number ", dtype_ == "double" ? std::numeric_limits<double>::max()
+                                                              : std::numeric_limits<float>::max(),
+                   "), but got ", t);
   cli::usage_check(recipe_->run().max_steps() != 0, "flag '--max-steps' must be -1 (none) or >= 1, but got 0");
   cli::usage_check(tool_.train_limit != 0, "flag '--train-limit' must be -1 (all) or >= 1, but got 0");
   cli::usage_check(tool_.eval_limit != 0, "flag '--eval-limit' must be -1 (all) or >= 1, but got 0");
@@ -256,6 +275,8 @@ int TrainCommand::parse() {
   recipe_ = choose_recipe(args, name_);
   name_flag_ = name_;
   seed_ = static_cast<int64_t>(recipe_->run().seed());
+  default_lr_ = recipe_->run().lr();
+  default_temperature_ = recipe_->temperature();
   cli::setup_app(app_);
   add_flags();
   if (int st = cli::parse(app_, args); st >= 0) return st;
@@ -392,9 +413,13 @@ int TrainCommand::train() {
   try {
     r = recipe_->train(comm_);
   } catch (const c10::Error& e) {
-    // train.log keeps why the run ended (a divergence names its step).
-    console_->log_only(c10::str("contrax train: error: ", e.what_without_backtrace(), "\n"));
-    throw;
+    // The loop's divergence error names the step; the flags are the tool's to name.
+    const std::string msg = e.what_without_backtrace();
+    const std::string cause = msg.rfind("training diverged", 0) == 0 ? divergence_cause() : "";
+    // train.log keeps why the run ended.
+    console_->log_only(c10::str("contrax train: error: ", msg, cause, "\n"));
+    if (cause.empty()) throw;
+    TORCH_CHECK(false, msg, cause);
   }
   if (r.interrupted) {
     if (rank == 0) {
@@ -404,6 +429,28 @@ int TrainCommand::train() {
     return g_signal != 0 && !contrax::in_launched_worker() ? 128 + static_cast<int>(g_signal) : 0;
   }
   return report(r, wall0);
+}
+
+// Among the flags that were set, those that likely made a run diverge: a
+// temperature below the recipe's (logits up to 1/T), a learning rate above
+// it, no warm-up. Empty when none was set.
+std::string TrainCommand::divergence_cause() const {
+  const ct::RunOptions& run = recipe_->run();
+  const auto given = [this](const char* flag) { return app_.count(flag) > 0; };
+  std::vector<std::string> causes;
+  const double t = recipe_->temperature();
+  if (given("--temperature") && t < default_temperature_) {
+    causes.push_back(c10::str("--temperature ", t, " (logits up to 1/T = ", 1 / t, "; the recipe's is ",
+                              default_temperature_, ")"));
+  }
+  if (given("--lr") && run.lr() > default_lr_) {
+    causes.push_back(c10::str("--lr ", run.lr(), " (the recipe's is ", default_lr_, ")"));
+  }
+  if (given("--warmup-steps") && run.warmup_steps() == 0) causes.push_back("--warmup-steps 0 (no warm-up)");
+  if (causes.empty()) return "";
+  std::string s = "; likely cause among the flags set: " + causes[0];
+  for (size_t i = 1; i < causes.size(); ++i) s += ", " + causes[i];
+  return s;
 }
 
 // `contrax verify` over the run's communicator.

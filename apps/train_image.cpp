@@ -49,6 +49,7 @@ class ImageRecipe : public TrainRecipe {
   }
 
   ct::RunOptions& run() override { return o_.run(); }
+  double temperature() const override { return o_.temperature(); }
 
   void add_flags(CLI::App& app) override {
     add_choice(app, "--recipe-variant", variant_,

@@ -41,6 +41,8 @@ class TrainRecipe {
   virtual ~TrainRecipe() = default;
   /// The run options within the recipe's options: the shared flags bind to them.
   virtual train::RunOptions& run() = 0;
+  /// The loss's temperature (the retrieval recipe's initial one).
+  virtual double temperature() const = 0;
   /// Adds the recipe's own flags, their defaults its options' values.
   virtual void add_flags(CLI::App& app) = 0;
   /// After parsing: the checks that span the recipe's flags (UsageError).

@@ -31,6 +31,7 @@ Json metrics_json(const ct::RetrievalMetrics& m) {
 class RetrievalRecipe : public TrainRecipe {
  public:
   ct::RunOptions& run() override { return o_.run(); }
+  double temperature() const override { return o_.temperature(); }
 
   void add_flags(CLI::App& app) override {
     add_int(app, "--chunk-size", o_.query_chunk_size(), "> 0: gradient cache with chunks of this many queries", 0,

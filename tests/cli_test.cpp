@@ -157,6 +157,12 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
       {"train --force --threads 100000", "flag '--threads' must be <= " + max_threads +
                                              " (64 per core, even with --force: OpenMP starts every thread at once), "
                                              "but got 100000"},
+      // Issue 29, item 5: a temperature whose logits overflow the computation
+      // dtype is refused naming the bound (1e-30 was accepted and the run
+      // stopped at step 1 with a hint to lower --lr).
+      {kTiny + " --temperature 1e-30", "flag '--temperature' must be >= 1e-08 with --dtype float"},
+      {kTiny + " --dtype double --temperature 1e-80", "flag '--temperature' must be >= 1e-76 with --dtype double"},
+      {"train retrieval --nproc 1 --temperature 1e-9", "flag '--temperature' must be >= 1e-08 with --dtype float"},
       {"train --timeout 9223372036854775807", "flag '--timeout' must be <= 86400"},
       {"train --timeout 0", "flag '--timeout' must be >= 1, but got 0"},
       {"train --dtype half", "flag '--dtype' must be float or double, but got 'half'"},
@@ -464,10 +470,15 @@ TEST(Cli, DivergenceStopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
   ASSERT_EQ(half.status, 0) << half.out;
   const auto good = snapshot(d)["checkpoint.pt"];
   ASSERT_FALSE(good.empty());
-  auto bad = run_cli(kTiny + " --max-steps 6 --lr 1e30 --resume --run-dir " + d);
+  auto bad = run_cli(kTiny + " --max-steps 6 --lr 1e30 --temperature 0.001 --resume --run-dir " + d);
   EXPECT_EQ(bad.status, 1) << bad.out;
   EXPECT_NE(bad.out.find("training diverged at step "), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("is not finite"), std::string::npos) << bad.out;
+  // Issue 29, item 5: the message names the likely cause among the flags set.
+  EXPECT_NE(bad.out.find("; likely cause among the flags set: --temperature 0.001 (logits up to 1/T = 1000; the "
+                         "recipe's is 0.1), --lr 1e+30 (the recipe's is 0.002)"),
+            std::string::npos)
+      << bad.out;
   EXPECT_EQ(snapshot(d)["checkpoint.pt"], good) << "the last good checkpoint was overwritten";
   EXPECT_NE(read_file(d + "/train.log").find("training diverged at step"), std::string::npos);
   // Every metrics line still parses; the bad step's loss is null and flagged.
