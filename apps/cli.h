@@ -95,11 +95,21 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 int64_t max_procs();
 constexpr int64_t kMaxProcsPerCore = 8;
 
+/// Intra-op threads per process that not even --force allows: a multiple of
+/// the cores. OpenMP starts its whole team at the first parallel region and
+/// cannot fail politely: `--force --threads 100000` hung silently (and ignored
+/// SIGTERM) while the kernel created the threads.
+int64_t max_threads();
+constexpr int64_t kMaxThreadsPerCore = 64;
+
 /// The BLAS library this process actually mapped (Debian picks it through
 /// alternatives; benchmarks print it because it changes GEMM speed ~30x).
 std::string blas_library();
 
 /// "contrax 0.1.0, LibTorch 1.13.1, BLAS /usr/lib/..., N threads".
 std::string version_string();
+
+/// "12.3 MiB": a byte count as the benchmarks print it.
+std::string mib(int64_t bytes);
 
 }  // namespace contrax::cli

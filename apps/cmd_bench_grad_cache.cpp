@@ -36,14 +36,6 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string mib(int64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buf;
-}
-
 struct TowerImpl : torch::nn::Module {
   TowerImpl(int64_t in, int64_t hidden, int64_t out, double p) : p(p) {
     fc1 = register_module("fc1", torch::nn::Linear(in, hidden));
@@ -96,11 +88,11 @@ std::vector<Measured> measure_alternating(int64_t steps, const std::vector<torch
     for (size_t i = 0; i < n; ++i) {
       for (auto p : params) p.grad().zero_();
       contrax::PeakScope scope;
-      auto t0 = Clock::now();
+      auto t0 = std::chrono::steady_clock::now();
       const double c0 = cpu_seconds();
       contenders[i]();
       cpu[i].push_back(cpu_seconds() - c0);
-      wall[i].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      wall[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       out[i].peak = std::max(out[i].peak, scope.peak_above_start());
     }
   }
@@ -166,12 +158,12 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
     char buf[512];
     if (with_full) {
       std::snprintf(buf, sizeof buf, "| %lld | %.2f / %.2f s | %s | %.2f / %.2f s | %s | %.2fx | %.1fx |\n",
-                    static_cast<long long>(B), full.seconds, full.cpu, mib(full.peak).c_str(), cached.seconds,
-                    cached.cpu, mib(cached.peak).c_str(), cached.cpu / full.cpu,
+                    static_cast<long long>(B), full.seconds, full.cpu, contrax::cli::mib(full.peak).c_str(), cached.seconds,
+                    cached.cpu, contrax::cli::mib(cached.peak).c_str(), cached.cpu / full.cpu,
                     static_cast<double>(full.peak) / static_cast<double>(std::max<int64_t>(cached.peak, 1)));
     } else {
       std::snprintf(buf, sizeof buf, "| %lld | — | — | %.2f / %.2f s | %s | — | — |\n", static_cast<long long>(B),
-                    cached.seconds, cached.cpu, mib(cached.peak).c_str());
+                    cached.seconds, cached.cpu, contrax::cli::mib(cached.peak).c_str());
     }
     std::cout << buf << std::flush;
   }

@@ -58,7 +58,7 @@ Run measure(const std::function<torch::Tensor()>& loss) {
 // loss keeps its logits buffer between calls (contrax/memory.h): the caller
 // releases it first, so the first run allocates it and the peak counts it,
 // while the median time is that of the runs that reuse it, as training does.
-std::vector<Run> measure_alternating(const std::vector<std::function<Run()>>& runs, int64_t iters) {
+std::vector<Run> measure_runs_alternating(const std::vector<std::function<Run()>>& runs, int64_t iters) {
   std::vector<std::vector<double>> times(runs.size());
   std::vector<Run> out(runs.size());
   for (int64_t it = 0; it < iters; ++it) {
@@ -135,7 +135,7 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     auto materialised = contrax::ClipLossOptions(opts).path(contrax::MemoryPath::kMaterialised);
     if (fits) contenders.push_back(run_of([&] { return contrax::clip_loss(a, b, ls, {}, materialised); }));
     if (fits) contenders.push_back(floor_run);
-    auto runs = measure_alternating(contenders, iters);
+    auto runs = measure_runs_alternating(contenders, iters);
     Run tiled = runs[0];
     if (fits) {
       mat = runs[1];
@@ -150,7 +150,7 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     char buf[512];
     std::snprintf(buf, sizeof buf, "| %lld | %s | %s | %.2f s | %s | %s | %s | %s | %s | %s |\n", static_cast<long long>(B),
                   cell(fits, c10::str(std::round(mat.seconds * 100) / 100, " s")).c_str(),
-                  cell(fits, mib(mat.peak)).c_str(), tiled.seconds, mib(tiled.peak).c_str(),
+                  cell(fits, contrax::cli::mib(mat.peak)).c_str(), tiled.seconds, contrax::cli::mib(tiled.peak).c_str(),
                   cell(fits, c10::str(std::round(tiled.seconds / mat.seconds * 100) / 100, "x")).c_str(),
                   cell(fits, c10::str("1/", std::round(static_cast<double>(mat.peak) / tiled.peak))).c_str(),
                   cell(floor_s > 0, c10::str(std::round(floor_s * 100) / 100, " s", floor_measured ? "" : " (extrap.)"))
@@ -195,8 +195,8 @@ int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
           pk = std::max(pk, v[2]);
         }
         std::printf("| %lld | %lld | %s | %.2f s | %s | %s |\n", static_cast<long long>(W), static_cast<long long>(B),
-                    ring ? "ring (tiled)" : "gather + reduce-scatter (tiled)", t / 1e6, mib(by).c_str(),
-                    mib(pk).c_str());
+                    ring ? "ring (tiled)" : "gather + reduce-scatter (tiled)", t / 1e6, contrax::cli::mib(by).c_str(),
+                    contrax::cli::mib(pk).c_str());
         std::fflush(stdout);
       }
       a.mutable_grad() = torch::Tensor();

@@ -6,7 +6,7 @@
 #include <iostream>
 
 #include "cli.h"
-#include "run_dir.h"
+#include "plot.h"
 
 namespace {
 

@@ -1,43 +1,49 @@
-// `contrax train`: distributed SimCLR / MoCo v3 on Fashion-MNIST, then the
-// evaluation table (trained encoder vs random-init encoder vs raw pixels) and
-// `contrax verify`'s exactness line. The run directory's files are described
-// in run_dir.h; the training loop is contrax::train::train_contrastive.
+// `contrax train [RECIPE]`: a recipe trained over N processes, then its
+// evaluation and `contrax verify`'s exactness line. The recipes are in
+// train_image.cpp (simclr, moco-v3: Fashion-MNIST) and train_retrieval.cpp
+// (retrieval: WordNet); this file holds what they share: the flags of the run
+// and of the tool, the run directory (contrax/train/common/run_dir.h), the
+// workers, the console and train.log, config.json, results.json and the
+// summary.
 //
-//   contrax train                                  # defaults: 2 processes, SimCLR, 16 epochs
-//   contrax train --recipe moco-v3 --nproc 2 --epochs 3 --run-dir runs/moco
+//   contrax train                                  # simclr: 2 processes, 16 epochs
+//   contrax train moco-v3 --epochs 3 --run-dir runs/moco   # or: contrax train --recipe moco-v3 ...
+//   contrax train retrieval --help                 # the retrieval recipe's flags and defaults
 //   contrax train --run-dir runs/a --resume auto   # continue a stopped run, or start it
 //   contrax train --max-steps 20 --train-limit 2048 --json
 //   contrax train --lr 1e-3 --dump-config > run.toml && contrax train --config run.toml
-#include <unistd.h>
 #include <torch/version.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <limits>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <thread>
 
 #include "cli.h"
-#include "contrax/communicator.h"
 #include "contrax/launcher.h"
-#include "contrax/train/image/augment.h"
-#include "contrax/train/image/eval.h"
-#include "contrax/train/image/idx.h"
-#include "contrax/train/image/trainer.h"
+#include "contrax/train/common/run_dir.h"
 #include "contrax/verify.h"
 #include "json_util.h"
-#include "run_dir.h"
-#include "train_retrieval.h"
+#include "plot.h"
+#include "train_recipe.h"
+
+namespace contrax::cli {
+
+const std::vector<std::string>& train_recipe_names() {
+  static const std::vector<std::string> names = {"simclr", "moco-v3", "retrieval"};
+  return names;
+}
+
+}  // namespace contrax::cli
 
 namespace {
 
@@ -48,207 +54,16 @@ using cli::Json;
 volatile std::sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
-// Set by the `contrax train` process that prepared the run directory for the
+// Set by the `contrax train` process that claimed the run directory for the
 // workers it launches: "fresh", "resume" or "auto" (decide by the checkpoint,
 // for restarts after a failure).
 constexpr const char* kStartEnv = "CONTRAX_TRAIN_START";
-
-// Limits of the integer flags: far beyond any real run, far below overflow of
-// the products the trainer forms (batch x steps examples, epochs x steps).
-constexpr int64_t kMaxBatch = int64_t{1} << 20;
-constexpr int64_t kMaxSteps = int64_t{1} << 40;
-
-// Every setting of a run. The defaults of the training recipe come from
-// contrax::train::TrainOptions (the one place they are written); the rest are
-// the tool's own.
-std::string join_ints(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i > 0 ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
-struct TrainFlags {
-  explicit TrainFlags(ct::TrainOptions d = {}) : defaults(std::move(d)) {}
-  ct::TrainOptions defaults;
-  // "default" or "peer" (ct::peer_recipe(): the recipe of the torch peer).
-  std::string variant = "default";
-  std::string channels = join_ints(defaults.model().encoder().channels());
-  std::string strides = join_ints(defaults.model().encoder().strides());
-  double crop_min = defaults.augment().scale_min();
-  int64_t pool_grid = defaults.model().encoder().pool_grid();
-  std::string recipe = defaults.recipe();
-  int64_t nproc = 2;
-  std::string data_dir = ct::kDefaultDataDir;
-  int64_t epochs = defaults.run().epochs();
-  int64_t max_steps = defaults.run().max_steps();
-  int64_t batch = defaults.run().batch_size();
-  int64_t chunk = defaults.chunk_size();
-  double lr = defaults.run().lr();
-  double wd = defaults.run().weight_decay();
-  int64_t warmup = defaults.run().warmup_steps();
-  double temperature = defaults.temperature();
-  double moco_m = defaults.moco_momentum();
-  int64_t seed = static_cast<int64_t>(defaults.run().seed());
-  std::string run_dir;  // empty: runs/<recipe>
-  int64_t ckpt_every = defaults.run().checkpoint_every();
-  std::string resume = "never";
-  bool overwrite = false;
-  bool json = false;
-  int64_t train_limit = -1;
-  int64_t eval_limit = -1;
-  int64_t probe_limit = 10000;
-  int64_t threads = 0;
-  std::string dtype = "float";
-  int64_t log_every = defaults.run().log_every();
-  int64_t stop_at = defaults.run().stop_at_step();
-  int64_t skip_nonfinite = defaults.run().skip_nonfinite();
-  bool no_eval = false, no_verify = false, no_plot = false, force = false;
-  int64_t timeout_s = 300;
-  int64_t max_restarts = 0;
-  // --recipe retrieval only (train_retrieval.h).
-  int64_t hard_negatives = contrax::train::RetrievalOptions().hard_negatives();
-  int64_t passage_chunk = 0;
-  std::string wordnet_dir = contrax::train::kDefaultWordNetDir;
-  std::string query_features = "words+chargrams";
-  int64_t buckets = contrax::train::RetrievalOptions().query_tower().buckets();
-  int64_t embed_dim = contrax::train::RetrievalOptions().query_tower().embed_dim();
-};
-
-void add_flags(CLI::App& app, TrainFlags& f) {
-  const int64_t cap = cli::max_procs();
-  const std::string force_note = " (at most " + std::to_string(cap) + ", " + std::to_string(cli::kMaxProcsPerCore) +
-                                 " per core, unless --force)";
-  cli::add_choice(app, "--recipe", f.recipe, "training recipe", {"simclr", "moco-v3", "retrieval"});
-  cli::add_choice(app, "--recipe-variant", f.variant,
-                  "default, or peer: the smaller recipe of simclr_torch_ddp.py (flags given explicitly still apply)",
-                  {"default", "peer"});
-  app.add_option("--encoder-channels", f.channels, "output channels of the encoder's conv stages (comma-separated)");
-  app.add_option("--encoder-strides", f.strides, "stride of each conv stage (comma-separated, one per stage)");
-  cli::add_int(app, "--encoder-pool-grid", f.pool_grid,
-               "1: global average pooling; g: average over a g x g grid of cells, flattened", 1, 16);
-  cli::add_double(app, "--crop-scale-min", f.crop_min, "smallest crop area of the augmentation (fraction of the image)",
-                  0, 1, true);
-  cli::add_int(app, "--nproc", f.nproc, "local processes (ignored under a launcher)" + force_note, 1);
-  app.add_option("--data", f.data_dir, "directory of the MNIST-format IDX files");
-  cli::add_int(app, "--epochs", f.epochs, "epochs over the training subset (unless --max-steps)", 1, int64_t{1} << 20);
-  cli::add_int(app, "--max-steps", f.max_steps, "> 0: train exactly this many steps (the schedule's length); -1: none",
-               -1, kMaxSteps);
-  cli::add_int(app, "--batch-size", f.batch, "global batch size (all processes together)", 1, kMaxBatch);
-  cli::add_int(app, "--chunk-size", f.chunk, "> 0: gradient cache with chunks of this many rows", 0, kMaxBatch);
-  cli::add_double(app, "--lr", f.lr, "peak learning rate of AdamW", 0, std::numeric_limits<double>::max(), true);
-  cli::add_double(app, "--weight-decay", f.wd, "AdamW weight decay", 0);
-  cli::add_int(app, "--warmup-steps", f.warmup, "linear warm-up steps before the cosine decay", 0, kMaxSteps);
-  cli::add_double(app, "--temperature", f.temperature, "temperature of NT-Xent / MoCo v3", 0,
-                  std::numeric_limits<double>::max(), true);
-  cli::add_double(app, "--moco-momentum", f.moco_m, "MoCo v3 base momentum (cosine to 1)", 0, 1);
-  cli::add_int(app, "--seed", f.seed, "seed of the model, the data order and the augmentations", 0);
-  app.add_option("--run-dir", f.run_dir, "directory of the run's files (default: runs/RECIPE)");
-  cli::add_int(app, "--checkpoint-every", f.ckpt_every, "checkpoint every K steps (0: only at the end)", 0, kMaxSteps);
-  cli::add_choice(app, "--resume", f.resume,
-                  "continue the run in --run-dir: --resume (a checkpoint must exist) or --resume auto (continue if "
-                  "there is a checkpoint, else start)",
-                  {"never", "always", "auto"});
-  app.add_flag("--overwrite", f.overwrite, "replace an existing run in --run-dir");
-  app.add_flag("--json", f.json, "print the summary as one JSON object (progress goes to stderr)");
-  cli::add_int(app, "--train-limit", f.train_limit, "train on the first N training examples (-1: all)", -1);
-  cli::add_int(app, "--eval-limit", f.eval_limit,
-               "evaluate with the first N train (kNN memory bank) and N test examples (-1: all)", -1);
-  cli::add_int(app, "--probe-limit", f.probe_limit,
-               "fit the linear probe on the first N of those train examples (-1: all)", -1);
-  cli::add_int(app, "--threads", f.threads, "intra-op threads per process (0: cores / processes)" + force_note, 0);
-  cli::add_choice(app, "--dtype", f.dtype, "float or double (exactness tests)", {"float", "double"});
-  cli::add_int(app, "--log-every", f.log_every, "progress line every N steps (0: none)", 0, kMaxSteps);
-  cli::add_int(app, "--stop-at-step", f.stop_at, ">= 0: stop with a checkpoint at this step (tests)", -1, kMaxSteps);
-  cli::add_int(app, "--skip-nonfinite", f.skip_nonfinite,
-               "skip up to N steps whose loss or gradient is not finite (0: the first one stops the run)", 0,
-               kMaxSteps);
-  app.add_flag("--no-eval", f.no_eval, "skip the evaluation");
-  app.add_flag("--no-verify", f.no_verify, "skip the exactness check after training");
-  app.add_flag("--no-plot", f.no_plot, "do not draw RUN_DIR/curves.png at the end");
-  cli::add_int(app, "--timeout", f.timeout_s, "seconds any collective may wait for a peer", 1, 24 * 3600);
-  cli::add_int(app, "--max-restarts", f.max_restarts,
-               "restart all processes up to N times after a failure, resuming from the last checkpoint", 0, 1000);
-  cli::add_int(app, "--hard-negatives", f.hard_negatives, "retrieval: hard-negative passages per query", 0, 64);
-  cli::add_int(app, "--passage-chunk-size", f.passage_chunk,
-               "retrieval: gradient-cache chunk of passages (0: --chunk-size x (1 + hard negatives))", 0, kMaxBatch);
-  cli::add_choice(app, "--query-features", f.query_features,
-                  "retrieval: gloss features: word uni/bigrams, or those plus character 3-5-grams",
-                  {"words", "words+chargrams"});
-  cli::add_int(app, "--buckets", f.buckets, "retrieval: hash buckets of each tower's feature embedding", 2,
-               int64_t{1} << 26);
-  cli::add_int(app, "--embed-dim", f.embed_dim, "retrieval: width of the feature embeddings", 1, 1 << 16);
-  app.add_option("--wordnet", f.wordnet_dir, "retrieval: directory of the WordNet data files (Debian wordnet-base)");
-  app.add_flag("--force", f.force, "allow --nproc and --threads above " + std::to_string(cap));
-}
-
-// The checks that span flags; each single flag's range is checked while parsing.
-void check_flags(const TrainFlags& f) {
-  const int64_t cap = cli::max_procs();
-  cli::usage_check(f.force || f.nproc <= cap, "flag '--nproc' must be <= ", cap, " (", cli::kMaxProcsPerCore,
-                   " per core; --force allows more), but got ", f.nproc);
-  cli::usage_check(f.force || f.threads <= cap, "flag '--threads' must be <= ", cap, " (", cli::kMaxProcsPerCore,
-                   " per core; --force allows more), but got ", f.threads);
-  cli::usage_check(f.max_steps != 0, "flag '--max-steps' must be -1 (none) or >= 1, but got 0");
-  cli::usage_check(f.train_limit != 0, "flag '--train-limit' must be -1 (all) or >= 1, but got 0");
-  cli::usage_check(f.eval_limit != 0, "flag '--eval-limit' must be -1 (all) or >= 1, but got 0");
-  cli::usage_check(f.probe_limit != 0, "flag '--probe-limit' must be -1 (all) or >= 1, but got 0");
-  cli::usage_check(!f.overwrite || f.resume == "never",
-                   "flags '--overwrite' and '--resume' exclude each other (--overwrite starts the run again)");
-}
-
-// A bare `--resume` means "always"; CLI11 would otherwise take the next flag
-// as its value.
-std::vector<std::string> expand_bare_resume(std::vector<std::string> args) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--") break;
-    if (args[i] == "--resume" && (i + 1 == args.size() || args[i + 1].rfind("-", 0) == 0)) args[i] = "--resume=always";
-  }
-  return args;
-}
-
-Json settings_json(const TrainFlags& f, const std::string& run_dir) {
-  Json s;
-  s["recipe"] = f.recipe;
-  s["nproc"] = f.nproc;
-  s["data"] = f.data_dir;
-  s["epochs"] = f.epochs;
-  s["max_steps"] = f.max_steps;
-  s["batch_size"] = f.batch;
-  s["chunk_size"] = f.chunk;
-  s["lr"] = f.lr;
-  s["weight_decay"] = f.wd;
-  s["warmup_steps"] = f.warmup;
-  s["temperature"] = f.temperature;
-  s["recipe_variant"] = f.variant;
-  s["encoder_channels"] = f.channels;
-  s["encoder_strides"] = f.strides;
-  s["crop_scale_min"] = f.crop_min;
-  s["encoder_pool_grid"] = f.pool_grid;
-  s["moco_momentum"] = f.moco_m;
-  s["seed"] = f.seed;
-  s["run_dir"] = run_dir;
-  s["checkpoint_every"] = f.ckpt_every;
-  s["resume"] = f.resume;
-  s["train_limit"] = f.train_limit;
-  s["eval_limit"] = f.eval_limit;
-  s["probe_limit"] = f.probe_limit;
-  s["threads"] = f.threads;
-  s["dtype"] = f.dtype;
-  s["log_every"] = f.log_every;
-  s["stop_at_step"] = f.stop_at;
-  s["skip_nonfinite"] = f.skip_nonfinite;
-  s["eval"] = !f.no_eval;
-  s["verify"] = !f.no_verify;
-  s["timeout_s"] = f.timeout_s;
-  s["max_restarts"] = f.max_restarts;
-  return s;
-}
 
 // Rank 0's console, copied to RUN_DIR/train.log. A failed write to the log
 // stops the run with the cause (a full disk must not go unnoticed).
 class Console {
  public:
-  Console(bool to_stderr) : to_stderr_(to_stderr) {}
+  explicit Console(bool to_stderr) : to_stderr_(to_stderr) {}
   void open_log(const std::string& path, bool append) {
     path_ = path;
     file_ = std::fopen(path.c_str(), append ? "a" : "w");
@@ -283,123 +98,219 @@ class Console {
   std::FILE* file_ = nullptr;
 };
 
-Json eval_json(const ct::EvalResult& e) {
-  Json j;
-  cli::put_number(j, "linear_probe_acc", e.linear_probe_acc);
-  cli::put_number(j, "knn_acc", e.knn_acc);
-  cli::put_number(j, "linear_probe_l2", e.probe.l2);
-  j["probe_converged"] = e.probe.converged;
-  cli::put_number(j, "seconds", e.seconds);
-  return j;
+// A bare `--resume` means "always"; CLI11 would otherwise take the next flag
+// as its value.
+std::vector<std::string> expand_bare_resume(std::vector<std::string> args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--") break;
+    if (args[i] == "--resume" && (i + 1 == args.size() || args[i + 1].rfind("-", 0) == 0)) args[i] = "--resume=always";
+  }
+  return args;
 }
 
-std::string versions() {
-  return c10::str("contrax ", CONTRAX_VERSION, ", LibTorch ", TORCH_VERSION);
+bool is_recipe(const std::string& name) {
+  const auto& names = cli::train_recipe_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// The recipe, and the image recipes' variant, give every other flag its
+// default (what --help and --dump-config show), so they are known before
+// the flags are: from the recipe word that follows `train`, else from
+// --recipe / --recipe-variant on the command line or in the --config file,
+// read by CLI11 by the same rules as the full parse that follows (which
+// reports any mistake).
+std::unique_ptr<cli::TrainRecipe> choose_recipe(const std::vector<std::string>& args, std::string& recipe) {
+  CLI::App pre;
+  pre.allow_extras();
+  pre.set_help_flag();
+  pre.set_config("--config");
+  std::string flag, variant = "default";
+  pre.add_option("--recipe", flag);
+  pre.add_option("--recipe-variant", variant);
+  try {
+    pre.parse(std::vector<std::string>(args.rbegin(), args.rend()));
+  } catch (const CLI::Error&) {
+  }
+  if (recipe.empty()) recipe = is_recipe(flag) ? flag : "simclr";
+  return recipe == "retrieval" ? cli::make_retrieval_recipe() : cli::make_image_recipe(recipe, variant);
+}
+
+// The smallest temperature a dtype carries. Logits are cosines over T, so
+// they reach 1/T, and the backward's products and sums of squares (the
+// gradient's norm, AdamW's second moment) grow as (1/T)^4: that must stay
+// below the dtype's largest number, with a margin of 10 on 1/T, rounded up to
+// a power of ten. float: 1e-08 (fp32 gradients were measured to overflow at
+// 1e-9 and not at 1e-8, max^(1/4) = 1.4e9); double: 1e-76.
+double min_temperature(const std::string& dtype) {
+  const double max = dtype == "double" ? std::numeric_limits<double>::max() : std::numeric_limits<float>::max();
+  return std::pow(10.0, std::ceil(std::log10(10 / std::pow(max, 0.25))));
+}
+
+// Every setting of a run; the defaults of the run's flags are the recipe's
+// options (the one place they are written), the others the tool's own.
+class TrainCommand {
+ public:
+  explicit TrainCommand(const std::vector<std::string>& args) : command_(args), args_(expand_bare_resume(args)) {}
+  /// -1 to go on, else the status to exit with (--help, a usage error).
+  int parse();
+  /// -1 when this process trains, else the exit status of its workers.
+  int start();
+  int train();
+
+ private:
+  void add_flags();
+  void check_flags();
+  int launch_workers(const std::string& start) const;
+  Json settings() const;
+  Json verify() const;
+  int report(const ct::RunResult& r, std::chrono::steady_clock::time_point wall0);
+  std::string divergence_cause() const;
+
+  const std::vector<std::string> command_, args_;  // as given; with a bare --resume spelled out
+  CLI::App app_{"train a recipe (SimCLR, MoCo v3, two-tower retrieval) over N processes, then evaluate", "train"};
+  std::unique_ptr<cli::TrainRecipe> recipe_;
+  std::string name_, name_flag_;  // the recipe's name; the --recipe flag's value
+  cli::TrainToolFlags tool_;
+  int64_t nproc_ = 2, threads_ = 0, seed_ = 0, timeout_s_ = 300, max_restarts_ = 0;
+  std::string run_dir_, resume_ = "never", dtype_ = "float";
+  bool overwrite_ = false, json_ = false, no_verify_ = false, no_plot_ = false, force_ = false;
+  bool resumed_ = false;
+  double default_lr_ = 0, default_temperature_ = 0;  // the recipe's, for divergence_cause()
+  ct::RunDir::Claim claim_;  // the run directory's lock, held until the run ends
+  contrax::CommunicatorPtr comm_;
+  std::unique_ptr<Console> console_;
+};
+
+void TrainCommand::add_flags() {
+  auto& app = app_;
+  const int64_t cap = cli::max_procs();
+  const std::string force_note = " (at most " + std::to_string(cap) + ", " + std::to_string(cli::kMaxProcsPerCore) +
+                                 " per core, unless --force)";
+  cli::add_choice(app, "--recipe", name_flag_, "the recipe (or as the word after train: contrax train RECIPE)",
+                  cli::train_recipe_names())
+      ->check(CLI::Validator(
+          [this](std::string& v) -> std::string {
+            // Checked while parsing, so that --dump-config never writes a
+            // recipe other than the one whose flags it lists.
+            cli::usage_check(v == name_, "flag '--recipe' says ", v, " but the recipe is ", name_, " (contrax train ",
+                             name_, ")");
+            return std::string();
+          },
+          ""));
+  cli::add_int(app, "--nproc", nproc_, "local processes (ignored under a launcher)" + force_note, 1);
+  ct::RunOptions& run = recipe_->run();
+  cli::add_int(app, "--epochs", run.epochs(), "epochs over the training subset (unless --max-steps)", 1,
+               int64_t{1} << 20);
+  cli::add_int(app, "--max-steps", run.max_steps(),
+               "> 0: train exactly this many steps (the schedule's length); -1: none", -1, cli::kMaxSteps);
+  cli::add_int(app, "--batch-size", run.batch_size(), "global batch size (all processes together)", 1,
+               cli::kMaxBatch);
+  cli::add_double(app, "--lr", run.lr(), "peak learning rate of AdamW", 0, std::numeric_limits<double>::max(), true);
+  cli::add_double(app, "--weight-decay", run.weight_decay(), "AdamW weight decay", 0);
+  cli::add_int(app, "--warmup-steps", run.warmup_steps(), "linear warm-up steps before the cosine decay", 0,
+               cli::kMaxSteps);
+  cli::add_int(app, "--seed", seed_, "seed of the model, the data order and the augmentations", 0);
+  app.add_option("--run-dir", run_dir_, "directory of the run's files (default: runs/RECIPE)");
+  cli::add_int(app, "--checkpoint-every", run.checkpoint_every(), "checkpoint every K steps (0: only at the end)", 0,
+               cli::kMaxSteps);
+  cli::add_choice(app, "--resume", resume_,
+                  "continue the run in --run-dir: --resume (a checkpoint must exist) or --resume auto (continue if "
+                  "there is a checkpoint, else start)",
+                  {"never", "always", "auto"});
+  app.add_flag("--overwrite", overwrite_, "replace an existing run in --run-dir");
+  app.add_flag("--json", json_, "print the summary as one JSON object (progress goes to stderr)");
+  cli::add_int(app, "--train-limit", tool_.train_limit, "train on the first N training examples (-1: all)", -1);
+  cli::add_int(app, "--eval-limit", tool_.eval_limit,
+               "evaluate with the first N train (kNN memory bank) and N test examples (-1: all)", -1);
+  cli::add_int(app, "--threads", threads_, "intra-op threads per process (0: cores / processes)" + force_note, 0);
+  cli::add_choice(app, "--dtype", dtype_, "float or double (exactness tests)", {"float", "double"});
+  cli::add_int(app, "--log-every", run.log_every(), "progress line every N steps (0: none)", 0, cli::kMaxSteps);
+  cli::add_int(app, "--stop-at-step", run.stop_at_step(), ">= 0: stop with a checkpoint at this step (tests)", -1,
+               cli::kMaxSteps);
+  cli::add_int(app, "--skip-nonfinite", run.skip_nonfinite(),
+               "skip up to N steps whose loss or gradient is not finite (0: the first one stops the run)", 0,
+               cli::kMaxSteps);
+  app.add_flag("--no-eval", tool_.no_eval, "skip the evaluation");
+  app.add_flag("--no-verify", no_verify_, "skip the exactness check after training");
+  app.add_flag("--no-plot", no_plot_, "do not draw RUN_DIR/curves.png at the end");
+  cli::add_int(app, "--timeout", timeout_s_, "seconds any collective may wait for a peer", 1, 24 * 3600);
+  cli::add_int(app, "--max-restarts", max_restarts_,
+               "restart all processes up to N times after a failure, resuming from the last checkpoint", 0, 1000);
+  app.add_flag("--force", force_, "allow --nproc and --threads above " + std::to_string(cap));
+  recipe_->add_flags(app);
+  app.footer("Recipes: contrax train [simclr|moco-v3|retrieval] FLAGS (or --recipe NAME); "
+             "contrax train RECIPE --help shows that recipe's flags and defaults.");
+}
+
+// The checks that span flags; each single flag's range is checked while
+// parsing, and the run directory's rules (--resume, --overwrite) by
+// RunDir::claim in start().
+void TrainCommand::check_flags() {
+  const int64_t cap = cli::max_procs();
+  cli::usage_check(force_ || nproc_ <= cap, "flag '--nproc' must be <= ", cap, " (", cli::kMaxProcsPerCore,
+                   " per core; --force allows more), but got ", nproc_);
+  cli::usage_check(force_ || threads_ <= cap, "flag '--threads' must be <= ", cap, " (", cli::kMaxProcsPerCore,
+                   " per core; --force allows more), but got ", threads_);
+  cli::usage_check(threads_ <= cli::max_threads(), "flag '--threads' must be <= ", cli::max_threads(), " (",
+                   cli::kMaxThreadsPerCore, " per core, even with --force: OpenMP starts every thread at once), but got ",
+                   threads_);
+  const double t = recipe_->temperature(), t_min = min_temperature(dtype_);
+  cli::usage_check(t >= t_min, "flag '--temperature' must be >= ", t_min, " with --dtype ", dtype_,
+                   " (logits reach 1/T and the gradients' squares grow as (1/T)^4, which must stay below ", dtype_,
+                   "'s largest number ", dtype_ == "double" ? std::numeric_limits<double>::max()
+                                                              : std::numeric_limits<float>::max(),
+                   "), but got ", t);
+  cli::usage_check(recipe_->run().max_steps() != 0, "flag '--max-steps' must be -1 (none) or >= 1, but got 0");
+  cli::usage_check(tool_.train_limit != 0, "flag '--train-limit' must be -1 (all) or >= 1, but got 0");
+  cli::usage_check(tool_.eval_limit != 0, "flag '--eval-limit' must be -1 (all) or >= 1, but got 0");
+  recipe_->check_flags();
+}
+
+int TrainCommand::parse() {
+  std::vector<std::string> args = args_;
+  if (!args.empty() && is_recipe(args[0])) {
+    name_ = args[0];
+    args.erase(args.begin());
+  }
+  recipe_ = choose_recipe(args, name_);
+  name_flag_ = name_;
+  seed_ = static_cast<int64_t>(recipe_->run().seed());
+  default_lr_ = recipe_->run().lr();
+  default_temperature_ = recipe_->temperature();
+  cli::setup_app(app_);
+  add_flags();
+  if (int st = cli::parse(app_, args); st >= 0) return st;
+  check_flags();
+  if (run_dir_.empty()) run_dir_ = "runs/" + name_;
+  return -1;
 }
 
 // Runs the workers of a multi-process run on this node.
-int launch_workers(const TrainFlags& f, const std::vector<std::string>& args, const std::string& start) {
+int TrainCommand::launch_workers(const std::string& start) const {
   std::vector<std::string> argv{contrax::self_executable(), "train"};
-  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), args_.begin(), args_.end());
   contrax::LaunchOptions lo;
-  lo.nproc = f.nproc;
+  lo.nproc = nproc_;
   lo.prefix_output = false;
   lo.grace = std::chrono::seconds(60);  // time to finish a step and write the checkpoint
-  lo.max_restarts = f.max_restarts;
+  lo.max_restarts = max_restarts_;
   // Workers inherit the environment: they take the decision made here (and,
   // after a restart, resume from whatever checkpoint the failed attempt left).
-  ::setenv(kStartEnv, f.max_restarts > 0 && start == "fresh" ? "auto" : start.c_str(), 1);
+  ::setenv(kStartEnv, max_restarts_ > 0 && start == "fresh" ? "auto" : start.c_str(), 1);
   auto r = contrax::launch(argv, lo);
   if (r.exit_code != 0) std::cerr << "contrax train: " << r.message << "\n";
   return r.exit_code;
 }
 
-int run_train(const std::vector<std::string>& raw_args) {
-  const std::vector<std::string> args = expand_bare_resume(raw_args);
-  CLI::App app{"train SimCLR or MoCo v3 on Fashion-MNIST over N processes, then evaluate", "train"};
-  cli::setup_app(app);
-  // The variant picks the defaults the flags start from (so that --help and
-  // --dump-config show them); one set in a config file is applied after parsing.
-  std::string variant = "default", recipe;
-  for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
-    if (args[i] == "--recipe-variant" && i + 1 < args.size()) variant = args[i + 1];
-    if (args[i].rfind("--recipe-variant=", 0) == 0) variant = args[i].substr(17);
-    if (args[i] == "--recipe" && i + 1 < args.size()) recipe = args[i + 1];
-    if (args[i].rfind("--recipe=", 0) == 0) recipe = args[i].substr(9);
-  }
-  TrainFlags f(variant == "peer" ? ct::peer_recipe() : ct::TrainOptions());
-  if (recipe == "retrieval") {
-    // The retrieval recipe's own defaults for the flags it shares with the
-    // image recipes, so that --help and --dump-config show what will run. (A
-    // recipe set in a config file gets them after parsing, below.)
-    const ct::RetrievalOptions r;
-    f.epochs = r.run().epochs();
-    f.batch = r.run().batch_size();
-    f.lr = r.run().lr();
-    f.wd = r.run().weight_decay();
-    f.warmup = r.run().warmup_steps();
-    f.temperature = r.temperature();
-    f.ckpt_every = r.run().checkpoint_every();
-    f.log_every = r.run().log_every();
-  }
-  add_flags(app, f);
-  if (int st = cli::parse(app, args); st >= 0) return st;
-  if (f.variant == "peer") {
-    // The peer's values, except where a flag (or the config file) sets one.
-    const TrainFlags p(ct::peer_recipe());
-    auto take = [&app](const char* name, auto& field, const auto& value) {
-      if (app.get_option(name)->count() == 0) field = value;
-    };
-    take("--epochs", f.epochs, p.epochs);
-    take("--batch-size", f.batch, p.batch);
-    take("--lr", f.lr, p.lr);
-    take("--weight-decay", f.wd, p.wd);
-    take("--warmup-steps", f.warmup, p.warmup);
-    take("--temperature", f.temperature, p.temperature);
-    take("--encoder-channels", f.channels, p.channels);
-    take("--encoder-strides", f.strides, p.strides);
-    take("--crop-scale-min", f.crop_min, p.crop_min);
-    take("--encoder-pool-grid", f.pool_grid, p.pool_grid);
-  }
-  check_flags(f);
-  cli::RetrievalRun retrieval;
-  if (f.recipe == "retrieval") {
-    // Flags given keep their value; the others take the retrieval defaults.
-    auto& o = retrieval.options;
-    auto given = [&app](const char* flag) { return app.count(flag) > 0; };
-    if (given("--epochs")) o.run().epochs(f.epochs);
-    if (given("--batch-size")) o.run().batch_size(f.batch);
-    if (given("--lr")) o.run().lr(f.lr);
-    if (given("--weight-decay")) o.run().weight_decay(f.wd);
-    if (given("--warmup-steps")) o.run().warmup_steps(f.warmup);
-    if (given("--temperature")) o.temperature(f.temperature);
-    if (given("--checkpoint-every")) o.run().checkpoint_every(f.ckpt_every);
-    if (given("--log-every")) o.run().log_every(f.log_every);
-    o.run().max_steps(f.max_steps).stop_at_step(f.stop_at).seed(static_cast<uint64_t>(f.seed))
-        .dtype(f.dtype == "double" ? torch::kDouble : torch::kFloat).skip_nonfinite(f.skip_nonfinite)
-        .stop_requested([] { return g_signal != 0; });
-    o.query_chunk_size(f.chunk).passage_chunk_size(f.passage_chunk).hard_negatives(f.hard_negatives);
-    o.query_tower(ct::BagTowerOptions(o.query_tower()).buckets(f.buckets).embed_dim(f.embed_dim))
-        .passage_tower(ct::BagTowerOptions(o.passage_tower()).buckets(f.buckets).embed_dim(f.embed_dim));
-    retrieval.wordnet_dir = f.wordnet_dir;
-    retrieval.query_chargrams = f.query_features == "words+chargrams";
-    retrieval.train_limit = f.train_limit;
-    retrieval.eval_limit = f.eval_limit;
-    retrieval.json = f.json;
-    retrieval.no_eval = f.no_eval;
-    retrieval.no_verify = f.no_verify;
-    retrieval.no_plot = f.no_plot;
-  }
-  const std::string run_dir = f.run_dir.empty() ? "runs/" + f.recipe : f.run_dir;
-  retrieval.run_dir = run_dir;
-  const auto mode = cli::parse_resume_mode(f.resume);
-
-  // The process the user started decides fresh or resume and holds the
-  // directory's lock for the whole run (its workers included). A worker of
-  // an outside launcher (contrax launch, srun) has no such parent: there
-  // rank 0 takes the lock and prepares, the other ranks only decide.
-  std::unique_ptr<cli::RunDirLock> lock;
-  bool resume = false;
+// Decides fresh or resume. The process the user started claims the run
+// directory and holds its lock for the whole run (its workers included), then
+// starts the workers of a multi-process run (or one under a restart policy);
+// a worker of an outside launcher (contrax launch, srun) has no such parent:
+// there rank 0 claims the directory and the other ranks only decide. Returns
+// -1 when this process trains, else the exit status of the workers.
+int TrainCommand::start() {
+  const ct::RunDir dir(run_dir_);
+  const auto mode = ct::resume_mode(resume_);
   const char* start_env = std::getenv(kStartEnv);
   const bool top = !contrax::in_launched_worker();
   // The worker's rank as its launcher set it: torchrun-style RANK, or an srun
@@ -407,149 +318,162 @@ int run_train(const std::vector<std::string>& raw_args) {
   const char* env_rank = std::getenv("RANK") != nullptr ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
   const bool outside_rank0 = !top && start_env == nullptr && env_rank != nullptr && std::string(env_rank) == "0";
   if (top || outside_rank0) {
-    if (mode == cli::ResumeMode::kAlways) {
-      // Checked before the directory is created: a mistyped --run-dir with
-      // --resume must not leave a new empty directory behind.
-      cli::usage_check(std::filesystem::exists(ct::checkpoint_path(run_dir)), "flag '--resume': no checkpoint ",
-                       ct::checkpoint_path(run_dir), " to resume from (--resume auto starts fresh when there is none)");
+    try {
+      claim_ = dir.claim(mode, overwrite_);
+    } catch (const ct::RunDirRefused& e) {
+      throw cli::UsageError(e.what());
     }
-    std::error_code ec;
-    std::filesystem::create_directories(run_dir, ec);
-    TORCH_CHECK(!ec, "cannot create run directory '", run_dir, "': ", ec.message());
-    lock = std::make_unique<cli::RunDirLock>(run_dir);
-    resume = cli::prepare_run_dir(run_dir, mode, f.overwrite);
-    if (top && f.nproc > 1) return launch_workers(f, args, resume ? "resume" : "fresh");
-    if (top && f.max_restarts > 0) {
-      // One process: the restart policy still needs a launcher around it.
-      return launch_workers(f, args, resume ? "resume" : "fresh");
+    resumed_ = claim_.resume;
+    if (top && (nproc_ > 1 || max_restarts_ > 0)) {
+      // One process under a restart policy still needs a launcher around it.
+      return launch_workers(resumed_ ? "resume" : "fresh");
     }
   } else if (start_env != nullptr) {
     const std::string s = start_env;
-    resume = s == "resume" || (s == "auto" && cli::resolve_resume(run_dir, cli::ResumeMode::kAuto));
+    resumed_ = s == "resume" || (s == "auto" && dir.resumes(ct::ResumeMode::kAuto));
   } else {
-    resume = cli::resolve_resume(run_dir, mode);
+    resumed_ = dir.resumes(mode);
   }
+  return -1;
+}
 
+Json TrainCommand::settings() const {
+  const ct::RunOptions& run = recipe_->run();
+  Json s;
+  s["recipe"] = name_;
+  s["nproc"] = nproc_;
+  s["epochs"] = run.epochs();
+  s["max_steps"] = run.max_steps();
+  s["batch_size"] = run.batch_size();
+  s["lr"] = run.lr();
+  s["weight_decay"] = run.weight_decay();
+  s["warmup_steps"] = run.warmup_steps();
+  s["seed"] = seed_;
+  s["run_dir"] = run_dir_;
+  s["checkpoint_every"] = run.checkpoint_every();
+  s["resume"] = resume_;
+  s["train_limit"] = tool_.train_limit;
+  s["eval_limit"] = tool_.eval_limit;
+  s["threads"] = threads_;
+  s["dtype"] = dtype_;
+  s["log_every"] = run.log_every();
+  s["stop_at_step"] = run.stop_at_step();
+  s["skip_nonfinite"] = run.skip_nonfinite();
+  s["eval"] = !tool_.no_eval;
+  s["verify"] = !no_verify_;
+  s["timeout_s"] = timeout_s_;
+  s["max_restarts"] = max_restarts_;
+  recipe_->settings(s);
+  return s;
+}
+
+// Trains on this process's rank and reports; returns the exit status.
+int TrainCommand::train() {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   const auto wall0 = std::chrono::steady_clock::now();
-  auto comm = contrax::Communicator::from_env(
-      contrax::CommunicatorOptions().timeout(std::chrono::seconds(f.timeout_s)));
-  const int64_t world = comm->world_size(), rank = comm->rank();
+  comm_ = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s_)));
+  const int64_t world = comm_->world_size(), rank = comm_->rank();
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  at::set_num_threads(static_cast<int>(f.threads > 0 ? f.threads : std::max<int64_t>(1, cores / world)));
-
-  Console console(f.json);
+  at::set_num_threads(static_cast<int>(threads_ > 0 ? threads_ : std::max<int64_t>(1, cores / world)));
+  console_ = std::make_unique<Console>(json_);
+  const ct::RunDir dir(run_dir_);
   if (rank == 0) {
-    console.open_log(run_dir + "/train.log", resume);
+    console_->open_log(dir.file(ct::RunDir::kLog), resumed_);
     Json config;
-    config["settings"] = f.recipe == "retrieval" ? cli::retrieval_settings_json(retrieval) : settings_json(f, run_dir);
-    config["command"] = raw_args;
-    config["resumed"] = resume;
+    config["settings"] = settings();
+    config["command"] = command_;
+    config["resumed"] = resumed_;
     config["world_size"] = world;
     config["threads_per_process"] = at::get_num_threads();
     config["versions"] = {{"contrax", CONTRAX_VERSION}, {"libtorch", TORCH_VERSION}, {"blas", cli::blas_library()}};
-    cli::write_run_file(run_dir, "config.json", config.dump(2) + "\n");
+    dir.write(ct::RunDir::kConfig, config.dump(2) + "\n");
   }
-
-  if (f.recipe == "retrieval") {
-    retrieval.options.run().resume(resume);
-    cli::RetrievalIo io;
-    io.out = [&console](const std::string& s) { console.out(s); };
-    io.result = [&console](const std::string& s) { console.result(s); };
-    io.err = [&console](const std::string& s) { console.err(s); };
-    io.log_only = [&console](const std::string& s) { console.log_only(s); };
-    io.interrupted_status = [] {
-      return g_signal != 0 && !contrax::in_launched_worker() ? 128 + static_cast<int>(g_signal) : 0;
-    };
-    return cli::run_retrieval(retrieval, comm, io, wall0);
-  }
-
-  // Every file the run will read, before it trains: a missing or unreadable
-  // test split must not surface only after the training.
-  ct::check_dataset_files(f.data_dir, f.no_eval ? std::vector<std::string>{"train"}
-                                                : std::vector<std::string>{"train", "test"});
-  auto train_data = ct::load_dataset(f.data_dir, "train", f.train_limit);
-  // epochs x steps per epoch, before anything trains (the trainer checks it
+  const int64_t n = recipe_->load(tool_);
+  // epochs x steps per epoch, before anything trains (the loop checks it
   // too, but cannot name the flags).
-  const int64_t per_epoch = train_data.size() / f.batch + (train_data.size() % f.batch != 0);
-  cli::usage_check(f.max_steps > 0 || f.epochs <= kMaxSteps / std::max<int64_t>(1, per_epoch), "flag '--epochs' x ",
-                   per_epoch, " steps per epoch must be <= 2^40 steps, but got --epochs ", f.epochs);
-  const ct::TrainOptions base = f.variant == "peer" ? ct::peer_recipe() : ct::TrainOptions();
-  auto model_options = base.model();
-  model_options.encoder().channels(cli::parse_int_list("--encoder-channels", f.channels, 1, 1 << 16));
-  model_options.encoder().strides(cli::parse_int_list("--encoder-strides", f.strides, 1, 64));
-  model_options.encoder().pool_grid(f.pool_grid);
-  cli::usage_check(model_options.encoder().strides().size() == model_options.encoder().channels().size(),
-                   "flags '--encoder-channels' and '--encoder-strides' must have as many entries, but got ",
-                   f.channels, " and ", f.strides);
-  auto opts = ct::TrainOptions()
-                  .recipe(f.recipe)
-                  .run(ct::RunOptions()
-                           .epochs(f.epochs)
-                           .max_steps(f.max_steps)
-                           .stop_at_step(f.stop_at)
-                           .batch_size(f.batch)
-                           .lr(f.lr)
-                           .weight_decay(f.wd)
-                           .warmup_steps(f.warmup)
-                           .seed(static_cast<uint64_t>(f.seed))
-                           .dtype(f.dtype == "double" ? torch::kDouble : torch::kFloat)
-                           .run_dir(run_dir)
-                           .checkpoint_every(f.ckpt_every)
-                           .resume(resume)
-                           .log_every(f.log_every)
-                           .skip_nonfinite(f.skip_nonfinite)
-                           .log([&console](const std::string& line) { console.out(line); })
-                           .stop_requested([] { return g_signal != 0; }))
-                  .chunk_size(f.chunk)
-                  .temperature(f.temperature)
-                  .moco_momentum(f.moco_m)
-                  .model(model_options)
-                  .augment(ct::AugmentOptions(base.augment()).scale_min(f.crop_min));
+  auto& run = recipe_->run();
+  const int64_t per_epoch = n / run.batch_size() + (n % run.batch_size() != 0);
+  cli::usage_check(run.max_steps() > 0 || run.epochs() <= cli::kMaxSteps / std::max<int64_t>(1, per_epoch),
+                   "flag '--epochs' x ", per_epoch, " steps per epoch must be <= 2^40 steps, but got --epochs ",
+                   run.epochs());
+  run.seed(static_cast<uint64_t>(seed_))
+      .dtype(dtype_ == "double" ? torch::kDouble : torch::kFloat)
+      .run_dir(run_dir_)
+      .resume(resumed_)
+      .log([this](const std::string& line) { console_->out(line); })
+      .stop_requested([] { return g_signal != 0; });
   if (rank == 0) {
-    std::ostringstream os;
-    os << "contrax train: " << f.recipe << " on " << train_data.size() << " examples of " << f.data_dir << ", "
-       << world << " process" << (world > 1 ? "es" : "") << " x " << at::get_num_threads() << " thread"
-       << (at::get_num_threads() > 1 ? "s" : "") << ", global batch " << f.batch
-       << (f.chunk > 0 ? ", gradient cache chunks of " + std::to_string(f.chunk) : std::string()) << ", run dir "
-       << run_dir << (resume ? " (resuming)" : "") << "\n";
-    console.out(os.str());
+    const int64_t t = at::get_num_threads();
+    console_->out(c10::str("contrax train: ", recipe_->what(), ", ", world, " process", world > 1 ? "es" : "", " x ",
+                           t, " thread", t > 1 ? "s" : "", ", global batch ", recipe_->batch(), ", run dir ", run_dir_,
+                           resumed_ ? " (resuming)" : "", "\n"));
   }
-  ct::TrainResult r;
+  ct::RunResult r;
   try {
-    r = ct::train_contrastive(comm, train_data, opts);
+    r = recipe_->train(comm_);
   } catch (const c10::Error& e) {
-    // train.log keeps why the run ended (a divergence names its step).
-    console.log_only(c10::str("contrax train: error: ", e.what_without_backtrace(), "\n"));
-    throw;
+    // The loop's divergence error names the step; the flags are the tool's to name.
+    const std::string msg = e.what_without_backtrace();
+    const std::string cause = msg.rfind("training diverged", 0) == 0 ? divergence_cause() : "";
+    // train.log keeps why the run ended.
+    console_->log_only(c10::str("contrax train: error: ", msg, cause, "\n"));
+    if (cause.empty()) throw;
+    TORCH_CHECK(false, msg, cause);
   }
-  const int64_t steps_run = r.steps - r.start_step;
-
   if (r.interrupted) {
     if (rank == 0) {
-      console.err(c10::str("contrax train: stopped at step ", r.steps, "/", r.total_steps, "; checkpoint ",
-                           ct::checkpoint_path(run_dir), " written; continue with --resume\n"));
+      console_->err(c10::str("contrax train: stopped at step ", r.steps, "/", r.total_steps, "; checkpoint ",
+                             dir.checkpoint(), " written; continue with --resume\n"));
     }
-    if (g_signal != 0) return contrax::in_launched_worker() ? 0 : 128 + static_cast<int>(g_signal);
-    return 0;
+    return g_signal != 0 && !contrax::in_launched_worker() ? 128 + static_cast<int>(g_signal) : 0;
   }
+  return report(r, wall0);
+}
 
-  Json verify_j;
-  if (!f.no_verify) {
-    auto results = contrax::verify(comm);
-    double worst = 0;
-    bool ok = true;
-    for (const auto& v : results) {
-      worst = std::max(worst, v.max_rel_err);
-      ok = ok && v.passed;
-    }
-    verify_j["ok"] = ok;
-    cli::put_number(verify_j, "max_rel_err", worst);
-    verify_j["cases"] = results.size();
-    verify_j["world_size"] = world;
+// Among the flags that were set, those that likely made a run diverge: a
+// temperature below the recipe's (logits up to 1/T), a learning rate above
+// it, no warm-up. Empty when none was set.
+std::string TrainCommand::divergence_cause() const {
+  const ct::RunOptions& run = recipe_->run();
+  const auto given = [this](const char* flag) { return app_.count(flag) > 0; };
+  std::vector<std::string> causes;
+  const double t = recipe_->temperature();
+  if (given("--temperature") && t < default_temperature_) {
+    causes.push_back(c10::str("--temperature ", t, " (logits up to 1/T = ", 1 / t, "; the recipe's is ",
+                              default_temperature_, ")"));
   }
+  if (given("--lr") && run.lr() > default_lr_) {
+    causes.push_back(c10::str("--lr ", run.lr(), " (the recipe's is ", default_lr_, ")"));
+  }
+  if (given("--warmup-steps") && run.warmup_steps() == 0) causes.push_back("--warmup-steps 0 (no warm-up)");
+  if (causes.empty()) return "";
+  std::string s = "; likely cause among the flags set: " + causes[0];
+  for (size_t i = 1; i < causes.size(); ++i) s += ", " + causes[i];
+  return s;
+}
 
+// `contrax verify` over the run's communicator.
+Json TrainCommand::verify() const {
+  Json v;
+  double worst = 0;
+  bool ok = true;
+  const auto results = contrax::verify(comm_);
+  for (const auto& c : results) {
+    worst = std::max(worst, c.max_rel_err);
+    ok = ok && c.passed;
+  }
+  v["ok"] = ok;
+  cli::put_number(v, "max_rel_err", worst);
+  v["cases"] = results.size();
+  v["world_size"] = comm_->world_size();
+  return v;
+}
+
+// The exactness check, then on rank 0 the evaluation, results.json, the
+// summary and the curves.
+int TrainCommand::report(const ct::RunResult& r, std::chrono::steady_clock::time_point wall0) {
+  const Json verify_j = no_verify_ ? Json() : verify();
   // Evaluation on rank 0, after the last collective: the other ranks are done
   // and exit, so a slow evaluation can never time out a peer that waits for it
   // (a barrier here failed after its 300 s timeout when a loaded machine slowed
@@ -557,114 +481,67 @@ int run_train(const std::vector<std::string>& raw_args) {
   // taking the idle ranks' cores: on a shared 2-core machine two OpenMP threads
   // made the many small L-BFGS steps of the probe many times slower (threads
   // spinning against other processes).
-  if (rank != 0) return 0;
-  ct::EvalResult trained, random_init, raw;
-  int64_t n_test = 0, n_bank = 0, n_probe = 0;
-  const auto eopts = ct::EvalOptions().probe_train_limit(f.probe_limit);
-  if (!f.no_eval) {
-    auto eval_train = ct::load_dataset(f.data_dir, "train", f.eval_limit);
-    auto eval_test = ct::load_dataset(f.data_dir, "test", f.eval_limit);
-    auto enc = r.encoder;
-    enc->to(torch::kFloat);
-    // One protocol for all three representations, so that they compare.
-    trained = ct::evaluate_encoder(enc, eval_train, eval_test, eopts);
-    random_init = ct::evaluate_random_init(enc->options, static_cast<uint64_t>(f.seed) + 1000003, eval_train,
-                                           eval_test, eopts);
-    raw = ct::evaluate_raw_pixels(eval_train, eval_test, eopts);
-    n_test = eval_test.size();
-    n_bank = eval_train.size();
-    n_probe = f.probe_limit > 0 ? std::min(f.probe_limit, eval_train.size()) : eval_train.size();
-  }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-
+  if (comm_->rank() != 0) return 0;
+  const int64_t steps_run = r.steps - r.start_step;
   Json s;
-  s["recipe"] = f.recipe;
-  s["world_size"] = world;
+  s["recipe"] = name_;
+  s["world_size"] = comm_->world_size();
   s["steps"] = r.steps;
   s["start_step"] = r.start_step;
   s["steps_run"] = steps_run;
   s["total_steps"] = r.total_steps;
   s["epochs"] = r.epochs_done;
-  s["batch_size"] = f.batch;
-  s["chunk_size"] = f.chunk;
+  s["batch_size"] = recipe_->run().batch_size();
   s["skipped_steps"] = r.skipped_steps;
   cli::put_number(s, "final_loss", r.losses.empty() ? std::nan("") : r.losses.back());
-  if (!f.no_eval) {
-    // The flat keys of earlier versions, and the table as one object per row.
-    cli::put_number(s, "linear_probe_acc", trained.linear_probe_acc);
-    cli::put_number(s, "knn_acc", trained.knn_acc);
-    cli::put_number(s, "random_init_linear_probe_acc", random_init.linear_probe_acc);
-    cli::put_number(s, "random_init_knn_acc", random_init.knn_acc);
-    cli::put_number(s, "raw_pixel_linear_probe_acc", raw.linear_probe_acc);
-    cli::put_number(s, "raw_pixel_knn_acc", raw.knn_acc);
-    cli::put_number(s, "linear_probe_l2", trained.probe.l2);
-    cli::put_number(s, "random_init_linear_probe_l2", random_init.probe.l2);
-    cli::put_number(s, "raw_pixel_linear_probe_l2", raw.probe.l2);
-    cli::put_number(s, "eval_s", trained.seconds + random_init.seconds + raw.seconds);
-    s["evaluation"] = {{"test_images", n_test},
-                       {"knn_bank_images", n_bank},
-                       {"probe_train_images", n_probe},
-                       {"knn_k", eopts.knn().k()},
-                       {"trained_encoder", eval_json(trained)},
-                       {"random_init_encoder", eval_json(random_init)},
-                       {"raw_pixels", eval_json(raw)}};
-  }
+  recipe_->summarize(s);
+  std::ostringstream table;
+  const double eval_s = tool_.no_eval ? 0 : recipe_->evaluate(tool_, s, table);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   cli::put_number(s, "examples_per_s", r.examples_per_s);
   cli::put_number(s, "train_s", r.train_s);
   cli::put_number(s, "wall_s", wall);
   s["bytes_sent_rank0"] = r.bytes_sent;
-  if (!f.no_verify) s["verify"] = verify_j;
-  s["run_dir"] = run_dir;
-  cli::write_run_file(run_dir, "results.json", s.dump(2) + "\n");
-
+  if (!no_verify_) s["verify"] = verify_j;
+  s["run_dir"] = run_dir_;
+  const ct::RunDir dir(run_dir_);
+  dir.write(ct::RunDir::kResults, s.dump(2) + "\n");
   std::ostringstream out;
-  if (f.json) {
+  if (json_) {
     out << s.dump() << "\n";
   } else {
-    if (!f.no_eval) {
-      out << "\nevaluation of frozen features on " << n_test << " test images (backbone output, not the projection "
-          << "head):\n"
-          << "  linear probe: logistic regression (L-BFGS to convergence) on standardised features of " << n_probe
-          << " train images, L2 chosen on " << eopts.probe().val_fraction() * 100 << "% of them\n"
-          << "  kNN: cosine similarity to " << n_bank << " train images, " << eopts.knn().k()
-          << " neighbours voting with weight exp(sim / " << eopts.knn().temperature() << ")\n";
-      out << std::left << std::setw(22) << "representation" << std::setw(20) << "linear probe acc" << std::setw(16)
-          << "kNN acc (k=" + std::to_string(eopts.knn().k()) + ")" << "probe L2\n";
-      auto row = [&out](const std::string& name, const ct::EvalResult& e) {
-        out << std::left << std::setw(22) << name << std::setw(20) << std::fixed << std::setprecision(4)
-            << e.linear_probe_acc << std::setw(16) << e.knn_acc << std::scientific << std::setprecision(0)
-            << e.probe.l2 << (e.probe.converged ? "" : " (probe not converged)") << std::fixed << "\n";
-      };
-      row("trained encoder", trained);
-      row("random-init encoder", random_init);
-      row("raw pixels", raw);
-    }
-    out << "trained " << steps_run << " step" << (steps_run == 1 ? "" : "s");
+    out << table.str() << "trained " << steps_run << " step" << (steps_run == 1 ? "" : "s");
     if (r.start_step > 0) out << " (steps " << r.start_step + 1 << "-" << r.steps << " of " << r.total_steps << ")";
     out << " to epoch " << r.epochs_done << " in " << std::fixed << std::setprecision(1) << r.train_s << " s, "
-        << std::setprecision(0) << r.examples_per_s << " examples/s; " << std::setprecision(1);
+        << std::setprecision(0) << r.examples_per_s << " " << recipe_->rate_note() << std::setprecision(1);
     if (r.skipped_steps > 0) out << r.skipped_steps << " non-finite steps skipped; ";
-    if (!f.no_eval) out << "evaluated in " << trained.seconds + random_init.seconds + raw.seconds << " s; ";
+    if (!tool_.no_eval) out << "evaluated in " << eval_s << " s; ";
     out << "wall " << wall << " s\n";
-    if (!f.no_verify) {
+    if (!no_verify_) {
       out << (verify_j["ok"].get<bool>() ? "distributed gradients equal single-device"
                                          : "MISMATCH: distributed gradients differ from single-device")
           << ": max rel err " << std::setprecision(3) << std::scientific
           << (verify_j["max_rel_err"].is_null() ? std::nan("") : verify_j["max_rel_err"].get<double>()) << " over "
-          << verify_j["cases"].get<int64_t>() << " cases (W=" << world << ")\n";
+          << verify_j["cases"].get<int64_t>() << " cases (W=" << comm_->world_size() << ")\n";
     }
   }
-  console.result(out.str());
-  if (!f.no_plot && steps_run + r.start_step > 0) {
-    // A missing matplotlib costs the picture, not the run: the script says why.
-    if (cli::plot_run(run_dir, /*quiet=*/true) != 0) {
-      console.err("contrax train: curves.png not drawn (see above); the run itself is complete\n");
-    }
+  console_->result(out.str());
+  // A missing matplotlib costs the picture, not the run: the script says why.
+  if (!no_plot_ && r.steps > 0 && cli::plot_run(run_dir_, /*quiet=*/true) != 0) {
+    console_->err("contrax train: curves.png not drawn (see above); the run itself is complete\n");
   }
   return verify_j.is_null() || verify_j["ok"].get<bool>() ? 0 : 1;
 }
 
-contrax::cli::Command train_cmd("train", "train SimCLR or MoCo v3 on Fashion-MNIST over N processes, then evaluate",
+int run_train(const std::vector<std::string>& args) {
+  TrainCommand train(args);
+  if (int st = train.parse(); st >= 0) return st;
+  if (int st = train.start(); st >= 0) return st;
+  return train.train();
+}
+
+contrax::cli::Command train_cmd("train",
+                                "train a recipe (simclr, moco-v3, retrieval) over N processes, then evaluate",
                                 run_train);
 
 }  // namespace

@@ -58,7 +58,15 @@ std::string version_string() {
   return o.str();
 }
 
+std::string mib(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
 int64_t max_procs() { return kMaxProcsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
+
+int64_t max_threads() { return kMaxThreadsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
 
 void setup_app(CLI::App& app) {
   // Every option's default is shown by --help and written by --dump-config,

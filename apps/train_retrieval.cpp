@@ -1,21 +1,24 @@
-// `contrax train --recipe retrieval` (see train_retrieval.h).
-#include "train_retrieval.h"
-
-#include <algorithm>
+// `contrax train retrieval`: the two-tower WordNet reverse dictionary
+// (contrax/train/retrieval/trainer.h), then the held-out ranking of every
+// system on one evaluation set: the trained towers, the towers it started
+// from, and BM25 on words and on character n-grams (the stronger on
+// recall@10 is the lexical baseline).
+#include <chrono>
 #include <iomanip>
+#include <limits>
+#include <ostream>
 #include <sstream>
 
-#include "contrax/launcher.h"
-#include "contrax/train/image/trainer.h"
+#include "cli.h"
 #include "contrax/train/retrieval/eval.h"
-#include "contrax/verify.h"
-#include "run_dir.h"
+#include "contrax/train/retrieval/trainer.h"
+#include "train_recipe.h"
 
 namespace contrax::cli {
 
-namespace ct = contrax::train;
-
 namespace {
+
+namespace ct = contrax::train;
 
 Json metrics_json(const ct::RetrievalMetrics& m) {
   Json j;
@@ -25,212 +28,143 @@ Json metrics_json(const ct::RetrievalMetrics& m) {
   return j;
 }
 
-}  // namespace
+class RetrievalRecipe : public TrainRecipe {
+ public:
+  ct::RunOptions& run() override { return o_.run(); }
+  double temperature() const override { return o_.temperature(); }
 
-Json retrieval_settings_json(const RetrievalRun& r) {
-  const auto& o = r.options;
-  Json s;
-  s["recipe"] = "retrieval";
-  s["wordnet"] = r.wordnet_dir;
-  s["epochs"] = o.run().epochs();
-  s["max_steps"] = o.run().max_steps();
-  s["batch_size"] = o.run().batch_size();
-  s["chunk_size"] = o.query_chunk_size();
-  s["passage_chunk_size"] = o.passage_chunk_size();
-  s["hard_negatives"] = o.hard_negatives();
-  s["lr"] = o.run().lr();
-  s["weight_decay"] = o.run().weight_decay();
-  s["warmup_steps"] = o.run().warmup_steps();
-  s["temperature"] = o.temperature();
-  s["seed"] = o.run().seed();
-  s["dtype"] = o.run().dtype() == torch::kDouble ? "double" : "float";
-  s["run_dir"] = r.run_dir;
-  s["checkpoint_every"] = o.run().checkpoint_every();
-  s["train_limit"] = r.train_limit;
-  s["eval_limit"] = r.eval_limit;
-  s["query_features"] = r.query_chargrams ? "words+chargrams" : "words";
-  s["log_every"] = o.run().log_every();
-  s["stop_at_step"] = o.run().stop_at_step();
-  s["skip_nonfinite"] = o.run().skip_nonfinite();
-  s["eval"] = !r.no_eval;
-  s["verify"] = !r.no_verify;
-  for (const auto& [name, t] : {std::pair<const char*, ct::BagTowerOptions>{"query_tower", o.query_tower()},
-                                {"passage_tower", o.passage_tower()}}) {
-    s[name] = {{"buckets", t.buckets()},
-               {"embed_dim", t.embed_dim()},
-               {"hidden_dim", t.hidden_dim()},
-               {"out_dim", t.out_dim()}};
+  void add_flags(CLI::App& app) override {
+    add_int(app, "--chunk-size", o_.query_chunk_size(), "> 0: gradient cache with chunks of this many queries", 0,
+            kMaxBatch);
+    add_double(app, "--temperature", o_.temperature(), "initial temperature (the logit scale is learnt)", 0,
+               std::numeric_limits<double>::max(), true);
+    add_int(app, "--hard-negatives", o_.hard_negatives(), "hard-negative passages per query", 0, 64);
+    add_int(app, "--passage-chunk-size", o_.passage_chunk_size(),
+            "gradient-cache chunk of passages (0: --chunk-size x (1 + hard negatives))", 0, kMaxBatch);
+    add_choice(app, "--query-features", query_features_,
+               "gloss features: word uni/bigrams, or those plus character 3-5-grams", {"words", "words+chargrams"});
+    add_int(app, "--buckets", buckets_, "hash buckets of each tower's feature embedding", 2, int64_t{1} << 26);
+    add_int(app, "--embed-dim", embed_dim_, "width of the feature embeddings", 1, 1 << 16);
+    app.add_option("--wordnet", wordnet_dir_, "directory of the WordNet data files (Debian wordnet-base)");
   }
-  return s;
-}
 
-int run_retrieval(const RetrievalRun& run, const CommunicatorPtr& comm, const RetrievalIo& io,
-                  std::chrono::steady_clock::time_point wall0) {
-  const int64_t world = comm->world_size(), rank = comm->rank();
-  const auto& o0 = run.options;
-  auto copts = ct::RetrievalCorpusOptions()
-                   .query_buckets(o0.query_tower().buckets())
-                   .passage_buckets(o0.passage_tower().buckets())
-                   .train_limit(run.train_limit)
-                   .query_chargrams(run.query_chargrams);
-  const auto corpus = ct::make_retrieval_corpus(ct::load_wordnet(run.wordnet_dir), copts);
-  auto opts = o0;
-  opts.run().run_dir(run.run_dir).log([&io](const std::string& line) { io.out(line); });
-  if (rank == 0) {
-    std::ostringstream os;
-    const int64_t g = 1 + opts.hard_negatives();
-    os << "contrax train: retrieval (WordNet reverse dictionary) on " << corpus.train.size()
-       << " training synsets of " << run.wordnet_dir << " (" << corpus.heldout.size() << " held out), " << world
-       << " process" << (world > 1 ? "es" : "") << " x " << at::get_num_threads() << " thread"
-       << (at::get_num_threads() > 1 ? "s" : "") << ", global batch " << opts.run().batch_size() << " queries x " << g
-       << " passages (" << opts.hard_negatives() << " hard negative" << (opts.hard_negatives() == 1 ? "" : "s") << ")"
-       << (opts.query_chunk_size() > 0
-               ? ", gradient cache chunks of " + std::to_string(opts.query_chunk_size()) + " queries / " +
-                     std::to_string(opts.passage_chunk_size() > 0 ? opts.passage_chunk_size()
-                                                                  : opts.query_chunk_size() * g) +
-                     " passages"
-               : std::string())
-       << ", run dir " << run.run_dir << (opts.run().resume() ? " (resuming)" : "") << "\n";
-    io.out(os.str());
+  void check_flags() override {
+    o_.query_tower(ct::BagTowerOptions(o_.query_tower()).buckets(buckets_).embed_dim(embed_dim_))
+        .passage_tower(ct::BagTowerOptions(o_.passage_tower()).buckets(buckets_).embed_dim(embed_dim_));
   }
-  ct::RetrievalTrainResult r;
-  try {
-    r = ct::train_retrieval(comm, corpus, opts);
-  } catch (const c10::Error& e) {
-    io.log_only(c10::str("contrax train: error: ", e.what_without_backtrace(), "\n"));
-    throw;
-  }
-  const int64_t steps_run = r.steps - r.start_step;
-  if (r.interrupted) {
-    if (rank == 0) {
-      io.err(c10::str("contrax train: stopped at step ", r.steps, "/", r.total_steps, "; checkpoint ",
-                      ct::checkpoint_path(run.run_dir), " written; continue with --resume\n"));
+
+  void settings(Json& s) const override {
+    s["wordnet"] = wordnet_dir_;
+    s["chunk_size"] = o_.query_chunk_size();
+    s["passage_chunk_size"] = o_.passage_chunk_size();
+    s["hard_negatives"] = o_.hard_negatives();
+    s["temperature"] = o_.temperature();
+    s["query_features"] = query_features_;
+    for (const auto& [name, t] : {std::pair<const char*, ct::BagTowerOptions>{"query_tower", o_.query_tower()},
+                                  {"passage_tower", o_.passage_tower()}}) {
+      s[name] = {{"buckets", t.buckets()},
+                 {"embed_dim", t.embed_dim()},
+                 {"hidden_dim", t.hidden_dim()},
+                 {"out_dim", t.out_dim()}};
     }
-    return io.interrupted_status();
   }
 
-  Json verify_j;
-  if (!run.no_verify) {
-    auto results = contrax::verify(comm);
-    double worst = 0;
-    bool ok = true;
-    for (const auto& v : results) {
-      worst = std::max(worst, v.max_rel_err);
-      ok = ok && v.passed;
-    }
-    verify_j["ok"] = ok;
-    put_number(verify_j, "max_rel_err", worst);
-    verify_j["cases"] = results.size();
-    verify_j["world_size"] = world;
+  int64_t load(const TrainToolFlags& f) override {
+    const auto copts = ct::RetrievalCorpusOptions()
+                           .query_buckets(o_.query_tower().buckets())
+                           .passage_buckets(o_.passage_tower().buckets())
+                           .train_limit(f.train_limit)
+                           .query_chargrams(query_features_ == "words+chargrams");
+    corpus_ = ct::make_retrieval_corpus(ct::load_wordnet(wordnet_dir_), copts);
+    return static_cast<int64_t>(corpus_.train.size());
   }
-  // Evaluation on rank 0 after the last collective (as the image recipes).
-  if (rank != 0) return 0;
 
-  // One protocol, one evaluation set, for every system.
-  ct::RetrievalMetrics trained, random_init, bm25_word, bm25_char;
-  ct::RetrievalEvalSet set;
-  double eval_s = 0;
-  std::string lexical_name;
-  if (!run.no_eval) {
+  std::string what() const override {
+    return c10::str("retrieval (WordNet reverse dictionary) on ", corpus_.train.size(), " training synsets of ",
+                    wordnet_dir_, " (", corpus_.heldout.size(), " held out)");
+  }
+
+  std::string batch() const override {
+    const int64_t h = o_.hard_negatives(), g = 1 + h, q = o_.query_chunk_size();
+    const int64_t p = o_.passage_chunk_size() > 0 ? o_.passage_chunk_size() : q * g;
+    return c10::str(o_.run().batch_size(), " queries x ", g, " passages (", h, " hard negative", h == 1 ? "" : "s",
+                    ")", q > 0 ? c10::str(", gradient cache chunks of ", q, " queries / ", p, " passages") : "");
+  }
+
+  train::RunResult train(const CommunicatorPtr& comm) override {
+    result_ = ct::train_retrieval(comm, corpus_, o_);
+    return result_;
+  }
+
+  void summarize(Json& s) const override {
+    s["chunk_size"] = o_.query_chunk_size();
+    s["hard_negatives"] = o_.hard_negatives();
+    put_number(s, "logit_scale", result_.logit_scale);
+  }
+
+  double evaluate(const TrainToolFlags& f, Json& s, std::ostream& out) override {
     const auto e0 = std::chrono::steady_clock::now();
-    set = ct::make_eval_set(corpus, run.eval_limit);
-    trained = ct::evaluate_towers(r.query_tower, r.passage_tower, corpus, set);
+    // One protocol, one evaluation set, for every system.
+    const auto set = ct::make_eval_set(corpus_, f.eval_limit);
+    const auto trained = ct::evaluate_towers(result_.query_tower, result_.passage_tower, corpus_, set);
     ct::BagTower q0{nullptr}, p0{nullptr};
     ct::LogitScale s0{nullptr};
-    ct::build_towers(opts, q0, p0, s0);  // the towers this run started from
-    random_init = ct::evaluate_towers(q0, p0, corpus, set);
-    bm25_word = ct::evaluate_bm25(corpus, set, "word");
-    bm25_char = ct::evaluate_bm25(corpus, set, "chargram");
-    eval_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
-  }
-  // The lexical baseline is the stronger BM25 variant on recall@10.
-  const bool char_wins = bm25_char.recall_at_10 > bm25_word.recall_at_10;
-  const ct::RetrievalMetrics& lexical = char_wins ? bm25_char : bm25_word;
-  lexical_name = char_wins ? "bm25_chargram" : "bm25_word";
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-
-  Json s;
-  s["recipe"] = "retrieval";
-  s["world_size"] = world;
-  s["steps"] = r.steps;
-  s["start_step"] = r.start_step;
-  s["steps_run"] = steps_run;
-  s["total_steps"] = r.total_steps;
-  s["epochs"] = r.epochs_done;
-  s["batch_size"] = opts.run().batch_size();
-  s["chunk_size"] = opts.query_chunk_size();
-  s["hard_negatives"] = opts.hard_negatives();
-  s["skipped_steps"] = r.skipped_steps;
-  put_number(s, "final_loss", r.losses.empty() ? std::nan("") : r.losses.back());
-  put_number(s, "logit_scale", r.logit_scale);
-  if (!run.no_eval) {
-    put_number(s, "recall_at_1", trained.recall_at_1);
-    put_number(s, "recall_at_10", trained.recall_at_10);
-    put_number(s, "mrr", trained.mrr);
-    put_number(s, "lexical_recall_at_1", lexical.recall_at_1);
-    put_number(s, "lexical_recall_at_10", lexical.recall_at_10);
-    put_number(s, "lexical_mrr", lexical.mrr);
-    put_number(s, "random_init_recall_at_1", random_init.recall_at_1);
-    put_number(s, "random_init_recall_at_10", random_init.recall_at_10);
-    put_number(s, "random_init_mrr", random_init.mrr);
-    put_number(s, "eval_s", eval_s);
+    ct::build_towers(o_, q0, p0, s0);  // the towers this run started from
+    const auto random_init = ct::evaluate_towers(q0, p0, corpus_, set);
+    const auto word = ct::evaluate_bm25(corpus_, set, "word");
+    const auto chargram = ct::evaluate_bm25(corpus_, set, "chargram");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
+    // The lexical baseline is the stronger BM25 variant on recall@10.
+    const bool char_wins = chargram.recall_at_10 > word.recall_at_10;
+    const ct::RetrievalMetrics& lexical = char_wins ? chargram : word;
+    for (const auto& [prefix, m] : {std::pair<std::string, const ct::RetrievalMetrics&>{"", trained},
+                                    {"lexical_", lexical},
+                                    {"random_init_", random_init}}) {
+      put_number(s, prefix + "recall_at_1", m.recall_at_1);
+      put_number(s, prefix + "recall_at_10", m.recall_at_10);
+      put_number(s, prefix + "mrr", m.mrr);
+    }
+    put_number(s, "eval_s", seconds);
     s["evaluation"] = {{"queries", set.query_synsets.size()},
                        {"passages", set.passage_synsets.size()},
-                       {"lexical", lexical_name},
+                       {"lexical", char_wins ? "bm25_chargram" : "bm25_word"},
                        {"trained_towers", metrics_json(trained)},
                        {"random_init_towers", metrics_json(random_init)},
-                       {"bm25_word", metrics_json(bm25_word)},
-                       {"bm25_chargram", metrics_json(bm25_char)}};
+                       {"bm25_word", metrics_json(word)},
+                       {"bm25_chargram", metrics_json(chargram)}};
+    out << "\nheld-out retrieval: " << set.query_synsets.size() << " glosses ranked against "
+        << set.passage_synsets.size() << " distinct held-out lemma lists (ties broken at random, in expectation)\n";
+    out << std::left << std::setw(42) << "system" << std::setw(12) << "recall@1" << std::setw(12) << "recall@10"
+        << "MRR\n";
+    auto row = [&out](const std::string& name, const ct::RetrievalMetrics& m) {
+      out << std::left << std::setw(42) << name << std::fixed << std::setprecision(4) << std::setw(12)
+          << m.recall_at_1 << std::setw(12) << m.recall_at_10 << m.mrr << "\n";
+    };
+    row("trained towers", trained);
+    row("random-init towers", random_init);
+    row(std::string("BM25, words") + (char_wins ? "" : " (lexical baseline)"), word);
+    row(std::string("BM25, char 3-5-grams") + (char_wins ? " (lexical baseline)" : ""), chargram);
+    return seconds;
   }
-  put_number(s, "examples_per_s", r.examples_per_s);
-  put_number(s, "train_s", r.train_s);
-  put_number(s, "wall_s", wall);
-  s["bytes_sent_rank0"] = r.bytes_sent;
-  if (!run.no_verify) s["verify"] = verify_j;
-  s["run_dir"] = run.run_dir;
-  write_run_file(run.run_dir, "results.json", s.dump(2) + "\n");
 
-  std::ostringstream out;
-  if (run.json) {
-    out << s.dump() << "\n";
-  } else {
-    if (!run.no_eval) {
-      out << "\nheld-out retrieval: " << set.query_synsets.size() << " glosses ranked against "
-          << set.passage_synsets.size() << " distinct held-out lemma lists (ties broken at random, in expectation)\n";
-      out << std::left << std::setw(42) << "system" << std::setw(12) << "recall@1" << std::setw(12) << "recall@10"
-          << "MRR\n";
-      auto row = [&out](const std::string& name, const ct::RetrievalMetrics& m) {
-        out << std::left << std::setw(42) << name << std::fixed << std::setprecision(4) << std::setw(12)
-            << m.recall_at_1 << std::setw(12) << m.recall_at_10 << m.mrr << "\n";
-      };
-      row("trained towers", trained);
-      row("random-init towers", random_init);
-      row(std::string("BM25, words") + (char_wins ? "" : " (lexical baseline)"), bm25_word);
-      row(std::string("BM25, char 3-5-grams") + (char_wins ? " (lexical baseline)" : ""), bm25_char);
-    }
-    out << "trained " << steps_run << " step" << (steps_run == 1 ? "" : "s");
-    if (r.start_step > 0) out << " (steps " << r.start_step + 1 << "-" << r.steps << " of " << r.total_steps << ")";
-    out << " to epoch " << r.epochs_done << " in " << std::fixed << std::setprecision(1) << r.train_s << " s, "
-        << std::setprecision(0) << r.examples_per_s << " queries/s; learnt logit scale " << std::setprecision(1)
-        << r.logit_scale << "; ";
-    if (r.skipped_steps > 0) out << r.skipped_steps << " non-finite steps skipped; ";
-    if (!run.no_eval) out << "evaluated in " << eval_s << " s; ";
-    out << "wall " << wall << " s\n";
-    if (!run.no_verify) {
-      out << (verify_j["ok"].get<bool>() ? "distributed gradients equal single-device"
-                                         : "MISMATCH: distributed gradients differ from single-device")
-          << ": max rel err " << std::setprecision(3) << std::scientific
-          << (verify_j["max_rel_err"].is_null() ? std::nan("") : verify_j["max_rel_err"].get<double>()) << " over "
-          << verify_j["cases"].get<int64_t>() << " cases (W=" << world << ")\n";
-    }
+  std::string rate_note() const override {
+    std::ostringstream s;
+    s << "queries/s; learnt logit scale " << std::fixed << std::setprecision(1) << result_.logit_scale << "; ";
+    return s.str();
   }
-  io.result(out.str());
-  if (!run.no_plot && r.steps > 0) {
-    if (plot_run(run.run_dir, /*quiet=*/true) != 0) {
-      io.err("contrax train: curves.png not drawn (see above); the run itself is complete\n");
-    }
-  }
-  return verify_j.is_null() || verify_j["ok"].get<bool>() ? 0 : 1;
-}
+
+ private:
+  ct::RetrievalOptions o_;
+  std::string wordnet_dir_ = ct::kDefaultWordNetDir;
+  std::string query_features_ = "words+chargrams";
+  int64_t buckets_ = ct::RetrievalOptions().query_tower().buckets();
+  int64_t embed_dim_ = ct::RetrievalOptions().query_tower().embed_dim();
+  ct::RetrievalCorpus corpus_;
+  ct::RetrievalTrainResult result_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainRecipe> make_retrieval_recipe() { return std::make_unique<RetrievalRecipe>(); }
 
 }  // namespace contrax::cli

@@ -1,5 +1,6 @@
 // The `contrax` tool end to end: --help and --version, flag errors (exit 2,
-// naming the flag), --config / --dump-config, the run directory's rules (an
+// naming the flag), --config / --dump-config, the recipes of `contrax train`
+// (a word after train, or --recipe), the run directory's rules (an
 // existing run is refused and left byte-identical, --resume auto, the lock),
 // strict JSON in metrics.jsonl and the summary (also after a divergence), and
 // verify over real processes.
@@ -138,6 +139,7 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
     std::string args, message;
   };
   const std::string max_procs = std::to_string(8 * std::max(1u, std::thread::hardware_concurrency()));
+  const std::string max_threads = std::to_string(64 * std::max(1u, std::thread::hardware_concurrency()));
   const std::vector<Case> cases = {
       {"train --recipe byol", "flag '--recipe' must be simclr, moco-v3 or retrieval, but got 'byol'"},
       {"train --batch-size 0", "flag '--batch-size' must be >= 1, but got 0"},
@@ -151,6 +153,17 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
       {"train --nproc 9223372036854775807", "flag '--nproc' must be <= " + max_procs},
       {"train --nproc 1000", "flag '--nproc' must be <= " + max_procs + " (8 per core; --force allows more)"},
       {"train --threads 100000", "flag '--threads' must be <= " + max_procs},
+      // Issue 29, item 4: --force lifts the soft cap, not the hard one (this hung
+      // silently before, ignoring SIGTERM: killed after 25 s, status 137).
+      {"train --force --threads 100000", "flag '--threads' must be <= " + max_threads +
+                                             " (64 per core, even with --force: OpenMP starts every thread at once), "
+                                             "but got 100000"},
+      // Issue 29, item 5: a temperature whose logits overflow the computation
+      // dtype is refused naming the bound (1e-30 was accepted and the run
+      // stopped at step 1 with a hint to lower --lr).
+      {kTiny + " --temperature 1e-30", "flag '--temperature' must be >= 1e-08 with --dtype float"},
+      {kTiny + " --dtype double --temperature 1e-80", "flag '--temperature' must be >= 1e-76 with --dtype double"},
+      {"train retrieval --nproc 1 --temperature 1e-9", "flag '--temperature' must be >= 1e-08 with --dtype float"},
       {"train --timeout 9223372036854775807", "flag '--timeout' must be <= 86400"},
       {"train --timeout 0", "flag '--timeout' must be >= 1, but got 0"},
       {"train --dtype half", "flag '--dtype' must be float or double, but got 'half'"},
@@ -332,6 +345,51 @@ TEST(Cli, RecipeVariantPeerRestoresThePeersRecipeAndFlagsStillWin) {
   EXPECT_EQ(def.out.find(peer_lines[0]), std::string::npos) << def.out;
 }
 
+TEST(Cli, RecipesAreWordsAfterTrainAndRecipeIsTheirAlias) {
+  // `contrax train RECIPE` and `contrax train --recipe RECIPE` are one command
+  // with one set of settings; plain `contrax train` is simclr.
+  for (const std::string recipe : {"simclr", "moco-v3", "retrieval"}) {
+    auto word = run_cli_stdout("train " + recipe + " --lr 0.5 --dump-config");
+    auto flag = run_cli_stdout("train --lr 0.5 --recipe " + recipe + " --dump-config");
+    ASSERT_EQ(word.status, 0) << recipe << "\n" << word.out;
+    EXPECT_EQ(word.out, flag.out) << recipe;
+    EXPECT_NE(word.out.find("\nrecipe=\"" + recipe + "\"\n"), std::string::npos) << word.out;
+  }
+  EXPECT_EQ(run_cli_stdout("train --dump-config").out, run_cli_stdout("train simclr --dump-config").out);
+  // Each recipe's help shows its own flags and defaults.
+  const contrax::train::RetrievalOptions r;
+  auto retrieval = run_cli("train retrieval --help");
+  ASSERT_EQ(retrieval.status, 0) << retrieval.out;
+  // CLI11 prints a flag's default after '=' ("--epochs INT:INT>=1=3").
+  const auto line = [](const std::string& help, const std::string& flag) {
+    const auto at = help.find("  " + flag + " ");
+    return at == std::string::npos ? std::string() : help.substr(at, help.find('\n', at) - at) + " ";
+  };
+  const auto shows = [](const std::string& line, int64_t value) {
+    return line.find("=" + std::to_string(value) + " ") != std::string::npos;
+  };
+  EXPECT_TRUE(shows(line(retrieval.out, "--epochs"), r.run().epochs())) << retrieval.out;
+  EXPECT_TRUE(shows(line(retrieval.out, "--batch-size"), r.run().batch_size())) << retrieval.out;
+  EXPECT_NE(line(retrieval.out, "--hard-negatives"), "") << retrieval.out;
+  EXPECT_EQ(line(retrieval.out, "--encoder-channels"), "") << "an image recipe's flag\n" << retrieval.out;
+  auto moco = run_cli("train moco-v3 --help");
+  const contrax::train::TrainOptions t;
+  EXPECT_TRUE(shows(line(moco.out, "--epochs"), t.run().epochs())) << moco.out;
+  EXPECT_TRUE(shows(line(moco.out, "--batch-size"), t.run().batch_size())) << moco.out;
+  EXPECT_NE(line(moco.out, "--moco-momentum"), "") << moco.out;
+  EXPECT_EQ(line(moco.out, "--hard-negatives"), "") << "the retrieval recipe's flag\n" << moco.out;
+  EXPECT_NE(moco.out.find("contrax train RECIPE --help"), std::string::npos) << moco.out;
+  // A recipe's flag is refused by another recipe; the word and --recipe must agree.
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"train retrieval --encoder-channels 8,16", "--encoder-channels"},
+           {"train moco-v3 --hard-negatives 2", "--hard-negatives"},
+           {"train retrieval --recipe simclr", "flag '--recipe' says simclr but the recipe is retrieval"}}) {
+    auto bad = run_cli(args + " --dump-config");
+    EXPECT_EQ(bad.status, 2) << args << "\n" << bad.out;
+    EXPECT_NE(bad.out.find(message), std::string::npos) << args << "\n" << bad.out;
+  }
+}
+
 TEST(Cli, SecondTrainIntoARunDirIsRefusedAndTheRunStaysByteIdentical) {
   const std::string d = temp_dir("refuse") + "/run";
   auto first = run_cli(kTiny + " --run-dir " + d);
@@ -435,10 +493,15 @@ TEST(Cli, DivergenceStopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
   ASSERT_EQ(half.status, 0) << half.out;
   const auto good = snapshot(d)["checkpoint.pt"];
   ASSERT_FALSE(good.empty());
-  auto bad = run_cli(kTiny + " --max-steps 6 --lr 1e30 --resume --run-dir " + d);
+  auto bad = run_cli(kTiny + " --max-steps 6 --lr 1e30 --temperature 0.001 --resume --run-dir " + d);
   EXPECT_EQ(bad.status, 1) << bad.out;
   EXPECT_NE(bad.out.find("training diverged at step "), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("is not finite"), std::string::npos) << bad.out;
+  // Issue 29, item 5: the message names the likely cause among the flags set.
+  EXPECT_NE(bad.out.find("; likely cause among the flags set: --temperature 0.001 (logits up to 1/T = 1000; the "
+                         "recipe's is 0.1), --lr 1e+30 (the recipe's is 0.002)"),
+            std::string::npos)
+      << bad.out;
   EXPECT_EQ(snapshot(d)["checkpoint.pt"], good) << "the last good checkpoint was overwritten";
   EXPECT_NE(read_file(d + "/train.log").find("training diverged at step"), std::string::npos);
   // Every metrics line still parses; the bad step's loss is null and flagged.

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -109,10 +108,6 @@ void check_run_options(const RunOptions& o, const std::string& prefix) {
   TORCH_CHECK(!o.resume() || !o.run_dir().empty(), prefix, "resuming needs a run directory");
 }
 
-std::string checkpoint_path(const std::string& run_dir) { return run_dir + "/checkpoint.pt"; }
-
-std::string metrics_path(const std::string& run_dir) { return run_dir + "/metrics.jsonl"; }
-
 int64_t total_steps(const RunOptions& o, int64_t dataset_size) {
   if (o.max_steps() > 0) {
     TORCH_CHECK(o.max_steps() <= kMaxTotalSteps, "max_steps must be <= 2^40, but got ", o.max_steps());
@@ -141,12 +136,12 @@ TrainLoop::TrainLoop(CommunicatorPtr comm, const RunOptions& options, LoopModel 
                     .base_lr(options_.lr())
                     .warmup_steps(std::min(options_.warmup_steps(), total_))
                     .total_steps(total_)),
-      checkpoint_file_(options_.run_dir().empty() ? "" : checkpoint_path(options_.run_dir())) {
+      run_dir_(options_.run_dir()) {
   for (const auto& [name, module] : model_.modules) checkpoint_.module(name, *module);
   checkpoint_.optimizer("adamw", optimizer_).generator("cpu", at::detail::getDefaultCPUGenerator());
   if (options_.resume()) {
-    check_resumable(checkpoint_file_);
-    checkpoint_.load(checkpoint_file_);
+    check_resumable(run_dir_.checkpoint());
+    checkpoint_.load(run_dir_.checkpoint());
     start_ = checkpoint_.ints["step"];
   }
 }
@@ -181,14 +176,15 @@ void TrainLoop::check_resumable(const std::string& file) const {
   TORCH_CHECK(saved.strings.count("dtype") == 0 || saved.strings["dtype"] == want_dtype, "checkpoint ", file,
               " was written with --dtype ", saved.strings["dtype"], "; this run has --dtype ", want_dtype,
               " (resume with the same flags)");
-  const int64_t world = comm_->world_size();
-  TORCH_CHECK(saved.ints.count("world_size") == 0 || saved.ints["world_size"] == world, "checkpoint ", file,
-              " was written by a run of ", saved.ints["world_size"], " processes; this run has ", world,
-              " (resume with the same number of processes)");
+  // The world size is not checked: the model and AdamW's state are the same
+  // on every rank, the data order and the augmentations are functions of the
+  // global batch, seed, epoch and step (sampler.h, augment.h), and the loss
+  // and gradients are those of the global batch at any world size, so a run
+  // resumes at any number of processes on the same curve (to rounding).
 }
 
 void TrainLoop::save(int64_t step) {
-  if (checkpoint_file_.empty() || comm_->rank() != 0) return;
+  if (run_dir_.empty() || comm_->rank() != 0) return;
   const auto pos = sampler_.position(step);
   auto& c = checkpoint_;
   c.ints = {{"step", step},
@@ -206,7 +202,7 @@ void TrainLoop::save(int64_t step) {
   std::ostringstream meta;
   meta << "{\"recipe\":\"" << model_.recipe << "\",\"step\":" << step << ",\"total_steps\":" << total_ << "}";
   c.metadata = meta.str();
-  c.save(checkpoint_file_);
+  c.save(run_dir_.checkpoint());
 }
 
 // Agrees on stopping at the step boundary: any rank's request stops all.
@@ -270,18 +266,17 @@ void TrainLoop::diverged(const Row& r) const {
               std::isfinite(r.loss) ? "gradient" : "loss", " is not finite (loss ", r.loss, ", lr ", r.lr, "); ",
               skip > 0 ? "more than the allowed " + std::to_string(skip) + " non-finite steps (--skip-nonfinite); "
                        : std::string(),
-              checkpoint_file_.empty() ? std::string("nothing was saved")
-                                       : "the last good checkpoint " + checkpoint_file_ + " is kept (if one was written)",
+              run_dir_.empty() ? std::string("nothing was saved")
+                               : "the last good checkpoint " + run_dir_.checkpoint() + " is kept (if one was written)",
               "; lower --lr or allow skipping with --skip-nonfinite N");
 }
 
 RunResult TrainLoop::run(const Step& step) {
   const int64_t rank = comm_->rank(), world = comm_->world_size();
-  if (rank == 0 && !options_.run_dir().empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options_.run_dir(), ec);
-    TORCH_CHECK(!ec, "cannot create run directory '", options_.run_dir(), "/': ", ec.message());
-    metrics_ = std::make_unique<MetricsWriter>(metrics_path(options_.run_dir()), options_.resume() ? start_ : -1);
+  if (rank == 0 && !run_dir_.empty()) {
+    // Named as a directory ('runs/a/'), as this error always has been.
+    RunDir(run_dir_.path() + "/").create();
+    metrics_ = std::make_unique<MetricsWriter>(run_dir_.metrics(), options_.resume() ? start_ : -1);
   }
   const Fault fault = fault_from_env();
   RunResult result;
@@ -352,7 +347,7 @@ void TrainLoop::finish(RunResult& result, int64_t step, int64_t examples, double
   }
   comm_->barrier();  // the checkpoint is on disk before any rank moves on
   TORCH_CHECK(write_error_.empty(), write_error_, "; the run stopped at step ", step, "/", total_,
-              checkpoint_file_.empty() ? std::string() : " with checkpoint " + checkpoint_file_,
+              run_dir_.empty() ? std::string() : " with checkpoint " + run_dir_.checkpoint(),
               " (free space, then --resume)");
 }
 

@@ -14,7 +14,7 @@
 //   * stopping together: at every step boundary the ranks agree (one
 //     all-reduce) whether any of them was asked to stop (`stop_requested`,
 //     `stop_at_step`, a failed write), and all stop after a checkpoint;
-//   * RUN_DIR/checkpoint.pt every `checkpoint_every` steps, at the end and when
+//   * RUN_DIR/checkpoint.pt (run_dir.h) every `checkpoint_every` steps, at the end and when
 //     stopped; `resume` checks that the checkpoint belongs to this run, loads
 //     it on every rank and continues at its step on the same loss curve;
 //   * rank 0's record, RUN_DIR/metrics.jsonl (metrics.h) and the progress
@@ -47,6 +47,7 @@
 #include "contrax/communicator.h"
 #include "contrax/train/common/checkpoint.h"
 #include "contrax/train/common/metrics.h"
+#include "contrax/train/common/run_dir.h"
 #include "contrax/train/common/sampler.h"
 #include "contrax/train/common/schedule.h"
 
@@ -205,12 +206,6 @@ void check_run_options(const RunOptions& options, const std::string& prefix = ""
 /// overflows or exceeds 2^40 steps.
 int64_t total_steps(const RunOptions& options, int64_t dataset_size);
 
-/// Path of the checkpoint in a run directory.
-std::string checkpoint_path(const std::string& run_dir);
-
-/// Path of the metrics file in a run directory.
-std::string metrics_path(const std::string& run_dir);
-
 /// The loop, collectively on every rank of a communicator (null: world 1).
 ///
 ///   contrax::train::TrainLoop loop(comm, options, model);
@@ -250,8 +245,8 @@ class TrainLoop {
   ShardedSampler sampler_;
   torch::optim::AdamW optimizer_;
   WarmupCosineOptions schedule_;
+  RunDir run_dir_;  // empty: nothing written
   Checkpoint checkpoint_;
-  std::string checkpoint_file_;  // empty: no run directory
   std::unique_ptr<MetricsWriter> metrics_;
   std::string write_error_;  // the first failed write of the record, if any
 };

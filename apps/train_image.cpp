@@ -1,0 +1,189 @@
+// `contrax train simclr|moco-v3`: the image recipes on Fashion-MNIST
+// (contrax/train/image/trainer.h), then the evaluation table: a linear probe
+// and kNN on the frozen features of the trained encoder, a random-init
+// encoder and the raw pixels, one protocol for all three.
+#include <algorithm>
+#include <iomanip>
+#include <limits>
+#include <ostream>
+#include <sstream>
+
+#include "cli.h"
+#include "contrax/train/image/eval.h"
+#include "contrax/train/image/idx.h"
+#include "contrax/train/image/trainer.h"
+#include "train_recipe.h"
+
+namespace contrax::cli {
+
+namespace {
+
+namespace ct = contrax::train;
+
+std::string join_ints(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) s += ',';
+    s += std::to_string(v[i]);
+  }
+  return s;
+}
+
+Json eval_json(const ct::EvalResult& e) {
+  Json j;
+  put_number(j, "linear_probe_acc", e.linear_probe_acc);
+  put_number(j, "knn_acc", e.knn_acc);
+  put_number(j, "linear_probe_l2", e.probe.l2);
+  j["probe_converged"] = e.probe.converged;
+  put_number(j, "seconds", e.seconds);
+  return j;
+}
+
+class ImageRecipe : public TrainRecipe {
+ public:
+  ImageRecipe(const std::string& name, const std::string& variant)
+      : o_(variant == "peer" ? ct::peer_recipe() : ct::TrainOptions()), variant_(variant) {
+    o_.recipe(name);
+    channels_ = join_ints(o_.model().encoder().channels());
+    strides_ = join_ints(o_.model().encoder().strides());
+  }
+
+  ct::RunOptions& run() override { return o_.run(); }
+  double temperature() const override { return o_.temperature(); }
+
+  void add_flags(CLI::App& app) override {
+    add_choice(app, "--recipe-variant", variant_,
+               "default, or peer: the smaller recipe of simclr_torch_ddp.py (flags given explicitly still apply)",
+               {"default", "peer"});
+    app.add_option("--data", data_dir_, "directory of the MNIST-format IDX files");
+    add_int(app, "--chunk-size", o_.chunk_size(), "> 0: gradient cache with chunks of this many rows", 0, kMaxBatch);
+    add_double(app, "--temperature", o_.temperature(), "temperature of NT-Xent / MoCo v3", 0,
+               std::numeric_limits<double>::max(), true);
+    add_double(app, "--moco-momentum", o_.moco_momentum(), "MoCo v3 base momentum (cosine to 1)", 0, 1);
+    app.add_option("--encoder-channels", channels_, "output channels of the encoder's conv stages (comma-separated)");
+    app.add_option("--encoder-strides", strides_, "stride of each conv stage (comma-separated, one per stage)");
+    add_int(app, "--encoder-pool-grid", o_.model().encoder().pool_grid(),
+            "1: global average pooling; g: average over a g x g grid of cells, flattened", 1, 16);
+    add_double(app, "--crop-scale-min", o_.augment().scale_min(),
+               "smallest crop area of the augmentation (fraction of the image)", 0, 1, true);
+    add_int(app, "--probe-limit", probe_limit_, "fit the linear probe on the first N of those train examples (-1: all)",
+            -1);
+  }
+
+  void check_flags() override {
+    usage_check(probe_limit_ != 0, "flag '--probe-limit' must be -1 (all) or >= 1, but got 0");
+    auto& enc = o_.model().encoder();
+    enc.channels(parse_int_list("--encoder-channels", channels_, 1, 1 << 16));
+    enc.strides(parse_int_list("--encoder-strides", strides_, 1, 64));
+    usage_check(enc.strides().size() == enc.channels().size(),
+                "flags '--encoder-channels' and '--encoder-strides' must have as many entries, but got ", channels_,
+                " and ", strides_);
+  }
+
+  void settings(Json& s) const override {
+    s["data"] = data_dir_;
+    s["chunk_size"] = o_.chunk_size();
+    s["temperature"] = o_.temperature();
+    s["recipe_variant"] = variant_;
+    s["encoder_channels"] = channels_;
+    s["encoder_strides"] = strides_;
+    s["crop_scale_min"] = o_.augment().scale_min();
+    s["encoder_pool_grid"] = o_.model().encoder().pool_grid();
+    s["moco_momentum"] = o_.moco_momentum();
+    s["probe_limit"] = probe_limit_;
+  }
+
+  int64_t load(const TrainToolFlags& f) override {
+    // Every file the run will read, before it trains: a missing or unreadable
+    // test split must not surface only after the training.
+    ct::check_dataset_files(data_dir_, f.no_eval ? std::vector<std::string>{"train"}
+                                                 : std::vector<std::string>{"train", "test"});
+    data_ = ct::load_dataset(data_dir_, "train", f.train_limit);
+    return data_.size();
+  }
+
+  std::string what() const override {
+    return c10::str(o_.recipe(), " on ", data_.size(), " examples of ", data_dir_);
+  }
+
+  std::string batch() const override {
+    return c10::str(o_.run().batch_size(),
+                    o_.chunk_size() > 0 ? ", gradient cache chunks of " + std::to_string(o_.chunk_size()) : "");
+  }
+
+  train::RunResult train(const CommunicatorPtr& comm) override {
+    result_ = ct::train_contrastive(comm, data_, o_);
+    return result_;
+  }
+
+  void summarize(Json& s) const override { s["chunk_size"] = o_.chunk_size(); }
+
+  double evaluate(const TrainToolFlags& f, Json& s, std::ostream& out) override {
+    const auto eopts = ct::EvalOptions().probe_train_limit(probe_limit_);
+    auto eval_train = ct::load_dataset(data_dir_, "train", f.eval_limit);
+    auto eval_test = ct::load_dataset(data_dir_, "test", f.eval_limit);
+    auto enc = result_.encoder;
+    enc->to(torch::kFloat);
+    // One protocol for all three representations, so that they compare.
+    const auto trained = ct::evaluate_encoder(enc, eval_train, eval_test, eopts);
+    const auto random_init = ct::evaluate_random_init(enc->options, o_.run().seed() + 1000003, eval_train,
+                                                      eval_test, eopts);
+    const auto raw = ct::evaluate_raw_pixels(eval_train, eval_test, eopts);
+    const int64_t n_probe = probe_limit_ > 0 ? std::min(probe_limit_, eval_train.size()) : eval_train.size();
+    const double seconds = trained.seconds + random_init.seconds + raw.seconds;
+    // The flat keys of earlier versions, and the table as one object per row.
+    put_number(s, "linear_probe_acc", trained.linear_probe_acc);
+    put_number(s, "knn_acc", trained.knn_acc);
+    put_number(s, "random_init_linear_probe_acc", random_init.linear_probe_acc);
+    put_number(s, "random_init_knn_acc", random_init.knn_acc);
+    put_number(s, "raw_pixel_linear_probe_acc", raw.linear_probe_acc);
+    put_number(s, "raw_pixel_knn_acc", raw.knn_acc);
+    put_number(s, "linear_probe_l2", trained.probe.l2);
+    put_number(s, "random_init_linear_probe_l2", random_init.probe.l2);
+    put_number(s, "raw_pixel_linear_probe_l2", raw.probe.l2);
+    put_number(s, "eval_s", seconds);
+    s["evaluation"] = {{"test_images", eval_test.size()},
+                       {"knn_bank_images", eval_train.size()},
+                       {"probe_train_images", n_probe},
+                       {"knn_k", eopts.knn().k()},
+                       {"trained_encoder", eval_json(trained)},
+                       {"random_init_encoder", eval_json(random_init)},
+                       {"raw_pixels", eval_json(raw)}};
+    out << "\nevaluation of frozen features on " << eval_test.size() << " test images (backbone output, not the "
+        << "projection head):\n"
+        << "  linear probe: logistic regression (L-BFGS to convergence) on standardised features of " << n_probe
+        << " train images, L2 chosen on " << eopts.probe().val_fraction() * 100 << "% of them\n"
+        << "  kNN: cosine similarity to " << eval_train.size() << " train images, " << eopts.knn().k()
+        << " neighbours voting with weight exp(sim / " << eopts.knn().temperature() << ")\n";
+    out << std::left << std::setw(22) << "representation" << std::setw(20) << "linear probe acc" << std::setw(16)
+        << "kNN acc (k=" + std::to_string(eopts.knn().k()) + ")" << "probe L2\n";
+    auto row = [&out](const std::string& name, const ct::EvalResult& e) {
+      out << std::left << std::setw(22) << name << std::setw(20) << std::fixed << std::setprecision(4)
+          << e.linear_probe_acc << std::setw(16) << e.knn_acc << std::scientific << std::setprecision(0)
+          << e.probe.l2 << (e.probe.converged ? "" : " (probe not converged)") << std::fixed << "\n";
+    };
+    row("trained encoder", trained);
+    row("random-init encoder", random_init);
+    row("raw pixels", raw);
+    return seconds;
+  }
+
+  std::string rate_note() const override { return "examples/s; "; }
+
+ private:
+  ct::TrainOptions o_;
+  std::string variant_;
+  std::string channels_, strides_;  // the flags' text (parsed by check_flags)
+  std::string data_dir_ = ct::kDefaultDataDir;
+  int64_t probe_limit_ = 10000;
+  ct::Dataset data_;
+  ct::TrainResult result_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainRecipe> make_image_recipe(const std::string& name, const std::string& variant) {
+  return std::make_unique<ImageRecipe>(name, variant);
+}
+
+}  // namespace contrax::cli

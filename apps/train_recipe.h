@@ -1,0 +1,80 @@
+// The recipes of `contrax train` as the tool sees them. cmd_train.cpp holds
+// what every recipe shares: the flags of the run (bound to the recipe's
+// RunOptions, so their defaults are the recipe's) and of the tool, the run
+// directory, the workers, the console and train.log, config.json,
+// results.json and the summary. A recipe adds its own flags with its
+// defaults, loads its data, trains and evaluates:
+//
+//   train_image.cpp      simclr, moco-v3: Fashion-MNIST, kNN and linear probe
+//   train_retrieval.cpp  retrieval: WordNet reverse dictionary, recall and MRR
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "contrax/communicator.h"
+#include "contrax/train/common/loop.h"
+#include "json_util.h"
+
+namespace contrax::cli {
+
+/// Limits of the integer flags: far beyond any real run, far below overflow
+/// of the products the loop forms (batch x steps examples, epochs x steps).
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+
+/// The tool's flags that every recipe shares (cmd_train.cpp adds them).
+struct TrainToolFlags {
+  int64_t train_limit = -1;  // first N training examples
+  int64_t eval_limit = -1;   // first N evaluation examples
+  bool no_eval = false;
+};
+
+/// A recipe of `contrax train`.
+class TrainRecipe {
+ public:
+  virtual ~TrainRecipe() = default;
+  /// The run options within the recipe's options: the shared flags bind to them.
+  virtual train::RunOptions& run() = 0;
+  /// The loss's temperature (the retrieval recipe's initial one).
+  virtual double temperature() const = 0;
+  /// Adds the recipe's own flags, their defaults its options' values.
+  virtual void add_flags(CLI::App& app) = 0;
+  /// After parsing: the checks that span the recipe's flags (UsageError).
+  virtual void check_flags() {}
+  /// The recipe's part of config.json's settings.
+  virtual void settings(Json& s) const = 0;
+  /// Loads the training data on every rank, before anything trains, and
+  /// checks every file the run will read; returns the number of examples.
+  virtual int64_t load(const TrainToolFlags& flags) = 0;
+  /// The run's first line: what it trains on ("simclr on 60000 examples of
+  /// DIR") and its global batch ("256, gradient cache chunks of 64").
+  virtual std::string what() const = 0;
+  virtual std::string batch() const = 0;
+  /// Trains collectively on every rank (run() complete).
+  virtual train::RunResult train(const CommunicatorPtr& comm) = 0;
+  /// The recipe's part of the summary, after the run's shared keys.
+  virtual void summarize(Json& s) const = 0;
+  /// Rank 0 after the last collective: evaluates into `s` and writes the
+  /// table; returns the seconds it took.
+  virtual double evaluate(const TrainToolFlags& flags, Json& s, std::ostream& table) = 0;
+  /// What the summary line says after the rate: "examples/s; ".
+  virtual std::string rate_note() const = 0;
+};
+
+/// The recipes in the order `--recipe` lists them.
+const std::vector<std::string>& train_recipe_names();
+
+/// SimCLR or MoCo v3 (`name`), with the defaults of `variant` ("default" or
+/// "peer": contrax::train::peer_recipe()).
+std::unique_ptr<TrainRecipe> make_image_recipe(const std::string& name, const std::string& variant);
+
+/// The two-tower WordNet retrieval recipe.
+std::unique_ptr<TrainRecipe> make_retrieval_recipe();
+
+}  // namespace contrax::cli

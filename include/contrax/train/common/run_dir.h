@@ -1,0 +1,118 @@
+// The run directory: every file a run of `contrax train` leaves, and the
+// rules that keep one run from destroying another.
+//
+//   checkpoint.pt   the last checkpoint (every checkpoint_every steps, at the end, when stopped)
+//   metrics.jsonl   one JSON object per step (metrics.h)
+//   config.json     every setting, the versions and the world size (the tool)
+//   train.log       what rank 0 printed (the tool)
+//   results.json    the summary: evaluation table, exactness check, timings (the tool)
+//   curves.png      loss, lr and throughput against steps (tools/plot_run.py)
+//   .lock           flock'ed while a run uses the directory
+//
+// Every file is written atomically (checkpoint.h): a crash leaves the old
+// file or the new one. An existing run is never overwritten by accident:
+// starting one in a directory that holds a run is refused unless the caller
+// resumes it or overwrites it; `ResumeMode::kAuto` continues from the
+// checkpoint when there is one and starts fresh when there is none, so a
+// preempted job can be requeued with the same command.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace contrax {
+namespace train {
+
+/// How a run starts in its directory: fresh, from the checkpoint, or from the
+/// checkpoint when there is one (`--resume never|always|auto`).
+enum class ResumeMode { kNever, kAlways, kAuto };
+
+/// "never", "always" or "auto" (anything else reads as "never").
+ResumeMode resume_mode(const std::string& name);
+
+/// A start the directory refuses because of what was asked (an existing run
+/// neither resumed nor overwritten, a resume without a checkpoint, a directory
+/// in use by another run): the tool reports it as a usage error.
+struct RunDirRefused : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A run directory (an empty path: none, nothing is written).
+///
+///   contrax::train::RunDir dir("runs/a");
+///   auto claim = dir.claim(contrax::train::ResumeMode::kAuto, /*overwrite=*/false);
+///   ... train with resume = claim.resume; the lock is held while `claim` lives ...
+///   dir.write("results.json", json);
+class RunDir {
+ public:
+  explicit RunDir(std::string path = "");
+
+  const std::string& path() const { return path_; }
+  bool empty() const { return path_.empty(); }
+  /// PATH/NAME.
+  std::string file(const std::string& name) const;
+  std::string checkpoint() const { return file(kCheckpoint); }
+  std::string metrics() const { return file(kMetrics); }
+
+  static constexpr const char* kCheckpoint = "checkpoint.pt";
+  static constexpr const char* kMetrics = "metrics.jsonl";
+  static constexpr const char* kConfig = "config.json";
+  static constexpr const char* kLog = "train.log";
+  static constexpr const char* kResults = "results.json";
+  static constexpr const char* kCurves = "curves.png";
+  /// The files a run writes (what overwriting removes; nothing else is touched).
+  static const std::vector<std::string>& run_files();
+
+  bool has_checkpoint() const;
+  /// Creates the directory (and its parents); throws naming it and the cause.
+  void create() const;
+  /// Writes PATH/NAME atomically; throws naming the file and the cause.
+  void write(const std::string& name, const std::string& bytes) const;
+
+  /// An exclusive flock on PATH/.lock for the life of the object. A second run
+  /// on the same directory is refused (RunDirRefused) naming the directory and
+  /// the pid of the run that holds it. The descriptor is close-on-exec, and
+  /// the kernel drops the lock when the holder dies, however it dies.
+  class Lock {
+   public:
+    explicit Lock(const RunDir& dir);
+    ~Lock();
+    Lock(const Lock&) = delete;
+    Lock& operator=(const Lock&) = delete;
+
+   private:
+    int fd_ = -1;
+  };
+
+  /// What `claim` decided, and the lock, held while this lives.
+  struct Claim {
+    bool resume = false;
+    std::unique_ptr<Lock> lock;
+  };
+
+  /// For the process that starts a run (and its workers): refuses a resume
+  /// without a checkpoint before anything is created, creates the directory,
+  /// takes its lock, removes stale temporaries of killed writers, decides
+  /// fresh or resume and, for a fresh start (`overwrite`, or kAuto without a
+  /// checkpoint), removes the previous run's files. Refuses (RunDirRefused) an
+  /// existing run without resume or overwrite, and overwrite with resume.
+  Claim claim(ResumeMode mode, bool overwrite) const;
+
+  /// Whether to resume, decided without touching the directory (for ranks
+  /// other than the one that claimed it).
+  bool resumes(ResumeMode mode) const;
+
+ private:
+  std::string path_;
+};
+
+/// Path of the checkpoint in a run directory: `RunDir(run_dir).checkpoint()`.
+std::string checkpoint_path(const std::string& run_dir);
+
+/// Path of the metrics file in a run directory: `RunDir(run_dir).metrics()`.
+std::string metrics_path(const std::string& run_dir);
+
+}  // namespace train
+}  // namespace contrax
