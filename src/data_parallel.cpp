@@ -2,7 +2,8 @@
 // drives it (torch/nn/parallel/distributed.py):
 //   * construction: verify parameters across ranks, broadcast module state from
 //     rank 0, then the Reducer with DDP's bucket assignment
-//     (detail::make_reducer, which adapts to each release's constructor);
+//     (detail::GradientReducer in src/comm/, which adapts to each release's
+//     constructor and owns the communication hook);
 //   * forward, when grad mode is on and gradients are to be synchronised:
 //     rebuild_buckets() (a no-op after the first time), then
 //     prepare_for_backward(outputs) — this is what arms the reducer's autograd
@@ -15,15 +16,10 @@
 // precision, static graph) is not needed here.
 #include "contrax/data_parallel.h"
 
-#include <torch/csrc/distributed/c10d/comm.hpp>
-#include <torch/csrc/distributed/c10d/reducer.hpp>
-
-#include <atomic>
-#include <functional>
 #include <sstream>
 #include <unordered_map>
 
-#include "contrax/detail/c10d.h"
+#include "comm/reducer.h"
 
 namespace contrax {
 
@@ -47,45 +43,6 @@ void collect_tensors(const c10::IValue& v, std::vector<torch::Tensor>& out) {
 }  // namespace detail
 
 namespace {
-
-// The reducer's communication: all-reduce the bucket in place, divide by W
-// (with a hook registered the Reducer leaves the averaging to the hook, as
-// c10d's built-in ALLREDUCE hook does), and count the traffic. A ring
-// all-reduce of n bytes sends 2 (W-1)/W n per rank, the communicator's
-// convention for "all_reduce".
-class CountingAllReduceHook : public c10d::CommHookInterface {
- public:
-  CountingAllReduceHook(c10::intrusive_ptr<c10d::ProcessGroup> group, Communicator* comm,
-                        std::shared_ptr<std::atomic<int64_t>> calls)
-      : group_(std::move(group)), comm_(comm), calls_(std::move(calls)) {}
-
-  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
-    std::vector<at::Tensor> tensors{bucket.getBufferRef()};
-    const int64_t world = group_->getSize();
-    const int64_t bytes = tensors[0].numel() * static_cast<int64_t>(tensors[0].element_size());
-    comm_->record("reducer_all_reduce", 2 * (world - 1) * bytes / world, 1);
-    calls_->fetch_add(1);
-    auto work = group_->allreduce(tensors);
-    auto fut = work->getFuture();
-    return fut->then(
-        [world](c10::ivalue::Future& done) {
-          at::Tensor t = done.value().toTensorVector()[0];
-          t.div_(world);
-          return c10::IValue(t);
-        },
-        c10::TensorType::get());
-  }
-
-  at::Tensor parseHookResult(const c10::IValue& result) override {
-    if (result.isTensor()) return result.toTensor();
-    return result.toTensorVector().at(0);
-  }
-
- private:
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
-  Communicator* comm_;  // owned by the DataParallel, which owns the reducer
-  std::shared_ptr<std::atomic<int64_t>> calls_;
-};
 
 std::string shape_str(const std::vector<int64_t>& v) {
   std::ostringstream os;
@@ -129,7 +86,7 @@ std::vector<TensorMeta> decode(const std::vector<int64_t>& v, size_t count) {
   return out;
 }
 
-const char* kind_name(int64_t kind) { return kind == 0 ? "parameter" : "buffer"; }
+const char* tensor_kind(int64_t kind) { return kind == 0 ? "parameter" : "buffer"; }
 
 // Every rank learns every rank's metadata and looks for the first difference
 // from rank 0 (lowest rank, then lowest index), so all ranks throw the same
@@ -140,7 +97,7 @@ void verify_across_ranks(const std::vector<TensorMeta>& local, int64_t n_params,
   for (int64_t r = 1; r < comm.world_size(); ++r) {
     for (int k = 0; k < 2; ++k) {
       TORCH_CHECK(counts[r][k] == counts[0][k], "DataParallel(): the module has ", counts[r][k], " ",
-                  kind_name(k), "s on rank ", r, " but ", counts[0][k], " on rank 0; every rank must wrap the "
+                  tensor_kind(k), "s on rank ", r, " but ", counts[0][k], " on rank 0; every rank must wrap the "
                   "same architecture");
     }
   }
@@ -160,12 +117,12 @@ void verify_across_ranks(const std::vector<TensorMeta>& local, int64_t n_params,
       // part of "same architecture").
       const auto& name = local[i].name;
       TORCH_CHECK(theirs[i].kind == reference[i].kind, "DataParallel(): tensor ", i, " ('", name, "') is a ",
-                  kind_name(theirs[i].kind), " on rank ", r, " but a ", kind_name(reference[i].kind),
+                  tensor_kind(theirs[i].kind), " on rank ", r, " but a ", tensor_kind(reference[i].kind),
                   " on rank 0");
-      TORCH_CHECK(theirs[i].sizes == reference[i].sizes, "DataParallel(): ", kind_name(reference[i].kind), " '",
+      TORCH_CHECK(theirs[i].sizes == reference[i].sizes, "DataParallel(): ", tensor_kind(reference[i].kind), " '",
                   name, "' has shape ", shape_str(theirs[i].sizes), " on rank ", r, " but ",
                   shape_str(reference[i].sizes), " on rank 0");
-      TORCH_CHECK(theirs[i].dtype == reference[i].dtype, "DataParallel(): ", kind_name(reference[i].kind), " '",
+      TORCH_CHECK(theirs[i].dtype == reference[i].dtype, "DataParallel(): ", tensor_kind(reference[i].kind), " '",
                   name, "' has dtype ", static_cast<c10::ScalarType>(theirs[i].dtype), " on rank ", r, " but ",
                   static_cast<c10::ScalarType>(reference[i].dtype), " on rank 0");
     }
@@ -205,12 +162,10 @@ void broadcast_from_rank0(const std::vector<torch::Tensor>& tensors, Communicato
 }  // namespace
 
 struct DataParallel::Impl {
-  c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::unique_ptr<c10d::Reducer> reducer;
+  std::unique_ptr<detail::GradientReducer> reducer;
   std::vector<torch::Tensor> buffers;
   int no_sync_depth = 0;
   int64_t syncs = 0;
-  std::shared_ptr<std::atomic<int64_t>> hook_calls = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, CommunicatorPtr comm,
@@ -257,12 +212,12 @@ DataParallel::DataParallel(std::shared_ptr<torch::nn::Module> module, Communicat
     TORCH_CHECK(p.layout() == c10::kStrided, "DataParallel(): sparse parameters are not supported");
   }
 
-  impl_->group = detail::process_group(*comm_);
-  impl_->reducer = detail::make_reducer(*comm_, params, options_.first_bucket_bytes(), options_.bucket_bytes(),
-                                        options_.find_unused_parameters(), options_.gradient_as_bucket_view(),
-                                        std::move(names));
-  impl_->reducer->register_comm_hook(
-      std::make_unique<CountingAllReduceHook>(impl_->group, comm_.get(), impl_->hook_calls));
+  detail::ReducerOptions ro;
+  ro.first_bucket_bytes = options_.first_bucket_bytes();
+  ro.bucket_bytes = options_.bucket_bytes();
+  ro.find_unused_parameters = options_.find_unused_parameters();
+  ro.gradient_as_bucket_view = options_.gradient_as_bucket_view();
+  impl_->reducer = std::make_unique<detail::GradientReducer>(*comm_, params, std::move(names), ro);
 }
 
 DataParallel::~DataParallel() = default;
@@ -277,7 +232,7 @@ bool DataParallel::has_reducer() const { return impl_->reducer != nullptr; }
 
 int64_t DataParallel::num_buckets() const {
   if (!impl_->reducer) return 0;
-  return static_cast<int64_t>(impl_->reducer->get_grad_buckets(/*return_zero_tensors=*/true).size());
+  return impl_->reducer->num_buckets();
 }
 
 int64_t DataParallel::sync_count() const { return impl_->syncs; }

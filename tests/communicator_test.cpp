@@ -376,19 +376,6 @@ TEST(Communicator, HungPeerIsReportedWithinTimeoutPlusSecondsNamingCollectiveAnd
   EXPECT_LT(failed_after, 1.5 + 4.0);
 }
 
-TEST(Communicator, SlurmNodelistExpansion) {
-  EXPECT_EQ(expand_slurm_nodelist("node[01-04,07]"),
-            (std::vector<std::string>{"node01", "node02", "node03", "node04", "node07"}));
-  EXPECT_EQ(expand_slurm_nodelist("gpu5,cpu[8-10],login"),
-            (std::vector<std::string>{"gpu5", "cpu8", "cpu9", "cpu10", "login"}));
-  EXPECT_EQ(expand_slurm_nodelist("r[1-2]-n[09-10]"),
-            (std::vector<std::string>{"r1-n09", "r1-n10", "r2-n09", "r2-n10"}));
-  EXPECT_EQ(expand_slurm_nodelist("single"), (std::vector<std::string>{"single"}));
-  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[01-"), "expand_slurm_nodelist(): unbalanced brackets in 'node[01-'");
-  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[5-2]"), "range '5-2' in 'node[5-2]' is descending");
-  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[a-b]"), "range 'a-b' in 'node[a-b]' is not N or N-M");
-}
-
 TEST(Communicator, FromEnvUnderSlurm) {
   ::unsetenv("WORLD_SIZE");
   ::unsetenv("RANK");

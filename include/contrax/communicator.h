@@ -2,8 +2,8 @@
 //
 // Everything distributed in Contrax (gathers, ring exchanges, the data-parallel
 // reducer) talks to a `Communicator`, never to a c10d `ProcessGroup` directly, so
-// that a new LibTorch release with a moved c10d API means adapting one file
-// (src/communicator.cpp). A communicator of world size 1 holds no process group
+// that a new LibTorch release with a moved c10d API means adapting one folder
+// (src/comm/). A communicator of world size 1 holds no process group
 // and does no rendezvous: every collective is a local no-op, which is how the
 // losses become plain single-device losses.
 //
@@ -20,6 +20,10 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+// expand_slurm_nodelist moved to contrax/slurm.h; included here for one
+// release, for code that found it in this header.
+#include "contrax/slurm.h"
 
 namespace contrax {
 
@@ -201,8 +205,8 @@ class Communicator {
   /// directly (the data-parallel reducer) so their traffic is counted too.
   void record(const std::string& name, int64_t bytes_sent, int64_t calls = 1);
 
-  /// The implementation (c10d types). Only src/ and bindings include the header
-  /// that defines it: contrax/detail/c10d.h.
+  /// The implementation (c10d types), defined in src/comm/ (the only code that
+  /// sees c10d); code that holds a c10d process group uses contrax/detail/c10d.h.
   detail::CommunicatorImpl& impl() const { return *impl_; }
 
  private:
@@ -214,9 +218,5 @@ class Communicator {
 };
 
 using CommunicatorPtr = std::shared_ptr<Communicator>;
-
-/// Expands a SLURM host list: "node[01-03,07],gpu5" gives node01, node02,
-/// node03, node07, gpu5 (zero padding kept, several bracket groups allowed).
-std::vector<std::string> expand_slurm_nodelist(const std::string& list);
 
 }  // namespace contrax

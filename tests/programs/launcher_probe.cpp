@@ -69,7 +69,7 @@ void wait_for_others(const std::string& dir, long rank, long world) {
   for (;;) sleep(60);
 }
 
-// The record contrax::record_worker_failure() writes (see src/launcher.cpp):
+// The record contrax::record_worker_failure() writes (see src/launch/diagnosis.cpp):
 // "<CLOCK_MONOTONIC ns> origin|peer" then the message, in CONTRAX_ERROR_FILE.
 void record_failure(const char* kind, const char* what) {
   const char* path = std::getenv("CONTRAX_ERROR_FILE");

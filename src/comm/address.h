@@ -1,0 +1,31 @@
+// Addresses and sockets of the rendezvous: MASTER_ADDR resolved once (with an
+// error that says so, not a rendezvous that waits out its timeout on a name
+// that never resolves), the local address that routes to it (where Gloo binds)
+// and rank 0's listening socket for the store. Internal to src/comm/, not
+// installed.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+
+namespace contrax::detail {
+
+/// MASTER_ADDR `addr` resolved for `rank` (IPv4 first when the name has both).
+sockaddr_storage resolve_master(const std::string& addr, int64_t rank);
+
+/// The numeric form of an address ("10.0.0.1", "::1").
+std::string numeric_host(const sockaddr_storage& a);
+
+/// The local address this machine uses to reach `master` ("" when there is no
+/// route): a connected UDP socket sends nothing, it only asks the routing table.
+std::string local_address_towards(const sockaddr_storage& master);
+
+/// Rank 0's listening socket for the store on MASTER_ADDR `addr` (resolved:
+/// `master`) and `port`. Failing, the error gives the reason in words (not a
+/// local address, port taken) instead of TCPStore's "failed to listen on any
+/// local network address".
+int listen_on_master(const sockaddr_storage& master, const std::string& addr, int64_t port);
+
+}  // namespace contrax::detail

@@ -1,0 +1,27 @@
+// The c10d side of the communicator for code that holds a process group (see
+// contrax/detail/c10d.h): the Python binding's torch.distributed groups.
+#include "contrax/detail/c10d.h"
+
+#include "comm/communicator_impl.h"
+#include "comm/process_group.h"
+
+namespace contrax::detail {
+
+std::shared_ptr<Communicator> wrap_process_group(c10::intrusive_ptr<c10d::ProcessGroup> group,
+                                                 std::chrono::milliseconds timeout) {
+  auto comm = Communicator::single();
+  if (!group || group->getSize() == 1) return comm;
+  auto& impl = comm->impl();
+  impl.rank = group->getRank();
+  impl.world_size = group->getSize();
+  impl.local_rank = impl.rank;
+  impl.timeout = timeout;
+  impl.backend = backend_name(group->getBackendName());
+  if (impl.backend == "nccl") impl.stage_device = nccl_stage_device(torch::kCPU);
+  impl.group = std::move(group);
+  return comm;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> process_group(const Communicator& comm) { return comm.impl().group; }
+
+}  // namespace contrax::detail

@@ -1,0 +1,379 @@
+// The communicator (contrax/communicator.h): its creation from options or
+// from the environment, its statistics, and its collectives on the c10d
+// process group. The rendezvous (comm/rendezvous.h), the backends
+// (comm/process_group.h) and the failure diagnosis (comm/failure.h) are
+// beside it in src/comm/, the only code that sees c10d; every difference
+// between the supported LibTorch releases (2.6 up to the newest) is there,
+// named by the release that brought it.
+#include "contrax/communicator.h"
+
+#include <torch/version.h>
+
+#include <exception>
+
+#include "comm/communicator_impl.h"
+#include "comm/environment.h"
+#include "comm/failure.h"
+#include "comm/process_group.h"
+#include "comm/rendezvous.h"
+#include "contrax/launcher.h"
+
+namespace contrax {
+
+int64_t CommStats::total_bytes_sent() const {
+  int64_t n = 0;
+  for (const auto& kv : ops) n += kv.second.bytes_sent;
+  return n;
+}
+
+int64_t CommStats::total_calls() const {
+  int64_t n = 0;
+  for (const auto& kv : ops) n += kv.second.calls;
+  return n;
+}
+
+OpStats CommStats::op(const std::string& name) const {
+  auto it = ops.find(name);
+  return it == ops.end() ? OpStats{} : it->second;
+}
+
+namespace {
+
+using detail::wait_work;
+
+int64_t row_bytes(const torch::Tensor& t) {
+  int64_t n = t.element_size();
+  for (int64_t i = 1; i < t.dim(); ++i) n *= t.size(i);
+  return n;
+}
+
+bool all_equal(const std::vector<int64_t>& v) {
+  for (auto x : v) {
+    if (x != v.front()) return false;
+  }
+  return true;
+}
+
+bool needs_staging(const detail::CommunicatorImpl& impl, const torch::Tensor& t) {
+  return impl.stage_device.has_value() && !t.is_cuda();
+}
+
+// The backend `create` builds: "auto" is NCCL for a CUDA device, else Gloo.
+std::string checked_backend(const CommunicatorOptions& o) {
+  TORCH_CHECK(o.world_size() >= 1, "Communicator::create(): argument 'world_size' must be >= 1, but got ",
+              o.world_size());
+  TORCH_CHECK(o.rank() >= 0 && o.rank() < o.world_size(), "Communicator::create(): argument 'rank' must be in [0, ",
+              o.world_size(), "), but got ", o.rank());
+  TORCH_CHECK(o.timeout().count() > 0, "Communicator::create(): argument 'timeout' must be positive, but got ",
+              o.timeout().count(), " ms");
+  const std::string backend = detail::backend_name(o.backend());
+  TORCH_CHECK(backend == "auto" || backend == "gloo" || backend == "nccl" || backend == "mpi",
+              "Communicator::create(): argument 'backend' must be one of auto, gloo, nccl, mpi, but got '",
+              o.backend(), "'");
+  if (o.file_store().empty()) {
+    TORCH_CHECK(o.master_port() > 0 && o.master_port() < 65536,
+                "Communicator::create(): argument 'master_port' must be in [1, 65535], but got ", o.master_port());
+  }
+  return backend == "auto" ? (o.device().is_cuda() ? "nccl" : "gloo") : backend;
+}
+
+// LibTorch 2.13 renamed ProcessGroup's alltoall_base and _reduce_scatter_base
+// to all_to_all_single and reduce_scatter_single (the old names stay, deprecated).
+constexpr bool kSingleNames = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13);
+
+template <typename PG = c10d::ProcessGroup>
+c10::intrusive_ptr<c10d::Work> all_to_all_single(PG& pg, at::Tensor& out, at::Tensor& in,
+                                                 std::vector<int64_t>& out_splits, std::vector<int64_t>& in_splits) {
+  if constexpr (kSingleNames) {
+    return pg.all_to_all_single(out, in, out_splits, in_splits);
+  } else {
+    return pg.alltoall_base(out, in, out_splits, in_splits);
+  }
+}
+
+template <typename PG = c10d::ProcessGroup>
+c10::intrusive_ptr<c10d::Work> reduce_scatter_single(PG& pg, at::Tensor& out, at::Tensor& in) {
+  if constexpr (kSingleNames) {
+    return pg.reduce_scatter_single(out, in);
+  } else {
+    return pg._reduce_scatter_base(out, in);
+  }
+}
+
+}  // namespace
+
+// Pending ring exchange: the two c10d work items and the receive buffer.
+struct Communicator::Pending::State {
+  c10::intrusive_ptr<c10d::Work> send_work, recv_work;
+  torch::Tensor send_buffer;  // kept alive until the send completes
+  torch::Tensor received;
+  c10::optional<torch::Device> deliver_to;  // set when `received` is a host copy of a CUDA exchange
+  const detail::CommunicatorImpl* impl = nullptr;
+  bool done = false;
+};
+
+torch::Tensor Communicator::Pending::wait() {
+  TORCH_CHECK(state_, "Communicator::Pending::wait(): this handle holds no transfer");
+  if (!state_->done) {
+    if (state_->send_work) wait_work(state_->send_work, "ring(send)", *state_->impl);
+    if (state_->recv_work) wait_work(state_->recv_work, "ring(recv)", *state_->impl);
+    state_->send_buffer = torch::Tensor();
+    if (state_->deliver_to) state_->received = state_->received.to(*state_->deliver_to);
+    state_->done = true;
+  }
+  return state_->received;
+}
+
+Communicator::Communicator(std::unique_ptr<detail::CommunicatorImpl> impl) : impl_(std::move(impl)) {}
+Communicator::~Communicator() {
+  // Destroyed while an exception unwinds: this rank is failing, and tearing
+  // down its process group is about to make its peers' collectives fail.
+  // Recorded first, so the launcher blames this rank, not the peers that
+  // may exit before it.
+  if (std::uncaught_exceptions() > 0 && impl_ && impl_->world_size > 1) {
+    record_worker_failure(/*caused_by_peer=*/false, "failed with an exception on rank " + std::to_string(impl_->rank));
+  }
+}
+
+std::shared_ptr<Communicator> Communicator::single() {
+  return std::shared_ptr<Communicator>(new Communicator(std::make_unique<detail::CommunicatorImpl>()));
+}
+
+std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o) {
+  const std::string backend = checked_backend(o);
+  auto impl = std::make_unique<detail::CommunicatorImpl>();
+  impl->rank = o.rank();
+  impl->world_size = o.world_size();
+  impl->local_rank = o.rank();
+  impl->timeout = o.timeout();
+  if (o.world_size() > 1) {
+#ifdef USE_C10D_NCCL
+    // Before any rendezvous: NCCL cannot start without a GPU, and its own
+    // error would come only after the peers have gathered.
+    TORCH_CHECK(backend != "nccl" || torch::cuda::is_available(), "Communicator::create(): backend 'nccl' needs a "
+                "CUDA device, but this machine has none; use backend 'gloo'");
+#endif
+    if (backend == "mpi") {
+      detail::make_mpi_process_group(*impl);
+    } else {
+      impl->store = detail::rendezvous(o);
+      impl->external_store = o.external_store();
+      detail::make_process_group(*impl, backend, o, impl->store);
+    }
+  }
+  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+std::shared_ptr<Communicator> Communicator::from_env(const CommunicatorOptions& base) {
+  const auto env = detail::job_environment(base);
+  auto comm = create(env.options);
+  comm->impl_->local_rank = env.local_rank;
+  return comm;
+}
+
+int64_t Communicator::rank() const { return impl_->rank; }
+int64_t Communicator::world_size() const { return impl_->world_size; }
+int64_t Communicator::local_rank() const { return impl_->local_rank; }
+std::string Communicator::backend() const { return impl_->backend; }
+std::chrono::milliseconds Communicator::timeout() const { return impl_->timeout; }
+
+void Communicator::record(const std::string& name, int64_t bytes_sent, int64_t calls) {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  auto& s = stats_.ops[name];
+  s.calls += calls;
+  s.bytes_sent += bytes_sent;
+}
+
+CommStats Communicator::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  return stats_;
+}
+
+void Communicator::reset_stats() {
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  stats_ = CommStats();
+}
+
+torch::Tensor Communicator::all_gather_rows(const torch::Tensor& local, const std::vector<int64_t>& counts,
+                                            const std::string& stat_name) {
+  const int64_t W = world_size();
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == W, "all_gather_rows: counts has ", counts.size(),
+                        " entries for world size ", W);
+  TORCH_INTERNAL_ASSERT(local.dim() >= 1 && local.size(0) == counts[rank()]);
+  if (W == 1) return local;
+  if (needs_staging(*impl_, local)) {
+    return all_gather_rows(local.to(*impl_->stage_device), counts, stat_name).to(local.device());
+  }
+  int64_t total = 0;
+  for (auto c : counts) total += c;
+  auto shape = local.sizes().vec();
+  shape[0] = total;
+  auto out = torch::empty(shape, local.options());
+  if (total == 0) return out;
+  auto src = local.contiguous();
+  auto& pg = *impl_->group;
+  if (all_equal(counts)) {
+    // Gloo copies into the output list; views into one buffer avoid a cat.
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int64_t s = 0; s < W; ++s) outputs[0].push_back(out.narrow(0, s * counts[0], counts[0]));
+    std::vector<at::Tensor> inputs{src};
+    wait_work(pg.allgather(outputs, inputs), "all_gather", *impl_);
+  } else {
+    // Uneven rows: an all-to-all whose input is our rows once per destination
+    // moves exactly each rank's rows to every other rank, with no padding.
+    auto rep_shape = local.sizes().vec();
+    rep_shape.insert(rep_shape.begin(), W);
+    auto input = src.unsqueeze(0).expand(rep_shape).contiguous().view(
+        [&] { auto s = local.sizes().vec(); s[0] = W * local.size(0); return s; }());
+    std::vector<int64_t> in_splits(W, local.size(0));
+    std::vector<int64_t> out_splits(counts.begin(), counts.end());
+    wait_work(all_to_all_single(pg, out, input, out_splits, in_splits), "all_gather", *impl_);
+  }
+  record(stat_name, (W - 1) * local.size(0) * row_bytes(local));
+  return out;
+}
+
+torch::Tensor Communicator::reduce_scatter_rows(const torch::Tensor& full, const std::vector<int64_t>& counts,
+                                                const std::string& stat_name) {
+  const int64_t W = world_size();
+  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == W);
+  if (W == 1) return full;
+  if (needs_staging(*impl_, full)) {
+    return reduce_scatter_rows(full.to(*impl_->stage_device), counts, stat_name).to(full.device());
+  }
+  const int64_t mine = counts[rank()];
+  int64_t total = 0;
+  for (auto c : counts) total += c;
+  TORCH_INTERNAL_ASSERT(full.size(0) == total, "reduce_scatter_rows: ", full.size(0), " rows, expected ", total);
+  auto shape = full.sizes().vec();
+  shape[0] = mine;
+  if (total == 0) return torch::zeros(shape, full.options());
+  auto src = full.contiguous();
+  auto& pg = *impl_->group;
+  torch::Tensor result;
+  if (impl_->backend == "nccl" && all_equal(counts)) {
+    result = torch::empty(shape, full.options());
+    wait_work(reduce_scatter_single(pg, result, src), "reduce_scatter", *impl_);
+  } else {
+    // Gloo has no true reduce-scatter: its reduce_scatter_tensor sends an all-reduce's bytes, twice the volume
+    // (measured: python/bench/gloo_reduce_scatter_bytes.py). So every rank
+    // sends slice s to rank s (all-to-all) and sums the W contributions it
+    // received. Volume: total - mine rows sent, the reduce-scatter's.
+    auto recv_shape = full.sizes().vec();
+    recv_shape[0] = W * mine;
+    auto recv = torch::empty(recv_shape, full.options());
+    std::vector<int64_t> out_splits(W, mine);
+    std::vector<int64_t> in_splits(counts.begin(), counts.end());
+    wait_work(all_to_all_single(pg, recv, src, out_splits, in_splits), "reduce_scatter", *impl_);
+    auto parts = recv.view([&] {
+      auto s = full.sizes().vec();
+      s[0] = mine;
+      s.insert(s.begin(), W);
+      return s;
+    }());
+    result = parts.sum(0);
+  }
+  record(stat_name, (total - mine) * row_bytes(full));
+  return result;
+}
+
+void Communicator::all_reduce_sum(torch::Tensor& tensor, const std::string& stat_name) {
+  const int64_t W = world_size();
+  if (W == 1) return;
+  TORCH_CHECK(tensor.is_contiguous(), "Communicator::all_reduce_sum(): argument 'tensor' must be contiguous");
+  if (needs_staging(*impl_, tensor)) {
+    auto staged = tensor.to(*impl_->stage_device);
+    all_reduce_sum(staged, stat_name);
+    tensor.copy_(staged);
+    return;
+  }
+  std::vector<at::Tensor> ts{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  wait_work(impl_->group->allreduce(ts, opts), "all_reduce", *impl_);
+  record(stat_name, 2 * (W - 1) * tensor.numel() * tensor.element_size() / W);
+}
+
+std::vector<std::vector<int64_t>> Communicator::all_gather_ints(const std::vector<int64_t>& values,
+                                                                const std::string& stat_name) {
+  const int64_t W = world_size();
+  if (W == 1) return {values};
+  const int64_t n = static_cast<int64_t>(values.size());
+  auto local = torch::tensor(values, torch::kInt64);
+  // A length mismatch would corrupt the gather; lead every vector by its length
+  // so that a caller bug shows up as an internal assert, not garbage.
+  auto framed = torch::cat({torch::tensor({n}, torch::kInt64), local});
+  std::vector<int64_t> counts(W, 1);
+  auto all = all_gather_rows(framed.unsqueeze(0), counts, stat_name);
+  std::vector<std::vector<int64_t>> out(W);
+  auto acc = all.accessor<int64_t, 2>();
+  for (int64_t s = 0; s < W; ++s) {
+    TORCH_INTERNAL_ASSERT(acc[s][0] == n, "all_gather_ints: rank ", s, " sent ", acc[s][0], " values, expected ", n);
+    for (int64_t i = 0; i < n; ++i) out[s].push_back(acc[s][i + 1]);
+  }
+  return out;
+}
+
+void Communicator::broadcast(torch::Tensor& tensor, int64_t root, const std::string& stat_name) {
+  if (world_size() == 1) return;
+  TORCH_CHECK(root >= 0 && root < world_size(), "Communicator::broadcast(): argument 'root' must be in [0, ",
+              world_size(), "), but got ", root);
+  TORCH_CHECK(tensor.is_contiguous(), "Communicator::broadcast(): argument 'tensor' must be contiguous");
+  if (needs_staging(*impl_, tensor)) {
+    auto staged = tensor.to(*impl_->stage_device);
+    broadcast(staged, root, stat_name);
+    tensor.copy_(staged);
+    return;
+  }
+  std::vector<at::Tensor> ts{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  wait_work(impl_->group->broadcast(ts, opts), "broadcast", *impl_);
+  record(stat_name, rank() == root ? tensor.numel() * tensor.element_size() : 0);
+}
+
+Communicator::Pending Communicator::ring_exchange_async(const torch::Tensor& send, at::IntArrayRef recv_shape,
+                                                        int64_t shift, const std::string& stat_name) {
+  const int64_t W = world_size();
+  Pending p;
+  p.state_ = std::make_shared<Pending::State>();
+  p.state_->impl = impl_.get();
+  const int64_t s = ((shift % W) + W) % W;
+  if (W == 1 || s == 0) {
+    TORCH_INTERNAL_ASSERT(send.sizes() == recv_shape, "ring_exchange: a self-exchange must keep the shape");
+    p.state_->received = send;
+    p.state_->done = true;
+    return p;
+  }
+  const int dst = static_cast<int>((rank() + s) % W);
+  const int src = static_cast<int>((rank() - s + W) % W);
+  // Every rank calls ring exchanges in the same order, so a per-communicator
+  // counter gives matching tags without any negotiation.
+  static_assert(sizeof(int) >= 4, "");
+  const int tag = static_cast<int>(ring_tag_++ & 0x3fffffff);
+  // Gloo's send/recv hand the tensor's pointer to its TCP transport as host
+  // memory (its collectives stage CUDA tensors; its point-to-point does not):
+  // a CUDA exchange over Gloo goes through host copies both ways.
+  const bool via_host = send.is_cuda() && impl_->backend == "gloo";
+  p.state_->send_buffer = via_host ? send.to(torch::kCPU).contiguous() : send.contiguous();
+  p.state_->received = torch::empty(recv_shape, send.options().device(via_host ? torch::Device(torch::kCPU)
+                                                                                : send.device()));
+  if (via_host) p.state_->deliver_to = send.device();
+  std::vector<at::Tensor> sv{p.state_->send_buffer}, rv{p.state_->received};
+  if (p.state_->send_buffer.numel() > 0) p.state_->send_work = impl_->group->send(sv, dst, tag);
+  if (p.state_->received.numel() > 0) p.state_->recv_work = impl_->group->recv(rv, src, tag);
+  record(stat_name, send.numel() * send.element_size());
+  return p;
+}
+
+torch::Tensor Communicator::ring_exchange(const torch::Tensor& send, at::IntArrayRef recv_shape, int64_t shift,
+                                          const std::string& stat_name) {
+  return ring_exchange_async(send, recv_shape, shift, stat_name).wait();
+}
+
+void Communicator::barrier() {
+  if (world_size() == 1) return;
+  wait_work(impl_->group->barrier(), "barrier", *impl_);
+}
+
+}  // namespace contrax

@@ -1,0 +1,130 @@
+// The c10d process group of one backend (see comm/process_group.h).
+#include "comm/process_group.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+// LibTorch may be built with MPI (Debian's 2.6 defines USE_C10D_MPI) while
+// the MPI headers are not installed; MPI is then simply unavailable here.
+#if defined(USE_C10D_MPI) && __has_include(<mpi.h>)
+#define CONTRAX_HAVE_MPI 1
+#include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
+#endif
+
+#include <cctype>
+#include <cstdlib>
+
+#include "comm/address.h"
+
+namespace contrax::detail {
+
+namespace {
+
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  // Honour Gloo's usual interface override.
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (master_addr == "127.0.0.1" || master_addr == "localhost" || master_addr == "::1") {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  // The machine's host name may resolve to an address of another interface
+  // (or of no interface at all inside a network namespace): bind where the
+  // route to rank 0 leaves this machine instead, so that Gloo's sockets, like
+  // the store's, live on the interface of MASTER_ADDR.
+  try {
+    const std::string local = local_address_towards(resolve_master(master_addr, -1));
+    if (!local.empty()) return c10d::ProcessGroupGloo::createDeviceForHostname(local);
+  } catch (const c10::Error&) {
+    // Unresolvable: the rendezvous has reported that already.
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// The ProcessGroup around one backend, which serves CPU tensors and, for
+// Gloo (which copies through host memory) and NCCL, CUDA tensors too.
+c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+                                                    int64_t world, c10d::ProcessGroup::BackendType type,
+                                                    const c10::intrusive_ptr<c10d::Backend>& backend) {
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, static_cast<int>(rank), static_cast<int>(world));
+  group->setDefaultBackend(type);
+  if (type == c10d::ProcessGroup::BackendType::GLOO) group->setBackend(c10::DeviceType::CPU, type, backend);
+  group->setBackend(c10::DeviceType::CUDA, type, backend);
+  return group;
+}
+
+void make_gloo(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store) {
+  auto opts = c10d::ProcessGroupGloo::Options::create();
+  opts->timeout = o.timeout();
+  opts->devices.push_back(gloo_device(o.master_addr()));
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(o.rank()),
+                                                         static_cast<int>(o.world_size()), opts);
+  impl.group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::GLOO, gloo);
+  impl.backend = "gloo";
+}
+
+void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store) {
+#ifdef USE_C10D_NCCL
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = o.timeout();
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(o.rank()),
+                                                         static_cast<int>(o.world_size()), opts);
+  impl.group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::NCCL, nccl);
+  impl.backend = "nccl";
+  impl.stage_device = nccl_stage_device(o.device());
+#else
+  TORCH_CHECK(false,
+              "Communicator::create(): backend 'nccl' was requested (or implied by a CUDA device), but this "
+              "LibTorch was built without NCCL; use backend 'gloo'");
+#endif
+}
+
+}  // namespace
+
+void make_process_group(CommunicatorImpl& impl, const std::string& backend, const CommunicatorOptions& o,
+                        const c10::intrusive_ptr<c10d::Store>& store) {
+  try {
+    if (backend == "gloo") {
+      make_gloo(impl, o, store);
+    } else {
+      make_nccl(impl, o, store);
+    }
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
+                " could not build the process group within ", o.timeout().count(),
+                " ms (a peer may never have arrived): ", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
+                " could not build the process group within ", o.timeout().count(), " ms: ", e.what());
+  }
+}
+
+void make_mpi_process_group(CommunicatorImpl& impl) {
+#ifdef CONTRAX_HAVE_MPI
+  auto mpi = c10d::ProcessGroupMPI::createProcessGroupMPI();
+  auto group =
+      c10::make_intrusive<c10d::ProcessGroup>(static_cast<int>(mpi->getRank()), static_cast<int>(mpi->getSize()));
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::MPI);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::MPI, mpi);
+  impl.group = group;
+  impl.backend = "mpi";
+#else
+  TORCH_CHECK(false, "Communicator::create(): argument 'backend' is 'mpi', but this build has no MPI (LibTorch "
+              "without MPI, or mpi.h not installed)");
+#endif
+}
+
+std::string backend_name(std::string name) {
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+c10::Device nccl_stage_device(const c10::Device& requested) {
+  if (requested.is_cuda() && requested.has_index()) return requested;
+  const auto* guard = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return c10::Device(c10::DeviceType::CUDA, guard->getDevice().index());
+}
+
+}  // namespace contrax::detail

@@ -1,0 +1,57 @@
+// Which rank failed first, and how the launch ended. A rank whose job fails
+// for a reason of its own takes its peers down with it (their collectives
+// fail once its process group is gone), and a peer often exits before the
+// rank that caused it. Each worker therefore records, in its
+// CONTRAX_ERROR_FILE and with a time stamp on a clock every process of the
+// machine shares, whether it began failing on its own or because a collective
+// with its peers failed; the launcher blames the earliest rank that failed on
+// its own, with the last line that rank wrote to stderr as the reason.
+// Internal to the launcher (src/launch/), not installed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "contrax/launcher.h"
+#include "launch/worker.h"
+
+namespace contrax::detail {
+
+/// Writes this process's failure record to `path` (the first of a process
+/// counts: later ones change nothing); never throws.
+void write_failure_record(const char* path, bool caused_by_peer, const std::string& what) noexcept;
+
+/// Whether the process is stopped (SIGSTOP/SIGTSTP: state T or t): a stopped
+/// rank is the likely reason its peers' collectives timed out.
+bool process_stopped(pid_t pid);
+
+/// How the launch ended: the rank to blame among `workers` (the earliest
+/// that recorded a failure of its own; without any such record, the first
+/// seen failing that recorded nothing; else `first_failed`, the first the
+/// launcher saw failing), its exit and reason; or the interruption by signal
+/// `interrupted_by`; or success.
+LaunchResult summarize(const std::vector<Worker>& workers, const Worker* first_failed, int interrupted_by);
+
+/// The per-launch directory of the workers' failure records, removed with it.
+class ErrorFileDir {
+ public:
+  ErrorFileDir();
+  ~ErrorFileDir();
+  ErrorFileDir(const ErrorFileDir&) = delete;
+  ErrorFileDir& operator=(const ErrorFileDir&) = delete;
+  /// The record of `rank` ("" without a directory: blame falls back to the
+  /// order of exits); remembered, so that clear() removes it.
+  std::string file(int64_t rank);
+  /// Removes every record: those of a previous attempt must not blame a
+  /// restarted worker.
+  void clear();
+
+ private:
+  std::string path_;
+  std::vector<std::string> files_;
+};
+
+}  // namespace contrax::detail

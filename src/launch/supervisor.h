@@ -1,0 +1,58 @@
+// One attempt of a launch: the supervisor loop that owns the workers. It
+// starts them (launch/spawn.h), pumps their output (launch/output.h), reaps
+// them, and on the first failure or on SIGINT/SIGTERM (launch/signals.h)
+// stops the rest with SIGTERM, then SIGKILL after the grace period; the
+// result names the rank to blame (launch/diagnosis.h). Everything it holds is
+// released in its destructor whichever way the launch leaves: no worker
+// outlives it, no descriptor leaks, and the caller's signal dispositions come
+// back. Internal to the launcher (src/launch/), not installed.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "contrax/launcher.h"
+#include "launch/output.h"
+#include "launch/signals.h"
+#include "launch/worker.h"
+
+namespace contrax::detail {
+
+class Supervisor {
+ public:
+  /// Takes the signals over (one launch at a time per process).
+  explicit Supervisor(const LaunchOptions& options);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  /// Starts one worker; returns the errno of a failed exec, 0 on success.
+  int start(const std::vector<std::string>& argv, int64_t rank, const std::vector<std::string>& env,
+            const std::string& log_path, const std::string& error_file);
+
+  /// Supervises the started workers until all have ended.
+  LaunchResult supervise();
+
+  /// Ended by SIGINT/SIGTERM rather than by a failure (never restarted).
+  bool interrupted() const { return interrupted_by_ != 0 && failed_ == nullptr; }
+
+ private:
+  bool any_running() const;
+  void wait_blocking(Worker& w);
+  void signal_all(int sig);
+  void begin_stop(int sig);
+  void handle_signal(int sig);
+  void reap();
+
+  std::chrono::milliseconds grace_;
+  OutputOptions output_;
+  std::vector<Worker> workers_;
+  SignalPipe signals_;
+  bool stopping_ = false, killed_ = false;
+  std::chrono::steady_clock::time_point kill_deadline_;
+  int interrupted_by_ = 0;
+  const Worker* failed_ = nullptr;
+};
+
+}  // namespace contrax::detail
