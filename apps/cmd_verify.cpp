@@ -95,6 +95,7 @@ int run_verify(const std::vector<std::string>& args) {
     const auto r = rows.empty() ? contrax::default_row_counts(nproc) : rows;
     int64_t total = 0;
     for (auto n : r) total += n;
+    cli::usage_check(total > 0, "flag '--rows' must give at least one rank a row, but got ", rows_s);
     const auto problem = contrax::verify_memory_problem(total, width, "flag '--rows'", "--width");
     cli::usage_check(problem.empty(), problem);
   }

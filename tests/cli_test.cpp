@@ -28,6 +28,7 @@
 #include "contrax/launcher.h"
 #include "contrax/train/retrieval/trainer.h"
 #include "contrax/train/image/trainer.h"
+#include "contrax/build_info.h"
 #include "contrax/memory.h"
 #include "contrax/verify.h"
 #include "support/cli.h"
@@ -189,6 +190,8 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
       {"verify --nproc 1 --rows 1,2", "flag '--rows' must have one entry per rank (1), but got 2"},
       {"verify --nproc 0", "flag '--nproc' must be >= 1, but got 0"},
       {"verify --nproc 100000", "flag '--nproc' must be <= " + max_procs},
+      // Issue 29, item 2: every rank failed in the workers; sometimes reported as signal 15.
+      {"verify --nproc 2 --rows 0,0", "flag '--rows' must give at least one rank a row, but got 0,0"},
       // Issue 29, item 6: ATen's "you tried to allocate 8000000000000 bytes" after 8 s before.
       {"verify --nproc 2 --rows 1000000,0",
        "flag '--rows' (1000000 rows in all, width 16) needs about 175 TiB for the single-device fp64 reference"},
@@ -210,6 +213,55 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
   auto unknown = run_cli("frobnicate");
   EXPECT_EQ(unknown.status, 2);
   EXPECT_NE(unknown.out.find("contrax: unknown command 'frobnicate'"), std::string::npos) << unknown.out;
+}
+
+// Issue 27, item 5: `contrax env` prints what a bug report needs, as text and
+// as one JSON object: versions and ABI, BLAS, CPU and the kernels' ISA, CUDA,
+// the backends, where Gloo binds, and the launcher variables that are set.
+TEST(Cli, EnvPrintsWhatABugReportNeedsAsTextAndJson) {
+  const std::string env = "env -u GLOO_SOCKET_IFNAME MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 SLURM_JOB_ID=7 ";
+  auto j = run_shell(env + CONTRAX_CLI_PATH + " env --json 2>/dev/null");
+  ASSERT_EQ(j.status, 0) << j.out;
+  const auto o = Json::parse(j.out);
+  EXPECT_EQ(o["contrax"], contrax::version());
+  EXPECT_EQ(o["libtorch"], TORCH_VERSION);
+  EXPECT_TRUE(o["cxx_abi"] == "cxx11" || o["cxx_abi"] == "pre-cxx11") << o["cxx_abi"];
+  EXPECT_FALSE(o["blas"].get<std::string>().empty());
+  EXPECT_NE(o["cpu"].get<std::string>(), "");
+  EXPECT_GE(o["cores"].get<int>(), 1);
+  const auto isa = o["fused_kernels_isa"].get<std::string>();
+  EXPECT_TRUE(isa == "avx512" || isa == "avx2" || isa == "baseline") << isa;
+  EXPECT_GE(o["cuda_devices"].get<int>(), 0);
+  EXPECT_TRUE(o["gloo"].get<bool>());
+  EXPECT_TRUE(o["nccl"].is_boolean());
+  EXPECT_EQ(o["gloo_interface"], "127.0.0.1 (lo): MASTER_ADDR 127.0.0.1 is this machine's loopback");
+  EXPECT_EQ(o["launcher_variables"]["MASTER_PORT"], "29999");
+  EXPECT_EQ(o["launcher_variables"]["SLURM_JOB_ID"], "7");
+  EXPECT_FALSE(o["launcher_variables"].contains("HOME"));
+  auto t = run_shell(env + "GLOO_SOCKET_IFNAME=lo " + CONTRAX_CLI_PATH + " env 2>&1");
+  ASSERT_EQ(t.status, 0) << t.out;
+  for (const std::string line : {"Contrax            " + contrax::version(), std::string("LibTorch           ") + TORCH_VERSION,
+                                 std::string("fused kernels      ") + isa, std::string("Gloo binds to      interface lo: GLOO_SOCKET_IFNAME"),
+                                 std::string("  MASTER_PORT=29999"), std::string("c10d backends      gloo yes")}) {
+    EXPECT_NE(t.out.find(line), std::string::npos) << line << "\n" << t.out;
+  }
+}
+
+// Issue 29, item 2: when every rank fails on the same bad input, the
+// launcher used to SIGTERM the rank that had recorded its failure first
+// (because its peer exited first) and report that rank's signal: exit 143,
+// "killed by signal 15", for 1 of 8 runs of `--case bogus` (4 of 11 of
+// `--rows 0,0`). A rank failing on its own is now left to exit with its own
+// status; the loop makes the race likely to show.
+TEST(Cli, EveryRankFailingTheSameWayExitsWithTheFirstRanksOwnStatus) {
+  const auto one = run_cli("verify --nproc 1 --case bogus");
+  ASSERT_NE(one.status, 0) << one.out;
+  for (int i = 0; i < 20; ++i) {
+    auto r = run_cli("verify --nproc 2 --case bogus");
+    EXPECT_EQ(r.status, one.status) << "run " << i << "\n" << r.out;
+    EXPECT_EQ(r.out.find("killed by signal"), std::string::npos) << "run " << i << "\n" << r.out;
+    EXPECT_NE(r.out.find("verify(): unknown case 'bogus'"), std::string::npos) << r.out;
+  }
 }
 
 // Issue 29, item 6: the library refuses before allocating, as a ValueError

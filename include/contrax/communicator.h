@@ -219,4 +219,11 @@ class Communicator {
 
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
+/// Where Gloo's sockets bind for MASTER_ADDR `master_addr`, in words, with the
+/// reason: "127.0.0.1 (lo): MASTER_ADDR 127.0.0.1 is this machine's loopback",
+/// "10.0.0.2 (eth0): the route to MASTER_ADDR 10.0.0.1", "interface eth1:
+/// GLOO_SOCKET_IFNAME", or the host name's address when there is no route.
+/// The same decision the communicator's Gloo device makes (`contrax env`).
+std::string gloo_binding(const std::string& master_addr);
+
 }  // namespace contrax

@@ -4,6 +4,7 @@
 // contrax/train/ (contrax::train), not part of this umbrella.
 #pragma once
 
+#include "contrax/build_info.h"
 #include "contrax/collectives.h"
 #include "contrax/communicator.h"
 #include "contrax/data_parallel.h"

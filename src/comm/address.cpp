@@ -2,6 +2,7 @@
 #include "comm/address.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -60,6 +61,20 @@ std::string numeric_host(const sockaddr_storage& a) {
     ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, buf, sizeof buf);
   }
   return buf;
+}
+
+std::string interface_of(const std::string& numeric) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    sockaddr_storage a{};
+    std::memcpy(&a, i->ifa_addr, i->ifa_addr->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+    if (numeric_host(a) == numeric) name = i->ifa_name;
+  }
+  ::freeifaddrs(list);
+  return name;
 }
 
 std::string local_address_towards(const sockaddr_storage& master) {

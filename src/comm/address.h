@@ -22,6 +22,10 @@ std::string numeric_host(const sockaddr_storage& a);
 /// route): a connected UDP socket sends nothing, it only asks the routing table.
 std::string local_address_towards(const sockaddr_storage& master);
 
+/// The name of the interface holding the local address `numeric` ("lo",
+/// "eth0"), or "" when none does.
+std::string interface_of(const std::string& numeric);
+
 /// Rank 0's listening socket for the store on MASTER_ADDR `addr` (resolved:
 /// `master`) and `port`. Failing, the error gives the reason in words (not a
 /// local address, port taken) instead of TCPStore's "failed to listen on any

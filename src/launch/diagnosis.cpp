@@ -73,6 +73,11 @@ void write_failure_record(const char* path, bool caused_by_peer, const std::stri
   ::close(fd);
 }
 
+bool failed_on_its_own(const Worker& w) {
+  const FailureRecord rec = read_failure_record(w.error_file);
+  return rec.present && !rec.by_peer;
+}
+
 bool process_stopped(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;

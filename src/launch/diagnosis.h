@@ -24,6 +24,10 @@ namespace contrax::detail {
 /// counts: later ones change nothing); never throws.
 void write_failure_record(const char* path, bool caused_by_peer, const std::string& what) noexcept;
 
+/// Whether the worker has recorded a failure of its own (not caused by a
+/// peer): it is exiting, and its status will be its own.
+bool failed_on_its_own(const Worker& w);
+
 /// Whether the process is stopped (SIGSTOP/SIGTSTP: state T or t): a stopped
 /// rank is the likely reason its peers' collectives timed out.
 bool process_stopped(pid_t pid);

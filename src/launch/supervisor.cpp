@@ -70,7 +70,8 @@ LaunchResult Supervisor::supervise() {
     // SIGCHLD wakes the loop; the period is only a backstop.
     auto timeout = poll_period;
     if (stopping_ && !killed_) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kill_deadline_ - Clock::now());
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          (deferring_ ? std::min(kill_deadline_, deferred_deadline_) : kill_deadline_) - Clock::now());
       timeout = std::max(std::chrono::milliseconds(0), std::min(timeout, left));
     }
     int n = ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
@@ -82,6 +83,7 @@ LaunchResult Supervisor::supervise() {
       }
     }
     reap();
+    if (deferring_ && Clock::now() >= deferred_deadline_) end_deferral();
     if (stopping_ && !killed_ && Clock::now() >= kill_deadline_) {
       signal_all(SIGKILL);
       killed_ = true;
@@ -117,7 +119,7 @@ void Supervisor::wait_blocking(Worker& w) {
 // workers left behind is swept once all are reaped (end of supervise()).
 void Supervisor::signal_all(int sig) {
   for (auto& w : workers_) {
-    if (!w.running) continue;
+    if (!w.running || (w.stop_deferred && sig != SIGKILL)) continue;
     ::kill(-w.pid, sig);
     // A SIGSTOPped worker would hold SIGTERM pending until the grace period
     // ends in SIGKILL; continuing it lets it act on the request now.
@@ -132,8 +134,28 @@ void Supervisor::begin_stop(int sig) {
   // peers' collectives timed out.
   for (auto& w : workers_) {
     if (w.running && process_stopped(w.pid)) w.stopped_when_failing = true;
+    // A failure stop (not an interruption): a rank failing on its own exits
+    // by itself, with its own status (issue 29, item 2: it was SIGTERMed and
+    // the launcher reported 143 for a usage error).
+    if (w.running && interrupted_by_ == 0 && !w.stopped_when_failing && failed_on_its_own(w)) {
+      w.stop_deferred = true;
+      deferring_ = true;
+    }
   }
+  deferred_deadline_ = Clock::now() + std::min<std::chrono::milliseconds>(grace_, std::chrono::seconds(5));
   signal_all(sig);
+}
+
+void Supervisor::end_deferral() {
+  deferring_ = false;
+  for (auto& w : workers_) {
+    if (!w.stop_deferred) continue;
+    w.stop_deferred = false;
+    if (w.running) {
+      ::kill(-w.pid, SIGTERM);
+      ::kill(-w.pid, SIGCONT);
+    }
+  }
 }
 
 void Supervisor::handle_signal(int sig) {

@@ -42,6 +42,8 @@ class Supervisor {
   void wait_blocking(Worker& w);
   void signal_all(int sig);
   void begin_stop(int sig);
+  // SIGTERMs the deferred workers still running (their deadline passed).
+  void end_deferral();
   void handle_signal(int sig);
   void reap();
 
@@ -51,6 +53,12 @@ class Supervisor {
   SignalPipe signals_;
   bool stopping_ = false, killed_ = false;
   std::chrono::steady_clock::time_point kill_deadline_;
+  // Workers that had recorded a failure of their own when the job began to
+  // stop are exiting already, with a status of their own (2 for a usage
+  // error): they are left to exit until this deadline, not SIGTERMed, so that
+  // the launcher reports that status rather than the signal it sent.
+  std::chrono::steady_clock::time_point deferred_deadline_;
+  bool deferring_ = false;
   int interrupted_by_ = 0;
   const Worker* failed_ = nullptr;
 };

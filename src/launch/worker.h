@@ -32,6 +32,7 @@ struct Worker {
   bool failed = false;                // exited non-zero or by a signal the launcher did not send
   int64_t failed_ns = 0;              // when the launcher saw that
   bool stopped_when_failing = false;  // SIGSTOPped when the job began to stop
+  bool stop_deferred = false;         // failing on its own when the job began to stop: left to exit
 };
 
 }  // namespace contrax::detail
