@@ -43,7 +43,8 @@ TEST(Slurm, NodelistErrorsNameTheList) {
   CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[01-"), "expand_slurm_nodelist(): unbalanced brackets in 'node[01-'");
   CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("n[1[2]]"),
                        "expand_slurm_nodelist(): unbalanced or nested brackets in 'n[1[2]]'");
-  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("n]1["), "expand_slurm_nodelist(): unbalanced or nested brackets in 'n]1['");
+  CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("n]1["),
+                       "expand_slurm_nodelist(): unbalanced or nested brackets in 'n]1['");
   CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[5-2]"), "range '5-2' in 'node[5-2]' is descending");
   CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[a-b]"), "range 'a-b' in 'node[a-b]' is not N or N-M");
   CONTRAX_EXPECT_ERROR(expand_slurm_nodelist("node[1-]"), "range '1-' in 'node[1-]' is not N or N-M");
@@ -118,7 +119,8 @@ TEST(Slurm, JobEnvironmentErrorsNameTheVariable) {
   CONTRAX_EXPECT_ERROR(contrax::detail::job_environment(CommunicatorOptions()),
                        "Communicator::from_env(): SLURM_JOB_NODELIST ',,' names no host");
   ::setenv("SLURM_JOB_NODELIST", "n[2-1]", 1);
-  CONTRAX_EXPECT_ERROR(contrax::detail::job_environment(CommunicatorOptions()), "range '2-1' in 'n[2-1]' is descending");
+  CONTRAX_EXPECT_ERROR(contrax::detail::job_environment(CommunicatorOptions()),
+                       "range '2-1' in 'n[2-1]' is descending");
   ::setenv("SLURM_JOB_NODELIST", "n1", 1);
   ::setenv("MASTER_PORT", "http", 1);
   CONTRAX_EXPECT_ERROR(contrax::detail::job_environment(CommunicatorOptions()),

@@ -1,0 +1,25 @@
+// contrax/siglip.h in Python: siglip_loss, the sigmoid pairwise loss (its
+// `chunk_size` is the library's tile_size).
+#include <torch/extension.h>
+
+#include "bind.h"
+#include "contrax/siglip.h"
+
+namespace contrax::python {
+
+void bind_siglip(py::module& m) {
+  using namespace pybind11::literals;
+  m.def(
+      "siglip_loss",
+      [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+         c10::optional<torch::Tensor> logit_bias, double max_logit_scale, bool normalize, int64_t chunk_size,
+         const CommunicatorPtr& comm) {
+        py::gil_scoped_release nogil;
+        return siglip_loss(
+            a, b, logit_scale, logit_bias,
+            SigLipLossOptions().max_logit_scale(max_logit_scale).normalize(normalize).tile_size(chunk_size).comm(comm));
+      },
+      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a, "normalize"_a, "chunk_size"_a, "comm"_a);
+}
+
+}  // namespace contrax::python
