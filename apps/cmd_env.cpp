@@ -103,7 +103,8 @@ int run_env(const std::vector<std::string>& args) {
             << "fused kernels      " << j["fused_kernels_isa"].get<std::string>() << "\n"
             << "CUDA               "
             << (j["cuda_build"].get<bool>()
-                    ? "built with runtime " + std::to_string(j["cuda_runtime"].get<long>()) + ", " +
+                    ? "built with runtime " + std::to_string(j["cuda_runtime"].get<long>() / 1000) + "." +
+                          std::to_string(j["cuda_runtime"].get<long>() % 1000 / 10) + ", " +
                           std::to_string(j["cuda_devices"].get<int64_t>()) + " device(s) visible"
                     : std::string("not built in"))
             << "\n"

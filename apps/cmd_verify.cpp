@@ -43,6 +43,56 @@ std::string cuda_unavailable_reason() {
          "CUDA_VISIBLE_DEVICES hides them)";
 }
 
+// The human-readable result: one row per case and the verdict.
+void print_table(const std::vector<contrax::VerifyResult>& results, int64_t world, double tol, bool ok) {
+  std::ostringstream rs;
+  for (size_t i = 0; i < results.front().rows.size(); ++i) rs << (i ? "," : "") << results.front().rows[i];
+  std::cout << "contrax verify: W=" << world << ", rows per rank [" << rs.str()
+            << "], fp64 on " << results.front().device << ", tolerance " << tol << "\n";
+  int name_width = 14;
+  for (const auto& r : results) name_width = std::max(name_width, static_cast<int>(r.loss.size()) + 2);
+  std::cout << std::left << std::setw(name_width) << "case" << std::setw(14) << "loss rel err" << std::setw(14)
+            << "max rel err" << std::setw(24) << "worst" << "result\n";
+  for (const auto& r : results) {
+    std::cout << std::left << std::setw(name_width) << r.loss << std::setw(14) << std::setprecision(3)
+              << r.loss_rel_err << std::setw(14) << r.max_rel_err << std::setw(24) << r.worst
+              << (r.passed ? "ok" : "FAIL") << "\n";
+  }
+  std::cout << (ok ? "all distributed gradients equal the single-device ones"
+                   : "MISMATCH: some distributed gradients differ from the single-device ones")
+            << "\n";
+}
+
+// What can be refused before any process starts: the backend and device
+// flags against this machine, and the reference's memory (issue 29, item 6).
+void check_before_start(const std::string& device, const std::string& backend, int64_t nproc,
+                        const std::vector<int64_t>& rows, const std::string& rows_s, int64_t width) {
+  namespace cli = contrax::cli;
+  cli::usage_check(backend != "nccl" || device == "cuda",
+                   "flag '--backend' is 'nccl', which moves CUDA tensors only; use --device cuda, or --backend gloo");
+  if (device == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    cli::usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
+  }
+  if (backend == "nccl" && !contrax::in_launched_worker()) {
+    // NCCL refuses two ranks on one GPU; say so before any process starts.
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    cli::usage_check(nproc <= gpus, "flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is ",
+                     nproc, " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s",
+                     "; use --backend gloo to share GPUs");
+  }
+
+  if (!contrax::in_launched_worker()) {
+    // The reference's memory, before any process starts or allocates.
+    const auto r = rows.empty() ? contrax::default_row_counts(nproc) : rows;
+    int64_t total = 0;
+    for (auto n : r) total += n;
+    cli::usage_check(total > 0, "flag '--rows' must give at least one rank a row, but got ", rows_s);
+    const auto problem = contrax::verify_memory_problem(total, width, "flag '--rows'", "--width");
+    cli::usage_check(problem.empty(), problem);
+  }
+}
+
 int run_verify(const std::vector<std::string>& args) {
   namespace cli = contrax::cli;
   CLI::App app{"check every distributed loss and the gradient-cache step against the single-device reference",
@@ -76,29 +126,7 @@ int run_verify(const std::vector<std::string>& args) {
   cli::usage_check(force || nproc <= cli::max_procs(), "flag '--nproc' must be <= ", cli::max_procs(), " (",
                    cli::kMaxProcsPerCore, " per core; --force allows more), but got ", nproc);
   const auto rows = cli::parse_int_list("--rows", rows_s, 0, int64_t{1} << 24);
-  cli::usage_check(backend != "nccl" || device == "cuda",
-                   "flag '--backend' is 'nccl', which moves CUDA tensors only; use --device cuda, or --backend gloo");
-  if (device == "cuda") {
-    const std::string why = cuda_unavailable_reason();
-    cli::usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
-  }
-  if (backend == "nccl" && !contrax::in_launched_worker()) {
-    // NCCL refuses two ranks on one GPU; say so before any process starts.
-    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    cli::usage_check(nproc <= gpus, "flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is ",
-                     nproc, " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s",
-                     "; use --backend gloo to share GPUs");
-  }
-
-  if (!contrax::in_launched_worker()) {
-    // The reference's memory, before any process starts or allocates.
-    const auto r = rows.empty() ? contrax::default_row_counts(nproc) : rows;
-    int64_t total = 0;
-    for (auto n : r) total += n;
-    cli::usage_check(total > 0, "flag '--rows' must give at least one rank a row, but got ", rows_s);
-    const auto problem = contrax::verify_memory_problem(total, width, "flag '--rows'", "--width");
-    cli::usage_check(problem.empty(), problem);
-  }
+  check_before_start(device, backend, nproc, rows, rows_s, width);
   if (!contrax::in_launched_worker() && nproc > 1) {
     // Re-run ourselves as the workers; only rank 0 prints, without prefixes so
     // that --json output stays machine-readable.
@@ -140,22 +168,7 @@ int run_verify(const std::vector<std::string>& args) {
     if (json) {
       for (const auto& r : results) std::cout << cli::verify_json(r).dump() << "\n";
     } else {
-      std::ostringstream rs;
-      for (size_t i = 0; i < results.front().rows.size(); ++i) rs << (i ? "," : "") << results.front().rows[i];
-      std::cout << "contrax verify: W=" << comm->world_size() << ", rows per rank [" << rs.str()
-                << "], fp64 on " << results.front().device << ", tolerance " << tol << "\n";
-      int name_width = 14;
-      for (const auto& r : results) name_width = std::max(name_width, static_cast<int>(r.loss.size()) + 2);
-      std::cout << std::left << std::setw(name_width) << "case" << std::setw(14) << "loss rel err" << std::setw(14)
-                << "max rel err" << std::setw(24) << "worst" << "result\n";
-      for (const auto& r : results) {
-        std::cout << std::left << std::setw(name_width) << r.loss << std::setw(14) << std::setprecision(3)
-                  << r.loss_rel_err << std::setw(14) << r.max_rel_err << std::setw(24) << r.worst
-                  << (r.passed ? "ok" : "FAIL") << "\n";
-      }
-      std::cout << (ok ? "all distributed gradients equal the single-device ones"
-                       : "MISMATCH: some distributed gradients differ from the single-device ones")
-                << "\n";
+      print_table(results, comm->world_size(), tol, ok);
     }
     std::cout.flush();
   }

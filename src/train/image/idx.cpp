@@ -174,21 +174,39 @@ int64_t items_to_read(int64_t count, int64_t limit) {
   return limit < 0 ? count : std::min(count, limit);
 }
 
+// An image file's header: its magic, then count, rows and columns. Real files
+// are 28x28; a bound keeps a corrupt header from asking for terabytes before
+// the truncation check can fire.
+struct ImageHeader {
+  int64_t count, rows, cols;
+};
+
+ImageHeader read_image_header(IdxFile& f, const std::string& path, const char* caller) {
+  f.check_magic(kIdxImagesMagic, "image");
+  ImageHeader h{};
+  h.count = f.read_u32("image count");
+  h.rows = f.read_u32("row count");
+  h.cols = f.read_u32("column count");
+  TORCH_CHECK(h.rows > 0 && h.cols > 0 && h.rows <= 4096 && h.cols <= 4096, caller, "(): file '", path,
+              "' has invalid image dimensions ", h.rows, "x", h.cols, " (expected 1..4096 each)", kInstallHint);
+  return h;
+}
+
+// Whether the file holds the pixels of `n` images of the header's size.
+void check_pixels_fit(IdxFile& f, int64_t n, const ImageHeader& h) {
+  f.check_payload_fits(n * h.rows * h.cols,
+                       std::to_string(n) + " images of " + std::to_string(h.rows) + "x" + std::to_string(h.cols) +
+                           " pixels",
+                       "pixels", 16);
+}
+
 torch::Tensor read_images(const std::string& path, int64_t limit, int64_t* header_count) {
   IdxFile f(path, "load_idx_images");
-  f.check_magic(kIdxImagesMagic, "image");
-  const int64_t count = f.read_u32("image count");
-  const int64_t rows = f.read_u32("row count");
-  const int64_t cols = f.read_u32("column count");
-  // Real files are 28x28; a bound keeps a corrupt header from asking for
-  // terabytes before the truncation check can fire.
-  TORCH_CHECK(rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096, "load_idx_images(): file '", path,
-              "' has invalid image dimensions ", rows, "x", cols, " (expected 1..4096 each)", kInstallHint);
+  const auto h = read_image_header(f, path, "load_idx_images");
+  const int64_t count = h.count, rows = h.rows, cols = h.cols;
   *header_count = count;
   const int64_t n = items_to_read(count, limit);
-  f.check_payload_fits(n * rows * cols,
-                       std::to_string(n) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) + " pixels",
-                       "pixels", 16);
+  check_pixels_fit(f, n, h);
   auto images = torch::empty({n, rows, cols}, torch::kUInt8);
   f.read_payload(images.data_ptr<uint8_t>(), n * rows * cols, "pixels");
   return images;
@@ -234,21 +252,13 @@ void check_dataset_files(const std::string& dir, const std::vector<std::string>&
     // Headers too: a corrupt test file must stop the run before training,
     // not after it.
     IdxFile fi(images_path, "check_dataset_files");
-    fi.check_magic(kIdxImagesMagic, "image");
-    const int64_t count = fi.read_u32("image count");
-    const int64_t rows = fi.read_u32("row count");
-    const int64_t cols = fi.read_u32("column count");
-    TORCH_CHECK(rows > 0 && cols > 0 && rows <= 4096 && cols <= 4096, "check_dataset_files(): file '", images_path,
-                "' has invalid image dimensions ", rows, "x", cols, " (expected 1..4096 each)", kInstallHint);
-    fi.check_payload_fits(count * rows * cols,
-                          std::to_string(count) + " images of " + std::to_string(rows) + "x" + std::to_string(cols) +
-                              " pixels",
-                          "pixels", 16);
+    const auto h = read_image_header(fi, images_path, "check_dataset_files");
+    check_pixels_fit(fi, h.count, h);
     IdxFile fl(labels_path, "check_dataset_files");
     fl.check_magic(kIdxLabelsMagic, "label");
     const int64_t labels = fl.read_u32("label count");
     fl.check_payload_fits(labels, std::to_string(labels) + " labels", "labels", 8);
-    TORCH_CHECK(count == labels, "check_dataset_files(): '", images_path, "' holds ", count, " images but '",
+    TORCH_CHECK(h.count == labels, "check_dataset_files(): '", images_path, "' holds ", h.count, " images but '",
                 labels_path, "' holds ", labels, " labels", kInstallHint);
   }
 }
