@@ -412,13 +412,15 @@ TEST(Cli, RecipesAreWordsAfterTrainAndRecipeIsTheirAlias) {
   const contrax::train::RetrievalOptions r;
   auto retrieval = run_cli("train retrieval --help");
   ASSERT_EQ(retrieval.status, 0) << retrieval.out;
-  // CLI11 prints a flag's default after '=' ("--epochs INT:INT>=1=3").
+  // CLI11 prints a flag's default after '=' ("--epochs INT:INT>=1=3", CLI11
+  // 2.3 on bookworm) or in brackets ("--epochs INT:INT>=1 [3]", 2.4 on trixie).
   const auto line = [](const std::string& help, const std::string& flag) {
     const auto at = help.find("  " + flag + " ");
     return at == std::string::npos ? std::string() : help.substr(at, help.find('\n', at) - at) + " ";
   };
   const auto shows = [](const std::string& line, int64_t value) {
-    return line.find("=" + std::to_string(value) + " ") != std::string::npos;
+    const auto v = std::to_string(value);
+    return line.find("=" + v + " ") != std::string::npos || line.find(" [" + v + "] ") != std::string::npos;
   };
   EXPECT_TRUE(shows(line(retrieval.out, "--epochs"), r.run().epochs())) << retrieval.out;
   EXPECT_TRUE(shows(line(retrieval.out, "--batch-size"), r.run().batch_size())) << retrieval.out;

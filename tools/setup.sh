@@ -62,13 +62,16 @@ if ((${#missing[@]})); then
 fi
 
 # Installs requirement files into the venv from the wheel cache, downloading
-# into the cache first only what is missing there.
+# into the cache first only what is missing there. `pip wheel`, not `pip
+# download`: a dependency published only as source (antlr4-python3-runtime,
+# through lightly's hydra) is built into a wheel while the index is at hand,
+# so the offline install never has to fetch its build requirements.
 pip_cached() {
   local py=$VENV/bin/python wheels=$CACHE/wheels
   mkdir -p "$wheels"
   if ! "$py" -m pip install -q --no-index --find-links "$wheels" "$@" 2>/dev/null; then
     phase "downloading $(grep -hv '^#' "${@: -1}" | tr '\n' ' ')and what they need into $wheels"
-    "$py" -m pip download -q -d "$wheels" "$@"
+    "$py" -m pip wheel -q -w "$wheels" "$@"
     "$py" -m pip install -q --no-index --find-links "$wheels" "$@"
   fi
 }

@@ -107,6 +107,9 @@ if [ ! -f "$ROOT/.contrax-root-ready" ]; then
   echo "tools/trixie.sh: root ready in $(($(date +%s) - start)) s"
 fi
 cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+# debootstrap writes no /etc/hosts, and without one "localhost" does not
+# resolve: torchrun --standalone's rendezvous (localhost:0) then fails.
+[ -s "$ROOT/etc/hosts" ] || printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n' >"$ROOT/etc/hosts"
 
 do_mount "$ROOT/proc" -t proc proc
 do_mount "$ROOT/dev" --bind /dev
