@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,7 +32,9 @@
 #include "contrax/train/common/run_dir.h"
 #include "contrax/verify.h"
 #include "json_util.h"
+#include "live_line.h"
 #include "plot.h"
+#include "stop_signal.h"
 #include "train_recipe.h"
 
 namespace contrax::cli {
@@ -51,9 +52,6 @@ namespace cli = contrax::cli;
 namespace ct = contrax::train;
 using cli::Json;
 
-volatile std::sig_atomic_t g_signal = 0;
-void on_signal(int sig) { g_signal = sig; }
-
 // Set by the `contrax train` process that claimed the run directory for the
 // workers it launches: "fresh", "resume" or "auto" (decide by the checkpoint,
 // for restarts after a failure).
@@ -63,7 +61,7 @@ constexpr const char* kStartEnv = "CONTRAX_TRAIN_START";
 // stops the run with the cause (a full disk must not go unnoticed).
 class Console {
  public:
-  explicit Console(bool to_stderr) : to_stderr_(to_stderr) {}
+  explicit Console(bool to_stderr) : to_stderr_(to_stderr), live_(to_stderr ? stderr : stdout) {}
   void open_log(const std::string& path, bool append) {
     path_ = path;
     file_ = std::fopen(path.c_str(), append ? "a" : "w");
@@ -77,6 +75,17 @@ class Console {
   /// The final summary and the table: always stdout.
   void result(const std::string& s) { emit(std::cout, s); }
   void err(const std::string& s) { emit(std::cerr, s); }
+  /// The loop's periodic progress lines: the console gets them unless it
+  /// shows the live line (a terminal); the log always.
+  void progress_line(const std::string& s) {
+    if (live_.on()) {
+      log_only(s);
+    } else {
+      out(s);
+    }
+  }
+  /// The live line (a terminal only; see live_line.h).
+  cli::LiveLine& live() { return live_; }
   /// Only to the log (main() prints errors to the console itself).
   void log_only(const std::string& s) {
     if (file_ != nullptr) {
@@ -87,6 +96,7 @@ class Console {
 
  private:
   void emit(std::ostream& os, const std::string& s) {
+    live_.clear();
     os << s << std::flush;
     if (file_ == nullptr) return;
     errno = 0;
@@ -94,9 +104,21 @@ class Console {
     TORCH_CHECK(ok, "cannot write ", path_, ": ", errno != 0 ? std::strerror(errno) : "write failed");
   }
   bool to_stderr_;
+  cli::LiveLine live_;
   std::string path_;
   std::FILE* file_ = nullptr;
 };
+
+// The live line of a training step: a bar, then where the run stands.
+std::string step_line(const ct::StepProgress& p) {
+  const double f = p.total_steps > 0 ? static_cast<double>(p.step) / static_cast<double>(p.total_steps) : 0.0;
+  std::ostringstream o;
+  o << "train " << cli::progress_bar(f, 24) << " " << std::setw(3) << static_cast<int>(f * 100) << "%  step "
+    << p.step << "/" << p.total_steps << "  epoch " << p.epoch << "/" << p.epochs << "  loss " << std::fixed
+    << std::setprecision(4) << p.loss << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
+    << "/s  ETA " << ct::format_duration(p.eta_s);
+  return o.str();
+}
 
 // A bare `--resume` means "always"; CLI11 would otherwise take the next flag
 // as its value.
@@ -297,6 +319,11 @@ int TrainCommand::launch_workers(const std::string& start) const {
   // Workers inherit the environment: they take the decision made here (and,
   // after a restart, resume from whatever checkpoint the failed attempt left).
   ::setenv(kStartEnv, max_restarts_ > 0 && start == "fresh" ? "auto" : start.c_str(), 1);
+  // The workers' output reaches the terminal through the launcher's pipes:
+  // whether it is one (and its width) is decided here (live_line.h).
+  const cli::LiveLine live(json_ ? stderr : stdout);
+  ::setenv("CONTRAX_PROGRESS", live.on() ? "live" : "plain", 1);
+  if (live.on()) ::setenv("COLUMNS", std::to_string(live.columns()).c_str(), 1);
   auto r = contrax::launch(argv, lo);
   if (r.exit_code != 0) std::cerr << "contrax train: " << r.message << "\n";
   return r.exit_code;
@@ -369,8 +396,6 @@ Json TrainCommand::settings() const {
 
 // Trains on this process's rank and reports; returns the exit status.
 int TrainCommand::train() {
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
   const auto wall0 = std::chrono::steady_clock::now();
   comm_ = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s_)));
   const int64_t world = comm_->world_size(), rank = comm_->rank();
@@ -401,8 +426,15 @@ int TrainCommand::train() {
       .dtype(dtype_ == "double" ? torch::kDouble : torch::kFloat)
       .run_dir(run_dir_)
       .resume(resumed_)
-      .log([this](const std::string& line) { console_->out(line); })
-      .stop_requested([] { return g_signal != 0; });
+      .log([this](const std::string& line) { console_->progress_line(line); })
+      .on_step([this](const ct::StepProgress& p) { console_->live().show(step_line(p), p.step == p.total_steps); })
+      .stop_requested([] {
+        // The loop's first stop check: from here on a signal stops it at a
+        // step boundary with a checkpoint; until now it ended the rank at
+        // once (stop_signal.h).
+        cli::stop_signals(cli::OnSignal::kRequestStop);
+        return cli::stop_signal() != 0;
+      });
   if (rank == 0) {
     const int64_t t = at::get_num_threads();
     console_->out(c10::str("contrax train: ", recipe_->what(), ", ", world, " process", world > 1 ? "es" : "", " x ",
@@ -413,6 +445,9 @@ int TrainCommand::train() {
   try {
     r = recipe_->train(comm_);
   } catch (const c10::Error& e) {
+    // A peer that a signal ended first fails this rank's collective: the
+    // signal, not the error, is why the run ended.
+    if (cli::stop_signal() != 0) cli::end_by_signal(cli::stop_signal());
     // The loop's divergence error names the step; the flags are the tool's to name.
     const std::string msg = e.what_without_backtrace();
     const std::string cause = msg.rfind("training diverged", 0) == 0 ? divergence_cause() : "";
@@ -421,12 +456,15 @@ int TrainCommand::train() {
     if (cause.empty()) throw;
     TORCH_CHECK(false, msg, cause);
   }
+  console_->live().keep();  // the training's last state stays on the screen
+  // Evaluation has nothing to save: a signal ends it at once.
+  if (!r.interrupted) cli::stop_signals(cli::OnSignal::kEndAtOnce);
   if (r.interrupted) {
     if (rank == 0) {
       console_->err(c10::str("contrax train: stopped at step ", r.steps, "/", r.total_steps, "; checkpoint ",
                              dir.checkpoint(), " written; continue with --resume\n"));
     }
-    return g_signal != 0 && !contrax::in_launched_worker() ? 128 + static_cast<int>(g_signal) : 0;
+    return cli::stop_signal() != 0 && !contrax::in_launched_worker() ? 128 + cli::stop_signal() : 0;
   }
   return report(r, wall0);
 }
@@ -473,6 +511,9 @@ Json TrainCommand::verify() const {
 // The exactness check, then on rank 0 the evaluation, results.json, the
 // summary and the curves.
 int TrainCommand::report(const ct::RunResult& r, std::chrono::steady_clock::time_point wall0) {
+  if (comm_->rank() == 0 && !no_verify_) {
+    console_->live().show("verify  the distributed gradients against one device's", true);
+  }
   const Json verify_j = no_verify_ ? Json() : verify();
   // Evaluation on rank 0, after the last collective: the other ranks are done
   // and exit, so a slow evaluation can never time out a peer that waits for it
@@ -496,7 +537,14 @@ int TrainCommand::report(const ct::RunResult& r, std::chrono::steady_clock::time
   cli::put_number(s, "final_loss", r.losses.empty() ? std::nan("") : r.losses.back());
   recipe_->summarize(s);
   std::ostringstream table;
-  const double eval_s = tool_.no_eval ? 0 : recipe_->evaluate(tool_, s, table);
+  const auto e0 = std::chrono::steady_clock::now();
+  std::string part;  // shown at once when it changes; its stages at most ten times a second
+  const double eval_s = tool_.no_eval ? 0 : recipe_->evaluate(tool_, s, table, [&](const std::string& what) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
+    const std::string now_part = what.substr(0, what.find(':'));
+    console_->live().show("evaluate  " + what + "  (" + ct::format_duration(t) + ")", now_part != part);
+    part = now_part;
+  });
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   cli::put_number(s, "examples_per_s", r.examples_per_s);
   cli::put_number(s, "train_s", r.train_s);

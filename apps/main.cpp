@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "stop_signal.h"
 
 namespace contrax::cli {
 
@@ -257,6 +258,7 @@ int main(int argc, char** argv) {
     usage();
     return 2;
   }
+  install_stop_signals(cmd);
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     return it->second.run(args);

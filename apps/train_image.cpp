@@ -118,17 +118,24 @@ class ImageRecipe : public TrainRecipe {
 
   void summarize(Json& s) const override { s["chunk_size"] = o_.chunk_size(); }
 
-  double evaluate(const TrainToolFlags& f, Json& s, std::ostream& out) override {
+  double evaluate(const TrainToolFlags& f, Json& s, std::ostream& out, const EvalProgress& progress) override {
     const auto eopts = ct::EvalOptions().probe_train_limit(probe_limit_);
+    // The same options, telling the live line which part is at which stage.
+    const auto part = [&](int i, const std::string& name) {
+      return ct::EvalOptions(eopts).progress([=](const std::string& stage, int64_t done, int64_t total) {
+        progress(c10::str(name, " (", i, "/3): ", stage, total > 1 ? c10::str(" ", done, "/", total) : ""));
+      });
+    };
+    progress("loading the evaluation splits");
     auto eval_train = ct::load_dataset(data_dir_, "train", f.eval_limit);
     auto eval_test = ct::load_dataset(data_dir_, "test", f.eval_limit);
     auto enc = result_.encoder;
     enc->to(torch::kFloat);
     // One protocol for all three representations, so that they compare.
-    const auto trained = ct::evaluate_encoder(enc, eval_train, eval_test, eopts);
+    const auto trained = ct::evaluate_encoder(enc, eval_train, eval_test, part(1, "trained encoder"));
     const auto random_init = ct::evaluate_random_init(enc->options, o_.run().seed() + 1000003, eval_train,
-                                                      eval_test, eopts);
-    const auto raw = ct::evaluate_raw_pixels(eval_train, eval_test, eopts);
+                                                      eval_test, part(2, "random init"));
+    const auto raw = ct::evaluate_raw_pixels(eval_train, eval_test, part(3, "raw pixels"));
     const int64_t n_probe = probe_limit_ > 0 ? std::min(probe_limit_, eval_train.size()) : eval_train.size();
     const double seconds = trained.seconds + random_init.seconds + raw.seconds;
     // The flat keys of earlier versions, and the table as one object per row.

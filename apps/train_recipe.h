@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <memory>
 #include <string>
@@ -60,9 +61,12 @@ class TrainRecipe {
   virtual train::RunResult train(const CommunicatorPtr& comm) = 0;
   /// The recipe's part of the summary, after the run's shared keys.
   virtual void summarize(Json& s) const = 0;
+  /// What the evaluation is doing, for the live line ("trained encoder
+  /// (1/3): embedding 12/70").
+  using EvalProgress = std::function<void(const std::string& what)>;
   /// Rank 0 after the last collective: evaluates into `s` and writes the
-  /// table; returns the seconds it took.
-  virtual double evaluate(const TrainToolFlags& flags, Json& s, std::ostream& table) = 0;
+  /// table, telling `progress` as it goes; returns the seconds it took.
+  virtual double evaluate(const TrainToolFlags& flags, Json& s, std::ostream& table, const EvalProgress& progress) = 0;
   /// What the summary line says after the rate: "examples/s; ".
   virtual std::string rate_note() const = 0;
 };

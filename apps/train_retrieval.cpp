@@ -102,16 +102,21 @@ class RetrievalRecipe : public TrainRecipe {
     put_number(s, "logit_scale", result_.logit_scale);
   }
 
-  double evaluate(const TrainToolFlags& f, Json& s, std::ostream& out) override {
+  double evaluate(const TrainToolFlags& f, Json& s, std::ostream& out, const EvalProgress& progress) override {
     const auto e0 = std::chrono::steady_clock::now();
     // One protocol, one evaluation set, for every system.
+    progress("building the evaluation set");
     const auto set = ct::make_eval_set(corpus_, f.eval_limit);
+    progress("trained towers (1/4)");
     const auto trained = ct::evaluate_towers(result_.query_tower, result_.passage_tower, corpus_, set);
     ct::BagTower q0{nullptr}, p0{nullptr};
     ct::LogitScale s0{nullptr};
     ct::build_towers(o_, q0, p0, s0);  // the towers this run started from
+    progress("random init (2/4)");
     const auto random_init = ct::evaluate_towers(q0, p0, corpus_, set);
+    progress("BM25 on words (3/4)");
     const auto word = ct::evaluate_bm25(corpus_, set, "word");
+    progress("BM25 on character n-grams (4/4)");
     const auto chargram = ct::evaluate_bm25(corpus_, set, "chargram");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
     // The lexical baseline is the stronger BM25 variant on recall@10.

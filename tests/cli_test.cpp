@@ -541,6 +541,39 @@ TEST(Cli, MetricsAndSummaryAreStrictJsonCountedFromOne) {
   EXPECT_EQ(rows[2]["rows"], 32) << "the short last batch says it had fewer rows";
 }
 
+// Issue 27, item 2: on a terminal, one line redrawn in place per phase
+// (training as a bar, then the exactness check and the evaluation, part by
+// part); piped, the periodic plain lines. train.log keeps every line either
+// way. The terminal is a pseudo-terminal from `script` (util-linux); the two
+// processes' output reaches it through the launcher's pipes.
+TEST(Cli, ProgressIsOneLiveLineOnATerminalAndPlainLinesInAPipe) {
+  if (run_shell("command -v script >/dev/null").status != 0) GTEST_SKIP() << "script (util-linux) is not installed";
+  const std::string d = temp_dir("progress");
+  const std::string args = " train --nproc 2 --threads 1 --train-limit 256 --batch-size 64 --max-steps 6 "
+                           "--warmup-steps 1 --log-every 1 --eval-limit 300 --no-plot --run-dir ";
+  auto tty = run_shell("TERM=xterm COLUMNS=120 script -qefc \"" + std::string(CONTRAX_CLI_PATH) + args + d +
+                       "/tty\" </dev/null\" /dev/null 2>&1");
+  ASSERT_EQ(tty.status, 0) << tty.out;
+  EXPECT_NE(tty.out.find("\rtrain [########################] 100%  step 6/6  epoch 2/2"), std::string::npos) << tty.out;
+  EXPECT_NE(tty.out.find("\rverify  "), std::string::npos) << tty.out;
+  for (const char* part : {"trained encoder (1/3)", "random init (2/3)", "raw pixels (3/3)"}) {
+    EXPECT_NE(tty.out.find(std::string("\revaluate  ") + part), std::string::npos) << part << "\n" << tty.out;
+  }
+  EXPECT_EQ(tty.out.find("step 1/6  epoch"), std::string::npos) << "no plain progress lines on a terminal\n" << tty.out;
+  EXPECT_NE(tty.out.find("linear probe acc"), std::string::npos) << "the table follows\n" << tty.out;
+  auto pipe = run_cli(args.substr(1) + d + "/pipe");
+  ASSERT_EQ(pipe.status, 0) << pipe.out;
+  EXPECT_EQ(pipe.out.find('\r'), std::string::npos) << pipe.out;
+  EXPECT_NE(pipe.out.find("step 1/6  epoch 1 (1/4)"), std::string::npos) << pipe.out;
+  for (const char* run : {"/tty", "/pipe"}) {
+    const std::string log = read_file(d + run + "/train.log");
+    for (int step = 1; step <= 6; ++step) {
+      EXPECT_NE(log.find("step " + std::to_string(step) + "/6  epoch"), std::string::npos) << run << "\n" << log;
+    }
+    EXPECT_EQ(log.find('\r'), std::string::npos) << run << "\n" << log;
+  }
+}
+
 TEST(Cli, DivergenceStopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
   const std::string d = temp_dir("diverge") + "/run";
   auto half = run_cli(kTiny + " --max-steps 6 --stop-at-step 2 --run-dir " + d);

@@ -14,7 +14,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -503,4 +506,127 @@ TEST(Fault, MissingTestSplitIsFoundBeforeTraining) {
   EXPECT_FALSE(fs::exists(rd + "/checkpoint.pt"));
   EXPECT_EQ(metric_lines(rd + "/metrics.jsonl"), 0);
   EXPECT_LT(s, 30.0);
+}
+
+namespace {
+
+// Holds 127.0.0.1:port with a listening socket (a port in use).
+struct BusyPort {
+  explicit BusyPort(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
+  }
+  ~BusyPort() { ::close(fd); }
+  int fd = -1;
+  bool ok = false;
+};
+
+// SIGTERM `delay` after the start of `env_and_args`; what came of it.
+Done terminate_after(const std::string& env_and_args, const std::string& out, double delay) {
+  Proc p = spawn(env_and_args, out);
+  std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+  ::kill(p.pid, SIGTERM);
+  return wait_for(p, std::chrono::seconds(90));
+}
+
+// The lines of `text` that are not empty.
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+// Ended as SIGTERM ends a program, status 143 in a shell's terms: an exit
+// with 128 + 15 (a launcher reporting its job), or the signal itself with one
+// line saying so, or with none when it came before main() (the dynamic loader
+// still mapping LibTorch: nothing of the tool's runs yet).
+bool ended_by_sigterm(const Done& d, const std::string& line) {
+  const auto lines = lines_of(d.output);
+  if (d.exited) return d.status == 128 + SIGTERM;
+  return d.status == SIGTERM && (lines.empty() || lines == std::vector<std::string>{line});
+}
+
+}  // namespace
+
+// Issue 29, item 3: SIGTERM during start-up. Before: a rank waiting in the
+// rendezvous only noted the signal: `contrax train --nproc 2` terminated 2 s
+// after its start took the launcher's 60 s grace and a SIGKILL, with a
+// misleading "could not reach the rendezvous store ... Interrupted system
+// call" from the other rank; a hand-started rank waited out --timeout (300 s);
+// `contrax launch` with MASTER_PORT in use took about 12 s to end. Now each
+// ends within 2 s of the signal, status 143, with one line saying why.
+TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
+  REQUIRE_DATA();
+  TempDir t;
+  int k = 0;
+  for (const double delay : {0.5, 1.0, 2.0, 5.0}) {
+    const std::string tag = " (SIGTERM after " + std::to_string(delay).substr(0, 3) + " s)";
+    const std::string run_dir = t.path + "/run" + std::to_string(++k);
+    // The tool's own launcher: at 5 s it may be training, then it stops at a
+    // step boundary with a checkpoint.
+    auto train = terminate_after(cli("train " + kFast + " --nproc 2 --max-steps 100000 --run-dir " + run_dir),
+                                 t.path + "/train" + std::to_string(k) + ".txt", delay);
+    report("contrax train --nproc 2" + tag, train);
+    EXPECT_LT(train.seconds - delay, 2.0) << train.output;
+    EXPECT_TRUE(ended_by_sigterm(train, "contrax train: stopped by signal 15 (Terminated)")) << train.output;
+    if (train.exited) {  // the launcher had started: it reports the job
+      EXPECT_NE(train.output.find("contrax train: interrupted by signal 15 (Terminated); workers stopped"),
+                std::string::npos) << train.output;
+    }
+    EXPECT_EQ(train.output.find("error"), std::string::npos) << train.output;
+    // A rank started by hand (a scheduler, torchrun) whose peer never comes.
+    const std::string env = "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port(20 + k)) + " ";
+    auto rank = terminate_after(env + cli("train " + kFast + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "h"),
+                                t.path + "/rank" + std::to_string(k) + ".txt", delay);
+    report("a hand-started rank 1 without rank 0" + tag, rank);
+    EXPECT_LT(rank.seconds - delay, 2.0) << rank.output;
+    EXPECT_TRUE(!rank.exited && ended_by_sigterm(rank, "contrax train: rank 1: stopped by signal 15 (Terminated)"))
+        << rank.output;
+    if (delay >= 2.0) EXPECT_FALSE(rank.output.empty()) << "main() has long begun: the line must be there";
+    // `contrax launch` when MASTER_PORT is in use: rank 0 says so at once,
+    // and the launcher ends rank 1 (waiting for rank 0's store) at once.
+    const int port = free_port(40 + k);
+    BusyPort busy(port);
+    ASSERT_TRUE(busy.ok) << "cannot hold port " << port;
+    auto launch = terminate_after(cli("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli +
+                                      " train " + kFast + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "l"),
+                                  t.path + "/launch" + std::to_string(k) + ".txt", delay);
+    report("contrax launch with MASTER_PORT in use" + tag, launch);
+    EXPECT_LT(launch.seconds - delay, 2.0) << launch.output;
+    if (!launch.exited || launch.status == 128 + SIGTERM) {  // the signal came first
+      EXPECT_TRUE(ended_by_sigterm(launch, "contrax launch: stopped by signal 15 (Terminated)")) << launch.output;
+      if (launch.exited) {
+        EXPECT_NE(launch.output.find("contrax launch: interrupted by signal 15"), std::string::npos) << launch.output;
+      }
+    } else {  // rank 0's own failure came first: its status and cause
+      EXPECT_EQ(launch.status, 1) << launch.output;
+      EXPECT_NE(launch.output.find("contrax launch: rank 0 exited with status 1"), std::string::npos) << launch.output;
+      EXPECT_NE(launch.output.find("the port is in use"), std::string::npos) << launch.output;
+    }
+  }
+}
+
+// Issue 29, item 3: `contrax launch` with MASTER_PORT in use ends as soon as
+// rank 0 has said why (before: about 12 s, rank 1 waiting for the store).
+TEST(Fault, PortInUseEndsTheLaunchAtOnce) {
+  REQUIRE_DATA();
+  TempDir t;
+  const int port = free_port(60);
+  BusyPort busy(port);
+  ASSERT_TRUE(busy.ok) << "cannot hold port " << port;
+  auto d = run(cli("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli + " train " + kFast +
+                   " --nproc 1 --max-steps 3 --run-dir " + t.path + "/run"),
+               t.path, std::chrono::seconds(90));
+  report("contrax launch with MASTER_PORT in use, no signal", d);
+  EXPECT_TRUE(d.exited && d.status == 1) << d.output;
+  EXPECT_NE(d.output.find("the port is in use"), std::string::npos) << d.output;
+  EXPECT_LT(d.seconds, 5.0) << d.output;
 }

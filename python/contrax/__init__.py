@@ -47,6 +47,19 @@ def _check_torch() -> None:
 
 _check_torch()
 
+
+class _Local:
+    """The type of ``contrax.LOCAL``."""
+
+    def __repr__(self) -> str:
+        return "contrax.LOCAL"
+
+
+#: ``group=contrax.LOCAL``: the single-device loss over this rank's rows, with
+#: no collective, whether or not ``torch.distributed`` is initialised.
+LOCAL = _Local()
+# (Defined before the modules below import it.)
+
 from . import _contrax  # noqa: E402
 from . import _ops  # noqa: E402  (the operators' fake kernels and autograd, for torch.compile)
 from .grad_cache import GradCache, GradCacheEncoder
@@ -82,18 +95,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
-
-
-class _Local:
-    """The type of ``contrax.LOCAL``."""
-
-    def __repr__(self) -> str:
-        return "contrax.LOCAL"
-
-
-#: ``group=contrax.LOCAL``: the single-device loss over this rank's rows, with
-#: no collective, whether or not ``torch.distributed`` is initialised.
-LOCAL = _Local()
 
 
 def _comm(group):

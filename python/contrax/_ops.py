@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import _contrax
+from . import LOCAL, _contrax
 
 __all__ = ["group_name", "clip_loss", "grouped_loss", "nt_xent_loss", "moco_v3_loss", "siglip_loss",
            "gather_with_grad", "grad_cache_inject"]
@@ -31,10 +31,20 @@ __all__ = ["group_name", "clip_loss", "grouped_loss", "nt_xent_loss", "moco_v3_l
 _world_of_name = {"": 1}
 
 
-@torch.compiler.assume_constant_result
 def group_name(group) -> str:
     """The name an operator knows ``group=`` by ("" for a world of 1), with its
     communicator registered under it."""
+    # contrax.LOCAL has no collective: "" without asking. (The compiler of
+    # torch 2.6 cannot pass an object that is not a constant, as LOCAL is,
+    # to an assume_constant_result function.)
+    if group is LOCAL:
+        return ""
+    return _resolved_group_name(group)
+
+
+@torch.compiler.assume_constant_result
+def _resolved_group_name(group) -> str:
+    """``group_name`` of a process group or None, once per compilation."""
     from . import _comm
     comm = _comm(group)
     if comm.world_size == 1:

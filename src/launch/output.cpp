@@ -39,12 +39,14 @@ void write_log(Worker& w, const std::string& text, const OutputOptions& o) {
 
 // Forwards complete lines of `s.buffer`, or everything at EOF / when the
 // line grew past kMaxLine, one write per line. Without a prefix, a last
-// line without newline is passed on as it is.
+// line without newline is passed on as it is. A carriage return ends a
+// piece too: a progress line redrawn in place (`contrax train` on a
+// terminal) reaches the terminal at each redraw, not at the next newline.
 void flush_lines(Worker& w, Stream& s, bool all, const OutputOptions& o) {
   const std::string p = o.prefix ? "[rank " + std::to_string(s.rank) + "] " : std::string();
   size_t start = 0;
   for (;;) {
-    const size_t nl = s.buffer.find('\n', start);
+    const size_t nl = s.buffer.find_first_of("\n\r", start);
     size_t end;  // one past the bytes forwarded now
     bool add_newline = false;
     if (nl == std::string::npos) {

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -19,5 +21,10 @@ def torchrun(script, nproc, *args, timeout=900, env=None):
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
                           env=run_env)
     print(proc.stdout)
+    if proc.returncode != 0 and "without libuv support" in proc.stdout:
+        # Debian's torch 2.6 is built without libuv, and its torchrun asks for
+        # a libuv store whatever the rendezvous backend: it starts nothing.
+        pytest.skip("this torch's torchrun cannot start workers: it asks for a libuv store, and this torch is "
+                    "built without libuv (Debian's 2.6)")
     assert proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-6000:]}"
     return proc.stdout

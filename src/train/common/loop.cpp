@@ -26,16 +26,6 @@ constexpr int64_t kMaxTotalSteps = int64_t{1} << 40;
 // How --dtype spells the training dtype (stored in checkpoints).
 std::string dtype_name(torch::Dtype d) { return d == torch::kDouble ? "double" : "float"; }
 
-// "1h02m03s", "4m05s", "6s".
-std::string fmt_duration(double s) {
-  if (!(s >= 0) || s > 1e7) return "?";
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  std::ostringstream o;
-  if (t >= 3600) o << t / 3600 << "h";
-  if (t >= 60) o << std::setw(t >= 3600 ? 2 : 1) << std::setfill('0') << (t / 60) % 60 << "m";
-  o << std::setw(t >= 60 ? 2 : 1) << std::setfill('0') << t % 60 << "s";
-  return o.str();
-}
 
 // The sum of every gradient entry of `params`, in fp64: finite exactly when no
 // gradient holds a NaN or infinity (up to an overflow of the sum, which is a
@@ -205,6 +195,16 @@ void TrainLoop::save(int64_t step) {
   c.save(run_dir_.checkpoint());
 }
 
+std::string format_duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  std::ostringstream o;
+  if (t >= 3600) o << t / 3600 << "h";
+  if (t >= 60) o << std::setw(t >= 3600 ? 2 : 1) << std::setfill('0') << (t / 60) % 60 << "m";
+  o << std::setw(t >= 60 ? 2 : 1) << std::setfill('0') << t % 60 << "s";
+  return o.str();
+}
+
 // Agrees on stopping at the step boundary: any rank's request stops all.
 bool TrainLoop::stop_agreed(int64_t step) {
   const bool want_stop = (options_.stop_requested() && options_.stop_requested()()) ||
@@ -239,14 +239,19 @@ void TrainLoop::record(const Row& r, const Step& step) {
     checked([&] { metrics_->write(m); });
   }
   const int64_t done = r.step + 1 - start_, every = options_.log_every();
-  if (every <= 0 || !(done % every == 0 || r.step + 1 == total_ || done == 1 || !r.finite)) return;
   const double eta = r.elapsed / done * (total_ - r.step - 1);
+  if (options_.on_step()) {
+    const int64_t per_epoch = sampler_.steps_per_epoch();
+    options_.on_step()({r.step + 1, total_, r.pos.epoch + 1, (total_ + per_epoch - 1) / per_epoch, r.pos.step + 1,
+                         per_epoch, r.loss, r.examples_per_s, step.rate_unit, r.elapsed, eta});
+  }
+  if (every <= 0 || !(done % every == 0 || r.step + 1 == total_ || done == 1 || !r.finite)) return;
   std::ostringstream line;
   line << "step " << r.step + 1 << "/" << total_ << "  epoch " << r.pos.epoch + 1 << " (" << r.pos.step + 1 << "/"
        << sampler_.steps_per_epoch() << ")  loss " << std::fixed << std::setprecision(4) << r.loss
        << (step.progress ? step.progress() : std::string()) << "  lr " << std::scientific << std::setprecision(2)
        << r.lr << std::fixed << std::setprecision(0) << "  " << r.examples_per_s << " " << step.rate_unit
-       << "/s  ETA " << fmt_duration(eta);
+       << "/s  ETA " << format_duration(eta);
   if (rows < options_.batch_size()) line << "  (short batch: " << rows << " rows)";
   if (!r.finite) line << "  NOT APPLIED: non-finite " << (std::isfinite(r.loss) ? "gradient" : "loss");
   checked([&] {

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "contrax/train/image/augment.h"
 
@@ -254,18 +256,46 @@ void check_eval_options(const char* fn, const EvalOptions& o) {
   TORCH_CHECK(o.batch_size() >= 1, fn, "(): option 'batch_size' must be >= 1, but got ", o.batch_size());
 }
 
+void tell(const EvalOptions& o, const char* stage, int64_t done, int64_t total) {
+  if (o.progress()) o.progress()(stage, done, total);
+}
+
 EvalResult evaluate_features(const torch::Tensor& ftrain, const Dataset& train, const torch::Tensor& ftest,
                              const Dataset& test, const EvalOptions& options,
                              std::chrono::steady_clock::time_point t0) {
   const int64_t n_probe = options.probe_train_limit() > 0 ? std::min(options.probe_train_limit(), ftrain.size(0))
                                                           : ftrain.size(0);
   EvalResult r;
+  tell(options, "linear probe", 0, 1);
   r.probe = linear_probe(ftrain.narrow(0, 0, n_probe), train.labels.narrow(0, 0, n_probe), ftest, test.labels,
                          options.probe());
   r.linear_probe_acc = r.probe.test_acc;
+  tell(options, "kNN", 0, 1);
   r.knn_acc = knn_accuracy(ftrain, train.labels, ftest, test.labels, options.knn());
+  tell(options, "kNN", 1, 1);
   r.seconds = seconds_since(t0);
   return r;
+}
+
+// Both splits through the frozen encoder, a batch at a time as embed() does,
+// telling the display after each.
+std::pair<torch::Tensor, torch::Tensor> embed_splits(Encoder encoder, const Dataset& train, const Dataset& test,
+                                                     const EvalOptions& o) {
+  const int64_t b = o.batch_size();
+  const int64_t total = (train.size() + b - 1) / b + (test.size() + b - 1) / b;
+  int64_t done = 0;
+  auto split = [&](const torch::Tensor& images) {
+    if (!o.progress()) return embed(encoder, images, b);
+    std::vector<torch::Tensor> parts;
+    for (int64_t i = 0; i < images.size(0); i += b) {
+      tell(o, "embedding", done++, total);
+      parts.push_back(embed(encoder, images.narrow(0, i, std::min(b, images.size(0) - i)), b));
+    }
+    return parts.empty() ? embed(encoder, images, b) : torch::cat(parts);
+  };
+  auto ftrain = split(train.images);
+  auto ftest = split(test.images);
+  return {ftrain, ftest};
 }
 }  // namespace
 
@@ -273,8 +303,7 @@ EvalResult evaluate_encoder(Encoder encoder, const Dataset& train, const Dataset
                             const EvalOptions& options) {
   check_eval_options("evaluate_encoder", options);
   const auto t0 = std::chrono::steady_clock::now();
-  auto ftrain = embed(encoder, train.images, options.batch_size());
-  auto ftest = embed(encoder, test.images, options.batch_size());
+  const auto [ftrain, ftest] = embed_splits(encoder, train, test, options);
   return evaluate_features(ftrain, train, ftest, test, options, t0);
 }
 

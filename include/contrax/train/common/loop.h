@@ -54,6 +54,26 @@
 namespace contrax {
 namespace train {
 
+/// Where a run stands after a step: what a live display shows (rank 0, every
+/// step, through `RunOptions::on_step`).
+struct StepProgress {
+  int64_t step = 0;             // steps done, from 1
+  int64_t total_steps = 0;      // the schedule's length
+  int64_t epoch = 0;            // from 1
+  int64_t epochs = 0;           // epochs the schedule spans
+  int64_t step_in_epoch = 0;    // from 1
+  int64_t steps_per_epoch = 0;
+  double loss = 0;
+  double examples_per_s = 0;    // of the last step
+  std::string rate_unit;        // what the examples are ("img", "queries")
+  double elapsed_s = 0;         // since the run (or its resume) began
+  double eta_s = 0;             // at the rate so far
+};
+
+/// A duration as the progress line writes it: "1h02m03s", "4m05s", "6s";
+/// "?" when negative, not a number or beyond 10^7 s.
+std::string format_duration(double seconds);
+
 /// The options of a run that every recipe shares, nested in each recipe's
 /// options (`TrainOptions::run()`, `RetrievalOptions::run()`), which set
 /// their own defaults for the schedule's length, the batch and AdamW.
@@ -93,6 +113,9 @@ struct RunOptions {
   /// Set: rank 0's progress lines go here instead (the tool copies them to
   /// the console and RUN_DIR/train.log).
   TORCH_ARG(std::function<void(const std::string&)>, log) = nullptr;
+  /// Set: called on rank 0 after every step, whatever `log_every` (the
+  /// tool's progress bar on a terminal).
+  TORCH_ARG(std::function<void(const StepProgress&)>, on_step) = nullptr;
   /// Steps with a non-finite loss or gradient that may be skipped (not
   /// applied) before training stops with an error. 0: the first one stops it.
   TORCH_ARG(int64_t, skip_nonfinite) = 0;

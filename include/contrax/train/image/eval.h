@@ -138,6 +138,9 @@ struct EvalOptions {
   TORCH_ARG(int64_t, probe_train_limit) = -1;
   /// Images per forward pass when embedding.
   TORCH_ARG(int64_t, batch_size) = 1024;
+  /// Set: told of each stage as it goes ("embedding", done, total batches;
+  /// "linear probe", 0, 1 then 1, 1; "kNN", 0, 1 then 1, 1), for a display.
+  TORCH_ARG(std::function<void(const std::string& stage, int64_t done, int64_t total)>, progress) = nullptr;
 };
 
 /// Embeds both splits with `encoder` (frozen) and runs both read-outs.
