@@ -56,9 +56,10 @@ struct LaunchOptions {
 
 /// How a launch ended.
 struct LaunchResult {
-  /// The launch's exit status.
+  /// The exit status of the failing worker (128 + N when it was killed by
+  /// signal N), or 128 + N when the launch was interrupted by signal N.
   int exit_code = 0;        // 0 when all workers succeeded
-  /// The rank seen failing first.
+  /// The rank whose failure ended the launch (the root cause when one is found).
   int64_t failed_rank = -1; // first rank seen failing, -1 if none
   /// What went wrong, for the user.
   std::string message;      // e.g. "rank 1 exited with status 3: error: ..."
