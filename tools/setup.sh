@@ -3,7 +3,8 @@
 # `contrax` tool), as root on Debian. Safe to re-run: what is installed is
 # skipped, downloads are kept, and the build is incremental.
 #
-#   * Debian packages: compiler, CMake, the data sets, CLI11, JSON, GoogleTest;
+#   * Debian packages: compiler, CMake, the data sets, CLI11, JSON, GoogleTest,
+#     Doxygen (the API reference);
 #   * a project virtual environment (.venv) with PyPI's torch, pinned in
 #     requirements/torch.txt; its LibTorch (torch.utils.cmake_prefix_path) is
 #     what the C++ library, the tool and the Python package build against,
@@ -18,7 +19,8 @@
 #   CONTRAX_VENV       the virtual environment (default: .venv)
 #   CONTRAX_CACHE      downloads (default: ~/.cache/contrax)
 #   CONTRAX_TARGETS    CMake targets to build (default: contrax_cli; "all" for everything)
-#   CONTRAX_EXTRA_REQUIREMENTS  more requirement files for .venv (tools/test.sh: requirements/test.txt)
+#   CONTRAX_EXTRA_REQUIREMENTS  more requirement files for .venv, space-separated (tools/test.sh:
+#                      requirements/test.txt and requirements/docs.txt)
 #   CONTRAX_TORCH      pypi (default) or system: the system's LibTorch and
 #                      python3-torch from Debian instead (tools/trixie.sh uses
 #                      it for Debian trixie's LibTorch 2.6)
@@ -46,6 +48,9 @@ PACKAGES=(
   python3-matplotlib              # curves.png of a run
   iproute2 util-linux             # ip netns/veth for the two-node test; flock, mount for the fault tests
 )
+if [ "$TORCH_FROM" = pypi ]; then
+  PACKAGES+=(doxygen)            # the API reference's C++ half (tools/docs.sh; Sphinx is in requirements/docs.txt)
+fi
 if [ "$TORCH_FROM" = system ]; then
   # Debian's LibTorch (CPU), c10d's Gloo headers, the torch and pybind11 of the binding
   PACKAGES+=(libtorch-dev libgloo-dev python3-torch pybind11-dev python3-pytest python3-numpy

@@ -23,9 +23,13 @@ namespace contrax {
 /// Result of a gather: the rows of all ranks in rank order, plus where each
 /// rank's rows sit.
 struct Gathered {
+  /// The rows of every rank concatenated in rank order: `[B, ...]`.
   torch::Tensor all;            // [B, ...]
+  /// `counts[s]` is the number of rows rank s contributed.
   std::vector<int64_t> counts;  // counts[s] = b_s
+  /// The global index of this rank's first row (the sum of the counts before it).
   int64_t offset = 0;           // off_r: first global row of this rank
+  /// The global row count B (the sum of `counts`).
   int64_t total() const;        // B
 };
 

@@ -70,7 +70,9 @@ struct CommunicatorOptions {
 /// slice); an all-reduce of `n` bytes sends `2 (W-1)/W * n` (ring: reduce-scatter
 /// then all-gather); point-to-point sends count their payload.
 struct OpStats {
+  /// How many times the operation ran.
   int64_t calls = 0;
+  /// Bytes this rank sent, counted as described above.
   int64_t bytes_sent = 0;
 };
 
@@ -78,6 +80,7 @@ struct OpStats {
 /// "reduce_scatter", "all_reduce", "all_to_all", "send", "broadcast",
 /// "metadata", ...).
 struct CommStats {
+  /// The statistics of each operation, keyed by its name.
   std::map<std::string, OpStats> ops;
   /// Sum of `bytes_sent` over all operations.
   int64_t total_bytes_sent() const;
@@ -134,12 +137,15 @@ class Communicator {
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
+  /// This process's rank, in [0, world_size()).
   int64_t rank() const;
+  /// The number of ranks in the group.
   int64_t world_size() const;
   /// `LOCAL_RANK` when built from the environment, otherwise `rank()`.
   int64_t local_rank() const;
   /// Name of the c10d backend ("gloo", "nccl", "mpi"), or "none" for world 1.
   std::string backend() const;
+  /// How long a collective waits for a peer before failing (the options' `timeout`).
   std::chrono::milliseconds timeout() const;
 
   // ---- collectives (no autograd; see collectives.h for the differentiable ones)
@@ -184,7 +190,9 @@ class Communicator {
   class Pending {
    public:
     Pending() = default;
+    /// Waits for the exchange to finish and returns the received tensor.
     torch::Tensor wait();
+    /// Whether the handle refers to a started exchange (false when default-constructed).
     bool valid() const { return static_cast<bool>(state_); }
 
    private:
@@ -192,6 +200,8 @@ class Communicator {
     struct State;
     std::shared_ptr<State> state_;
   };
+  /// The asynchronous form of ring_exchange(): starts both transfers and returns a
+  /// handle whose `wait()` gives the received tensor.
   Pending ring_exchange_async(const torch::Tensor& send, at::IntArrayRef recv_shape,
                               int64_t shift = 1, const std::string& stat_name = "ring");
 
@@ -200,6 +210,7 @@ class Communicator {
 
   /// Statistics since construction or the last `reset_stats()`.
   CommStats stats() const;
+  /// Sets every statistic back to zero.
   void reset_stats();
   /// Adds to the statistics; for components built on the process group
   /// directly (the data-parallel reducer) so their traffic is counted too.

@@ -99,6 +99,8 @@ class DataParallel {
   /// constructs its DataParallel at the same point. A null `comm` is world 1.
   DataParallel(std::shared_ptr<torch::nn::Module> module, CommunicatorPtr comm,
                DataParallelOptions options = {});
+  /// Wraps a module held by LibTorch's ModuleHolder (`MyNet`, not `MyNetImpl`);
+  /// otherwise the same as the constructor above.
   template <typename ModuleType>
   DataParallel(const torch::nn::ModuleHolder<ModuleType>& module, CommunicatorPtr comm,
                DataParallelOptions options = {})
@@ -144,8 +146,10 @@ class DataParallel {
   /// passes accumulate gradients locally (DDP's `no_sync`). Nests.
   class NoSyncGuard {
    public:
+    /// Opens a no-sync scope on `dp` (the scopes nest); the destructor closes it.
     explicit NoSyncGuard(DataParallel& dp);
     ~NoSyncGuard();
+    /// Takes over `other`'s scope; `other` then closes nothing.
     NoSyncGuard(NoSyncGuard&& other) noexcept;
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -154,12 +158,18 @@ class DataParallel {
    private:
     DataParallel* dp_;
   };
+  /// Opens a no-sync scope that lasts as long as the returned guard.
   NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+  /// True while at least one no-sync scope is open.
   bool in_no_sync() const;
 
+  /// The wrapped module.
   torch::nn::Module& module() const { return *module_; }
+  /// The wrapped module, shared.
   const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+  /// The communicator the gradients are averaged over.
   const CommunicatorPtr& comm() const { return comm_; }
+  /// The options this wrapper was built with.
   const DataParallelOptions& options() const { return options_; }
   /// True when a c10d Reducer is in use (W > 1 and some parameter needs grad).
   bool has_reducer() const;

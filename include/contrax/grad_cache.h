@@ -47,15 +47,20 @@ namespace contrax {
 ///   contrax::BatchInput c = std::map<std::string, torch::Tensor>{{"ids", ids}, {"mask", mask}};
 class BatchInput {
  public:
+  /// Which form the input takes: one tensor, a list, named tensors, or another value (BatchInput::other()).
   enum class Kind { kTensor, kList, kNamed, kOther };
 
   BatchInput() : kind_(Kind::kList) {}
+  /// One tensor with the batch along dim 0 (kTensor).
   BatchInput(torch::Tensor tensor);                            // NOLINT: implicit on purpose
+  /// A list of tensors with the batch along dim 0 (kList).
   BatchInput(std::vector<torch::Tensor> tensors);              // NOLINT
+  /// Named tensors with the batch along dim 0 (kNamed).
   BatchInput(std::map<std::string, torch::Tensor> named);      // NOLINT
   /// Anything else; chunks of it are made by the encoder's `split` function.
   static BatchInput other(c10::IValue value);
 
+  /// Which form this input takes.
   Kind kind() const { return kind_; }
   /// The tensor of a kTensor input (error otherwise).
   const torch::Tensor& tensor() const;
@@ -176,6 +181,8 @@ class GradCacheEncoder {
       : GradCacheEncoder(detail::module_forward(module.ptr()), chunk_size, nullptr) {
     module_ = module.ptr();
   }
+  /// A module encoder held by a `std::shared_ptr`; otherwise the same as the
+  /// ModuleHolder constructor.
   template <typename ModuleType,
             typename = std::enable_if_t<std::is_base_of<torch::nn::Module, ModuleType>::value>>
   GradCacheEncoder(std::shared_ptr<ModuleType> module, int64_t chunk_size)
@@ -195,6 +202,7 @@ class GradCacheEncoder {
   TORCH_ARG(std::string, name) = "";
 
  public:
+  /// The function that runs the encoder on one chunk.
   const EncoderFn& forward() const { return forward_; }
   /// The module, when built from one (null for callables).
   const std::shared_ptr<torch::nn::Module>& module() const { return module_; }
@@ -251,6 +259,8 @@ struct GradCacheOptions {
 /// Gradients are accumulated into `.grad` (zero them between steps, as usual).
 class GradCache {
  public:
+  /// Checks the encoders (at least one, positive chunk sizes, distinct names)
+  /// and keeps `loss`, the loss over their representations.
   GradCache(std::vector<GradCacheEncoder> encoders, RepresentationLossFn loss, GradCacheOptions options = {});
 
   /// One whole step: inputs[e] goes to encoder e. Returns the loss (detached,
@@ -263,6 +273,8 @@ class GradCache {
   /// An input of 0 rows is one 0-row chunk: a rank without rows still runs
   /// the step's collectives (loss, gradient averaging) with the others.
   torch::Tensor cache(size_t encoder, const BatchInput& input);
+  /// As cache(size_t, const BatchInput&), for the encoder whose `name` is
+  /// `encoder_name` (error listing the named encoders when none matches).
   torch::Tensor cache(const std::string& encoder_name, const BatchInput& input);
 
   /// Completes the step over everything cached since the last finish: loss
@@ -271,13 +283,16 @@ class GradCache {
   /// returns the loss (detached, unscaled). `loss` overrides the
   /// constructor's loss for this step (e.g. to pass step-dependent arguments).
   torch::Tensor finish();
+  /// As finish(), with `loss` in place of the constructor's loss for this step.
   torch::Tensor finish(const RepresentationLossFn& loss);
 
   /// Drops everything cached (e.g. after an exception).
   void clear();
   /// Rows cached for encoder `encoder` since the last finish.
   int64_t cached_rows(size_t encoder) const;
+  /// The encoders, in the order of the constructor.
   const std::vector<GradCacheEncoder>& encoders() const { return encoders_; }
+  /// The options this step was built with.
   const GradCacheOptions& options() const { return options_; }
 
  private:

@@ -28,17 +28,23 @@ namespace contrax {
 /// Options for `launch`. Defaults: 1 process, rendezvous on 127.0.0.1 at a
 /// free port, 10 s grace between SIGTERM and SIGKILL, rank-prefixed output.
 struct LaunchOptions {
+  /// Worker processes on this node.
   int64_t nproc = 1;
+  /// Address of the rendezvous (rank 0's host), passed to the workers as MASTER_ADDR.
   std::string master_addr = "127.0.0.1";
+  /// Port of the rendezvous, passed as MASTER_PORT.
   int64_t master_port = 0;  // 0: pick a free port
   /// Multi-node: this node's index and the node count; ranks are
   /// node_rank * nproc + local_rank, world size nnodes * nproc.
   int64_t node_rank = 0;
+  /// Number of nodes.
   int64_t nnodes = 1;
+  /// Time between SIGTERM and SIGKILL when the workers are stopped.
   std::chrono::milliseconds grace{10000};
+  /// Prefix every line a worker prints with its rank.
   bool prefix_output = true;
   /// Non-empty: every rank's whole output (stdout and stderr, unprefixed) also
-  /// goes to DIR/rank_<rank>.log (created, truncated at the start of the launch,
+  /// goes to `DIR/rank_<rank>.log` (created, truncated at the start of the launch,
   /// appended to across restarts). The directory is created if missing.
   std::string log_dir;
   /// After a failure, stop all workers and start them all again, up to this
@@ -50,9 +56,14 @@ struct LaunchOptions {
 
 /// How a launch ended.
 struct LaunchResult {
+  /// The exit status of the failing worker (128 + N when it was killed by
+  /// signal N), or 128 + N when the launch was interrupted by signal N.
   int exit_code = 0;        // 0 when all workers succeeded
+  /// The rank whose failure ended the launch (the root cause when one is found).
   int64_t failed_rank = -1; // first rank seen failing, -1 if none
+  /// What went wrong, for the user.
   std::string message;      // e.g. "rank 1 exited with status 3: error: ..."
+  /// How many times the workers were restarted (see `max_restarts`).
   int64_t restarts = 0;     // how many times all workers were restarted
 };
 

@@ -67,6 +67,7 @@ struct NTXentLossOptions : detail::WithMemoryPath<NTXentLossOptions> {
   TORCH_ARG(double, temperature) = 0.1;
   /// L2-normalise the projections inside the loss (cosine similarity).
   TORCH_ARG(bool, normalize) = true;
+  /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
   /// Reduction over the B examples (per example: the mean of its two views'
   /// losses).
@@ -90,8 +91,11 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, con
 /// Options for `moco_v3_loss`. Defaults: temperature 1.0 (MoCo v3 ViT uses 0.2),
 /// normalise, world 1.
 struct MocoV3LossOptions : detail::WithMemoryPath<MocoV3LossOptions> {
+  /// Softmax temperature; must be > 0.
   TORCH_ARG(double, temperature) = 1.0;
+  /// L2-normalise queries and keys inside the loss.
   TORCH_ARG(bool, normalize) = true;
+  /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
   /// Reduction over the B examples (per example: 2T (l(q1_i, k2) + l(q2_i, k1))).
   TORCH_ARG(Reduction, reduction) = Reduction::kMean;
@@ -126,27 +130,41 @@ double momentum_schedule(double base, int64_t step, int64_t total_steps);
 /// to log(1/0.07) as in CLIP) and, when `with_bias`, a bias (SigLIP-style init 0).
 class ClipLossImpl : public torch::nn::Module {
  public:
+  /// Registers `logit_scale` as the parameter log(`init_scale`) (`init_scale` > 0)
+  /// and, when `with_bias`, `logit_bias` as the parameter 0.
   explicit ClipLossImpl(ClipLossOptions options = {}, double init_scale = 1.0 / 0.07, bool with_bias = false);
+  /// `clip_loss(a, b, logit_scale, logit_bias, options)`, the parameters cast to a's dtype.
   torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b);
+  /// The options every forward passes to `clip_loss`.
   ClipLossOptions options;
+  /// The learnable log of the logit scale (0-dim parameter).
   torch::Tensor logit_scale;
+  /// The learnable logit bias (0-dim parameter); undefined unless `with_bias`.
   torch::Tensor logit_bias;  // undefined unless with_bias
 };
 TORCH_MODULE(ClipLoss);
 
+/// Module form of `nt_xent_loss` (it has no parameters).
 class NTXentLossImpl : public torch::nn::Module {
  public:
+  /// Keeps the options every forward passes to `nt_xent_loss`.
   explicit NTXentLossImpl(NTXentLossOptions options = {}) : options(std::move(options)) {}
+  /// `nt_xent_loss(z1, z2, options)`.
   torch::Tensor forward(const torch::Tensor& z1, const torch::Tensor& z2);
+  /// The options every forward passes to `nt_xent_loss`.
   NTXentLossOptions options;
 };
 TORCH_MODULE(NTXentLoss);
 
+/// Module form of `moco_v3_loss` (it has no parameters).
 class MocoV3LossImpl : public torch::nn::Module {
  public:
+  /// Keeps the options every forward passes to `moco_v3_loss`.
   explicit MocoV3LossImpl(MocoV3LossOptions options = {}) : options(std::move(options)) {}
+  /// `moco_v3_loss(q1, q2, k1, k2, options)`.
   torch::Tensor forward(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
                         const torch::Tensor& k2);
+  /// The options every forward passes to `moco_v3_loss`.
   MocoV3LossOptions options;
 };
 TORCH_MODULE(MocoV3Loss);

@@ -15,11 +15,14 @@
 
 namespace contrax {
 
+/// Process-wide counters of the bytes held by CPU tensor storages, kept by a
+/// wrapper around LibTorch's CPU allocator (LibTorch keeps no such statistics).
 class MemoryTracker {
  public:
   /// Wraps the CPU allocator (idempotent; allocations made before install are
   /// not counted, their frees neither).
   static void install();
+  /// Whether install() has run.
   static bool installed();
   /// Bytes currently held by storages allocated since install.
   static int64_t current_bytes();
@@ -37,6 +40,8 @@ class MemoryTracker {
 class PeakScope {
  public:
   PeakScope();
+  /// The highest `MemoryTracker::current_bytes()` since construction, less the
+  /// level at construction (the constructor resets the process-wide peak).
   int64_t peak_above_start() const;
 
  private:

@@ -29,7 +29,9 @@ struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
   TORCH_ARG(int64_t, group) = 1;
   /// Global batch B (rows per view); ranks hold ceil(B/W) or floor(B/W) rows.
   TORCH_ARG(int64_t, batch) = 8192;
+  /// Feature width d (columns of each feature row).
   TORCH_ARG(int64_t, width) = 256;
+  /// World size W (ranks).
   TORCH_ARG(int64_t, world) = 1;
   /// Feature dtype; fp16/bf16 are computed in fp32 (the engine's rule).
   TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
@@ -37,20 +39,34 @@ struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
 
 /// One path's cost for the rank with the most rows.
 struct PathCost {
+  /// Name of the path: "materialised", "tiled" or "ring".
   std::string path;                // "materialised", "tiled", "ring"
+  /// Bytes of logits-sized buffers held at once.
   int64_t logits_bytes = 0;        // logits-sized buffers held at once
+  /// Bytes of gathered features and their gradient.
   int64_t feature_bytes = 0;       // gathered features (and their gradient)
+  /// Floating-point operations (2 per multiply-add) of every GEMM, forward and backward.
   double gemm_flops = 0;           // multiply-adds x 2 of every GEMM, forward + backward
+  /// GEMMs in units of one [b x B x d] product.
   int64_t gemms = 0;               // in units of one [b x B x d] product (grouped: g per [b x B g x d])
+  /// Bytes this rank sends in the forward, counted as CommStats counts them.
   int64_t bytes_sent_forward = 0;  // per rank, bandwidth-optimal schedule (CommStats' rule)
+  /// Bytes this rank sends in the backward, counted the same way.
   int64_t bytes_sent_backward = 0;
+  /// False where the path cannot run (the ring needs W > 1).
   bool available = true;  // ring needs W > 1
 };
 
+/// The cost of a loss call on each memory path, for the rank with the most
+/// rows, and the path the loss would take (plan_loss()).
 struct LossPlan {
+  /// The options planned for.
   PlanOptions options;
+  /// Rows of the largest rank: ceil(B / W).
   int64_t rows_per_rank = 0;  // the largest rank's
+  /// The cost of each path.
   std::vector<PathCost> paths;
+  /// The path the loss would run with these options.
   std::string chosen;  // what the loss would run
   /// The old algorithm's GEMMs for the same loss (both directions with their
   /// own products; NT-Xent's four [b x B] products), for comparison.

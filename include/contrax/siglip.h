@@ -48,6 +48,7 @@ struct SigLipLossOptions {
     tile_size_ = v;
     return *this;
   }
+  /// Deprecated name of `tile_size()` (the getter).
   int64_t chunk_size() const { return tile_size_; }
   /// Deprecated name of `tile_bytes` (kept for one release; warns once).
   SigLipLossOptions& chunk_bytes(int64_t v) {
@@ -56,6 +57,7 @@ struct SigLipLossOptions {
     tile_bytes_ = v;
     return *this;
   }
+  /// Deprecated name of `tile_bytes()` (the getter).
   int64_t chunk_bytes() const { return tile_bytes_; }
 };
 
@@ -80,10 +82,16 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
 ///   auto loss = loss_fn(img, txt);
 class SigLipLossImpl : public torch::nn::Module {
  public:
+  /// Registers `logit_scale` as the parameter log(`init_scale`) (`init_scale` > 0)
+  /// and `logit_bias` as the parameter `init_bias`.
   explicit SigLipLossImpl(SigLipLossOptions options = {}, double init_scale = 10.0, double init_bias = -10.0);
+  /// `siglip_loss(a, b, logit_scale, logit_bias, options)`, the parameters cast to a's dtype.
   torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b);
+  /// The options every forward passes to `siglip_loss`.
   SigLipLossOptions options;
+  /// The learnable log of the scale t' (0-dim parameter).
   torch::Tensor logit_scale;
+  /// The learnable bias (0-dim parameter).
   torch::Tensor logit_bias;
 };
 TORCH_MODULE(SigLipLoss);

@@ -61,7 +61,9 @@ struct InfoNceOptions {
   /// When >= 0, key column `masked_offset + i` is excluded from row i's softmax
   /// (NT-Xent's self-similarity); counted like `positive_offset`.
   TORCH_ARG(int64_t, masked_offset) = -1;
+  /// Side of a logits tile; 0 (default) chooses it from `tile_bytes`.
   TORCH_ARG(int64_t, tile_size) = 0;
+  /// Budget of one logits tile when `tile_size` is 0.
   TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
   /// Null or world 1: `k` holds every key. Otherwise `k` is this rank's key
   /// block and the blocks of all ranks are visited around the ring.

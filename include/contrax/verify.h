@@ -33,8 +33,11 @@ namespace contrax {
 ///
 ///   auto results = contrax::verify(comm, contrax::VerifyOptions().device(torch::Device(torch::kCUDA, 0)));
 struct VerifyOptions {
+  /// Feature width d of the drawn inputs.
   TORCH_ARG(int64_t, width) = 16;
+  /// Seed of the generator that draws every input and parameter.
   TORCH_ARG(uint64_t, seed) = 0;
+  /// A case passes when its largest relative error is at most this.
   TORCH_ARG(double, tolerance) = 1e-10;
   /// Rows per rank; empty means default_row_counts(W).
   TORCH_ARG(std::vector<int64_t>, rows) = {};
@@ -50,25 +53,37 @@ struct VerifyOptions {
 
 /// The outcome of one case on this world.
 struct VerifyResult {
+  /// Name of the case.
   std::string loss;
+  /// World size W it ran on.
   int64_t world_size = 1;
+  /// Rows per rank.
   std::vector<int64_t> rows;
+  /// Relative error of the loss value.
   double loss_rel_err = 0;  // |mean_r L_r - L_ref| / |L_ref|
+  /// Largest relative error over the loss value and every gradient.
   double max_rel_err = 0;   // max over the loss value and every gradient
+  /// Which quantity had `max_rel_err`.
   std::string worst;        // which quantity had max_rel_err
+  /// Where the distributed loss was computed ("cpu", "cuda:0").
   std::string device;       // where the distributed loss was computed ("cpu", "cuda:0")
+  /// Whether `max_rel_err` is within the tolerance.
   bool passed = false;
 };
 
 /// A verification case: a distributed loss (or training step) and its
 /// reference.
 struct VerifyCase {
+  /// Name of the case (what VerifyOptions' `cases` selects).
   std::string name;
+  /// Number of [B, d] feature inputs drawn for the case.
   int64_t num_features = 2;             // [B, d] inputs drawn per case
+  /// Which features require grad (default all).
   std::vector<bool> feature_grad;       // which features require grad (default all)
   /// Width of each feature in multiples of the width option (default all 1):
   /// grouped cases draw g candidates per row side by side and reshape them.
   std::vector<int64_t> feature_widths;
+  /// Initial values of the 0-dim parameters.
   std::vector<double> scalars;          // initial values of 0-dim parameters
   /// Model parameters of any shape, drawn from the feature width and verify's
   /// seeded generator; they follow the scalars in the functions' `s`. Their

@@ -79,37 +79,50 @@ namespace detail {
 template <typename Options>
 class WithMemoryPath {
  public:
+  /// Replaces the nested memory option set.
   Options& memory(const MemoryPathOptions& m) {
     memory_ = m;
     return self();
   }
+  /// The nested memory option set.
   const MemoryPathOptions& memory() const noexcept { return memory_; }
+  /// The nested memory option set, to change in place.
   MemoryPathOptions& memory() noexcept { return memory_; }
 
+  /// Sets `memory().path()`.
   Options& path(MemoryPath v) {
     memory_.path(v);
     return self();
   }
+  /// `memory().path()`.
   MemoryPath path() const noexcept { return memory_.path(); }
+  /// Sets `memory().tile_size()`.
   Options& tile_size(int64_t v) {
     memory_.tile_size(v);
     return self();
   }
+  /// `memory().tile_size()`.
   int64_t tile_size() const noexcept { return memory_.tile_size(); }
+  /// Sets `memory().tile_bytes()`.
   Options& tile_bytes(int64_t v) {
     memory_.tile_bytes(v);
     return self();
   }
+  /// `memory().tile_bytes()`.
   int64_t tile_bytes() const noexcept { return memory_.tile_bytes(); }
+  /// Sets `memory().max_logits_bytes()`.
   Options& max_logits_bytes(int64_t v) {
     memory_.max_logits_bytes(v);
     return self();
   }
+  /// `memory().max_logits_bytes()`.
   int64_t max_logits_bytes() const noexcept { return memory_.max_logits_bytes(); }
+  /// Sets `memory().ring()`.
   Options& ring(bool v) {
     memory_.ring(v);
     return self();
   }
+  /// `memory().ring()`.
   bool ring() const noexcept { return memory_.ring(); }
 
  private:

@@ -1,7 +1,7 @@
 """``torch.nn.Module`` forms of the losses.
 
 Each Module holds its loss's options and, where the loss has them, its
-learnable parameters, so a training script states them once:
+learnable parameters, so a training script states them once::
 
     loss_fn = contrax.ClipLoss(init_scale=1 / 0.07)      # CLIP's initial temperature 0.07
     optimizer = torch.optim.AdamW([*model.parameters(), *loss_fn.parameters()])

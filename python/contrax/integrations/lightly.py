@@ -37,12 +37,12 @@ __all__ = ["NTXentLoss"]
 class NTXentLoss(torch.nn.Module):
     """lightly's ``NTXentLoss(temperature=0.5, memory_bank_size=0, gather_distributed=False)``.
 
-    Args (lightly's):
+    Arguments of lightly:
         temperature: softmax temperature, > 0.
         memory_bank_size: must be 0 (see the module docstring).
         gather_distributed: negatives from every rank (True) or this rank's alone.
 
-    Keyword-only (Contrax's):
+    Contrax keyword arguments:
         path, tile_size, ring: the memory path of ``contrax.nt_xent_loss``.
         group: the ``torch.distributed`` ProcessGroup to span instead of the default one.
 

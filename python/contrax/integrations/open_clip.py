@@ -63,7 +63,7 @@ def _log_scale(logit_scale, like: torch.Tensor, where: str) -> torch.Tensor:
 class ClipLoss(torch.nn.Module):
     """open_clip's ``ClipLoss`` with exact distributed gradients.
 
-    Args (open_clip's):
+    Arguments of open_clip:
         local_loss: the value returned is this rank's share of the loss (True)
             or the global batch's loss (False, open_clip's default); the
             gradients are the exact ones either way.
@@ -74,7 +74,7 @@ class ClipLoss(torch.nn.Module):
             must match ``torch.distributed``'s default group (or ``group``).
         use_horovod: must be False.
 
-    Keyword-only (Contrax's):
+    Contrax keyword arguments:
         path, tile_size, ring: the memory path of ``contrax.clip_loss``.
         group: the ``torch.distributed`` ProcessGroup to span instead of the default one.
 
@@ -120,13 +120,13 @@ class ClipLoss(torch.nn.Module):
 class SigLipLoss(torch.nn.Module):
     """open_clip's ``SigLipLoss`` (sigmoid loss, SigLIP) computed by Contrax.
 
-    Args (open_clip's):
+    Arguments of open_clip:
         cache_labels: accepted; nothing to cache.
         rank, world_size: as in ``ClipLoss``.
         dist_impl: accepted (``'bidir'``, ``'shift'``, ``'reduce'``, ``'gather'``
             or None); Contrax passes the text blocks around its own ring.
 
-    Keyword-only (Contrax's):
+    Contrax keyword arguments:
         tile_size: rows and columns of one logits tile (0: about 16 MiB).
         group: as in ``ClipLoss``.
 

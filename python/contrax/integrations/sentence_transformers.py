@@ -190,7 +190,7 @@ class MultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
     """sentence-transformers' ``MultipleNegativesRankingLoss`` (InfoNCE with
     in-batch and hard negatives), exact across ranks.
 
-    Args (sentence-transformers'):
+    Arguments of sentence_transformers:
         model: the SentenceTransformer (the Trainer swaps in its DDP wrapper).
         scale: logits are ``scale * sim`` (``1 / temperature``; default 20).
         similarity_fct: ``cos_sim`` (default) or ``dot_score``.
@@ -198,7 +198,7 @@ class MultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
         directions, partition_mode, hardness_mode, hardness_strength: only the
             defaults (see the module docstring).
 
-    Keyword-only (Contrax's):
+    Contrax keyword arguments:
         mask_duplicates: leave candidates with the anchor's positive's text out
             of its softmax (default True).
         path, tile_size, ring: the memory path of ``contrax.grouped_loss``.
@@ -225,6 +225,7 @@ class MultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
 
     @property
     def citation(self) -> str:
+        """BibTeX of the paper the loss comes from (Henderson et al. 2017), for the model card."""
         return ("@misc{henderson2017efficient, title={Efficient Natural Language Response Suggestion for Smart "
                 "Reply}, author={Matthew Henderson and others}, year={2017}, eprint={1705.00652}, "
                 "archivePrefix={arXiv}}")
@@ -333,6 +334,7 @@ class CachedMultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
 
     @property
     def citation(self) -> str:
+        """BibTeX of the gradient-cache paper (Gao et al. 2021), for the model card."""
         return ("@misc{gao2021scaling, title={Scaling Deep Contrastive Learning Batch Size under Memory Limited "
                 "Setup}, author={Luyu Gao and Yunyi Zhang and Jiawei Han and Jamie Callan}, year={2021}, "
                 "eprint={2101.06983}, archivePrefix={arXiv}}")

@@ -48,7 +48,9 @@ class Checkpoint {
 
   /// Scalars saved and restored by value (load replaces these maps).
   std::map<std::string, int64_t> ints;
+  /// Floating-point scalars saved and restored by value.
   std::map<std::string, double> doubles;
+  /// String values saved and restored by value.
   std::map<std::string, std::string> strings;
   /// Free-form metadata (JSON by convention), restored by `load`.
   std::string metadata;

@@ -156,23 +156,36 @@ struct RunOptions {
 /// What a run returns (identical on every rank except where noted); each
 /// recipe's result extends it with its trained model.
 struct RunResult {
+  /// Step the run (re)started at.
   int64_t start_step = 0;   // step the run (re)started at
+  /// Global step reached (equal to `total_steps` when the run finished).
   int64_t steps = 0;        // global step reached (= total when finished)
+  /// The schedule's length in steps.
   int64_t total_steps = 0;  // the schedule's length
+  /// Epochs reached: the epoch of the last step, plus 1.
   int64_t epochs_done = 0;  // epoch of the last step + 1
+  /// Whether the run stopped early (a signal or `stop_at_step`).
   bool interrupted = false; // stopped early (signal or stop_at_step)
+  /// Wall time of the loop, in seconds.
   double train_s = 0;       // wall time of the loop
+  /// Global examples per second over the steps run here.
   double examples_per_s = 0;
+  /// Global mean loss of each step run here.
   std::vector<double> losses;  // global mean loss of each step run here
+  /// Steps not applied because the loss or a gradient was not finite.
   int64_t skipped_steps = 0;   // steps not applied for a non-finite loss or gradient
+  /// Bytes this rank sent in the steps run here.
   int64_t bytes_sent = 0;      // bytes this rank sent in the steps run here (rank 0's on rank 0)
 };
 
 /// A setting of a recipe, besides the loop's own, that its checkpoints record
 /// and a resumed run must share (the retrieval recipe's hard negatives).
 struct RunSetting {
+  /// Name of the setting among the checkpoint's integers.
   std::string key;   // in the checkpoint's integers
+  /// Its value in this run.
   int64_t value = 0;
+  /// How a refusal names it ("hard negatives").
   std::string what;  // as the refusal names it: "hard negatives"
 };
 
@@ -186,6 +199,7 @@ struct LoopModel {
   std::vector<std::pair<std::string, torch::nn::Module*>> modules;
   /// What AdamW trains and the non-finite guard checks.
   std::vector<torch::Tensor> parameters;
+  /// Settings a resumed run must share with its checkpoint.
   std::vector<RunSetting> settings;
   /// Recorded in checkpoints for the reader, never checked (the lr is added).
   std::map<std::string, double> recorded;
@@ -193,9 +207,13 @@ struct LoopModel {
 
 /// One step's share of this rank, as the sampler gives it.
 struct StepBatch {
+  /// Global step, from 0.
   int64_t step = 0;           // global step, from 0
+  /// Epoch, from 0.
   int64_t epoch = 0;          // from 0
+  /// Step within the epoch, from 0.
   int64_t step_in_epoch = 0;  // from 0
+  /// This rank's examples of the step: int64 [b_r], possibly empty.
   torch::Tensor indices;      // int64 [b_r]: this rank's examples (may be empty)
 };
 
@@ -247,7 +265,9 @@ class TrainLoop {
   /// writes the last checkpoint (all ranks wait until it is on disk).
   RunResult run(const Step& step);
 
+  /// Step the run starts at (0, or the checkpoint's step when resuming).
   int64_t start_step() const { return start_; }
+  /// The schedule's length in steps.
   int64_t total_steps() const { return total_; }
 
  private:

@@ -47,24 +47,36 @@ struct RunDirRefused : std::runtime_error {
 ///   dir.write("results.json", json);
 class RunDir {
  public:
+  /// A run directory at `path`; nothing is created until create() or claim().
   explicit RunDir(std::string path = "");
 
+  /// The directory's path (empty: no run directory).
   const std::string& path() const { return path_; }
+  /// True for the empty path: no run directory.
   bool empty() const { return path_.empty(); }
   /// PATH/NAME.
   std::string file(const std::string& name) const;
+  /// Path of the run's checkpoint file.
   std::string checkpoint() const { return file(kCheckpoint); }
+  /// Path of the run's metrics file (one JSON line per logged step).
   std::string metrics() const { return file(kMetrics); }
 
+  /// File name of the checkpoint.
   static constexpr const char* kCheckpoint = "checkpoint.pt";
+  /// File name of the metrics, one JSON line per logged step.
   static constexpr const char* kMetrics = "metrics.jsonl";
+  /// File name of the run's configuration.
   static constexpr const char* kConfig = "config.json";
+  /// File name of the training log.
   static constexpr const char* kLog = "train.log";
+  /// File name of the results (final evaluation).
   static constexpr const char* kResults = "results.json";
+  /// File name of the plotted training curves.
   static constexpr const char* kCurves = "curves.png";
   /// The files a run writes (what overwriting removes; nothing else is touched).
   static const std::vector<std::string>& run_files();
 
+  /// Whether the directory holds a checkpoint file.
   bool has_checkpoint() const;
   /// Creates the directory (and its parents); throws naming it and the cause.
   void create() const;
@@ -77,6 +89,8 @@ class RunDir {
   /// the kernel drops the lock when the holder dies, however it dies.
   class Lock {
    public:
+    /// Takes the lock on `dir` (whose directory must exist), or throws
+    /// RunDirRefused naming the holder's pid.
     explicit Lock(const RunDir& dir);
     ~Lock();
     Lock(const Lock&) = delete;
@@ -88,7 +102,9 @@ class RunDir {
 
   /// What `claim` decided, and the lock, held while this lives.
   struct Claim {
+    /// Whether the run resumes from the directory's checkpoint.
     bool resume = false;
+    /// The directory's lock, held while the claim lives.
     std::unique_ptr<Lock> lock;
   };
 

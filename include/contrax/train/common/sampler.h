@@ -37,14 +37,19 @@ struct ShardedSamplerOptions {
 
 /// A position in training: `step` counts global batches within `epoch`.
 struct SamplerPosition {
+  /// Epoch, from 0.
   int64_t epoch = 0;
+  /// Global batch within the epoch, from 0.
   int64_t step = 0;
+  /// Equal epoch and step.
   bool operator==(const SamplerPosition& o) const { return epoch == o.epoch && step == o.step; }
 };
 
 /// Where one rank's rows sit inside a global batch.
 struct RankSlice {
+  /// First row of this rank within the global batch.
   int64_t offset = 0;  // off_r: first row of this rank within the global batch
+  /// Rows of this rank (possibly 0).
   int64_t count = 0;   // b_r (may be 0)
 };
 
@@ -75,9 +80,12 @@ torch::Tensor seeded_permutation(int64_t n, uint64_t seed);
 ///   }
 class ShardedSampler {
  public:
+  /// A sampler over `dataset_size` (>= 1) examples; checks the options.
   ShardedSampler(int64_t dataset_size, ShardedSamplerOptions options = {});
 
+  /// Number of examples N the sampler draws from.
   int64_t dataset_size() const { return dataset_size_; }
+  /// The options the sampler was built with.
   const ShardedSamplerOptions& options() const { return options_; }
 
   /// ceil(N / G): the last global batch holds N mod G rows when that is non-zero.
@@ -101,6 +109,7 @@ class ShardedSampler {
 
   /// Global step count (over epochs) <-> position, for resuming from a step counter.
   SamplerPosition position(int64_t global_step) const;
+  /// The global step count of position `pos` (the inverse of position()).
   int64_t global_step(const SamplerPosition& pos) const;
   /// The position after `pos` (rolls over into the next epoch).
   SamplerPosition next(const SamplerPosition& pos) const;

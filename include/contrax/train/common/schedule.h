@@ -13,11 +13,13 @@ namespace train {
 
 /// Options for `warmup_cosine_lr`. Defaults: base 1e-3, no warm-up, decay to 0.
 struct WarmupCosineOptions {
+  /// Learning rate at the end of the warm-up, where the cosine starts.
   TORCH_ARG(double, base_lr) = 1e-3;
   /// Steps of linear warm-up: step s < warmup gets base * (s + 1) / warmup.
   TORCH_ARG(int64_t, warmup_steps) = 0;
   /// Total steps of the run (>= 1); the cosine reaches final_lr at this step.
   TORCH_ARG(int64_t, total_steps) = 1;
+  /// Learning rate the cosine decays to at `total_steps`.
   TORCH_ARG(double, final_lr) = 0.0;
 };
 

@@ -34,26 +34,33 @@ constexpr double kFashionMnistStd = 0.3530;
 struct AugmentOptions {
   /// Range of the crop's area as a fraction of the image.
   TORCH_ARG(double, scale_min) = 0.2;
+  /// Upper end of the crop's area fraction.
   TORCH_ARG(double, scale_max) = 1.0;
   /// Range of the crop's width/height ratio (sampled log-uniformly).
   TORCH_ARG(double, ratio_min) = 3.0 / 4.0;
+  /// Upper end of the crop's width/height ratio.
   TORCH_ARG(double, ratio_max) = 4.0 / 3.0;
   /// Probability of a horizontal flip.
   TORCH_ARG(double, flip_prob) = 0.5;
   /// Probability of applying colour jitter; brightness factor in
   /// [1 - brightness, 1 + brightness], contrast factor likewise.
   TORCH_ARG(double, jitter_prob) = 0.8;
+  /// Brightness jitter: the factor is uniform in [1 - brightness, 1 + brightness].
   TORCH_ARG(double, brightness) = 0.4;
+  /// Contrast jitter: the factor is uniform in [1 - contrast, 1 + contrast].
   TORCH_ARG(double, contrast) = 0.4;
   /// Probability of a Gaussian blur (5x5, sigma uniform in [0.1, blur_sigma_max]).
   TORCH_ARG(double, blur_prob) = 0.0;
+  /// Upper end of the blur's sigma.
   TORCH_ARG(double, blur_sigma_max) = 1.0;
   /// Probability of additive Gaussian noise of standard deviation `noise_std`
   /// (in [0, 1] pixel units, before normalisation).
   TORCH_ARG(double, noise_prob) = 0.0;
+  /// Standard deviation of the noise, in [0, 1] pixel units.
   TORCH_ARG(double, noise_std) = 0.05;
   /// Output = (x / 255 - mean) / std.
   TORCH_ARG(double, mean) = kFashionMnistMean;
+  /// The normalisation's standard deviation.
   TORCH_ARG(double, std) = kFashionMnistStd;
   /// kFloat or kDouble (fp64 exactness tests).
   TORCH_ARG(torch::Dtype, dtype) = torch::kFloat;
@@ -62,9 +69,13 @@ struct AugmentOptions {
 /// What makes a view's randomness: the run's seed, the training position and
 /// which of the two views. The example's global index is the fourth part.
 struct AugmentKey {
+  /// The run's seed.
   uint64_t seed = 0;
+  /// Epoch of the training position.
   int64_t epoch = 0;
+  /// Step of the training position within the epoch.
   int64_t step = 0;
+  /// Which of the two views (0 or 1).
   int64_t view = 0;
 };
 

@@ -74,18 +74,25 @@ struct LinearProbeOptions {
 
 /// Result of `linear_probe`.
 struct LinearProbeResult {
+  /// Accuracy on the train split.
   double train_acc = 0;
+  /// Accuracy on the test split.
   double test_acc = 0;
+  /// The final fit's training objective where L-BFGS stopped.
   double final_loss = 0;
   /// The L2 strength of the final fit, and its validation accuracy (-1 when
   /// `l2_grid` has one value and nothing was held out).
   double l2 = 0;
+  /// Validation accuracy of the chosen `l2` (-1 when nothing was held out).
   double val_acc = -1;
   /// L-BFGS iterations of the final fit and max |gradient| where it stopped;
   /// `converged`: a tolerance stopped it before `max_iter`.
   int64_t iterations = 0;
+  /// Largest absolute gradient entry where the final fit stopped.
   double grad_max = 0;
+  /// Whether a tolerance stopped the final fit before `max_iter`.
   bool converged = false;
+  /// Wall time of the probe, in seconds.
   double seconds = 0;
 };
 
@@ -102,8 +109,11 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x, const torch::Tensor
 /// Options for `knn_accuracy`. Defaults: k = 20, temperature 0.07, 256 test
 /// rows per block (memory 256 x N floats).
 struct KnnOptions {
+  /// Neighbours that vote.
   TORCH_ARG(int64_t, k) = 20;
+  /// Each neighbour's vote is exp(similarity / temperature).
   TORCH_ARG(double, temperature) = 0.07;
+  /// Test rows per block of similarities.
   TORCH_ARG(int64_t, block_size) = 256;
   /// -1 infers max(label) + 1 over both splits.
   TORCH_ARG(int64_t, num_classes) = -1;
@@ -120,16 +130,22 @@ double knn_accuracy(const torch::Tensor& train_x, const torch::Tensor& train_y, 
 
 /// Both read-outs of one representation.
 struct EvalResult {
+  /// Test accuracy of the linear probe.
   double linear_probe_acc = 0;
+  /// Accuracy of the weighted kNN classifier.
   double knn_acc = 0;
+  /// Details of the linear probe (lambda, convergence).
   LinearProbeResult probe;  // details of the linear probe (lambda, convergence)
+  /// Wall time of the embedding and both read-outs, in seconds.
   double seconds = 0;       // embedding + both read-outs
 };
 
 /// Options for the `evaluate_*` helpers. Defaults: the probe and the kNN
 /// memory bank use the whole train split.
 struct EvalOptions {
+  /// Options of the linear probe.
   TORCH_ARG(LinearProbeOptions, probe) = {};
+  /// Options of the kNN read-out.
   TORCH_ARG(KnnOptions, knn) = {};
   /// > 0: the linear probe is fitted on the first this many train examples
   /// only (its cost grows with rows x feature dimension x L-BFGS iterations,

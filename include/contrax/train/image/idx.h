@@ -43,8 +43,11 @@ torch::Tensor load_idx_labels(const std::string& path, int64_t limit = -1);
 
 /// A labelled image data set held in memory.
 struct Dataset {
+  /// Images, uint8 [N, 1, H, W].
   torch::Tensor images;  // [N, 1, H, W] uint8
+  /// Labels, int64 [N].
   torch::Tensor labels;  // [N] int64
+  /// Number of examples N (0 when empty).
   int64_t size() const { return images.defined() ? images.size(0) : 0; }
   /// The rows `indices` ([n] int64) of this data set.
   Dataset select(const torch::Tensor& indices) const;

@@ -37,6 +37,7 @@ struct EncoderOptions {
   TORCH_ARG(int64_t, groups) = 8;
   /// Dropout before the pooled representation; 0 disables it (exactness tests).
   TORCH_ARG(double, dropout) = 0.0;
+  /// Channels of the input images (1 for grey).
   TORCH_ARG(int64_t, in_channels) = 1;
   /// Convolutions per stage; the extra ones keep stride 1 and the width.
   TORCH_ARG(int64_t, convs_per_stage) = 1;
@@ -61,13 +62,16 @@ struct EncoderOptions {
 ///   auto h = enc(x);   // x: [b, 1, 28, 28] -> h: [b, 128]
 class EncoderImpl : public torch::nn::Module {
  public:
+  /// Checks the options and builds the layers.
   explicit EncoderImpl(EncoderOptions options = {});
   /// x: [b, C, H, W] -> [b, output_dim()]
   torch::Tensor forward(const torch::Tensor& x);
+  /// Width of the representation: channels.back() * pool_grid * pool_grid.
   int64_t output_dim() const { return options.channels().back() * options.pool_grid() * options.pool_grid(); }
   /// Whether a CPU float or double input takes the fused path (fused_cpu()
   /// and norm "group", unless CONTRAX_FUSED_ENCODER=0 was set at construction).
   bool fused_on_cpu() const { return fused_; }
+  /// The options the encoder was built with.
   EncoderOptions options;
 
  private:
@@ -92,9 +96,13 @@ torch::Tensor group_norm_relu(const torch::Tensor& x, const torch::Tensor& weigh
 
 /// Options for `MLPHead`. Defaults: 2 layers, hidden 256, output 128, no norm.
 struct MLPHeadOptions {
+  /// Options of a head whose input has `in_dim` features.
   MLPHeadOptions(int64_t in_dim = 128) : in_dim_(in_dim) {}
+  /// Width of the head's input.
   TORCH_ARG(int64_t, in_dim);
+  /// Width of each hidden layer.
   TORCH_ARG(int64_t, hidden_dim) = 256;
+  /// Width of the output.
   TORCH_ARG(int64_t, out_dim) = 128;
   /// Number of Linear layers (>= 1); ReLU between them, none after the last.
   TORCH_ARG(int64_t, num_layers) = 2;
@@ -108,9 +116,11 @@ struct MLPHeadOptions {
 ///   auto z = proj(h);   // [b, 128] -> [b, 64]
 class MLPHeadImpl : public torch::nn::Module {
  public:
+  /// Checks the options (at least one layer, positive widths) and builds the layers.
   explicit MLPHeadImpl(MLPHeadOptions options = {});
   /// x: [b, in_dim] -> [b, out_dim]
   torch::Tensor forward(const torch::Tensor& x);
+  /// The options the head was built with.
   MLPHeadOptions options;
 
  private:
@@ -132,10 +142,15 @@ inline EncoderOptions default_recipe_encoder() {
 /// Options for the recipe modules. Defaults: `default_recipe_encoder()`,
 /// projector 1024 -> 256 -> 128, MoCo v3 predictor 128 -> 256 -> 128.
 struct ContrastiveModelOptions {
+  /// Options of the encoder.
   TORCH_ARG(EncoderOptions, encoder) = default_recipe_encoder();
+  /// Hidden width of the projection head.
   TORCH_ARG(int64_t, proj_hidden_dim) = 256;
+  /// Output width of the projection head (and of MoCo v3's predictor).
   TORCH_ARG(int64_t, proj_dim) = 128;
+  /// Linear layers of the projection head.
   TORCH_ARG(int64_t, proj_layers) = 2;
+  /// Hidden width of MoCo v3's predictor.
   TORCH_ARG(int64_t, pred_hidden_dim) = 256;
   /// LayerNorm in the heads' hidden layers.
   TORCH_ARG(bool, head_layer_norm) = false;
@@ -148,11 +163,15 @@ struct ContrastiveModelOptions {
 ///   auto loss = contrax::nt_xent_loss(z1, z2, opts);
 class SimCLRModelImpl : public torch::nn::Module {
  public:
+  /// Builds the encoder and a projection head on its output.
   explicit SimCLRModelImpl(ContrastiveModelOptions options = {});
   /// x: [b, 1, H, W] -> projections [b, proj_dim]
   torch::Tensor forward(const torch::Tensor& x);
+  /// The options the model was built with.
   ContrastiveModelOptions options;
+  /// The encoder (registered as "encoder").
   Encoder encoder{nullptr};
+  /// The projection head (registered as "projector").
   MLPHead projector{nullptr};
 };
 TORCH_MODULE(SimCLRModel);
@@ -173,6 +192,8 @@ TORCH_MODULE(SimCLRModel);
 ///   model->update_momentum(contrax::momentum_schedule(0.99, step, total));
 class MocoV3ModelImpl : public torch::nn::Module {
  public:
+  /// Builds the online branch and the predictor, and the momentum branch as an
+  /// exact copy of the online branch with requires_grad = false.
   explicit MocoV3ModelImpl(ContrastiveModelOptions options = {});
   /// Queries: predictor(projector(encoder(x))). x: [b, 1, H, W] -> [b, proj_dim]
   torch::Tensor query(const torch::Tensor& x);
@@ -185,9 +206,13 @@ class MocoV3ModelImpl : public torch::nn::Module {
   /// Parameters of the online branch and the predictor (what the optimizer owns).
   std::vector<torch::Tensor> trainable_parameters() const;
 
+  /// The options the model was built with.
   ContrastiveModelOptions options;
+  /// The online encoder + projector (registered as "online").
   SimCLRModel online{nullptr};  // encoder + projector
+  /// The predictor on the online projections (registered as "predictor").
   MLPHead predictor{nullptr};
+  /// The momentum copy of encoder + projector (registered as "momentum").
   SimCLRModel momentum{nullptr};
   /// The online encoder (what evaluation uses).
   Encoder encoder() const { return online->encoder; }

@@ -18,17 +18,24 @@ namespace train {
 ///   idf(t) = ln(1 + (N - n_t + 0.5) / (n_t + 0.5))   (never negative)
 /// with N documents, n_t of them containing t, |d| the document's term count.
 struct Bm25Options {
+  /// Term-frequency saturation k1 (>= 0).
   TORCH_ARG(double, k1) = 1.2;
+  /// Length normalisation b, in [0, 1].
   TORCH_ARG(double, b) = 0.75;
 };
 
+/// A BM25 index over a fixed list of documents, each a bag of terms; scores
+/// queries against every document as Bm25Options describes.
 class Bm25 {
  public:
+  /// Indexes `documents` (the document index is the position in the list);
+  /// checks k1 >= 0 and b in [0, 1].
   explicit Bm25(const std::vector<std::vector<std::string>>& documents, const Bm25Options& options = {});
   /// Scores of one query against every document: double [N].
   torch::Tensor scores(const std::vector<std::string>& query) const;
   /// double [queries.size(), N].
   torch::Tensor score_matrix(const std::vector<std::vector<std::string>>& queries) const;
+  /// Number of documents N.
   int64_t size() const { return static_cast<int64_t>(lengths_.size()); }
 
  private:

@@ -18,10 +18,15 @@ namespace train {
 
 /// recall@1, recall@10 and MRR of a ranking task.
 struct RetrievalMetrics {
+  /// Fraction of queries whose correct passage is ranked first.
   double recall_at_1 = 0;
+  /// Fraction of queries whose correct passage is among the first ten.
   double recall_at_10 = 0;
+  /// Mean reciprocal rank of the correct passage.
   double mrr = 0;
+  /// Number of queries Q.
   int64_t queries = 0;
+  /// Number of passages P.
   int64_t passages = 0;
 };
 
@@ -29,7 +34,7 @@ struct RetrievalMetrics {
 /// passage is column target[i] (int64 [Q]). Ties are broken uniformly at
 /// random, in expectation: with g passages scoring strictly higher than the
 /// correct one and t others scoring equal, its rank is uniform on
-/// g+1 .. g+t+1, so recall@k = clamp((k - g) / (t + 1), 0, 1) and the
+/// g+1 .. g+t+1, so recall\@k = clamp((k - g) / (t + 1), 0, 1) and the
 /// reciprocal rank is the mean of 1/r over that range. (A lexical score is 0
 /// for most passages, so "ties count for the query" would flatter it, and
 /// "against" would wrong it.)
@@ -39,8 +44,11 @@ RetrievalMetrics retrieval_metrics(const torch::Tensor& scores, const torch::Ten
 /// held-out passages (by passage id); a query is correct when the passage
 /// string of its own synset is ranked first (whichever synset it came from).
 struct RetrievalEvalSet {
+  /// Synset index of each query, [Q].
   std::vector<int64_t> query_synsets;    // [Q] synset indices
+  /// Synset of each distinct passage, [P].
   std::vector<int64_t> passage_synsets;  // [P] one synset per distinct passage
+  /// Column of each query's correct passage, int64 [Q].
   torch::Tensor target;                  // int64 [Q]: column of the query's passage
 };
 

@@ -16,24 +16,38 @@ namespace train {
 /// The layer norm keeps h at unit scale whatever the bag's length and the
 /// embeddings' size; the linear skip lets a lexical match pass straight through.
 struct BagTowerOptions {
+  /// Options of a tower with `buckets` hashed feature buckets.
   BagTowerOptions(int64_t buckets = int64_t{1} << 15) : buckets_(buckets) {}
+  /// Rows of the feature-embedding table (hash buckets; >= 2).
   TORCH_ARG(int64_t, buckets);
+  /// Width of the feature embeddings.
   TORCH_ARG(int64_t, embed_dim) = 64;
+  /// Hidden width of fc1.
   TORCH_ARG(int64_t, hidden_dim) = 256;
+  /// Width of the output embedding.
   TORCH_ARG(int64_t, out_dim) = 128;
   /// Standard deviation of the initial feature embeddings.
   TORCH_ARG(double, init_std) = 0.1;
 };
 
+/// The tower BagTowerOptions describes: hashed feature bag -> unit-length embedding.
 class BagTowerImpl : public torch::nn::Module {
  public:
+  /// Checks the options and registers the embedding table (normal, `init_std`),
+  /// the layer norm and the linear layers.
   explicit BagTowerImpl(const BagTowerOptions& options = {});
   /// x = {ids int64 [n, L], weights [n, L]} (feature_batch's output) -> [n, out_dim], unit rows.
   torch::Tensor forward(const std::vector<torch::Tensor>& x);
+  /// The options the tower was built with.
   BagTowerOptions options;
+  /// Feature embeddings, [buckets, embed_dim] (registered parameter "embedding").
   torch::Tensor embedding;  // [buckets, embed_dim]
+  /// Layer norm of the mean embedding h.
   torch::nn::LayerNorm norm{nullptr};
+  ///@{
+  /// The layers of z = skip(h) + fc2(GELU(fc1(h))); skip has no bias.
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, skip{nullptr};
+  ///@}
 };
 TORCH_MODULE(BagTower);
 
@@ -41,8 +55,11 @@ TORCH_MODULE(BagTower);
 /// that its gradient is averaged over ranks by its own DataParallel.
 class LogitScaleImpl : public torch::nn::Module {
  public:
+  /// Registers `value` as the parameter `init_log_scale`.
   explicit LogitScaleImpl(double init_log_scale);
+  /// The log of the logit scale, `value`.
   torch::Tensor forward() { return value; }
+  /// The log of the logit scale (0-dim float parameter "value").
   torch::Tensor value;
 };
 TORCH_MODULE(LogitScale);

@@ -46,6 +46,7 @@ struct RetrievalOptions {
   /// floats: its dense gradient is all-reduced every step), 256 hidden, 128
   /// out. (64-dim features: recall@10 0.4173; 256: no better, 2.6x the time.)
   TORCH_ARG(BagTowerOptions, query_tower) = BagTowerOptions().embed_dim(128);
+  /// Options of the passage tower.
   TORCH_ARG(BagTowerOptions, passage_tower) = BagTowerOptions().embed_dim(128);
 
   CONTRAX_DEPRECATED_RUN_OPTIONS
@@ -54,8 +55,12 @@ struct RetrievalOptions {
 /// What a run returns: the loop's result (its examples_per_s counts queries)
 /// and the trained towers.
 struct RetrievalTrainResult : RunResult {
+  /// exp of the learnt log scale.
   double logit_scale = 0;  // exp of the learnt log scale
+  ///@{
+  /// The trained towers, in eval mode.
   BagTower query_tower{nullptr}, passage_tower{nullptr};  // eval mode
+  ///@}
 };
 
 /// The towers and scale as built from `options.run().seed()` before any

@@ -45,12 +45,19 @@ struct Synset {
   /// (offsets are unique within one data file only). File index: noun 0, verb
   /// 1, adj 2 (satellites `s` included), adv 3.
   int64_t key = 0;
+  /// Byte offset of the synset in its data file.
   int64_t offset = 0;
+  /// Part of speech (ss_type): n, v, a, s (adjective satellite) or r.
   char pos = 'n';       // ss_type: n, v, a, s, r
+  /// Lexicographer file number (noun.animal, verb.motion, ...).
   int lex_filenum = 0;  // lexicographer file (noun.animal, verb.motion, ...)
+  /// The synset's words, underscores as spaces and markers removed.
   std::vector<std::string> lemmas;  // underscores as spaces, markers removed
+  /// The gloss: the query text of the retrieval corpus.
   std::string definition;           // the query text (see file comment)
+  /// Keys of the hypernyms (the `@` and `@i` pointers).
   std::vector<int64_t> hypernyms;   // keys of `@` and `@i` pointers
+  /// Keys of the similar-to synsets (`&` pointers, adjective clusters).
   std::vector<int64_t> similar;     // keys of `&` pointers (adjective clusters)
 };
 
@@ -75,6 +82,7 @@ struct RetrievalCorpusOptions {
   TORCH_ARG(int64_t, passage_buckets) = int64_t{1} << 16;
   /// Character n-gram lengths of the passage features.
   TORCH_ARG(int64_t, min_ngram) = 3;
+  /// Longest character n-gram of the passage features.
   TORCH_ARG(int64_t, max_ngram) = 5;
   /// At most this many features per query / passage (the rest dropped).
   TORCH_ARG(int64_t, max_features) = 256;
@@ -87,22 +95,35 @@ struct RetrievalCorpusOptions {
 
 /// Ragged integer lists (one per synset) in one flat buffer.
 struct Ragged {
+  /// The lists one after another.
   std::vector<int64_t> values;
+  /// Row i is values[offsets[i], offsets[i+1]); starts with 0.
   std::vector<int64_t> offsets{0};  // row i is values[offsets[i], offsets[i+1])
+  /// Number of lists.
   int64_t rows() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  /// Length of list `i`.
   int64_t size(int64_t i) const { return offsets[i + 1] - offsets[i]; }
 };
 
 /// The corpus as the retrieval recipe uses it.
 struct RetrievalCorpus {
+  /// The synsets, in file order.
   std::vector<Synset> synsets;
+  /// Query of each synset: its definition.
   std::vector<std::string> queries;   // [S] definitions
+  /// Passage of each synset: its lemma list.
   std::vector<std::string> passages;  // [S] lemma lists
+  /// Id of each synset's lowercased passage string (equal strings, equal ids).
   std::vector<int64_t> passage_id;    // [S] id of the lowercased passage string
+  /// Number of distinct passage strings.
   int64_t num_passage_ids = 0;
+  /// Synset indices of the training split, in file order.
   std::vector<int64_t> train;    // synset indices of the training split, file order
+  /// Synset indices of the held-out split, in file order.
   std::vector<int64_t> heldout;  // synset indices of the held-out split, file order
+  /// Features of each query: hashed word unigrams and bigrams.
   Ragged query_features;         // [S] hashed word unigrams and bigrams
+  /// Features of each passage: hashed character n-grams and whole words.
   Ragged passage_features;       // [S] hashed character n-grams and whole words
   /// Per training synset (same order as `train`): indices INTO `train` of its
   /// hard-negative pool: co-hyponyms (synsets sharing a hypernym) and, for
@@ -112,6 +133,7 @@ struct RetrievalCorpus {
   Ragged hard_negative_pool;
   /// Per lexicographer file (0..44): indices into `train` (fallback pool).
   std::vector<std::vector<int64_t>> train_by_lexfile;
+  /// The options the corpus was made with.
   RetrievalCorpusOptions options;
 };
 
