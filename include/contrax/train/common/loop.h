@@ -57,17 +57,17 @@ namespace train {
 /// Where a run stands after a step: what a live display shows (rank 0, every
 /// step, through `RunOptions::on_step`).
 struct StepProgress {
-  int64_t step = 0;             // steps done, from 1
-  int64_t total_steps = 0;      // the schedule's length
-  int64_t epoch = 0;            // from 1
-  int64_t epochs = 0;           // epochs the schedule spans
-  int64_t step_in_epoch = 0;    // from 1
-  int64_t steps_per_epoch = 0;
-  double loss = 0;
-  double examples_per_s = 0;    // of the last step
-  std::string rate_unit;        // what the examples are ("img", "queries")
-  double elapsed_s = 0;         // since the run (or its resume) began
-  double eta_s = 0;             // at the rate so far
+  int64_t step = 0;             ///< steps done, from 1
+  int64_t total_steps = 0;      ///< the schedule's length
+  int64_t epoch = 0;            ///< from 1
+  int64_t epochs = 0;           ///< epochs the schedule spans
+  int64_t step_in_epoch = 0;    ///< from 1
+  int64_t steps_per_epoch = 0;  ///< steps of one epoch (the last may be short)
+  double loss = 0;              ///< the step's global loss
+  double examples_per_s = 0;    ///< of the last step
+  std::string rate_unit;        ///< what the examples are ("img", "queries")
+  double elapsed_s = 0;         ///< since the run (or its resume) began
+  double eta_s = 0;             ///< at the rate so far
 };
 
 /// A duration as the progress line writes it: "1h02m03s", "4m05s", "6s";
