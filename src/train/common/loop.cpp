@@ -26,7 +26,6 @@ constexpr int64_t kMaxTotalSteps = int64_t{1} << 40;
 // How --dtype spells the training dtype (stored in checkpoints).
 std::string dtype_name(torch::Dtype d) { return d == torch::kDouble ? "double" : "float"; }
 
-
 // The sum of every gradient entry of `params`, in fp64: finite exactly when no
 // gradient holds a NaN or infinity (up to an overflow of the sum, which is a
 // divergence too). One reduction per parameter and no host sync here; the

@@ -135,9 +135,9 @@ struct EvalResult {
   /// Accuracy of the weighted kNN classifier.
   double knn_acc = 0;
   /// Details of the linear probe (lambda, convergence).
-  LinearProbeResult probe;  // details of the linear probe (lambda, convergence)
+  LinearProbeResult probe;
   /// Wall time of the embedding and both read-outs, in seconds.
-  double seconds = 0;       // embedding + both read-outs
+  double seconds = 0;
 };
 
 /// Options for the `evaluate_*` helpers. Defaults: the probe and the kNN
