@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
-#include <utility>
 #include <vector>
 
 #include "contrax/train/image/augment.h"
@@ -41,7 +40,7 @@ int64_t infer_classes(const char* fn, int64_t given, const torch::Tensor& a, con
 }  // namespace
 
 torch::Tensor embed(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& images,
-                    int64_t batch_size, torch::Dtype dtype) {
+                    int64_t batch_size, torch::Dtype dtype, const std::function<void()>& after_batch) {
   TORCH_CHECK(images.dim() == 4 && images.size(1) == 1, "embed(): argument 'images' must have shape ",
               "[N, 1, H, W], but got ", images.sizes());
   TORCH_CHECK(batch_size >= 1, "embed(): argument 'batch_size' must be >= 1, but got ", batch_size);
@@ -50,17 +49,20 @@ torch::Tensor embed(const std::function<torch::Tensor(const torch::Tensor&)>& fn
   for (int64_t i = 0; i < images.size(0); i += batch_size) {
     const int64_t n = std::min(batch_size, images.size(0) - i);
     parts.push_back(fn(normalize_images(images.narrow(0, i, n), kFashionMnistMean, kFashionMnistStd, dtype)));
+    if (after_batch) after_batch();
   }
   TORCH_CHECK(!parts.empty(), "embed(): argument 'images' must hold at least one image");
   return torch::cat(parts);
 }
 
-torch::Tensor embed(Encoder encoder, const torch::Tensor& images, int64_t batch_size) {
+torch::Tensor embed(Encoder encoder, const torch::Tensor& images, int64_t batch_size,
+                    const std::function<void()>& after_batch) {
   const bool was_training = encoder->is_training();
   encoder->eval();
   const auto dtype = encoder->parameters().empty() ? torch::kFloat
                                                    : encoder->parameters().front().scalar_type();
-  auto out = embed([&](const torch::Tensor& x) { return encoder->forward(x); }, images, batch_size, dtype);
+  auto out =
+      embed([&](const torch::Tensor& x) { return encoder->forward(x); }, images, batch_size, dtype, after_batch);
   encoder->train(was_training);
   return out;
 }
@@ -277,33 +279,21 @@ EvalResult evaluate_features(const torch::Tensor& ftrain, const Dataset& train, 
   return r;
 }
 
-// Both splits through the frozen encoder, a batch at a time as embed() does,
-// telling the display after each.
-std::pair<torch::Tensor, torch::Tensor> embed_splits(Encoder encoder, const Dataset& train, const Dataset& test,
-                                                     const EvalOptions& o) {
-  const int64_t b = o.batch_size();
-  const int64_t total = (train.size() + b - 1) / b + (test.size() + b - 1) / b;
-  int64_t done = 0;
-  auto split = [&](const torch::Tensor& images) {
-    if (!o.progress()) return embed(encoder, images, b);
-    std::vector<torch::Tensor> parts;
-    for (int64_t i = 0; i < images.size(0); i += b) {
-      tell(o, "embedding", done++, total);
-      parts.push_back(embed(encoder, images.narrow(0, i, std::min(b, images.size(0) - i)), b));
-    }
-    return parts.empty() ? embed(encoder, images, b) : torch::cat(parts);
-  };
-  auto ftrain = split(train.images);
-  auto ftest = split(test.images);
-  return {ftrain, ftest};
-}
 }  // namespace
 
 EvalResult evaluate_encoder(Encoder encoder, const Dataset& train, const Dataset& test,
                             const EvalOptions& options) {
   check_eval_options("evaluate_encoder", options);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto [ftrain, ftest] = embed_splits(encoder, train, test, options);
+  // Both splits, telling the display after each batch.
+  const int64_t b = options.batch_size();
+  const int64_t batches = (train.size() + b - 1) / b + (test.size() + b - 1) / b;
+  int64_t done = 0;
+  std::function<void()> after_batch;
+  if (options.progress()) after_batch = [&] { tell(options, "embedding", ++done, batches); };
+  tell(options, "embedding", 0, batches);
+  auto ftrain = embed(encoder, train.images, b, after_batch);
+  auto ftest = embed(encoder, test.images, b, after_batch);
   return evaluate_features(ftrain, train, ftest, test, options, t0);
 }
 

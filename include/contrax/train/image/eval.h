@@ -35,16 +35,19 @@ namespace train {
 /// Embeds normalised images with a frozen model, without gradient, in batches,
 /// in eval mode (restored afterwards). `images`: [N, 1, H, W] uint8; `fn` maps
 /// a float batch [n, 1, H, W] to [n, d]. Returns float [N, d] (or the dtype
-/// `fn` returns). Default batch 1024.
+/// `fn` returns). Default batch 1024. `after_batch`, when set, is called
+/// after each batch (a progress display).
 ///
 ///   auto f = contrax::train::embed([&](const torch::Tensor& x) { return enc(x); }, data.images);
 torch::Tensor embed(const std::function<torch::Tensor(const torch::Tensor&)>& fn, const torch::Tensor& images,
-                    int64_t batch_size = 1024, torch::Dtype dtype = torch::kFloat);
+                    int64_t batch_size = 1024, torch::Dtype dtype = torch::kFloat,
+                    const std::function<void()>& after_batch = nullptr);
 
 /// `embed` with an encoder: switches it to eval mode for the pass and back.
 ///
 ///   auto f = contrax::train::embed(model->encoder, train.images);   // [N, 128]
-torch::Tensor embed(Encoder encoder, const torch::Tensor& images, int64_t batch_size = 1024);
+torch::Tensor embed(Encoder encoder, const torch::Tensor& images, int64_t batch_size = 1024,
+                    const std::function<void()>& after_batch = nullptr);
 
 /// Options for `linear_probe`. Defaults: standardise; L2 strength chosen from
 /// 1e-1, 1e-2, ..., 1e-5 on a seeded 10% validation part of the train rows;
