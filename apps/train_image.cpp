@@ -3,14 +3,17 @@
 // and kNN on the frozen features of the trained encoder, a random-init
 // encoder and the raw pixels, one protocol for all three.
 #include <algorithm>
+#include <cstdlib>
 #include <iomanip>
 #include <limits>
 #include <ostream>
 #include <sstream>
 
 #include "cli.h"
+#include "contrax/memory.h"
 #include "contrax/train/image/eval.h"
 #include "contrax/train/image/idx.h"
+#include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
 #include "train_recipe.h"
 
@@ -112,6 +115,16 @@ class ImageRecipe : public TrainRecipe {
   }
 
   train::RunResult train(const CommunicatorPtr& comm) override {
+    // A step that cannot fit is refused before the model is built, against
+    // the memory this node's processes share.
+    const int64_t world = comm->world_size(), rows = std::min(o_.run().batch_size(), data_.size());
+    const auto size = data_.images.sizes();  // [N, C, H, W]
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    const int64_t here = std::clamp<int64_t>(local != nullptr ? std::atoll(local) : 1, 1, world);
+    const auto memory =
+        ct::step_memory_problem(ct::estimate_step_memory(o_, size[1], size[2], size[3], rows, world), rows, world,
+                                here, contrax::available_memory_bytes());
+    usage_check(memory.empty(), memory);
     result_ = ct::train_contrastive(comm, data_, o_);
     return result_;
   }

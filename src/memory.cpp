@@ -11,6 +11,7 @@
 #include <fstream>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 namespace contrax {
 namespace {
@@ -19,29 +20,50 @@ std::atomic<int64_t> g_current{0};
 std::atomic<int64_t> g_peak{0};
 std::atomic<bool> g_installed{false};
 
+// The live storages, by data pointer: the DataPtr each came with (which frees
+// it through the original allocator) and its size. Keyed by the pointer so
+// that every DataPtr handed out has its data as its context, as LibTorch's
+// raw_allocate() requires (oneDNN's scratch buffers go through it). Never
+// destroyed: storages may outlive static destruction.
 struct Tracked {
   c10::DataPtr inner;
   int64_t bytes;
 };
+std::mutex g_live_mutex;
+std::unordered_map<void*, Tracked>& live() {
+  static auto* m = new std::unordered_map<void*, Tracked>();
+  return *m;
+}
 
-void tracked_delete(void* ctx) {
-  auto* t = static_cast<Tracked*>(ctx);
-  g_current.fetch_sub(t->bytes, std::memory_order_relaxed);
-  delete t;  // frees the inner DataPtr through the original allocator
+void counted_delete(void* data) {
+  c10::DataPtr inner;  // frees the storage after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    auto it = live().find(data);
+    if (it == live().end()) return;
+    g_current.fetch_sub(it->second.bytes, std::memory_order_relaxed);
+    inner = std::move(it->second.inner);
+    live().erase(it);
+  }
 }
 
 // Forwards to the allocator that was current at install time and attributes
-// each storage's size to the counters until its DataPtr is destroyed.
+// each storage's size to the counters until it is freed.
 c10::DataPtr counted_allocate(c10::Allocator* inner, size_t n) {
   c10::DataPtr p = inner->allocate(n);
   void* data = p.get();
-  c10::Device device = p.device();
-  auto* t = new Tracked{std::move(p), static_cast<int64_t>(n)};
-  const int64_t now = g_current.fetch_add(t->bytes, std::memory_order_relaxed) + t->bytes;
+  if (data == nullptr) return p;  // zero bytes: nothing to count
+  const c10::Device device = p.device();
+  const int64_t bytes = static_cast<int64_t>(n);
+  {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    live().emplace(data, Tracked{std::move(p), bytes});
+  }
+  const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   int64_t peak = g_peak.load(std::memory_order_relaxed);
   while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
   }
-  return {data, t, &tracked_delete, device};
+  return {data, data, &counted_delete, device};
 }
 
 // Counts every CPU storage: forwards to the allocator that was current at
@@ -50,7 +72,7 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
   c10::DataPtr allocate(size_t n) override { return counted_allocate(inner_, n); }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }

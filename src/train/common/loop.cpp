@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
+#include <new>
 #include <sstream>
 
 namespace contrax {
@@ -72,6 +73,18 @@ Fault fault_from_env() {
   f.step = step;
   f.rank = rank;
   return f;
+}
+
+// Whether an error is an allocation that failed: c10's OutOfMemoryError (the
+// CUDA allocator's), the CPU allocator's "can't allocate memory" (a plain
+// c10::Error in most versions) or "not enough memory", or std::bad_alloc.
+bool is_allocation_failure(const std::exception& e) {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr || dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return true;
+  }
+  const std::string what = e.what();
+  return what.find("can't allocate memory") != std::string::npos ||
+         what.find("not enough memory") != std::string::npos;
 }
 
 const RunOptions& checked_options(const RunOptions& o) {
@@ -275,6 +288,20 @@ void TrainLoop::diverged(const Row& r) const {
               "; lower --lr or allow skipping with --skip-nonfinite N");
 }
 
+// A step's allocation failed on this rank (its peers fail in their next
+// collective when this process ends, and its launcher ends them). No
+// checkpoint is written: the last one, if any, is the last good state.
+void TrainLoop::out_of_memory(const Row& r, const std::string& what) const {
+  const int64_t rows = sampler_.global_batch_rows(r.pos.step), world = comm_->world_size();
+  std::string first_line = what.substr(0, what.find('\n'));
+  TORCH_CHECK(false, "step ", r.step + 1, "/", total_, " ran out of memory on rank ", comm_->rank(), " (", rows,
+              " rows in the global batch, up to ", (rows + world - 1) / world, " per rank): ", first_line,
+              "; use a smaller --batch-size, or a gradient cache (--chunk-size N keeps the activations of N rows at a ",
+              "time); ",
+              run_dir_.empty() ? std::string("nothing was saved")
+                               : "the last good checkpoint " + run_dir_.checkpoint() + " is kept (if one was written)");
+}
+
 RunResult TrainLoop::run(const Step& step) {
   const int64_t rank = comm_->rank(), world = comm_->world_size();
   if (rank == 0 && !run_dir_.empty()) {
@@ -303,8 +330,14 @@ RunResult TrainLoop::run(const Step& step) {
     row.lr = warmup_cosine_lr(s, schedule_);
     set_learning_rate(optimizer_, row.lr);
     optimizer_.zero_grad();
-    const torch::Tensor loss =
-        step.loss({s, row.pos.epoch, row.pos.step, sampler_.local_indices(row.pos.epoch, row.pos.step, rank)});
+    torch::Tensor loss;
+    try {
+      loss = step.loss({s, row.pos.epoch, row.pos.step, sampler_.local_indices(row.pos.epoch, row.pos.step, rank)});
+    } catch (const std::exception& e) {
+      if (!is_allocation_failure(e)) throw;
+      const c10::Error* ce = dynamic_cast<const c10::Error*>(&e);
+      out_of_memory(row, ce != nullptr ? ce->what_without_backtrace() : e.what());
+    }
     // The global loss and whether any rank's gradient is non-finite, in the
     // one all-reduce the step already had: decided before the update, so a
     // diverged step never reaches the parameters or a checkpoint. (The

@@ -278,6 +278,7 @@ class TrainLoop {
   void checked(const std::function<void()>& write);
   void record(const Row& row, const Step& step);
   [[noreturn]] void diverged(const Row& row) const;
+  [[noreturn]] void out_of_memory(const Row& row, const std::string& what) const;
   void finish(RunResult& result, int64_t step, int64_t examples, double elapsed, int64_t bytes0);
 
   CommunicatorPtr comm_;
