@@ -157,13 +157,17 @@ GradCacheEncoder::GradCacheEncoder(EncoderFn forward, int64_t chunk_size, std::n
 // ---------------------------------------------------------------------------
 // GradCache
 
-namespace {
-
-// The random state a chunk's first forward started from.
+// The random state a chunk's first forward started from. Not in the anonymous
+// namespace: GradCache::Chunk, which has external linkage, holds one.
+namespace detail {
 struct RngState {
   torch::Tensor cpu;
   std::vector<std::pair<c10::Device, torch::Tensor>> cuda;
 };
+}  // namespace detail
+using detail::RngState;
+
+namespace {
 
 torch::Tensor get_state(at::Generator gen) {
   std::lock_guard<std::mutex> lock(gen.mutex());

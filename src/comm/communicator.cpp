@@ -11,9 +11,11 @@
 
 #include <exception>
 
+#include "comm/address.h"
 #include "comm/communicator_impl.h"
 #include "comm/environment.h"
 #include "comm/failure.h"
+#include "comm/gloo_binding.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "contrax/launcher.h"
@@ -374,6 +376,21 @@ torch::Tensor Communicator::ring_exchange(const torch::Tensor& send, at::IntArra
 void Communicator::barrier() {
   if (world_size() == 1) return;
   wait_work(impl_->group->barrier(), "barrier", *impl_);
+}
+
+std::string gloo_binding(const std::string& master_addr) {
+  const auto b = detail::choose_gloo_binding(master_addr);
+  switch (b.kind) {
+    case detail::GlooBinding::Kind::kInterface:
+      return "interface " + b.where + ": " + b.why;
+    case detail::GlooBinding::Kind::kAddress: {
+      const auto ifname = detail::interface_of(b.where);
+      return b.where + (ifname.empty() ? "" : " (" + ifname + ")") + ": " + b.why;
+    }
+    case detail::GlooBinding::Kind::kHostName:
+      break;
+  }
+  return "the address of this machine's host name (Gloo's default): " + b.why;
 }
 
 }  // namespace contrax

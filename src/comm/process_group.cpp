@@ -17,40 +17,11 @@
 #include <cstdlib>
 
 #include "comm/address.h"
+#include "comm/gloo_binding.h"
 
 namespace contrax::detail {
 
 namespace {
-
-// Where Gloo binds for MASTER_ADDR: Gloo's usual interface override; the
-// loopback for a loopback MASTER_ADDR; else the local address of the route to
-// rank 0. The machine's host name may resolve to an address of another
-// interface (or of no interface at all inside a network namespace), so that
-// Gloo's sockets, like the store's, live on the interface of MASTER_ADDR; the
-// host name's address only where there is no route. One decision for the
-// device and for its description (gloo_binding).
-struct GlooBinding {
-  enum class Kind { kInterface, kAddress, kHostName } kind;
-  std::string where;  // interface name or numeric address
-  std::string why;
-};
-
-GlooBinding choose_gloo_binding(const std::string& master_addr) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    return {GlooBinding::Kind::kInterface, ifname, "GLOO_SOCKET_IFNAME"};
-  }
-  if (master_addr == "127.0.0.1" || master_addr == "localhost" || master_addr == "::1") {
-    return {GlooBinding::Kind::kAddress, "127.0.0.1", "MASTER_ADDR " + master_addr + " is this machine's loopback"};
-  }
-  try {
-    const std::string local = local_address_towards(resolve_master(master_addr, -1));
-    if (!local.empty()) return {GlooBinding::Kind::kAddress, local, "the route to MASTER_ADDR " + master_addr};
-    return {GlooBinding::Kind::kHostName, "", "no route to MASTER_ADDR " + master_addr};
-  } catch (const c10::Error&) {
-    // Unresolvable: the rendezvous reports that.
-    return {GlooBinding::Kind::kHostName, "", "MASTER_ADDR " + master_addr + " does not resolve"};
-  }
-}
 
 std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
   const auto b = choose_gloo_binding(master_addr);
@@ -150,22 +121,3 @@ c10::Device nccl_stage_device(const c10::Device& requested) {
 }
 
 }  // namespace contrax::detail
-
-namespace contrax {
-
-std::string gloo_binding(const std::string& master_addr) {
-  const auto b = detail::choose_gloo_binding(master_addr);
-  switch (b.kind) {
-    case detail::GlooBinding::Kind::kInterface:
-      return "interface " + b.where + ": " + b.why;
-    case detail::GlooBinding::Kind::kAddress: {
-      const auto ifname = detail::interface_of(b.where);
-      return b.where + (ifname.empty() ? "" : " (" + ifname + ")") + ": " + b.why;
-    }
-    case detail::GlooBinding::Kind::kHostName:
-      break;
-  }
-  return "the address of this machine's host name (Gloo's default): " + b.why;
-}
-
-}  // namespace contrax

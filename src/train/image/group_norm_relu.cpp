@@ -1,5 +1,5 @@
 // GroupNorm followed by ReLU as one autograd function on CPU, in the
-// channels-last layout (see group_norm_relu() in models.h for why).
+// channels-last layout (see group_norm_relu.h for why).
 //
 // Notation, per example n and group g: the group's M = (C/G) HW values x,
 // their mean mu and r = 1/sqrt(var + eps) (biased variance, as torch's
@@ -27,7 +27,7 @@
 // torch's ReLU and GroupNorm backwards take three and an extra tensor. The
 // upstream gradient may be broadcast over H and W (the backward of a sum over
 // the map, as the encoder's pooling): then dy is read once per channel.
-#include "contrax/train/image/models.h"
+#include "contrax/train/image/group_norm_relu.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 
