@@ -121,6 +121,6 @@ fi
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 export CCACHE_BASEDIR=$PWD
 [ "$TARGETS" = all ] && targets=() || read -r -a targets <<<"$TARGETS"
-phase "building ${TARGETS} in $BUILD (first time on 2 cores: about 10 min)"
+phase "building ${TARGETS} in $BUILD (first time on 2 cores: the tool about 5 min, everything about 20)"
 cmake --build "$BUILD" ${targets[@]:+--target "${targets[@]}"}
 phase "done: $("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"
