@@ -29,7 +29,10 @@ struct Tracked {
   c10::DataPtr inner;
   int64_t bytes;
 };
-std::mutex g_live_mutex;
+std::mutex& live_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
 std::unordered_map<void*, Tracked>& live() {
   static auto* m = new std::unordered_map<void*, Tracked>();
   return *m;
@@ -38,7 +41,7 @@ std::unordered_map<void*, Tracked>& live() {
 void counted_delete(void* data) {
   c10::DataPtr inner;  // frees the storage after the lock is released
   {
-    std::lock_guard<std::mutex> lock(g_live_mutex);
+    std::lock_guard<std::mutex> lock(live_mutex());
     auto it = live().find(data);
     if (it == live().end()) return;
     g_current.fetch_sub(it->second.bytes, std::memory_order_relaxed);
@@ -56,7 +59,7 @@ c10::DataPtr counted_allocate(c10::Allocator* inner, size_t n) {
   const c10::Device device = p.device();
   const int64_t bytes = static_cast<int64_t>(n);
   {
-    std::lock_guard<std::mutex> lock(g_live_mutex);
+    std::lock_guard<std::mutex> lock(live_mutex());
     live().emplace(data, Tracked{std::move(p), bytes});
   }
   const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;

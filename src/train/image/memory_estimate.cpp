@@ -6,12 +6,15 @@
 //                v3's momentum copy once;
 //   images       this rank's b rows: uint8 [b, C, H, W], two views, their
 //                concatenation [2b, ...] and its channels-last copy, in the
-//                run's dtype, plus one view's worth of augmentation scratch;
+//                run's dtype, plus one view's worth of augmentation scratch:
+//                (1 + (2 + 2 + 2 + 1) x dtype size) bytes per pixel of a row;
 //   activations  r rows with gradient at once (2b: both views in one forward;
 //                with a gradient cache, one chunk of min(chunk, b) rows):
 //                each convolution's output and its normalised, rectified
 //                output (2 x L_i values per row for layer i; fused or not,
 //                both are saved for the backward) and the heads' widths (the
+//                pooled features, each hidden layer's width twice (counted,
+//                not derived), the projection; MoCo v3's predictor alike; the
 //                backward frees them as it goes: its own gradients add no
 //                measurable peak);
 //   loss         plan_loss()'s logits-sized buffers and gathered features on
@@ -68,8 +71,7 @@ StepMemory estimate_step_memory(const TrainOptions& o, int64_t channels, int64_t
       h = (h - 1) / stride + 1;  // 3x3, padding 1
       w = (w - 1) / stride + 1;
       enc_params += static_cast<double>(in) * ch * 9 + (enc.norm() == "group" ? 2.0 * ch : ch);
-      const double values = static_cast<double>(ch) * h * w;
-      layer_sum += values;
+      layer_sum += static_cast<double>(ch) * h * w;
       in = ch;
     }
   }

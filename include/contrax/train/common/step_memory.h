@@ -16,8 +16,7 @@ namespace train {
 /// `batch`, the step's input rows and what the recipe makes of them before
 /// the model (augmented views, their concatenation); `activations`, what the
 /// model keeps for the backward for the rows that run with gradient at once
-/// (all of them, or one gradient-cache chunk) and the backward's largest
-/// gradients; `loss`, the loss's own buffers on the path it takes
+/// (all of them, or one gradient-cache chunk); `loss`, the loss's own buffers on the path it takes
 /// (contrax::plan_loss).
 struct StepMemory {
   int64_t model = 0;        ///< the model and its training state

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "contrax/train/common/step_memory.h"
 #include "contrax/train/image/trainer.h"
