@@ -518,11 +518,13 @@ int TrainCommand::report(const ct::RunResult& r, std::chrono::steady_clock::time
   // Evaluation on rank 0, after the last collective: the other ranks are done
   // and exit, so a slow evaluation can never time out a peer that waits for it
   // (a barrier here failed after its 300 s timeout when a loaded machine slowed
-  // the evaluation down). It keeps the training's thread count rather than
-  // taking the idle ranks' cores: on a shared 2-core machine two OpenMP threads
-  // made the many small L-BFGS steps of the probe many times slower (threads
-  // spinning against other processes).
+  // the evaluation down). Its parts use the cores the finished ranks left
+  // (unless --threads was given) side by side, one thread each, rather than as
+  // threads of one part: on a shared 2-core machine two OpenMP threads made
+  // the probe's many small L-BFGS steps many times slower (threads spinning
+  // against other processes).
   if (comm_->rank() != 0) return 0;
+  tool_.eval_threads = threads_ > 0 ? threads_ : std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t steps_run = r.steps - r.start_step;
   Json s;
   s["recipe"] = name_;

@@ -34,6 +34,7 @@ struct TrainToolFlags {
   int64_t train_limit = -1;  // first N training examples
   int64_t eval_limit = -1;   // first N evaluation examples
   bool no_eval = false;
+  int64_t eval_threads = 0;  // cores the evaluation may use (> 1: its parts side by side, one thread each)
 };
 
 /// A recipe of `contrax train`.

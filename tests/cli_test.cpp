@@ -561,6 +561,15 @@ TEST(Cli, ProgressIsOneLiveLineOnATerminalAndPlainLinesInAPipe) {
   }
   EXPECT_EQ(tty.out.find("epoch 1 (1/4)"), std::string::npos) << "no plain progress lines on a terminal\n" << tty.out;
   EXPECT_NE(tty.out.find("linear probe acc"), std::string::npos) << "the table follows\n" << tty.out;
+  // Without --threads, the finished rank's core is the evaluation's: its three
+  // parts run side by side, each part's stage on the one line.
+  auto wide = run_shell("TERM=xterm COLUMNS=200 script -qefc \"" + std::string(CONTRAX_CLI_PATH) +
+                        " train --nproc 2 --train-limit 128 --batch-size 64 --max-steps 2 --warmup-steps 1 "
+                        "--eval-limit 300 --no-plot --no-verify --run-dir " +
+                        d + "/wide\" /dev/null </dev/null 2>&1");
+  ASSERT_EQ(wide.status, 0) << wide.out;
+  EXPECT_NE(wide.out.find("\revaluate  3 parts at once: trained encoder: "), std::string::npos) << wide.out;
+  EXPECT_NE(wide.out.find("linear probe acc"), std::string::npos) << "the table follows\n" << wide.out;
   auto pipe = run_cli(args.substr(1) + d + "/pipe");
   ASSERT_EQ(pipe.status, 0) << pipe.out;
   EXPECT_EQ(pipe.out.find('\r'), std::string::npos) << pipe.out;

@@ -54,6 +54,38 @@ TEST(Eval, LinearProbeOnRandomLabelsIsNearChance) {
   EXPECT_GT(r.test_acc, 0.04);
 }
 
+// The probe's hand-written gradient (class-major, no autograd) against
+// autograd on the same objective, and the loss against a central difference
+// along a random direction, in fp64.
+TEST(Eval, ProbeObjectiveGradientMatchesAutogradAndFiniteDifferences) {
+  auto gen = at::detail::createCPUGenerator(5);
+  const auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto x = torch::randn({37, 6}, gen, opt);
+  auto y = torch::randint(0, 4, {37}, gen, torch::kInt64);
+  auto wt = torch::randn({4, 6}, gen, opt), b = torch::randn({4}, gen, opt);
+  const double l2 = 0.3;
+  torch::Tensor gw, gb;
+  const double loss = ct::linear_probe_objective(x, x.t().contiguous(), y, wt, b, l2, gw, gb);
+
+  auto w_ref = wt.t().clone().requires_grad_(true), b_ref = b.clone().requires_grad_(true);
+  auto ref = torch::nn::functional::cross_entropy(torch::addmm(b_ref, x, w_ref), y) +
+             0.5 * l2 * w_ref.pow(2).sum();
+  ref.backward();
+  EXPECT_NEAR(loss, ref.item<double>(), 1e-12);
+  EXPECT_TRUE(torch::allclose(gw, w_ref.grad().t(), 1e-12, 1e-12));
+  EXPECT_TRUE(torch::allclose(gb, b_ref.grad(), 1e-12, 1e-12));
+
+  auto dw = torch::randn({4, 6}, gen, opt), db = torch::randn({4}, gen, opt);
+  const double h = 1e-6;
+  torch::Tensor unused_w, unused_b;
+  const double up = ct::linear_probe_objective(x, x.t().contiguous(), y, wt + h * dw, b + h * db, l2, unused_w,
+                                                unused_b);
+  const double down = ct::linear_probe_objective(x, x.t().contiguous(), y, wt - h * dw, b - h * db, l2,
+                                                  unused_w, unused_b);
+  const double directional = (gw * dw).sum().item<double>() + (gb * db).sum().item<double>();
+  EXPECT_NEAR((up - down) / (2 * h), directional, 1e-7 * std::max(1.0, std::abs(directional)));
+}
+
 TEST(Eval, LinearProbeConvergesAndReportsWhere) {
   auto [xtr, ytr] = clusters(1500, 12, 4, 11);
   auto [xte, yte] = clusters(300, 12, 4, 11);

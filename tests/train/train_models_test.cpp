@@ -46,6 +46,15 @@ TEST(Models, PoolGridKeepsTheLayoutOfTheLastMap) {
   auto g = grid(x).view({3, 16, 2, 2});  // [b, C, cell row, cell col]
   // The cells together are the global average (equal quadrants of the 4x4 map).
   EXPECT_TRUE(torch::allclose(g.mean({2, 3}), global(x), 1e-5, 1e-6));
+  // A grid as fine as the map is the map itself, flattened channel-major.
+  ct::Encoder whole(ct::EncoderOptions(base).pool_grid(4));
+  for (size_t i = 0; i < global->parameters().size(); ++i) {
+    torch::NoGradGuard no_grad;
+    whole->parameters()[i].copy_(global->parameters()[i]);
+  }
+  auto m = whole(x).view({3, 16, 4, 4});
+  EXPECT_TRUE(torch::allclose(m.mean({2, 3}), global(x), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(torch::adaptive_avg_pool2d(m, {2, 2}), g, 1e-5, 1e-6));
   // ... but each cell sees its own part of the image: without the norm (whose
   // statistics span the whole map) a change confined to the top-left corner
   // leaves the bottom-right cell as it was.

@@ -94,44 +94,71 @@ double accuracy(const ProbeFit& f, const torch::Tensor& x, const torch::Tensor& 
   return torch::addmm(f.b, x, f.w).argmax(1).eq(y).to(torch::kDouble).mean().item<double>();
 }
 
+}  // namespace
+
+// The objective is L = (1/n) sum_i [logsumexp_c z_ci - z_(y_i)i] + l2/2 ||W||^2
+// on the logits Z = Wt X^T + b 1^T ([C, n]: one column per row of x). Its
+// gradient with respect to the logits is G = (softmax over classes of Z - Y)/n,
+// Y the one-hot labels as columns, so dL/dWt = G X + l2 Wt and dL/db = G 1.
+// The probe fits Wt = W^T rather than W, with both x and xt = x^T at hand,
+// because then each of the two GEMMs reads its big operand along rows: with
+// only 10 classes, x W ([n, d] x [d, C]) and x^T G^T (autograd's backward of
+// it) ran 2.2x and 7.7x slower than Wt xt and G x (16.8 / 53.8 ms against 7.5 /
+// 7.0 ms for n = 9000, d = 1024, one AMD EPYC core, MKL of PyPI torch 2.15).
+double linear_probe_objective(const torch::Tensor& x, const torch::Tensor& xt, const torch::Tensor& y,
+                              const torch::Tensor& wt, const torch::Tensor& b, double l2, torch::Tensor& grad_wt,
+                              torch::Tensor& grad_b) {
+  torch::NoGradGuard no_grad;
+  const double n = static_cast<double>(x.size(0));
+  const auto z = torch::addmm(b.unsqueeze(1), wt, xt);  // [C, n]
+  const auto log_p = torch::log_softmax(z, 0);
+  const auto picked = log_p.gather(0, y.unsqueeze(0));  // [1, n]
+  const double loss = -picked.sum().item<double>() / n + 0.5 * l2 * wt.pow(2).sum().item<double>();
+  auto g = log_p.exp_().scatter_add_(0, y.unsqueeze(0), torch::full({1, x.size(0)}, -1.0, z.options()));
+  g.div_(n);
+  grad_wt = torch::addmm(wt, g, x, /*beta=*/l2, /*alpha=*/1.0);
+  grad_b = g.sum(1);
+  return loss;
+}
+
+namespace {
+
 // Minimises mean CE + l2/2 ||w||^2 with L-BFGS from (w0, b0). The objective is
 // smooth and strictly convex for l2 > 0, so the result depends only on the
 // data and l2 (up to the tolerances), not on the start: a warm start from a
-// neighbouring l2 only saves iterations.
-ProbeFit fit_probe(const torch::Tensor& x, const torch::Tensor& y, double l2, const torch::Tensor& w0,
-                   const torch::Tensor& b0, const LinearProbeOptions& o) {
-  auto w = w0.clone().requires_grad_(true);
+// neighbouring l2 only saves iterations. The gradient is linear_probe_objective's,
+// not autograd's (see there why).
+ProbeFit fit_probe(const torch::Tensor& x, const torch::Tensor& xt, const torch::Tensor& y, double l2,
+                   const torch::Tensor& w0, const torch::Tensor& b0, const LinearProbeOptions& o) {
+  auto wt = w0.t().contiguous().requires_grad_(true);
   auto b = b0.clone().requires_grad_(true);
   const int64_t max_eval = std::max<int64_t>(1, o.max_iter() * 5 / 4);  // LBFGS's own default ratio
-  torch::optim::LBFGS opt({w, b}, torch::optim::LBFGSOptions(1.0)
-                                      .max_iter(o.max_iter())
-                                      .max_eval(max_eval)
-                                      .history_size(20)
-                                      .tolerance_grad(o.tolerance_grad())
-                                      .tolerance_change(1e-9)
-                                      .line_search_fn("strong_wolfe"));
+  torch::optim::LBFGS opt({wt, b}, torch::optim::LBFGSOptions(1.0)
+                                       .max_iter(o.max_iter())
+                                       .max_eval(max_eval)
+                                       .history_size(20)
+                                       .tolerance_grad(o.tolerance_grad())
+                                       .tolerance_change(1e-9)
+                                       .line_search_fn("strong_wolfe"));
   ProbeFit f;
   auto closure = [&]() {
-    opt.zero_grad();
-    auto loss = torch::nn::functional::cross_entropy(torch::addmm(b, x, w), y) + 0.5 * l2 * w.pow(2).sum();
-    loss.backward();
-    f.loss = loss.item<double>();
-    return loss;
+    torch::Tensor gw, gb;
+    f.loss = linear_probe_objective(x, xt, y, wt.detach(), b.detach(), l2, gw, gb);
+    wt.mutable_grad() = gw;
+    b.mutable_grad() = gb;
+    return torch::tensor(f.loss, torch::kDouble);
   };
-  {
-    torch::AutoGradMode grad(true);
-    opt.step(closure);
-    // Where it stopped: the gradient at the final point (the line search's
-    // last evaluation may have been elsewhere).
-    closure();
-  }
-  f.grad_max = std::max(w.grad().abs().max().item<double>(), b.grad().abs().max().item<double>());
+  opt.step(closure);
+  // Where it stopped: the gradient at the final point (the line search's
+  // last evaluation may have been elsewhere).
+  closure();
+  f.grad_max = std::max(wt.grad().abs().max().item<double>(), b.grad().abs().max().item<double>());
   for (const auto& kv : opt.state()) {
     const auto& st = static_cast<const torch::optim::LBFGSParamState&>(*kv.second);
     f.iterations = st.n_iter();
     f.converged = st.n_iter() < o.max_iter() && st.func_evals() < max_eval;
   }
-  f.w = w.detach();
+  f.w = wt.detach().t().contiguous();
   f.b = b.detach();
   return f;
 }
@@ -180,6 +207,7 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x_in, const torch::Ten
     const auto fit_x_raw = train_x.index_select(0, fit_idx);
     const Standardizer st(fit_x_raw, o.standardize());
     const auto fit_x = st(fit_x_raw), val_x = st(train_x.index_select(0, val_idx));
+    const auto fit_xt = fit_x.t().contiguous();
     const auto fit_y = train_y.index_select(0, fit_idx), val_y = train_y.index_select(0, val_idx);
     // Strongest penalty first: its fit is quick, and each weaker one starts
     // from the previous solution (a regularisation path).
@@ -190,7 +218,7 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x_in, const torch::Ten
     // slow fits (the weaker the penalty, the worse conditioned the problem).
     torch::Tensor best_w, best_b;
     for (double l2 : grid) {
-      auto f = fit_probe(fit_x, fit_y, l2, w0, b0, o);
+      auto f = fit_probe(fit_x, fit_xt, fit_y, l2, w0, b0, o);
       const double acc = accuracy(f, val_x, val_y);
       if (acc < r.val_acc) break;
       if (acc > r.val_acc) {
@@ -209,7 +237,7 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x_in, const torch::Ten
   }
   const Standardizer st(train_x, o.standardize());
   const auto x = st(train_x);
-  const auto f = fit_probe(x, train_y, r.l2, w0, b0, o);
+  const auto f = fit_probe(x, x.t().contiguous(), train_y, r.l2, w0, b0, o);
   r.final_loss = f.loss;
   r.iterations = f.iterations;
   r.grad_max = f.grad_max;

@@ -109,6 +109,16 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x, const torch::Tensor
                                const torch::Tensor& test_x, const torch::Tensor& test_y,
                                const LinearProbeOptions& options = {});
 
+/// The linear probe's objective, mean cross-entropy + l2/2 ||W||^2 (the bias
+/// not penalised), and its gradient, in the class-major layout `linear_probe`
+/// fits in: `x` [n, d] and `xt` = x^T made contiguous [d, n] (both, so that
+/// neither GEMM reads a transposed operand), `y` [n] int64, `wt` = W^T [C, d],
+/// `b` [C]. Returns the loss; writes dL/dwt and dL/db into `grad_wt` and
+/// `grad_b`. No autograd is involved.
+double linear_probe_objective(const torch::Tensor& x, const torch::Tensor& xt, const torch::Tensor& y,
+                              const torch::Tensor& wt, const torch::Tensor& b, double l2, torch::Tensor& grad_wt,
+                              torch::Tensor& grad_b);
+
 /// Options for `knn_accuracy`. Defaults: k = 20, temperature 0.07, 256 test
 /// rows per block (memory 256 x N floats).
 struct KnnOptions {
