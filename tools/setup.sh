@@ -4,7 +4,7 @@
 # skipped, downloads are kept, and the build is incremental.
 #
 #   * Debian packages: compiler, CMake, the data sets, CLI11, JSON, GoogleTest,
-#     Doxygen (the API reference);
+#     and with CONTRAX_TARGETS=all (tools/test.sh) Doxygen (the API reference);
 #   * a project virtual environment (.venv) with PyPI's torch, pinned in
 #     requirements/torch.txt; its LibTorch (torch.utils.cmake_prefix_path) is
 #     what the C++ library, the tool and the Python package build against,
@@ -48,8 +48,8 @@ PACKAGES=(
   python3-matplotlib              # curves.png of a run
   iproute2 util-linux             # ip netns/veth for the two-node test; flock, mount for the fault tests
 )
-if [ "$TORCH_FROM" = pypi ]; then
-  PACKAGES+=(doxygen)            # the API reference's C++ half (tools/docs.sh; Sphinx is in requirements/docs.txt)
+if [ "$TORCH_FROM" = pypi ] && [ "$TARGETS" = all ]; then
+  PACKAGES+=(doxygen)            # the API reference's C++ half, built by command 2 (tools/docs.sh; Sphinx is in requirements/docs.txt)
 fi
 if [ "$TORCH_FROM" = system ]; then
   # Debian's LibTorch (CPU), c10d's Gloo headers, the torch and pybind11 of the binding
