@@ -83,7 +83,7 @@ struct Standardizer {
 };
 
 struct ProbeFit {
-  torch::Tensor w, b;  // [d, C], [C]
+  torch::Tensor wt, b;  // W^T [C, d] (class-major, as linear_probe_objective fits it), [C]
   double loss = 0;
   int64_t iterations = 0;
   double grad_max = 0;
@@ -91,7 +91,7 @@ struct ProbeFit {
 };
 
 double accuracy(const ProbeFit& f, const torch::Tensor& x, const torch::Tensor& y) {
-  return torch::addmm(f.b, x, f.w).argmax(1).eq(y).to(torch::kDouble).mean().item<double>();
+  return torch::addmm(f.b, x, f.wt.t()).argmax(1).eq(y).to(torch::kDouble).mean().item<double>();
 }
 
 }  // namespace
@@ -123,14 +123,14 @@ double linear_probe_objective(const torch::Tensor& x, const torch::Tensor& xt, c
 
 namespace {
 
-// Minimises mean CE + l2/2 ||w||^2 with L-BFGS from (w0, b0). The objective is
+// Minimises mean CE + l2/2 ||W||^2 with L-BFGS from (wt0 = W0^T, b0). The objective is
 // smooth and strictly convex for l2 > 0, so the result depends only on the
 // data and l2 (up to the tolerances), not on the start: a warm start from a
 // neighbouring l2 only saves iterations. The gradient is linear_probe_objective's,
 // not autograd's (see there why).
 ProbeFit fit_probe(const torch::Tensor& x, const torch::Tensor& xt, const torch::Tensor& y, double l2,
-                   const torch::Tensor& w0, const torch::Tensor& b0, const LinearProbeOptions& o) {
-  auto wt = w0.t().contiguous().requires_grad_(true);
+                   const torch::Tensor& wt0, const torch::Tensor& b0, const LinearProbeOptions& o) {
+  auto wt = wt0.clone().requires_grad_(true);
   auto b = b0.clone().requires_grad_(true);
   const int64_t max_eval = std::max<int64_t>(1, o.max_iter() * 5 / 4);  // LBFGS's own default ratio
   torch::optim::LBFGS opt({wt, b}, torch::optim::LBFGSOptions(1.0)
@@ -158,7 +158,7 @@ ProbeFit fit_probe(const torch::Tensor& x, const torch::Tensor& xt, const torch:
     f.iterations = st.n_iter();
     f.converged = st.n_iter() < o.max_iter() && st.func_evals() < max_eval;
   }
-  f.w = wt.detach().t().contiguous();
+  f.wt = wt.detach();
   f.b = b.detach();
   return f;
 }
@@ -193,7 +193,7 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x_in, const torch::Ten
   const auto train_x = train_x_in.to(torch::kFloat);
   const auto test_x = test_x_in.to(torch::kFloat);
   const int64_t d = train_x.size(1);
-  auto w0 = torch::zeros({d, classes}, torch::kFloat);
+  auto wt0 = torch::zeros({classes, d}, torch::kFloat);
   auto b0 = torch::zeros({classes}, torch::kFloat);
 
   LinearProbeResult r;
@@ -216,28 +216,28 @@ LinearProbeResult linear_probe(const torch::Tensor& train_x_in, const torch::Ten
     // The path stops at the first lambda that validates worse than the best so
     // far: weaker penalties only overfit more from there on, and they are the
     // slow fits (the weaker the penalty, the worse conditioned the problem).
-    torch::Tensor best_w, best_b;
+    torch::Tensor best_wt, best_b;
     for (double l2 : grid) {
-      auto f = fit_probe(fit_x, fit_xt, fit_y, l2, w0, b0, o);
+      auto f = fit_probe(fit_x, fit_xt, fit_y, l2, wt0, b0, o);
       const double acc = accuracy(f, val_x, val_y);
       if (acc < r.val_acc) break;
       if (acc > r.val_acc) {
         r.val_acc = acc;
         r.l2 = l2;
-        best_w = f.w;
+        best_wt = f.wt;
         best_b = f.b;
       }
-      w0 = f.w;
+      wt0 = f.wt;
       b0 = f.b;
     }
     // The refit on all rows starts from the chosen fit (same lambda, 90% of
     // the rows): close to its optimum, so it needs few iterations.
-    w0 = best_w;
+    wt0 = best_wt;
     b0 = best_b;
   }
   const Standardizer st(train_x, o.standardize());
   const auto x = st(train_x);
-  const auto f = fit_probe(x, x.t().contiguous(), train_y, r.l2, w0, b0, o);
+  const auto f = fit_probe(x, x.t().contiguous(), train_y, r.l2, wt0, b0, o);
   r.final_loss = f.loss;
   r.iterations = f.iterations;
   r.grad_max = f.grad_max;
