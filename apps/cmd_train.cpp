@@ -6,7 +6,7 @@
 // workers, the console and train.log, config.json, results.json and the
 // summary.
 //
-//   contrax train                                  # simclr: 2 processes, 16 epochs
+//   contrax train                                  # simclr: 2 processes, 10 epochs
 //   contrax train moco-v3 --epochs 3 --run-dir runs/moco   # or: contrax train --recipe moco-v3 ...
 //   contrax train retrieval --help                 # the retrieval recipe's flags and defaults
 //   contrax train --run-dir runs/a --resume auto   # continue a stopped run, or start it

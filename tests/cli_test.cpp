@@ -333,7 +333,7 @@ TEST(Cli, DefaultsComeFromTheLibrarysOptions) {
     EXPECT_NE(train.out.find("\n" + line + "\n"), std::string::npos) << line << "\n" << train.out;
   }
   EXPECT_EQ(t.run().lr(), 2e-3);  // the default run's recipe, unchanged
-  EXPECT_EQ(t.run().epochs(), 16);
+  EXPECT_EQ(t.run().epochs(), 10);
   EXPECT_NE(train.out.find("\nlr=0.002\n"), std::string::npos) << train.out;
   // The retrieval recipe shows its own defaults for the flags it shares.
   auto retrieval = run_cli_stdout("train --recipe retrieval --dump-config");

@@ -103,8 +103,8 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& x) {
   // is the gradient broadcast over the map, which group_norm_relu() takes as
   // it is (the mean's backward would write it out, divided, at full size).
   // A map of exactly g x g cells is its own grid average (the default
-  // recipe's 2x2 map): flattened as it is, the same values, without
-  // adaptive_avg_pool2d's backward (2.5% of a default step's time).
+  // recipe's 4x4 map): flattened as it is, the same values, without
+  // adaptive_avg_pool2d's backward (2.5% of a step of the earlier default).
   torch::Tensor h;
   if (g == 1) {
     h = f.sum({2, 3}) / static_cast<double>(f.size(2) * f.size(3));

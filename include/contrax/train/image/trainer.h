@@ -31,7 +31,7 @@ namespace contrax {
 namespace train {
 
 /// Options of `train_contrastive`. The defaults are the recipe of the default
-/// `contrax train` run (its flags take their defaults from here): SimCLR, 16
+/// `contrax train` run (its flags take their defaults from here): SimCLR, 10
 /// epochs, global batch 256, AdamW lr 2e-3 and weight decay 1e-4 with 20
 /// warm-up steps then cosine to 0, temperature 0.1, crops of 50-100% of the
 /// image, the encoder `default_recipe_encoder()`, a checkpoint every 200 steps
@@ -42,9 +42,10 @@ struct TrainOptions {
   /// "simclr" or "moco-v3".
   TORCH_ARG(std::string, recipe) = "simclr";
   /// The run: schedule, batch, optimizer, seed, run directory, logging
-  /// (common/loop.h). 16 epochs: kNN 0.8708 against raw pixels' 0.8569,
-  /// where 8 gave 0.8646 (docs/benchmarks.md); about 7 minutes on 2 idle cores.
-  TORCH_ARG(RunOptions, run) = RunOptions().epochs(16).batch_size(256).lr(2e-3).weight_decay(1e-4);
+  /// (common/loop.h). 10 epochs: kNN 0.8743 against raw pixels' 0.8569 (seed
+  /// 0; the spread over seeds in docs/benchmarks.md), about 4.5 minutes on 2
+  /// idle AMD EPYC (AVX2) cores.
+  TORCH_ARG(RunOptions, run) = RunOptions().epochs(10).batch_size(256).lr(2e-3).weight_decay(1e-4);
   /// > 0: gradient cache with chunks of this many rows per view.
   TORCH_ARG(int64_t, chunk_size) = 0;
   /// Temperature of NT-Xent / MoCo v3.
@@ -55,7 +56,7 @@ struct TrainOptions {
   TORCH_ARG(ContrastiveModelOptions, model) = {};
   /// Augmentations of the two views (their dtype is taken from `run().dtype()`):
   /// `AugmentOptions`' defaults except crops of 50-100% of the image (measured
-  /// a little better than 20-100% with the 2x2-grid encoder on 28x28 images).
+  /// a little better than 20-100% with a grid-pooled encoder on 28x28 images).
   TORCH_ARG(AugmentOptions, augment) = AugmentOptions().scale_min(0.5);
 
   CONTRAX_DEPRECATED_RUN_OPTIONS
