@@ -20,6 +20,6 @@ int run_plot(const std::vector<std::string>& args) {
   return cli::plot_run(dir, /*quiet=*/false);
 }
 
-contrax::cli::Command plot_cmd("plot", "draw RUN_DIR/curves.png from a run's metrics (python3-matplotlib)", run_plot);
+contrax::cli::Command plot_cmd("plot", "draw RUN_DIR/curves.png from a run's metrics (matplotlib)", run_plot);
 
 }  // namespace

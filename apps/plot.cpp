@@ -37,11 +37,17 @@ int plot_run(const std::string& dir, bool quiet) {
               << " nor in ../share/contrax (set CONTRAX_PLOT_SCRIPT)\n";
     return 1;
   }
-  // Debian's interpreter, where python3-matplotlib installs matplotlib (a
-  // python3 earlier on PATH, e.g. pyenv's, would not see it).
+  // CONTRAX_PYTHON, else the interpreter the build was configured with
+  // (tools/setup.sh: .venv's, with matplotlib from PyPI), else Debian's, where
+  // python3-matplotlib installs it (a python3 earlier on PATH, e.g. pyenv's,
+  // would not see it), else PATH's.
   std::string python = "python3";
   if (const char* env = std::getenv("CONTRAX_PYTHON")) {
     python = env;
+#ifdef CONTRAX_PLOT_PYTHON
+  } else if (::access(CONTRAX_PLOT_PYTHON, X_OK) == 0) {
+    python = CONTRAX_PLOT_PYTHON;
+#endif
   } else if (::access("/usr/bin/python3", X_OK) == 0) {
     python = "/usr/bin/python3";
   }
@@ -53,7 +59,7 @@ int plot_run(const std::string& dir, bool quiet) {
       if (devnull >= 0) ::dup2(devnull, STDOUT_FILENO);
     }
     ::execlp(python.c_str(), python.c_str(), script.c_str(), dir.c_str(), static_cast<char*>(nullptr));
-    std::fprintf(stderr, "contrax plot: cannot run %s: %s (apt-get install python3 python3-matplotlib)\n",
+    std::fprintf(stderr, "contrax plot: cannot run %s: %s (set CONTRAX_PYTHON to a python3 with matplotlib)\n",
                  python.c_str(), std::strerror(errno));
     ::_exit(127);
   }

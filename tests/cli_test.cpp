@@ -646,7 +646,15 @@ TEST(Cli, PlotDrawsCurvesAndSaysWhatIsMissing) {
   const std::string& out = without.out;
   EXPECT_EQ(without.status, 3) << out;
   EXPECT_NE(out.find("matplotlib is missing"), std::string::npos) << out;
-  EXPECT_NE(out.find("apt-get install python3-matplotlib"), std::string::npos) << out;
+  EXPECT_NE(out.find("-m pip install matplotlib, or set CONTRAX_PYTHON"), std::string::npos) << out;
+  // An interpreter that cannot be started.
+  const auto absent = contrax::testing::run_shell("CONTRAX_PYTHON=/nonexistent/python3 " +
+                                                  std::string(CONTRAX_CLI_PATH) + " plot " + d + " 2>&1");
+  EXPECT_EQ(absent.status, 127) << absent.out;
+  EXPECT_NE(absent.out.find("cannot run /nonexistent/python3: No such file or directory (set CONTRAX_PYTHON to a "
+                            "python3 with matplotlib)"),
+            std::string::npos)
+      << absent.out;
 }
 
 TEST(Cli, VerifyOverThreeProcessesPrintsJsonPerLoss) {

@@ -40,7 +40,8 @@ def main(argv):
         import matplotlib.pyplot as plt
     except ImportError:
         print("contrax plot: matplotlib is missing, curves.png not drawn "
-              "(apt-get install python3-matplotlib)", file=sys.stderr)
+              f"({sys.executable} -m pip install matplotlib, or set CONTRAX_PYTHON "
+              "to a python3 that has it)", file=sys.stderr)
         return 3
 
     def series(key):

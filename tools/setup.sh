@@ -6,8 +6,8 @@
 #   * Debian packages: compiler, CMake, the data sets, CLI11, JSON, GoogleTest,
 #     and with CONTRAX_TARGETS=all (tools/test.sh) Doxygen (the API reference);
 #   * a project virtual environment (.venv) with PyPI's torch, pinned in
-#     requirements/torch.txt; its LibTorch (torch.utils.cmake_prefix_path) is
-#     what the C++ library, the tool and the Python package build against,
+#     requirements/torch.txt, and matplotlib (requirements/plot.txt); torch's
+#     LibTorch (torch.utils.cmake_prefix_path) is what the C++ library, the tool and the Python package build against,
 #     with CUDA and NCCL where the CUDA toolkit is installed;
 #   * Gloo's headers, which PyPI's wheels lack (tools/gloo_headers.sh).
 #
@@ -45,7 +45,6 @@ PACKAGES=(
   dataset-fashion-mnist           # the real data set of `contrax train`
   wordnet-base                    # WordNet 3.0, the corpus of `contrax train --recipe retrieval`
   python3-dev python3-venv        # the Python package, the virtual environment
-  python3-matplotlib              # curves.png of a run
   iproute2 util-linux             # ip netns/veth for the two-node test; flock, mount for the fault tests
 )
 if [ "$TORCH_FROM" = pypi ] && [ "$TARGETS" = all ]; then
@@ -54,7 +53,8 @@ fi
 if [ "$TORCH_FROM" = system ]; then
   # Debian's LibTorch (CPU), c10d's Gloo headers, the torch and pybind11 of the binding
   PACKAGES+=(libtorch-dev libgloo-dev python3-torch pybind11-dev python3-pytest python3-numpy
-             python3-setuptools python3-wheel python3-pip libopenblas0-openmp)
+             python3-setuptools python3-wheel python3-pip libopenblas0-openmp
+             python3-matplotlib)         # curves.png (with PyPI's torch: matplotlib in .venv, requirements/plot.txt)
 fi
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -101,6 +101,7 @@ if [ "$TORCH_FROM" = pypi ]; then
     phase "installing PyPI's torch $want into $VENV (first time: ~4 GB of wheels with CUDA's libraries, 1-2 min)"
   fi
   pip_cached -r requirements/torch.txt
+  pip_cached -c requirements/torch.txt -r requirements/plot.txt
   for r in ${CONTRAX_EXTRA_REQUIREMENTS:-}; do pip_cached -c requirements/torch.txt -r "$r"; done
   PY=$VENV/bin/python
   # The CUDA wheels' CMake package needs the CUDA toolkit (nvcc), which may
