@@ -7,8 +7,9 @@
 #     and with CONTRAX_TARGETS=all (tools/test.sh) Doxygen (the API reference);
 #   * a project virtual environment (.venv) with PyPI's torch, pinned in
 #     requirements/torch.txt, and matplotlib (requirements/plot.txt); torch's
-#     LibTorch (torch.utils.cmake_prefix_path) is what the C++ library, the tool and the Python package build against,
-#     with CUDA and NCCL where the CUDA toolkit is installed;
+#     LibTorch (torch.utils.cmake_prefix_path) is what the C++ library, the
+#     tool and the Python package build against, with CUDA and NCCL where the
+#     CUDA toolkit is installed;
 #   * Gloo's headers, which PyPI's wheels lack (tools/gloo_headers.sh).
 #
 # Every wheel is downloaded once into $CONTRAX_CACHE/wheels and installed from
@@ -74,13 +75,19 @@ fi
 # install itself is uv's (requirements/setup.txt): it unpacks several wheels
 # at once, into its cache beside the wheels, and links them into the venv.
 export UV_CACHE_DIR=$CACHE/uv
-pip_cached() {
-  local py=$VENV/bin/python wheels=$CACHE/wheels
-  mkdir -p "$wheels"
-  if [ ! -x "$VENV/bin/uv" ] && ! "$py" -m pip install -q --no-index --find-links "$wheels" -r requirements/setup.txt 2>/dev/null; then
-    "$py" -m pip download -q -d "$wheels" -r requirements/setup.txt
-    "$py" -m pip install -q --no-index --find-links "$wheels" -r requirements/setup.txt
+WHEELS=$CACHE/wheels
+# uv itself, with the venv's pip (from the cache, downloaded the first time).
+install_uv() {
+  local py=$VENV/bin/python
+  mkdir -p "$WHEELS"
+  [ -x "$VENV/bin/uv" ] && return
+  if ! "$py" -m pip install -q --no-index --find-links "$WHEELS" -r requirements/setup.txt 2>/dev/null; then
+    "$py" -m pip download -q -d "$WHEELS" -r requirements/setup.txt
+    "$py" -m pip install -q --no-index --find-links "$WHEELS" -r requirements/setup.txt
   fi
+}
+pip_cached() {
+  local py=$VENV/bin/python wheels=$WHEELS
   local install=("$VENV/bin/uv" pip install -q --python "$py" --offline --no-index --find-links "$wheels")
   if ! "${install[@]}" "$@" 2>/dev/null; then
     phase "downloading $(grep -hv '^#' "${@: -1}" | tr '\n' ' ')and what they need into $wheels"
@@ -100,6 +107,7 @@ if [ "$TORCH_FROM" = pypi ]; then
   if [ "${have%%+*}" != "$want" ]; then
     phase "installing PyPI's torch $want into $VENV (first time: ~4 GB of wheels with CUDA's libraries, 1-2 min)"
   fi
+  install_uv
   pip_cached -r requirements/torch.txt
   pip_cached -c requirements/torch.txt -r requirements/plot.txt
   for r in ${CONTRAX_EXTRA_REQUIREMENTS:-}; do pip_cached -c requirements/torch.txt -r "$r"; done
