@@ -32,6 +32,7 @@
 #include "contrax/memory.h"
 #include "contrax/verify.h"
 #include "support/cli.h"
+#include "support/processes.h"
 
 namespace {
 
@@ -48,12 +49,7 @@ const std::string kTiny =
     "train --nproc 1 --threads 1 --train-limit 256 --batch-size 64 --max-steps 3 --warmup-steps 1 --log-every 1 "
     "--no-eval --no-verify --no-plot";
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = ::testing::TempDir() + "contrax_cli_" + name + "_" + std::to_string(::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
+std::string temp_dir(const std::string& name) { return contrax::testing::scratch_dir(name); }
 
 // Each file's size and a hash of its bytes (printable when a test fails). The
 // lock file is not part of the run: a refused run records its pid there.

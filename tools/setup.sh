@@ -14,7 +14,7 @@
 #
 # Every wheel is downloaded once into $CONTRAX_CACHE/wheels and installed from
 # there: a second set-up on the same machine downloads nothing. (pip's own
-# HTTP cache keeps nothing from a server that sends no caching headers.)
+# HTTP cache is turned off: it would keep a second copy of every wheel.)
 #
 #   CONTRAX_BUILD_DIR  build folder (default: build)
 #   CONTRAX_VENV       the virtual environment (default: .venv)
@@ -37,6 +37,37 @@ SUDO=""
 case "$TORCH_FROM" in pypi|system) ;; *) echo "setup: CONTRAX_TORCH must be pypi or system, but is '$TORCH_FROM'" >&2; exit 2 ;; esac
 t0=$(date +%s)
 phase() { echo "setup: $* ($(($(date +%s) - t0)) s so far)"; }
+
+# Free gigabytes on the file system that holds $1 (or would: its nearest
+# existing parent).
+free_gb() {
+  local d=$1
+  while [ ! -e "$d" ]; do d=$(dirname "$d"); done
+  df -Pk "$d" | awk 'NR == 2 { print int($4 / 1048576) }'
+}
+# A first install of PyPI's torch needs room: its wheels in $CACHE (2.8 GB)
+# and them unpacked for $VENV (4.5 GB; uv links the venv's files to its cache
+# where both share a file system), with the test suite's packages about
+# 10 GB. Said before anything is written, rather than as a traceback from
+# the middle of a download.
+need_space() {
+  local gb=$1 d
+  shift
+  for d in "$@"; do
+    local have
+    have=$(free_gb "$d")
+    if [ "$have" -lt "$gb" ]; then
+      echo "setup: a first install of PyPI's torch needs about $gb GB free (wheels in $CACHE, unpacked in $VENV)," \
+        "but the file system of $d has $have GB free; free some space, or set CONTRAX_CACHE and CONTRAX_VENV" \
+        "to folders on a larger one" >&2
+      exit 1
+    fi
+  done
+}
+
+if [ "$TORCH_FROM" = pypi ] && ! "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("torch")' 2>/dev/null; then
+  need_space 10 "$CACHE" "$VENV"
+fi
 
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config curl xz-utils
@@ -82,7 +113,7 @@ install_uv() {
   mkdir -p "$WHEELS"
   [ -x "$VENV/bin/uv" ] && return
   if ! "$py" -m pip install -q --no-index --find-links "$WHEELS" -r requirements/setup.txt 2>/dev/null; then
-    "$py" -m pip download -q -d "$WHEELS" -r requirements/setup.txt
+    "$py" -m pip download -q --no-cache-dir -d "$WHEELS" -r requirements/setup.txt
     "$py" -m pip install -q --no-index --find-links "$WHEELS" -r requirements/setup.txt
   fi
 }
@@ -91,7 +122,7 @@ pip_cached() {
   local install=("$VENV/bin/uv" pip install -q --python "$py" --offline --no-index --find-links "$wheels")
   if ! "${install[@]}" "$@" 2>/dev/null; then
     phase "downloading $(grep -hv '^#' "${@: -1}" | tr '\n' ' ')and what they need into $wheels"
-    "$py" -m pip wheel -q -w "$wheels" "$@"
+    "$py" -m pip wheel -q --no-cache-dir -w "$wheels" "$@"
     "${install[@]}" "$@"
   fi
 }

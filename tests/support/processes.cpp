@@ -58,6 +58,30 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path, ec);
 }
 
+namespace {
+// The process's scratch TempDir; only the process that made it removes it.
+struct Scratch {
+  TempDir dir{"contrax_tests"};
+  pid_t owner = ::getpid();
+  ~Scratch() {
+    if (::getpid() != owner) dir.path = "/nonexistent";  // a forked child: not ours to remove
+  }
+};
+}  // namespace
+
+std::string scratch_path(const std::string& name) {
+  static Scratch scratch;
+  const std::string p = scratch.dir.path + "/" + name;
+  std::filesystem::remove_all(p);
+  return p;
+}
+
+std::string scratch_dir(const std::string& name) {
+  const std::string p = scratch_path(name);
+  std::filesystem::create_directories(p);
+  return p;
+}
+
 std::vector<std::string> losses_of(const std::string& metrics_jsonl) {
   std::ifstream in(metrics_jsonl);
   std::vector<std::string> out;

@@ -33,6 +33,16 @@ struct TempDir {
   std::string path;
 };
 
+/// `<this test process's scratch folder>/<name>`, removed first if it exists
+/// and not created. The scratch folder is one TempDir ("contrax_tests_*") made
+/// on first use and removed when the test process exits, so a run of the suite
+/// leaves nothing behind in the temporary folder (a forked child's exit leaves
+/// it alone).
+std::string scratch_path(const std::string& name);
+
+/// scratch_path(name), created.
+std::string scratch_dir(const std::string& name);
+
 /// The `"loss":` values of a metrics.jsonl, as written (17 digits).
 std::vector<std::string> losses_of(const std::string& metrics_jsonl);
 

@@ -17,6 +17,7 @@
 #include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
 #include "support/cli.h"
+#include "support/processes.h"
 
 namespace ct = contrax::train;
 
@@ -141,7 +142,7 @@ TEST(TrainCli, AStepThatCannotFitIsRefusedBeforeItStarts) {
                                                  ct::EncoderOptions().channels({4096, 4096}).strides({1, 1}))),
                                              1, 28, 28, 60000, 1);
   if (need.total() <= contrax::available_memory_bytes()) GTEST_SKIP() << "this machine has room for the step";
-  const std::string run_dir = ::testing::TempDir() + "contrax_memory_refused_" + std::to_string(::getpid());
+  const std::string run_dir = contrax::testing::scratch_path("memory_refused");
   for (const std::string nproc : {"1", "2"}) {
     const auto r = contrax::testing::run_cli("train --nproc " + nproc + " --run-dir " + run_dir + "_" + nproc +
                                              " --encoder-channels 4096,4096 --encoder-strides 1,1 --batch-size 60000 "

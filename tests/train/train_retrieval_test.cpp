@@ -49,12 +49,7 @@ const char* kAdjs =
     "00000100 00 a 01 big(a) 0 001 & 00000200 a 0000 | above average in size  \n"
     "00000200 00 s 02 large 0 galore(ip) 0 001 & 00000100 a 0000 | of considerable size  \n";
 
-std::string temp_dir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "contrax_retrieval_" + name + "_" + std::to_string(::getpid());
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
+std::string temp_dir(const std::string& name) { return contrax::testing::scratch_dir(name); }
 
 void write(const std::string& path, const std::string& text) {
   std::ofstream out(path);

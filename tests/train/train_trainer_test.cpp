@@ -76,11 +76,8 @@ ct::TrainOptions small_options(const std::string& recipe) {
   return o;
 }
 
-std::string temp_dir(const std::string& name) {
-  std::string d = ::testing::TempDir() + "contrax_trainer_" + name + "_" + std::to_string(::getpid());
-  std::system(("rm -rf '" + d + "'").c_str());
-  return d;
-}
+// A run directory that does not exist yet (the trainer makes it).
+std::string temp_dir(const std::string& name) { return contrax::testing::scratch_path(name); }
 
 // `contrax train ARGS`, its status and what it printed.
 contrax::testing::CliRun run_cli(const std::string& args) { return contrax::testing::run_cli("train " + args); }

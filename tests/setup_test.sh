@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# tools/setup.sh's own errors (CTest setup_errors), each before it installs or
+# writes anything: a CONTRAX_TORCH that is neither pypi nor system is a usage
+# error (2); a first install of PyPI's torch onto a file system without room
+# for it stops at once with how much it needs and where (1), checked on a
+# 64 MB tmpfs (skipped, 77, where mounting one is not permitted).
+set -u
+setup="$(cd "$(dirname "$0")/.." && pwd)/tools/setup.sh"
+fail() { echo "FAIL: $*"; exit 1; }
+small=$(mktemp -d)
+trap 'umount "$small" 2>/dev/null; rm -rf "$small"' EXIT
+
+log=$(CONTRAX_TORCH=conda bash "$setup" 2>&1)
+st=$?
+echo "$log"
+[ $st -eq 2 ] || fail "CONTRAX_TORCH=conda: exit status $st, expected 2"
+grep -q "setup: CONTRAX_TORCH must be pypi or system, but is 'conda'" <<<"$log" || fail "no message naming CONTRAX_TORCH"
+
+if ! mount -t tmpfs -o size=64m tmpfs "$small" 2>/dev/null; then
+  echo "skipped: mounting a tmpfs is not permitted here (the space check needs a small file system)"
+  exit 77
+fi
+log=$(CONTRAX_TORCH=pypi CONTRAX_VENV=$small/venv CONTRAX_CACHE=$small/cache CONTRAX_BUILD_DIR=$small/build \
+  bash "$setup" 2>&1)
+st=$?
+echo "$log"
+[ $st -eq 1 ] || fail "no room: exit status $st, expected 1"
+grep -q "setup: a first install of PyPI's torch needs about 10 GB free (wheels in $small/cache, unpacked in $small/venv), but the file system of $small/cache has 0 GB free" <<<"$log" ||
+  fail "no message saying how much room is needed and where"
+[ -z "$(ls -A "$small")" ] || fail "it wrote into the small file system: $(ls -A "$small")"
+echo "ok"
