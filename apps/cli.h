@@ -89,6 +89,13 @@ CLI::Option* add_choice(CLI::App& app, const std::string& name, std::string& val
 /// the text (so --dump-config writes it back) and `parse_int_list` reads it.
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);
 
+/// Why `--device cuda` cannot run here, or "" when it can.
+std::string cuda_unavailable_reason();
+
+/// The checks of `--device cuda` before any process starts (UsageError): a
+/// usable GPU, and with NCCL (one GPU per rank) at most one process per GPU.
+void check_cuda_device(const std::string& device, bool nccl, int64_t nproc);
+
 /// Processes or threads a flag may ask for without --force: a small multiple of
 /// the cores (oversubscribing more than that only thrashes, and a typo such as
 /// --nproc 1000 would fork a thousand processes).

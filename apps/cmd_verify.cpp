@@ -35,14 +35,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// Why `--device cuda` cannot run here, or "" when it can.
-std::string cuda_unavailable_reason() {
-  if (torch::cuda::is_available()) return "";
-  if (!at::Context::hasCUDART()) return "this LibTorch was built without CUDA (a CPU-only build)";
-  return "no CUDA device is visible (torch::cuda::is_available() is false: no GPU, no driver, or "
-         "CUDA_VISIBLE_DEVICES hides them)";
-}
-
 // The human-readable result: one row per case and the verdict.
 void print_table(const std::vector<contrax::VerifyResult>& results, int64_t world, double tol, bool ok) {
   std::ostringstream rs;
@@ -70,17 +62,7 @@ void check_before_start(const std::string& device, const std::string& backend, i
   namespace cli = contrax::cli;
   cli::usage_check(backend != "nccl" || device == "cuda",
                    "flag '--backend' is 'nccl', which moves CUDA tensors only; use --device cuda, or --backend gloo");
-  if (device == "cuda") {
-    const std::string why = cuda_unavailable_reason();
-    cli::usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
-  }
-  if (backend == "nccl" && !contrax::in_launched_worker()) {
-    // NCCL refuses two ranks on one GPU; say so before any process starts.
-    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    cli::usage_check(nproc <= gpus, "flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is ",
-                     nproc, " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s",
-                     "; use --backend gloo to share GPUs");
-  }
+  cli::check_cuda_device(device, backend == "nccl", nproc);
 
   if (!contrax::in_launched_worker()) {
     // The reference's memory, before any process starts or allocates.
@@ -141,21 +123,14 @@ int run_verify(const std::vector<std::string>& args) {
   }
 
   // Gloo by default: it carries CPU and CUDA tensors, and lets several ranks
-  // share one GPU (the "auto" backend of a CUDA device would be NCCL).
-  // Rank r computes on GPU (local rank mod #GPUs); NCCL is told that device.
-  torch::Device dev(torch::kCPU);
-  if (device == "cuda") {
-    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    // The communicator's local rank, read before it exists (NCCL needs the device).
-    const char* lr = std::getenv("LOCAL_RANK");
-    if (lr == nullptr || *lr == '\0') lr = std::getenv("SLURM_LOCALID");
-    const int64_t local = lr != nullptr && *lr != '\0' ? std::atoll(lr) : 0;
-    dev = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local % gpus));
-  }
-  auto comm = contrax::Communicator::from_env(
-      contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s)).backend(backend).device(dev));
+  // share one GPU (the "auto" backend of a CUDA device would be NCCL). The
+  // communicator binds rank r to GPU (local rank mod #GPUs).
+  auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions()
+                                                  .timeout(std::chrono::seconds(timeout_s))
+                                                  .backend(backend)
+                                                  .device(device == "cuda" ? torch::kCUDA : torch::kCPU));
   contrax::VerifyOptions o;
-  o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ',')).device(dev);
+  o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ',')).device(comm->device());
   if (!rows.empty()) {
     cli::usage_check(static_cast<int64_t>(rows.size()) == comm->world_size(),
                      "flag '--rows' must have one entry per rank (", comm->world_size(), "), but got ", rows.size());

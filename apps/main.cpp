@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "contrax/launcher.h"
 #include "stop_signal.h"
 
 namespace contrax::cli {
@@ -63,6 +64,26 @@ std::string mib(int64_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
   return buf;
+}
+
+std::string cuda_unavailable_reason() {
+  if (torch::cuda::is_available()) return "";
+  if (!at::Context::hasCUDART()) return "this LibTorch was built without CUDA (a CPU-only build)";
+  return "no CUDA device is visible (torch::cuda::is_available() is false: no GPU, no driver, or "
+         "CUDA_VISIBLE_DEVICES hides them)";
+}
+
+void check_cuda_device(const std::string& device, bool nccl, int64_t nproc) {
+  if (device == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
+  }
+  if (nccl && !in_launched_worker()) {
+    // NCCL refuses two ranks on one GPU; say so before any process starts.
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    usage_check(nproc <= gpus, "flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is ", nproc,
+                " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s", "; use --backend gloo to share GPUs");
+  }
 }
 
 int64_t max_procs() { return kMaxProcsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }

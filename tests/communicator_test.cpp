@@ -166,6 +166,36 @@ TEST_P(CommunicatorWorld, AllReduceBroadcastRingAndInts) {
   });
 }
 
+// Ring steps over both transports: blocks whose row counts differ by rank
+// (an empty one among them), shifts forward, backward and by two, and two
+// exchanges in flight at once; each block arrives whole, and the bytes
+// counted are the payload either way.
+TEST_P(CommunicatorWorld, RingExchangeOverSendRecvAndAllToAll) {
+  const int64_t W = GetParam();
+  for (auto transport : {RingTransport::kSendRecv, RingTransport::kAllToAll}) {
+    auto block = [](int64_t rank) {
+      const int64_t n = rank == 2 ? 0 : 1 + 2 * (rank % 2);  // 1, 3, 0 and 3 rows
+      return torch::arange(n * 3, torch::kDouble).view({n, 3}) + 100.0 * static_cast<double>(rank);
+    };
+    run_ranks(
+        W,
+        [&](const CommunicatorPtr& comm) {
+          const int64_t r = comm->rank();
+          int64_t bytes = 0;
+          for (int64_t shift : {1, -1, 2}) {
+            const int64_t from = ((r - shift) % W + W) % W;
+            if (from != r) bytes += 2 * block(r).numel() * 8;  // a shift by W is no exchange
+            auto a = comm->ring_exchange_async(block(r), block(from).sizes(), shift);
+            auto b = comm->ring_exchange_async(block(r) * 2.0, block(from).sizes(), shift);
+            EXPECT_TRUE(a.wait().equal(block(from))) << "shift " << shift << " rank " << r;
+            EXPECT_TRUE(b.wait().equal(block(from) * 2.0)) << "shift " << shift << " rank " << r;
+          }
+          EXPECT_EQ(comm->stats().op("ring").bytes_sent, bytes);
+        },
+        std::chrono::seconds(30), [&](int64_t, CommunicatorOptions& o) { o.ring_transport(transport); });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, CommunicatorWorld, ::testing::Values(1, 2, 3, 4));
 
 TEST(Communicator, RendezvousOverTcp) {

@@ -46,7 +46,8 @@ Grads reference_grads(const torch::Tensor& a, const torch::Tensor& b, const torc
 // Runs siglip_loss on W ranks and returns the data-parallel result: averaged
 // loss and scalar gradients, feature gradients divided by W and concatenated.
 Grads distributed_grads(int64_t W, const std::vector<int64_t>& counts, const torch::Tensor& a, const torch::Tensor& b,
-                        const torch::Tensor& ls, const torch::Tensor& bias, int64_t chunk) {
+                        const torch::Tensor& ls, const torch::Tensor& bias, int64_t chunk,
+                        contrax::RingTransport transport = contrax::RingTransport::kAuto) {
   std::mutex m;
   std::vector<Grads> per(W);
   run_ranks(W, [&](const CommunicatorPtr& comm) {
@@ -58,7 +59,7 @@ Grads distributed_grads(int64_t W, const std::vector<int64_t>& counts, const tor
     l.backward();
     std::lock_guard<std::mutex> lock(m);
     per[r] = {l.item<double>(), x.grad(), y.grad(), s.grad(), c.grad()};
-  });
+  }, std::chrono::seconds(30), [&](int64_t, contrax::CommunicatorOptions& o) { o.ring_transport(transport); });
   Grads g;
   std::vector<torch::Tensor> da, db;
   g.ds = torch::zeros({}, torch::kFloat64);
@@ -83,10 +84,12 @@ void expect_same(const Grads& x, const Grads& ref, double tol = kTol) {
   EXPECT_LE(rel_err(x.dbias, ref.dbias), tol);
 }
 
-class SigLipDistributed : public ::testing::TestWithParam<int64_t> {};
+// SigLIP is always on the ring: both of its transports, send/receive pairs
+// (Gloo's default) and one all-to-all per step (NCCL's, run here over Gloo).
+class SigLipDistributed : public ::testing::TestWithParam<std::tuple<int64_t, contrax::RingTransport>> {};
 
 TEST_P(SigLipDistributed, MatchesSingleDevice) {
-  const int64_t W = GetParam();
+  const auto [W, transport] = GetParam();
   const std::vector<std::vector<int64_t>> all_counts = {{7}, {5, 3}, {4, 0, 3}, {3, 1, 4, 2}};
   const std::vector<int64_t> chunks = {3, 1, 2, 0};
   const auto& counts = all_counts[W - 1];
@@ -95,11 +98,18 @@ TEST_P(SigLipDistributed, MatchesSingleDevice) {
   torch::manual_seed(50 + W);
   auto a = randn({B, 6}), b = randn({B, 6});
   auto ls = torch::tensor(std::log(2.0), torch::kFloat64), bias = torch::tensor(-1.5, torch::kFloat64);
-  expect_same(distributed_grads(W, counts, a, b, ls, bias, chunks[W - 1]), reference_grads(a, b, ls, bias));
+  expect_same(distributed_grads(W, counts, a, b, ls, bias, chunks[W - 1], transport), reference_grads(a, b, ls, bias));
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, SigLipDistributed, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return "W" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Worlds, SigLipDistributed,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(contrax::RingTransport::kSendRecv,
+                                                              contrax::RingTransport::kAllToAll)),
+                         [](const auto& info) {
+                           return "W" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == contrax::RingTransport::kAllToAll ? "_all_to_all"
+                                                                                               : "_send_recv");
+                         });
 
 TEST(SigLip, EveryChunkSizeSingleDevice) {
   torch::manual_seed(3);

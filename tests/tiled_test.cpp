@@ -1,6 +1,7 @@
 // Tiled and ring InfoNCE / CLIP / NT-Xent / MoCo v3 against the materialised
 // losses and the single-device reference: values and gradients in fp64 to
-// 1e-10 for W = 1..4 with uneven (even empty) ranks, tiles that do not divide
+// 1e-10 for W = 1..4 with uneven (even empty) ranks, the ring over both of its
+// transports (send/receive pairs and one all-to-all), tiles that do not divide
 // the batch, 1-row tiles and extreme logits; finite differences for the
 // autograd function; every argument error.
 #include <gtest/gtest.h>
@@ -50,7 +51,8 @@ bool close_scalar(const torch::Tensor& a, const torch::Tensor& b, double tol) {
 // `ref` on the whole batch.
 void expect_exact(int64_t W, const std::vector<int64_t>& counts, const Tensors& feats, const Tensors& scalars,
                   const std::function<torch::Tensor(const Tensors&, const Tensors&, const CommunicatorPtr&)>& dist,
-                  const std::function<torch::Tensor(const Tensors&, const Tensors&)>& ref, double tol = kTol) {
+                  const std::function<torch::Tensor(const Tensors&, const Tensors&)>& ref, double tol = kTol,
+                  const contrax::testing::ConfigureRank& configure = {}) {
   Tensors rf, rs;
   for (auto& f : feats) rf.push_back(f.detach().clone().requires_grad_(true));
   for (auto& s : scalars) rs.push_back(s.detach().clone().requires_grad_(true));
@@ -71,7 +73,7 @@ void expect_exact(int64_t W, const std::vector<int64_t>& counts, const Tensors& 
     losses[r] = loss.item<double>();
     for (auto& t : lf) fgrads[r].push_back(t.grad().defined() ? t.grad() / static_cast<double>(W) : torch::Tensor());
     for (auto& t : ls) sgrads[r].push_back(t.grad());
-  });
+  }, std::chrono::seconds(30), configure);
   double mean = 0;
   for (double l : losses) mean += l / static_cast<double>(W);
   EXPECT_LE(std::abs(mean - ref_loss.item<double>()), tol * std::abs(ref_loss.item<double>())) << "loss";
@@ -261,10 +263,24 @@ TEST(TiledLosses, SingleDeviceMatchesMaterialisedForEveryTile) {
 // ---------------------------------------------------------------------------
 // Distributed: gathered tiles and ring, W = 1..4, uneven counts.
 
-class TiledDistributed : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+// The gathered tiles, the ring over send/receive pairs (Gloo's default), and
+// the ring over one all-to-all per step (NCCL's default, run here over Gloo).
+enum class Path { kGather, kRing, kRingAllToAll };
+
+class TiledDistributed : public ::testing::TestWithParam<std::tuple<int64_t, Path>> {
+ protected:
+  // The ring transport of the path under test, set on every rank's options.
+  static contrax::testing::ConfigureRank transport(Path path) {
+    return [path](int64_t, contrax::CommunicatorOptions& o) {
+      o.ring_transport(path == Path::kRingAllToAll ? contrax::RingTransport::kAllToAll
+                                                   : contrax::RingTransport::kSendRecv);
+    };
+  }
+};
 
 TEST_P(TiledDistributed, ClipMatchesReference) {
-  const auto [W, ring] = GetParam();
+  const auto [W, path] = GetParam();
+  const bool ring = path != Path::kGather;
   const auto& counts = kCounts[W - 1];
   int64_t B = 0;
   for (auto c : counts) B += c;
@@ -285,12 +301,14 @@ TEST_P(TiledDistributed, ClipMatchesReference) {
         },
         [&](const Tensors& f, const Tensors& s) {
           return contrax::reference::clip_loss(f[0], f[1], s[0], s[1], symmetric, 100.0, true);
-        });
+        },
+        kTol, transport(path));
   }
 }
 
 TEST_P(TiledDistributed, NTXentMatchesReference) {
-  const auto [W, ring] = GetParam();
+  const auto [W, path] = GetParam();
+  const bool ring = path != Path::kGather;
   const auto& counts = kCounts[W - 1];
   int64_t B = 0;
   for (auto c : counts) B += c;
@@ -302,11 +320,13 @@ TEST_P(TiledDistributed, NTXentMatchesReference) {
       [&](const Tensors& f, const Tensors&, const CommunicatorPtr& comm) {
         return contrax::tiled_nt_xent_loss(f[0], f[1], contrax::NTXentLossOptions().temperature(0.2).comm(comm), t);
       },
-      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.2); });
+      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.2); }, kTol,
+      transport(path));
 }
 
 TEST_P(TiledDistributed, MocoV3MatchesReference) {
-  const auto [W, ring] = GetParam();
+  const auto [W, path] = GetParam();
+  const bool ring = path != Path::kGather;
   const auto& counts = kCounts[W - 1];
   int64_t B = 0;
   for (auto c : counts) B += c;
@@ -319,13 +339,15 @@ TEST_P(TiledDistributed, MocoV3MatchesReference) {
         return contrax::tiled_moco_v3_loss(f[0], f[1], f[2], f[3],
                                            contrax::MocoV3LossOptions().temperature(0.2).comm(comm), t);
       },
-      [&](const Tensors& f, const Tensors&) { return contrax::reference::moco_v3_loss(f[0], f[1], f[2], f[3], 0.2); });
+      [&](const Tensors& f, const Tensors&) { return contrax::reference::moco_v3_loss(f[0], f[1], f[2], f[3], 0.2); },
+      kTol, transport(path));
 }
 
 // Temperature 0.01 on near-duplicate unit vectors: logits near 100 everywhere,
 // differences of 1e-3; the online LSE must neither overflow nor lose accuracy.
 TEST_P(TiledDistributed, ExtremeLogits) {
-  const auto [W, ring] = GetParam();
+  const auto [W, path] = GetParam();
+  const bool ring = path != Path::kGather;
   const auto& counts = kCounts[W - 1];
   int64_t B = 0;
   for (auto c : counts) B += c;
@@ -341,21 +363,25 @@ TEST_P(TiledDistributed, ExtremeLogits) {
         EXPECT_TRUE(std::isfinite(l.item<double>()));
         return l;
       },
-      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.01); });
+      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.01); }, kTol,
+      transport(path));
   // CLIP at the clamp (scale 100) with unnormalised near-duplicates of norm ~3.
   expect_exact(
       W, counts, {z1, z2}, {torch::tensor(std::log(100.0), torch::kFloat64)},
       [&](const Tensors& f, const Tensors& s, const CommunicatorPtr& comm) {
         return contrax::tiled_clip_loss(f[0], f[1], s[0], {}, contrax::ClipLossOptions().comm(comm), t);
       },
-      [&](const Tensors& f, const Tensors& s) { return contrax::reference::clip_loss(f[0], f[1], s[0], {}); });
+      [&](const Tensors& f, const Tensors& s) { return contrax::reference::clip_loss(f[0], f[1], s[0], {}); }, kTol,
+      transport(path));
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, TiledDistributed,
-                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(Path::kGather, Path::kRing, Path::kRingAllToAll)),
                          [](const auto& info) {
+                           const Path path = std::get<1>(info.param);
                            return "W" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_ring" : "_gather");
+                                  (path == Path::kGather ? "_gather" : path == Path::kRing ? "_ring" : "_ring_all_to_all");
                          });
 
 }  // namespace

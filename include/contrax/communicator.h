@@ -27,6 +27,23 @@
 
 namespace contrax {
 
+/// How a ring step (`Communicator::ring_exchange`) moves a block from each
+/// rank to its neighbour.
+enum class RingTransport {
+  /// kAllToAll under NCCL, kSendRecv under every other backend.
+  kAuto,
+  /// A send to the next rank and a receive from the previous one: two
+  /// point-to-point operations, what Gloo serves best.
+  kSendRecv,
+  /// One all-to-all on the main communicator in which only the two
+  /// neighbours' splits are non-zero. Under NCCL each separate send/receive
+  /// pair would open its own lazily created two-rank communicator, and at
+  /// W >= 3 every rank would block setting up the link to its neighbour
+  /// while the neighbour does the same; the all-to-all is one collective
+  /// that every rank issues in the same order.
+  kAllToAll,
+};
+
 /// Options for building a communicator explicitly.
 ///
 /// Defaults: rank 0 of a world of 1, rendezvous over TCP at 127.0.0.1:29500
@@ -60,6 +77,8 @@ struct CommunicatorOptions {
   TORCH_ARG(torch::Device, device) = torch::kCPU;
   /// How long any collective or the rendezvous may wait for a peer.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
+  /// How ring steps move their blocks (see RingTransport).
+  TORCH_ARG(RingTransport, ring_transport) = RingTransport::kAuto;
 };
 
 /// What one kind of collective has cost this rank so far.
@@ -99,8 +118,14 @@ struct CommunicatorImpl;
 /// All collectives are blocking and must be called by every rank in the same
 /// order (as with c10d). Tensors stay on whatever device the caller uses;
 /// with NCCL, which moves CUDA tensors only, a CPU tensor (row counts, a stop
-/// flag, a loss value) is copied to the rank's GPU (the options' CUDA device,
-/// else the current one), moved there, and its result copied back.
+/// flag, a loss value) is copied to the rank's GPU (`device()`), moved there,
+/// and its result copied back.
+///
+/// A CUDA `device` in the options is bound to the rank: `cuda:k` as given;
+/// `cuda` without an index becomes `cuda:(LOCAL_RANK mod #GPUs)` under
+/// `from_env`, and is refused by `create` for one of several ranks (whose
+/// local rank it cannot know). The bound device is made current, so that
+/// what c10d puts on "the current device" lands on the rank's own GPU.
 class Communicator {
  public:
   /// Builds a communicator from explicit options. World size 1 builds nothing.
@@ -109,7 +134,9 @@ class Communicator {
   /// Builds a communicator from torchrun's environment (`RANK`, `WORLD_SIZE`,
   /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); a process without `WORLD_SIZE`
   /// gets a world of size 1. Fields of `base` other than rank, world size,
-  /// address and port (timeout, backend, device) are kept.
+  /// address and port (timeout, backend, device) are kept; a `cuda` device
+  /// without an index is bound to `cuda:(LOCAL_RANK mod #GPUs)`, and under
+  /// NCCL more ranks on a machine (`LOCAL_WORLD_SIZE`) than GPUs is refused.
   ///
   /// Under SLURM (`srun`), when `WORLD_SIZE` is not set: `SLURM_NTASKS`,
   /// `SLURM_PROCID` and `SLURM_LOCALID` give world size, rank and local rank;
@@ -139,6 +166,9 @@ class Communicator {
 
   /// This process's rank, in [0, world_size()).
   int64_t rank() const;
+  /// The device this rank is bound to: the options' device with a CUDA
+  /// index resolved (see the class comment); the CPU for `single()`.
+  torch::Device device() const;
   /// The number of ranks in the group.
   int64_t world_size() const;
   /// `LOCAL_RANK` when built from the environment, otherwise `rank()`.

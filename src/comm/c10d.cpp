@@ -17,7 +17,12 @@ std::shared_ptr<Communicator> wrap_process_group(c10::intrusive_ptr<c10d::Proces
   impl.local_rank = impl.rank;
   impl.timeout = timeout;
   impl.backend = backend_name(group->getBackendName());
-  if (impl.backend == "nccl") impl.stage_device = nccl_stage_device(torch::kCPU);
+  // The group's own device (torch.distributed.init_process_group's
+  // device_id) where it has one; else, under NCCL, the current one.
+  const auto bound = group->getBoundDeviceId();
+  if (bound) impl.device = *bound;
+  if (impl.backend == "nccl") impl.stage_device = bound ? *bound : nccl_stage_device(torch::kCPU);
+  impl.ring_all_to_all = ring_as_all_to_all(RingTransport::kAuto, impl.backend);
   impl.group = std::move(group);
   return comm;
 }

@@ -13,6 +13,7 @@
 
 #include "comm/address.h"
 #include "comm/communicator_impl.h"
+#include "comm/device_binding.h"
 #include "comm/environment.h"
 #include "comm/failure.h"
 #include "comm/gloo_binding.h"
@@ -104,7 +105,8 @@ c10::intrusive_ptr<c10d::Work> reduce_scatter_single(PG& pg, at::Tensor& out, at
 
 }  // namespace
 
-// Pending ring exchange: the two c10d work items and the receive buffer.
+// Pending ring exchange: the c10d work items (a send and a receive, or one
+// all-to-all in send_work) and the receive buffer.
 struct Communicator::Pending::State {
   c10::intrusive_ptr<c10d::Work> send_work, recv_work;
   torch::Tensor send_buffer;  // kept alive until the send completes
@@ -143,11 +145,18 @@ std::shared_ptr<Communicator> Communicator::single() {
 
 std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o) {
   const std::string backend = checked_backend(o);
+  detail::DevicePlace place;
+  place.requested = o.device();
+  place.world_size = o.world_size();
+  place.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
+  place.backend = backend;
   auto impl = std::make_unique<detail::CommunicatorImpl>();
   impl->rank = o.rank();
   impl->world_size = o.world_size();
   impl->local_rank = o.rank();
   impl->timeout = o.timeout();
+  impl->device = detail::bind_device(place, "Communicator::create()");
+  detail::make_current(impl->device);
   if (o.world_size() > 1) {
 #ifdef USE_C10D_NCCL
     // Before any rendezvous: NCCL cannot start without a GPU, and its own
@@ -162,12 +171,21 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
       impl->external_store = o.external_store();
       detail::make_process_group(*impl, backend, o, impl->store);
     }
+    impl->ring_all_to_all = detail::ring_as_all_to_all(o.ring_transport(), impl->backend);
   }
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
 std::shared_ptr<Communicator> Communicator::from_env(const CommunicatorOptions& base) {
-  const auto env = detail::job_environment(base);
+  auto env = detail::job_environment(base);
+  detail::DevicePlace place;
+  place.requested = base.device();
+  place.world_size = env.options.world_size();
+  place.local_rank = env.local_rank;
+  place.local_world_size = env.local_world_size;
+  place.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
+  place.backend = checked_backend(env.options);
+  env.options.device(detail::bind_device(place, "Communicator::from_env()"));
   auto comm = create(env.options);
   comm->impl_->local_rank = env.local_rank;
   return comm;
@@ -176,6 +194,7 @@ std::shared_ptr<Communicator> Communicator::from_env(const CommunicatorOptions& 
 int64_t Communicator::rank() const { return impl_->rank; }
 int64_t Communicator::world_size() const { return impl_->world_size; }
 int64_t Communicator::local_rank() const { return impl_->local_rank; }
+torch::Device Communicator::device() const { return impl_->device; }
 std::string Communicator::backend() const { return impl_->backend; }
 std::chrono::milliseconds Communicator::timeout() const { return impl_->timeout; }
 
@@ -361,9 +380,20 @@ Communicator::Pending Communicator::ring_exchange_async(const torch::Tensor& sen
   p.state_->received = torch::empty(recv_shape, send.options().device(via_host ? torch::Device(torch::kCPU)
                                                                                 : send.device()));
   if (via_host) p.state_->deliver_to = send.device();
-  std::vector<at::Tensor> sv{p.state_->send_buffer}, rv{p.state_->received};
-  if (p.state_->send_buffer.numel() > 0) p.state_->send_work = impl_->group->send(sv, dst, tag);
-  if (p.state_->received.numel() > 0) p.state_->recv_work = impl_->group->recv(rv, src, tag);
+  if (impl_->ring_all_to_all) {
+    // One collective over flat views (the two blocks may differ in shape):
+    // our elements go to dst only, elements arrive from src only.
+    auto in = p.state_->send_buffer.view({-1});
+    auto out = p.state_->received.view({-1});
+    std::vector<int64_t> in_splits(W, 0), out_splits(W, 0);
+    in_splits[dst] = in.numel();
+    out_splits[src] = out.numel();
+    p.state_->send_work = all_to_all_single(*impl_->group, out, in, out_splits, in_splits);
+  } else {
+    std::vector<at::Tensor> sv{p.state_->send_buffer}, rv{p.state_->received};
+    if (p.state_->send_buffer.numel() > 0) p.state_->send_work = impl_->group->send(sv, dst, tag);
+    if (p.state_->received.numel() > 0) p.state_->recv_work = impl_->group->recv(rv, src, tag);
+  }
   record(stat_name, send.numel() * send.element_size());
   return p;
 }

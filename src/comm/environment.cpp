@@ -75,6 +75,7 @@ JobEnvironment job_environment(const CommunicatorOptions& base) {
               "' must be in [0, ", world, "), but got ", rank);
   JobEnvironment env{base, env_int(local_var, rank, "a non-negative integer")};
   env.options.rank(rank).world_size(world);
+  if (!slurm) env.local_world_size = env_int("LOCAL_WORLD_SIZE", -1, "a positive integer");
   if (world == 1) return env;
   env.options.master_addr(master_addr(slurm, world)).master_port(master_port(slurm));
   // torchrun's agent serves the store on MASTER_ADDR:MASTER_PORT and says so;

@@ -18,6 +18,8 @@ namespace contrax::detail {
 struct JobEnvironment {
   CommunicatorOptions options;
   int64_t local_rank = 0;
+  /// LOCAL_WORLD_SIZE (torchrun's ranks on this machine), or -1 when unset.
+  int64_t local_world_size = -1;
 };
 JobEnvironment job_environment(const CommunicatorOptions& base);
 

@@ -66,7 +66,7 @@ void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
                                                          static_cast<int>(o.world_size()), opts);
   impl.group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::NCCL, nccl);
   impl.backend = "nccl";
-  impl.stage_device = nccl_stage_device(o.device());
+  impl.stage_device = nccl_stage_device(impl.device);
 #else
   TORCH_CHECK(false,
               "Communicator::create(): backend 'nccl' was requested (or implied by a CUDA device), but this "

@@ -78,8 +78,14 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // exponential (see there). Normalised features at CLIP's initial scale
     // (1/0.07) give M = 14.3. Multi-positive labels need S itself: general path.
     if (!state->multi() && b > 0 && N > 0) {
-      double M = scale.item<double>() * q.norm(2, 1).max().item<double>() * k_all.norm(2, 1).max().item<double>();
-      if (has_bias) M += std::abs(bias->item<double>());
+      // The bound's factors in one host read (one synchronisation on a GPU).
+      std::vector<torch::Tensor> parts{scale.reshape({}), q.norm(2, 1).max(), k_all.norm(2, 1).max()};
+      if (has_bias) parts.push_back(bias->abs().reshape({}));
+      for (auto& t : parts) t = t.to(torch::kDouble);
+      const auto f = torch::stack(parts).to(torch::kCPU);
+      const auto v = f.accessor<double, 1>();
+      double M = v[0] * v[1] * v[2];
+      if (has_bias) M += v[3];
       if (bound_fits(M, S.scalar_type())) state->shift = M;
     }
     const bool bounded = state->shift.has_value();

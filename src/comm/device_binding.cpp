@@ -1,0 +1,36 @@
+// The device binding's rules (see comm/device_binding.h).
+#include "comm/device_binding.h"
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+namespace contrax::detail {
+
+torch::Device bind_device(const DevicePlace& p, const std::string& caller) {
+  const auto& d = p.requested;
+  if (!d.is_cuda()) return d;
+  TORCH_CHECK(p.cuda_devices > 0, caller, ": argument 'device' is ", d.str(),
+              ", but this process sees no CUDA device (is CUDA_VISIBLE_DEVICES empty, or is this LibTorch "
+              "built without CUDA?)");
+  if (d.has_index()) {
+    TORCH_CHECK(d.index() < p.cuda_devices, caller, ": argument 'device' is ", d.str(), ", but this process sees ",
+                p.cuda_devices, " CUDA device(s), cuda:0 to cuda:", p.cuda_devices - 1);
+    return d;
+  }
+  if (p.world_size == 1 && p.local_rank < 0) return torch::Device(torch::kCUDA, 0);
+  TORCH_CHECK(p.local_rank >= 0, caller, ": argument 'device' is 'cuda' without an index for one of ",
+              p.world_size, " ranks whose local rank is unknown, so every rank would pick the same GPU; "
+              "name each rank's device (cuda:<its local rank>), or use Communicator::from_env(), which binds "
+              "cuda:(LOCAL_RANK mod the number of GPUs)");
+  TORCH_CHECK(p.backend != "nccl" || p.local_world_size <= p.cuda_devices, caller, ": ", p.local_world_size,
+              " ranks share this machine (LOCAL_WORLD_SIZE) but this process sees ", p.cuda_devices,
+              " CUDA device(s), and NCCL cannot put two ranks on one GPU; start at most ", p.cuda_devices,
+              " processes per machine, or use backend 'gloo'");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.local_rank % p.cuda_devices));
+}
+
+void make_current(const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
+}
+
+}  // namespace contrax::detail

@@ -1,0 +1,47 @@
+// Which CUDA device a rank works on: the device binding behind
+// Communicator::create and Communicator::from_env, apart from any GPU so that
+// its rules can be tested on a machine without one. Internal to src/comm/,
+// not installed.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace contrax::detail {
+
+/// What the binding looks at: the device the user asked for, where the rank
+/// sits, and what this process can see.
+struct DevicePlace {
+  /// CommunicatorOptions::device: the CPU, `cuda` (no index) or `cuda:k`.
+  torch::Device requested = torch::kCPU;
+  int64_t world_size = 1;
+  /// This rank's index on its machine (LOCAL_RANK), or -1 when nothing says
+  /// (a communicator built from explicit options).
+  int64_t local_rank = -1;
+  /// How many ranks share this machine (LOCAL_WORLD_SIZE), or -1 when unknown.
+  int64_t local_world_size = -1;
+  /// The CUDA devices this process sees (after CUDA_VISIBLE_DEVICES).
+  int64_t cuda_devices = 0;
+  /// The backend the communicator will use ("nccl", "gloo", ...).
+  std::string backend;
+};
+
+/// The device a rank works on, or an error naming the argument or variable
+/// and what was expected:
+///  * the CPU, and anything not CUDA, as asked;
+///  * `cuda:k` as asked, when this process sees more than k CUDA devices;
+///  * `cuda` without an index: `cuda:(LOCAL_RANK mod #devices)` where the
+///    local rank is known, `cuda:0` for a world of one; refused for one of
+///    several ranks whose local rank is unknown (every rank would pick the
+///    same GPU), and under NCCL when more ranks share the machine than it
+///    has GPUs (NCCL refuses two ranks on one GPU).
+torch::Device bind_device(const DevicePlace& place, const std::string& caller);
+
+/// Makes `device` the current CUDA device of this thread (a no-op for other
+/// devices), so that what c10d and CUDA put on "the current device" lands on
+/// the rank's own GPU.
+void make_current(const torch::Device& device);
+
+}  // namespace contrax::detail
