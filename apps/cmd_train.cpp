@@ -194,7 +194,7 @@ class TrainCommand {
   std::string name_, name_flag_;  // the recipe's name; the --recipe flag's value
   cli::TrainToolFlags tool_;
   int64_t nproc_ = 2, threads_ = 0, seed_ = 0, timeout_s_ = 300, max_restarts_ = 0;
-  std::string run_dir_, resume_ = "never", dtype_ = "float";
+  std::string run_dir_, resume_ = "never", dtype_ = "float", device_ = "cpu";
   bool overwrite_ = false, json_ = false, no_verify_ = false, no_plot_ = false, force_ = false;
   bool resumed_ = false;
   double default_lr_ = 0, default_temperature_ = 0;  // the recipe's, for divergence_cause()
@@ -246,6 +246,10 @@ void TrainCommand::add_flags() {
                "evaluate with the first N train (kNN memory bank) and N test examples (-1: all)", -1);
   cli::add_int(app, "--threads", threads_, "intra-op threads per process (0: cores / processes)" + force_note, 0);
   cli::add_choice(app, "--dtype", dtype_, "float or double (exactness tests)", {"float", "double"});
+  cli::add_choice(app, "--device", device_,
+                  "where each process trains: cpu, or cuda (the image recipes: process r on GPU LOCAL_RANK mod "
+                  "#GPUs, one GPU per process, NCCL between them; augmentation on the CPU into pinned memory)",
+                  {"cpu", "cuda"});
   cli::add_int(app, "--log-every", run.log_every(), "progress line every N steps (0: none)", 0, cli::kMaxSteps);
   cli::add_int(app, "--stop-at-step", run.stop_at_step(), ">= 0: stop with a checkpoint at this step (tests)", -1,
                cli::kMaxSteps);
@@ -285,6 +289,15 @@ void TrainCommand::check_flags() {
   cli::usage_check(recipe_->run().max_steps() != 0, "flag '--max-steps' must be -1 (none) or >= 1, but got 0");
   cli::usage_check(tool_.train_limit != 0, "flag '--train-limit' must be -1 (all) or >= 1, but got 0");
   cli::usage_check(tool_.eval_limit != 0, "flag '--eval-limit' must be -1 (all) or >= 1, but got 0");
+  if (device_ == "cuda") {
+    cli::usage_check(recipe_->trains_on_gpu(), "flag '--device' is 'cuda', but the ", name_,
+                     " recipe trains on the CPU only (the image recipes, simclr and moco-v3, train on a GPU)");
+    cli::check_cuda_device(device_, /*nccl=*/false, nproc_);
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    cli::usage_check(contrax::in_launched_worker() || nproc_ <= gpus, "flag '--device' is 'cuda', which trains each ",
+                     "process on its own GPU (NCCL), but --nproc is ", nproc_, " and this machine has ", gpus,
+                     " GPU", gpus == 1 ? "" : "s");
+  }
   recipe_->check_flags();
 }
 
@@ -383,6 +396,7 @@ Json TrainCommand::settings() const {
   s["eval_limit"] = tool_.eval_limit;
   s["threads"] = threads_;
   s["dtype"] = dtype_;
+  s["device"] = device_;
   s["log_every"] = run.log_every();
   s["stop_at_step"] = run.stop_at_step();
   s["skip_nonfinite"] = run.skip_nonfinite();
@@ -397,7 +411,9 @@ Json TrainCommand::settings() const {
 // Trains on this process's rank and reports; returns the exit status.
 int TrainCommand::train() {
   const auto wall0 = std::chrono::steady_clock::now();
-  comm_ = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::seconds(timeout_s_)));
+  comm_ = contrax::Communicator::from_env(contrax::CommunicatorOptions()
+                                              .timeout(std::chrono::seconds(timeout_s_))
+                                              .device(device_ == "cuda" ? torch::kCUDA : torch::kCPU));
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads_ > 0 ? threads_ : std::max<int64_t>(1, cores / world)));

@@ -80,6 +80,7 @@ class ImageRecipe : public TrainRecipe {
             -1);
   }
 
+  bool trains_on_gpu() const override { return true; }
   void check_flags() override {
     usage_check(probe_limit_ != 0, "flag '--probe-limit' must be -1 (all) or >= 1, but got 0");
     auto& enc = o_.model().encoder();

@@ -49,6 +49,8 @@ class TrainRecipe {
   virtual void add_flags(CLI::App& app) = 0;
   /// After parsing: the checks that span the recipe's flags (UsageError).
   virtual void check_flags() {}
+  /// Whether the recipe trains on a GPU with `--device cuda`.
+  virtual bool trains_on_gpu() const { return false; }
   /// The recipe's part of config.json's settings.
   virtual void settings(Json& s) const = 0;
   /// Loads the training data on every rank, before anything trains, and

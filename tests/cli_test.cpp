@@ -861,6 +861,39 @@ TEST(Cli, VerifyOnCudaRunsThereOrSaysWhyNot) {
   EXPECT_NE(bad.out.find("flag '--device' must be cpu or cuda, but got 'tpu'"), std::string::npos) << bad.out;
 }
 
+// `contrax train --device cuda`: the image recipes train on the GPU where one
+// is (the run's config and summary say so); elsewhere it is refused before
+// anything starts, saying why; the retrieval recipe refuses it everywhere.
+TEST(Cli, TrainOnCudaRunsThereOrSaysWhyNot) {
+  const std::string d = temp_dir("train_cuda") + "/run";
+  auto retrieval = run_cli("train retrieval --device cuda --no-eval --no-verify --no-plot --run-dir " + d);
+  EXPECT_EQ(retrieval.status, 2) << retrieval.out;
+  EXPECT_NE(retrieval.out.find("contrax train: error: flag '--device' is 'cuda', but the retrieval recipe trains on "
+                               "the CPU only (the image recipes, simclr and moco-v3, train on a GPU)"),
+            std::string::npos)
+      << retrieval.out;
+  if (torch::cuda::is_available()) {
+    auto r = run_cli(kTiny + std::string(" --device cuda --run-dir ") + d);
+    ASSERT_EQ(r.status, 0) << r.out;
+    EXPECT_EQ(Json::parse(read_file(d + "/config.json"))["settings"]["device"], "cuda");
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    auto many = run_cli(kTiny + std::string(" --device cuda --overwrite --run-dir ") + d + " --nproc " +
+                        std::to_string(gpus + 1));
+    EXPECT_EQ(many.status, 2) << many.out;
+    EXPECT_NE(many.out.find("flag '--device' is 'cuda', which trains each process on its own GPU (NCCL), but "
+                            "--nproc is " + std::to_string(gpus + 1)),
+              std::string::npos)
+        << many.out;
+    return;
+  }
+  auto r = run_cli(kTiny + std::string(" --device cuda --run-dir ") + d);
+  EXPECT_EQ(r.status, 2) << r.out;
+  const std::string why =
+      at::Context::hasCUDART() ? "no CUDA device is visible" : "this LibTorch was built without CUDA";
+  EXPECT_NE(r.out.find("contrax train: error: flag '--device' is 'cuda', but " + why), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(d)) << "refused before the run directory was made";
+}
+
 TEST(Cli, VerifyOverNcclNeedsCudaAndAGpuPerRank) {
   auto cpu = run_cli("verify --nproc 2 --backend nccl");
   EXPECT_EQ(cpu.status, 2) << cpu.out;

@@ -253,9 +253,20 @@ void Checkpoint::save(const std::string& path) const {
 void Checkpoint::load(const std::string& path) {
   struct stat st {};
   TORCH_CHECK(::stat(path.c_str(), &st) == 0, "Checkpoint::load(): checkpoint '", path, "' does not exist");
+  // Tensors are read onto the device of the registered model: a checkpoint
+  // that rank 0 wrote from cuda:0 must land on each rank's own GPU, since
+  // Module::load adopts the loaded tensors themselves.
+  c10::optional<torch::Device> device;
+  for (const auto& m : modules_) {
+    const auto params = m.second->parameters();
+    if (!params.empty()) {
+      device = params.front().device();
+      break;
+    }
+  }
   torch::serialize::InputArchive ar;
   try {
-    ar.load_from(path);
+    ar.load_from(path, device);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "Checkpoint::load(): '", path, "' is not a readable checkpoint (truncated or corrupt; ",
                 st.st_size, " bytes): ", first_line(e));

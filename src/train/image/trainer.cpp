@@ -32,7 +32,7 @@ struct Model {
   std::vector<torch::Tensor> trainable;
 };
 
-Model build_model(const TrainOptions& o) {
+Model build_model(const TrainOptions& o, const torch::Device& device) {
   // The lock makes the seeded construction safe when ranks are threads of one
   // process (tests): they would otherwise interleave draws from the global
   // generator and build different models. DataParallel also broadcasts rank
@@ -45,12 +45,12 @@ Model build_model(const TrainOptions& o) {
   Model m;
   if (o.recipe() == "moco-v3") {
     m.moco = MocoV3Model(mopts);
-    m.moco->to(o.run().dtype());
+    m.moco->to(device, o.run().dtype());
     m.module = m.moco.ptr();
     m.trainable = m.moco->trainable_parameters();
   } else {
     m.simclr = SimCLRModel(mopts);
-    m.simclr->to(o.run().dtype());
+    m.simclr->to(device, o.run().dtype());
     m.module = m.simclr.ptr();
     m.trainable = m.simclr->parameters();
   }
@@ -136,7 +136,11 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   CommunicatorPtr comm = comm_in ? comm_in : Communicator::single();
   check_train_options(o, data);
   const bool moco = o.recipe() == "moco-v3";
-  Model model = build_model(o);
+  // The model trains on the communicator's device (a GPU bound to this
+  // rank, or the CPU); the augmentation runs on the CPU, into pinned memory
+  // when the views go to a GPU, whence they are copied without blocking.
+  const torch::Device device = comm->device();
+  Model model = build_model(o, device);
   TrainLoop loop(comm, o.run(),
                  {o.recipe(), data.size(), {{"model", model.module.get()}}, model.trainable, {},
                   {{"temperature", o.temperature()}}});
@@ -147,8 +151,12 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   step.loss = [&](const StepBatch& b) {
     const auto x = data.images.index_select(0, b.indices);
     const uint64_t seed = o.run().seed();
-    const auto v1 = augment(x, b.indices, AugmentKey{seed, b.epoch, b.step_in_epoch, 0}, aopts);
-    const auto v2 = augment(x, b.indices, AugmentKey{seed, b.epoch, b.step_in_epoch, 1}, aopts);
+    auto v1 = augment(x, b.indices, AugmentKey{seed, b.epoch, b.step_in_epoch, 0}, aopts);
+    auto v2 = augment(x, b.indices, AugmentKey{seed, b.epoch, b.step_in_epoch, 1}, aopts);
+    if (device.is_cuda()) {
+      v1 = v1.pin_memory().to(device, /*non_blocking=*/true);
+      v2 = v2.pin_memory().to(device, /*non_blocking=*/true);
+    }
     return views_step(v1, v2);
   };
   if (moco) {
@@ -159,6 +167,7 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   TrainResult result;
   static_cast<RunResult&>(result) = loop.run(step);
   model.module->eval();
+  model.module->to(torch::kCPU);  // the evaluation and the caller work on the CPU
   result.encoder = moco ? model.moco->encoder() : model.simclr->encoder;
   for (const auto& p : model.module->parameters()) result.parameters.push_back(p.detach());
   return result;

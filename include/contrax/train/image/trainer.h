@@ -77,13 +77,16 @@ TrainOptions peer_recipe();
 
 /// What a run returns: the loop's result and the trained model.
 struct TrainResult : RunResult {
-  /// The trained encoder (the online encoder for MoCo v3), in eval mode.
+  /// The trained encoder (the online encoder for MoCo v3), in eval mode, on the CPU.
   Encoder encoder{nullptr};
   /// All parameters of the trained model (for comparisons in tests).
   std::vector<torch::Tensor> parameters;
 };
 
-/// Runs the training loop collectively on every rank of `comm` (null: world 1).
+/// Runs the training loop collectively on every rank of `comm` (null: world 1),
+/// on the communicator's device (`Communicator::device()`: a GPU bound to the
+/// rank, or the CPU); the augmentation runs on the CPU. The returned encoder
+/// and parameters are on the CPU.
 ///
 ///   auto data = contrax::train::load_dataset(dir, "train", 20000);
 ///   contrax::train::TrainOptions o;
