@@ -12,7 +12,10 @@
 #      W = 3 and 4 where the GPUs exist), fp64 against the single-device reference,
 #   4. runs the ring at real sizes (blocks of 8192 x 1024 fp32 = 32 MiB) at each
 #      of those world sizes, each under a hard timeout,
-#   5. benchmarks Contrax's CLIP loss (each memory path) against an open_clip-style
+#   5. trains the default recipe on the GPUs (`contrax train --device cuda`),
+#      stopped half-way and resumed (each rank's checkpoint onto its own GPU),
+#      and evaluates it,
+#   6. benchmarks Contrax's CLIP loss (each memory path) against an open_clip-style
 #      loss (all_gather with gradient + cross_entropy under bf16 autocast) at
 #      b = 4096 rows per rank, d = 768 (python/bench/bench_clip.py),
 # and writes every output, with the device named, to the report. Without a GPU
@@ -115,6 +118,11 @@ for w in $worlds; do
     env PYTHONPATH="$BUILD/python" "$PY" python/bench/bench_clip.py --device cuda --world "$w" --batch 8192 \
     --width 1024 --iters 3 --path ring
 done
+step "contrax train --device cuda, W=${worlds##* }, 100 steps, stopped at 50 and resumed" bash -c \
+  "'$BUILD/contrax' train --device cuda --nproc ${worlds##* } --max-steps 100 --stop-at-step 50 --no-eval --no-verify \
+     --no-plot --overwrite --run-dir '$OUT/train_cuda' &&
+   '$BUILD/contrax' train --device cuda --nproc ${worlds##* } --max-steps 100 --resume --no-verify --no-plot \
+     --run-dir '$OUT/train_cuda'"
 for path in auto materialised tiled ring; do
   step "CLIP loss vs an open_clip-style loss, b=4096, d=768, bf16 autocast, path $path" \
     env PYTHONPATH="$BUILD/python" "$PY" python/bench/bench_clip.py --device cuda --world "${worlds##* }" \
