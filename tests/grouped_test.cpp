@@ -30,7 +30,9 @@ using contrax::testing::shard;
 
 namespace {
 
-enum class Path { kMaterialised, kTiled, kRing };
+// kRing: the ring over send/receive pairs (Gloo's default); kRingAllToAll:
+// over one all-to-all per step (NCCL's, run here over Gloo).
+enum class Path { kMaterialised, kTiled, kRing, kRingAllToAll };
 
 struct Case {
   std::string name;
@@ -44,7 +46,7 @@ struct Case {
 
 std::string describe(const Case& c) {
   static const char* red[] = {"mean", "sum", "none"};
-  static const char* path[] = {"materialised", "tiled", "ring"};
+  static const char* path[] = {"materialised", "tiled", "ring", "ring_all_to_all"};
   return c10::str(c.group == 0 ? (c.symmetric ? "clip" : "infonce") : c10::str("grouped_g", c.group),
                   c.labels ? (c.mode == LabelMode::kMultiPositive ? "+multi" : "+mask") : "",
                   " reduction=", red[static_cast<int>(c.reduction)], " path=", path[static_cast<int>(c.path)]);
@@ -82,7 +84,7 @@ torch::Tensor run_loss(const Case& c, const torch::Tensor& q, const torch::Tenso
                  .reduction(c.reduction)
                  .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
                  .tile_size(std::max<int64_t>(tile, 0))
-                 .ring(c.path == Path::kRing);
+                 .ring(c.path == Path::kRing || c.path == Path::kRingAllToAll);
     if (c.labels) o.labels(labels).label_mode(c.mode);
     return clip_loss(q, k, scale, bias, o);
   }
@@ -91,7 +93,7 @@ torch::Tensor run_loss(const Case& c, const torch::Tensor& q, const torch::Tenso
                .reduction(c.reduction)
                .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
                .tile_size(std::max<int64_t>(tile, 0))
-               .ring(c.path == Path::kRing);
+               .ring(c.path == Path::kRing || c.path == Path::kRingAllToAll);
   if (c.labels) o.labels(labels).candidate_labels(cand_labels).label_mode(c.mode);
   return grouped_loss(q, k, scale, bias, o);
 }
@@ -146,6 +148,8 @@ void expect_exact(const Case& c, const std::vector<int64_t>& rows) {
     dk[r] = lk.grad();
     ds[r] = ls.grad().item<double>();
     dbias[r] = lb.grad().item<double>();
+  }, std::chrono::seconds(30), [&](int64_t, CommunicatorOptions& o) {
+    o.ring_transport(c.path == Path::kRingAllToAll ? RingTransport::kAllToAll : RingTransport::kSendRecv);
   });
 
   const std::string what = c10::str(describe(c), " rows=", c10::ArrayRef<int64_t>(rows));
@@ -187,7 +191,8 @@ std::vector<std::vector<int64_t>> patterns(int64_t W) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
-    for (auto path : {Path::kMaterialised, Path::kTiled, Path::kRing}) {
+    for (auto path : {Path::kMaterialised, Path::kTiled, Path::kRing, Path::kRingAllToAll}) {
+      if (path == Path::kRingAllToAll && red != Reduction::kMean) continue;  // one reduction is enough for the transport
       // grouped: plain (g = 1, 2, 4) and with labels in both modes
       for (int64_t g : {1, 2, 4}) cases.push_back({"", g, false, false, LabelMode::kMaskDuplicates, red, path});
       for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
@@ -210,7 +215,7 @@ class GroupedWorld : public ::testing::TestWithParam<int64_t> {};
 TEST_P(GroupedWorld, EveryCaseEqualsTheSingleProcessReference) {
   const int64_t W = GetParam();
   for (const auto& c : all_cases()) {
-    if (c.path == Path::kRing && W == 1) continue;  // no ring without peers
+    if ((c.path == Path::kRing || c.path == Path::kRingAllToAll) && W == 1) continue;  // no ring without peers
     for (const auto& rows : patterns(W)) expect_exact(c, rows);
   }
 }

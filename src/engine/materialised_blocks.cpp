@@ -46,17 +46,23 @@ torch::Tensor shift_factors(double M, const torch::Tensor& lse, const torch::Ten
 // (in backward) its gradient and the GEMMs that consume it run panel by panel,
 // so the element-wise passes read the panel from cache instead of memory.
 // About 8 MiB and at least 256 rows (fewer rows cost the GEMMs efficiency:
-// measured 1.3x slower at 64 rows, equal from 256). Off the CPU: one panel
-// (the GPU wants the whole GEMM).
+// measured 1.3x slower at 64 rows, equal from 256). Off the CPU: panels of
+// about 256 MiB and at least 1024 rows (a GPU wants large GEMMs), so that the
+// element-wise passes' temporaries (the fused kernels' ATen fallback) stay
+// bounded by a panel instead of a second whole [b x cols] buffer.
 int64_t panel_rows(int64_t b, int64_t cols, const torch::Tensor& like) {
-  if (!like.device().is_cpu()) return std::max<int64_t>(b, 1);
-  const int64_t rows = (int64_t{8} << 20) / std::max<int64_t>(1, cols * like.element_size());
-  return std::max<int64_t>(rows, 256);
+  const bool cpu = like.device().is_cpu();
+  const int64_t bytes = cpu ? int64_t{8} << 20 : int64_t{256} << 20;
+  const int64_t rows = bytes / std::max<int64_t>(1, cols * like.element_size());
+  return std::min(std::max<int64_t>(rows, cpu ? 256 : 1024), std::max<int64_t>(b, 1));
 }
 
-// Rows of a label sub-panel: its [R, cols] label structure stays near 1 MiB.
-int64_t label_panel_rows(int64_t cols, int64_t element_size) {
-  return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, cols * element_size));
+// Rows of a label sub-panel: its [R, cols] label structure stays near 1 MiB
+// on the CPU (in cache), near 64 MiB off it (a GPU pays a launch per
+// sub-panel: 1 MiB would mean thousands of tiny launches at GPU sizes).
+int64_t label_panel_rows(int64_t cols, const torch::Tensor& like) {
+  const int64_t bytes = like.device().is_cpu() ? int64_t{1} << 20 : int64_t{64} << 20;
+  return std::max<int64_t>(1, bytes / std::max<int64_t>(1, cols * like.element_size()));
 }
 
 class ClipBlock : public torch::autograd::Function<ClipBlock> {
@@ -96,7 +102,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // GEMM panel by panel, each panel's statistics while it is in cache;
     // labels work on smaller sub-panels (their structure is a [R, N] temporary).
     const int64_t R = panel_rows(b, N, S);
-    const int64_t Rl = state->labeled() ? label_panel_rows(N, S.element_size()) : R;
+    const int64_t Rl = state->labeled() ? label_panel_rows(N, S) : R;
     for (int64_t r0 = 0; r0 < b; r0 += R) {
       const int64_t n = std::min(R, b - r0);
       auto Sg = S.narrow(0, r0, n);
@@ -164,7 +170,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
       fb = state->spec.symmetric ? shift_factors(*state->shift, rt.lse_col, w.col) : torch::zeros({N}, S.options());
     }
     const int64_t R = panel_rows(b, N, S);
-    const int64_t Rl = state->multi() ? label_panel_rows(N, S.element_size()) : R;
+    const int64_t Rl = state->multi() ? label_panel_rows(N, S) : R;
     for (int64_t r0 = 0; r0 < b; r0 += R) {
       const int64_t n = std::min(R, b - r0);
       auto Sg = S.narrow(0, r0, n);
