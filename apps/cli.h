@@ -93,8 +93,11 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 std::string cuda_unavailable_reason();
 
 /// The checks of `--device cuda` before any process starts (UsageError): a
-/// usable GPU, and with NCCL (one GPU per rank) at most one process per GPU.
-void check_cuda_device(const std::string& device, bool nccl, int64_t nproc);
+/// usable GPU when `device` is "cuda"; and when `one_gpu_per_rank` names why
+/// each rank needs a GPU of its own (NCCL: "flag '--backend' is 'nccl'"), at
+/// most one of the `nproc` processes per GPU, `hint` ending that message.
+void check_cuda_device(const std::string& device, int64_t nproc, const std::string& one_gpu_per_rank = "",
+                       const std::string& hint = "");
 
 /// Processes or threads a flag may ask for without --force: a small multiple of
 /// the cores (oversubscribing more than that only thrashes, and a typo such as

@@ -17,7 +17,10 @@
 // With `--loss nt_xent` the modes are contrax (nt_xent_loss), floor and floor_kept.
 // Reports median time, bytes this rank sent in backward, and peak tensor memory
 // per rank, as ratios to the first mode, plus the agreement of the feature
-// gradients.
+// gradients. `--device cuda` runs each rank on its bound GPU (NCCL between
+// them): times are taken after a device synchronisation, and the peak column
+// is the CPU allocator's, so it reads "n/a" there (python/bench/bench_clip.py
+// measures the GPU's peak memory).
 //
 //   contrax bench-losses --nproc 2,4 --batch 1024,4096 --width 256 --modes floor,allreduce,contrax
 #include <torch/csrc/autograd/custom_function.h>
@@ -63,7 +66,7 @@ struct AllReduceGather : torch::autograd::Function<AllReduceGather> {
 };
 
 torch::Tensor ce_sum(const torch::Tensor& logits, int64_t offset) {
-  auto labels = torch::arange(offset, offset + logits.size(0), torch::kLong);
+  auto labels = torch::arange(offset, offset + logits.size(0), logits.options().dtype(torch::kLong));
   return F::cross_entropy(logits, labels, F::CrossEntropyFuncOptions().reduction(torch::kSum));
 }
 
@@ -79,7 +82,7 @@ torch::Tensor loss_global(const torch::Tensor& a, const torch::Tensor& b, const 
   }
   auto A = torch::cat(pa), Bm = torch::cat(pb);
   auto logits = torch::mm(A * ls.exp().clamp_max(100.0), Bm.t());  // [B, B]
-  auto labels = torch::arange(W * n, torch::kLong);
+  auto labels = torch::arange(W * n, logits.options().dtype(torch::kLong));
   return (F::cross_entropy(logits, labels) + F::cross_entropy(logits.t(), labels)) * 0.5 * static_cast<double>(W);
 }
 
@@ -140,8 +143,9 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
     }
   }
   auto gen = at::detail::createCPUGenerator(1000 + comm->rank());
-  auto a0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1));
-  auto b0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1));
+  const torch::Device device = comm->device();
+  auto a0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1)).to(device);
+  auto b0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1)).to(device);
   std::map<std::string, Measure> res;
   torch::Tensor kept;  // floor_kept's logits buffer, allocated and faulted in once
   if (std::find(modes.begin(), modes.end(), "floor_kept") != modes.end()) {
@@ -150,7 +154,7 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
   for (int64_t it = -1; it < iters; ++it) {  // it = -1 warms up
     for (const auto& m : modes) {
       auto a = a0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
-      auto ls = torch::tensor(std::log(1 / 0.07), torch::kFloat).requires_grad_(true);
+      auto ls = torch::tensor(std::log(1 / 0.07), torch::kFloat).to(device).requires_grad_(true);
       comm->barrier();
       comm->reset_stats();
       contrax::PeakScope peak;
@@ -166,6 +170,7 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
                                       contrax::ClipLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised));
       const int64_t fwd = comm->stats().total_bytes_sent();
       if (loss.requires_grad()) loss.backward();
+      if (device.is_cuda()) torch::cuda::synchronize();
       auto t1 = std::chrono::steady_clock::now();
       auto& r = res[m];
       if (it >= 0) r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
@@ -225,7 +230,12 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
           << " | " << std::fixed << std::setprecision(1) << tmax[i].item<double>() << " | " << std::setprecision(2)
           << tmax[i].item<double>() / base_ms << " | " << mib(r.fwd_bytes) << " | " << mib(r.bwd_bytes) << " | "
           << (ar_bwd > 0 ? [&] { std::ostringstream o; o << std::fixed << std::setprecision(2) << static_cast<double>(r.bwd_bytes) / ar_bwd; return o.str(); }() : std::string("-"))
-          << " | " << mib(r.peak) << " | " << std::setprecision(3) << static_cast<double>(r.peak) / base.peak << " | "
+          << " | " << (device.is_cuda() ? std::string("n/a") : mib(r.peak)) << " | "
+          << (device.is_cuda() ? std::string("n/a") : [&] {
+               std::ostringstream o;
+               o << std::fixed << std::setprecision(3) << static_cast<double>(r.peak) / base.peak;
+               return o.str();
+             }()) << " | "
           << std::scientific << std::setprecision(1) << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
           << (sgt[modes.size() - 1].item<double>() != 0 ? sgt[i].item<double>() / sgt[modes.size() - 1].item<double>() : 0.0)
           << " |\n";
@@ -239,7 +249,8 @@ int run_bench(const std::vector<std::string>& args) {
   namespace cli = contrax::cli;
   CLI::App app{"benchmark the distributed losses against the all-gather baselines", "bench-losses"};
   cli::setup_app(app);
-  std::string nprocs_s = "2,4", batches_s = "1024,4096", modes = "global,allreduce,contrax", out, loss_name = "clip";
+  std::string nprocs_s = "2,4", batches_s = "1024,4096", modes = "global,allreduce,contrax", out, loss_name = "clip",
+              device = "cpu";
   int64_t width = 256, iters = 3, threads = 0;
   app.add_option("--nproc", nprocs_s, "comma-separated world sizes (each a separate launch)");
   app.add_option("--batch", batches_s, "comma-separated per-rank batch sizes");
@@ -249,19 +260,28 @@ int run_bench(const std::vector<std::string>& args) {
   app.add_option("--modes", modes, "which of global, allreduce, contrax, floor, floor_kept");
   app.add_option("--out", out, "append the table rows to this file (default: stdout)");
   app.add_option("--loss", loss_name, "clip (symmetric) or nt_xent");
+  cli::add_choice(app, "--device", device,
+                  "where each rank computes: cpu, or cuda (rank r on GPU LOCAL_RANK mod #GPUs, one GPU per rank, NCCL)",
+                  {"cpu", "cuda"});
   if (int st = cli::parse(app, args); st >= 0) return st;
   const auto nprocs = cli::parse_int_list("--nproc", nprocs_s, 1, cli::max_procs());
   const auto batches = cli::parse_int_list("--batch", batches_s, 1, int64_t{1} << 30);
   cli::usage_check(!nprocs.empty() && !batches.empty(), "flags '--nproc' and '--batch' must not be empty");
   cli::usage_check(loss_name == "clip" || loss_name == "nt_xent", "flag '--loss' must be clip or nt_xent, but got '",
                    loss_name, "'");
+  if (device == "cuda") {
+    cli::check_cuda_device(device, *std::max_element(nprocs.begin(), nprocs.end()),
+                           "flag '--device' is 'cuda' (each rank on its own GPU, NCCL between them)");
+  }
 
   if (contrax::in_launched_worker()) {
     int64_t W = std::stoll(std::getenv("WORLD_SIZE"));
     int64_t nt = threads > 0 ? threads : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()) / W);
     at::set_num_threads(static_cast<int>(nt));
     // One communicator for the whole run: the rendezvous store lives as long as the process.
-    auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions().timeout(std::chrono::minutes(10)));
+    auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions()
+                                                    .timeout(std::chrono::minutes(10))
+                                                    .device(device == "cuda" ? torch::kCUDA : torch::kCPU));
     for (int64_t b : batches) worker(comm, b, width, iters, modes, out, loss_name);
     return 0;
   }

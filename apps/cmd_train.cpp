@@ -292,11 +292,7 @@ void TrainCommand::check_flags() {
   if (device_ == "cuda") {
     cli::usage_check(recipe_->trains_on_gpu(), "flag '--device' is 'cuda', but the ", name_,
                      " recipe trains on the CPU only (the image recipes, simclr and moco-v3, train on a GPU)");
-    cli::check_cuda_device(device_, /*nccl=*/false, nproc_);
-    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    cli::usage_check(contrax::in_launched_worker() || nproc_ <= gpus, "flag '--device' is 'cuda', which trains each ",
-                     "process on its own GPU (NCCL), but --nproc is ", nproc_, " and this machine has ", gpus,
-                     " GPU", gpus == 1 ? "" : "s");
+    cli::check_cuda_device(device_, nproc_, "flag '--device' is 'cuda' (each process on its own GPU, NCCL between them)");
   }
   recipe_->check_flags();
 }

@@ -62,7 +62,8 @@ void check_before_start(const std::string& device, const std::string& backend, i
   namespace cli = contrax::cli;
   cli::usage_check(backend != "nccl" || device == "cuda",
                    "flag '--backend' is 'nccl', which moves CUDA tensors only; use --device cuda, or --backend gloo");
-  cli::check_cuda_device(device, backend == "nccl", nproc);
+  cli::check_cuda_device(device, nproc, backend == "nccl" ? "flag '--backend' is 'nccl'" : "",
+                         "; use --backend gloo to share GPUs");
 
   if (!contrax::in_launched_worker()) {
     // The reference's memory, before any process starts or allocates.

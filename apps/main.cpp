@@ -73,16 +73,17 @@ std::string cuda_unavailable_reason() {
          "CUDA_VISIBLE_DEVICES hides them)";
 }
 
-void check_cuda_device(const std::string& device, bool nccl, int64_t nproc) {
+void check_cuda_device(const std::string& device, int64_t nproc, const std::string& one_gpu_per_rank,
+                       const std::string& hint) {
   if (device == "cuda") {
     const std::string why = cuda_unavailable_reason();
     usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
   }
-  if (nccl && !in_launched_worker()) {
+  if (!one_gpu_per_rank.empty() && !in_launched_worker()) {
     // NCCL refuses two ranks on one GPU; say so before any process starts.
     const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    usage_check(nproc <= gpus, "flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is ", nproc,
-                " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s", "; use --backend gloo to share GPUs");
+    usage_check(nproc <= gpus, one_gpu_per_rank, ", which needs one GPU per rank, but --nproc is ", nproc,
+                " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s", hint);
   }
 }
 

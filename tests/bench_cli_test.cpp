@@ -1,6 +1,7 @@
 // The benchmark commands' flag errors: each is reported, naming the flag, before
 // any benchmark work starts (so these runs take milliseconds).
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
 #include <string>
 #include <utility>
@@ -35,6 +36,17 @@ TEST(BenchCli, LossesFlagErrors) {
   expect_flag_error("bench-losses --nproc , --batch 8", "flags '--nproc' and '--batch' must not be empty");
   expect_flag_error("bench-losses --nproc 100000", "flag '--nproc': every entry must be in [1, ");
   expect_flag_error("bench-losses stray", "not expected: stray");
+  expect_flag_error("bench-losses --device tpu", "flag '--device' must be cpu or cuda, but got 'tpu'");
+  if (!torch::cuda::is_available()) {
+    // Refused before any process starts; where a GPU is, tools/gpu_check.sh runs it.
+    expect_flag_error("bench-losses --device cuda --nproc 2 --batch 8", "flag '--device' is 'cuda', but ");
+  } else {
+    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    expect_flag_error("bench-losses --device cuda --batch 8 --nproc " + std::to_string(gpus + 1),
+                      "flag '--device' is 'cuda' (each rank on its own GPU, NCCL between them), which needs one GPU "
+                      "per rank, but --nproc is " +
+                          std::to_string(gpus + 1));
+  }
 }
 
 TEST(BenchCli, GradCacheFlagErrors) {

@@ -880,8 +880,8 @@ TEST(Cli, TrainOnCudaRunsThereOrSaysWhyNot) {
     auto many = run_cli(kTiny + std::string(" --device cuda --overwrite --run-dir ") + d + " --nproc " +
                         std::to_string(gpus + 1));
     EXPECT_EQ(many.status, 2) << many.out;
-    EXPECT_NE(many.out.find("flag '--device' is 'cuda', which trains each process on its own GPU (NCCL), but "
-                            "--nproc is " + std::to_string(gpus + 1)),
+    EXPECT_NE(many.out.find("flag '--device' is 'cuda' (each process on its own GPU, NCCL between them), which "
+                            "needs one GPU per rank, but --nproc is " + std::to_string(gpus + 1)),
               std::string::npos)
         << many.out;
     return;
