@@ -3,8 +3,8 @@
 // train_image.cpp (simclr, moco-v3: Fashion-MNIST) and train_retrieval.cpp
 // (retrieval: WordNet); this file holds what they share: the flags of the run
 // and of the tool, the run directory (contrax/train/common/run_dir.h), the
-// workers, the console and train.log, config.json, results.json and the
-// summary.
+// workers, config.json, results.json and the summary (the console and
+// train.log: train_console.h).
 //
 //   contrax train                                  # simclr: 2 processes, 10 epochs
 //   contrax train moco-v3 --epochs 3 --run-dir runs/moco   # or: contrax train --recipe moco-v3 ...
@@ -17,9 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -35,6 +33,7 @@
 #include "live_line.h"
 #include "plot.h"
 #include "stop_signal.h"
+#include "train_console.h"
 #include "train_recipe.h"
 
 namespace contrax::cli {
@@ -56,58 +55,6 @@ using cli::Json;
 // workers it launches: "fresh", "resume" or "auto" (decide by the checkpoint,
 // for restarts after a failure).
 constexpr const char* kStartEnv = "CONTRAX_TRAIN_START";
-
-// Rank 0's console, copied to RUN_DIR/train.log. A failed write to the log
-// stops the run with the cause (a full disk must not go unnoticed).
-class Console {
- public:
-  explicit Console(bool to_stderr) : to_stderr_(to_stderr), live_(to_stderr ? stderr : stdout) {}
-  void open_log(const std::string& path, bool append) {
-    path_ = path;
-    file_ = std::fopen(path.c_str(), append ? "a" : "w");
-    TORCH_CHECK(file_ != nullptr, "cannot write ", path, ": ", std::strerror(errno));
-  }
-  ~Console() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-  /// Progress and headers: stdout, or stderr under --json.
-  void out(const std::string& s) { emit(to_stderr_ ? std::cerr : std::cout, s); }
-  /// The final summary and the table: always stdout.
-  void result(const std::string& s) { emit(std::cout, s); }
-  void err(const std::string& s) { emit(std::cerr, s); }
-  /// The loop's periodic progress lines: the console gets them unless it
-  /// shows the live line (a terminal); the log always.
-  void progress_line(const std::string& s) {
-    if (live_.on()) {
-      log_only(s);
-    } else {
-      out(s);
-    }
-  }
-  /// The live line (a terminal only; see live_line.h).
-  cli::LiveLine& live() { return live_; }
-  /// Only to the log (main() prints errors to the console itself).
-  void log_only(const std::string& s) {
-    if (file_ != nullptr) {
-      std::fputs(s.c_str(), file_);
-      std::fflush(file_);
-    }
-  }
-
- private:
-  void emit(std::ostream& os, const std::string& s) {
-    live_.clear();
-    os << s << std::flush;
-    if (file_ == nullptr) return;
-    errno = 0;
-    const bool ok = std::fwrite(s.data(), 1, s.size(), file_) == s.size() && std::fflush(file_) == 0;
-    TORCH_CHECK(ok, "cannot write ", path_, ": ", errno != 0 ? std::strerror(errno) : "write failed");
-  }
-  bool to_stderr_;
-  cli::LiveLine live_;
-  std::string path_;
-  std::FILE* file_ = nullptr;
-};
 
 // The live line of a training step: a bar, then where the run stands.
 std::string step_line(const ct::StepProgress& p) {
@@ -200,7 +147,7 @@ class TrainCommand {
   double default_lr_ = 0, default_temperature_ = 0;  // the recipe's, for divergence_cause()
   ct::RunDir::Claim claim_;  // the run directory's lock, held until the run ends
   contrax::CommunicatorPtr comm_;
-  std::unique_ptr<Console> console_;
+  std::unique_ptr<cli::TrainConsole> console_;
 };
 
 void TrainCommand::add_flags() {
@@ -413,7 +360,7 @@ int TrainCommand::train() {
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   at::set_num_threads(static_cast<int>(threads_ > 0 ? threads_ : std::max<int64_t>(1, cores / world)));
-  console_ = std::make_unique<Console>(json_);
+  console_ = std::make_unique<cli::TrainConsole>(json_);
   const ct::RunDir dir(run_dir_);
   if (rank == 0) {
     console_->open_log(dir.file(ct::RunDir::kLog), resumed_);

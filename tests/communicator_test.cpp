@@ -184,7 +184,10 @@ TEST_P(CommunicatorWorld, RingExchangeOverSendRecvAndAllToAll) {
           int64_t bytes = 0;
           for (int64_t shift : {1, -1, 2}) {
             const int64_t from = ((r - shift) % W + W) % W;
-            if (from != r) bytes += 2 * block(r).numel() * 8;  // a shift by W is no exchange
+            // A ring step counts its payload, what this rank sends: block(r)'s
+            // numel x 8 bytes (fp64), once per exchange, two exchanges per shift;
+            // a shift by a multiple of W is no exchange and counts nothing.
+            if (from != r) bytes += 2 * block(r).numel() * 8;
             auto a = comm->ring_exchange_async(block(r), block(from).sizes(), shift);
             auto b = comm->ring_exchange_async(block(r) * 2.0, block(from).sizes(), shift);
             EXPECT_TRUE(a.wait().equal(block(from))) << "shift " << shift << " rank " << r;

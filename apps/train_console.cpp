@@ -1,0 +1,52 @@
+// Rank 0's console and train.log (see train_console.h).
+#include "train_console.h"
+
+#include <c10/util/Exception.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+namespace contrax::cli {
+
+TrainConsole::~TrainConsole() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void TrainConsole::open_log(const std::string& path, bool append) {
+  path_ = path;
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+  TORCH_CHECK(file_ != nullptr, "cannot write ", path, ": ", std::strerror(errno));
+}
+
+void TrainConsole::out(const std::string& s) { emit(to_stderr_ ? std::cerr : std::cout, s); }
+
+void TrainConsole::result(const std::string& s) { emit(std::cout, s); }
+
+void TrainConsole::err(const std::string& s) { emit(std::cerr, s); }
+
+void TrainConsole::progress_line(const std::string& s) {
+  if (live_.on()) {
+    log_only(s);
+  } else {
+    out(s);
+  }
+}
+
+void TrainConsole::log_only(const std::string& s) {
+  if (file_ != nullptr) {
+    std::fputs(s.c_str(), file_);
+    std::fflush(file_);
+  }
+}
+
+void TrainConsole::emit(std::ostream& os, const std::string& s) {
+  live_.clear();
+  os << s << std::flush;
+  if (file_ == nullptr) return;
+  errno = 0;
+  const bool ok = std::fwrite(s.data(), 1, s.size(), file_) == s.size() && std::fflush(file_) == 0;
+  TORCH_CHECK(ok, "cannot write ", path_, ": ", errno != 0 ? std::strerror(errno) : "write failed");
+}
+
+}  // namespace contrax::cli

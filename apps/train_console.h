@@ -1,0 +1,49 @@
+// Rank 0's console in `contrax train`: progress, the table and the summary on
+// the terminal (stdout, or stderr for progress under --json), each copied to
+// RUN_DIR/train.log. A failed write to the log stops the run with the cause
+// (a full disk must not go unnoticed).
+//
+//   TrainConsole console(/*to_stderr=*/json);
+//   console.open_log(dir.file(RunDir::kLog), resumed);
+//   console.out("contrax train: simclr on ...\n");
+//   console.progress_line(line);  // the log only while the live line shows
+#pragma once
+
+#include <cstdio>
+#include <ostream>
+#include <string>
+
+#include "live_line.h"
+
+namespace contrax::cli {
+
+class TrainConsole {
+ public:
+  explicit TrainConsole(bool to_stderr) : to_stderr_(to_stderr), live_(to_stderr ? stderr : stdout) {}
+  ~TrainConsole();
+  TrainConsole(const TrainConsole&) = delete;
+  TrainConsole& operator=(const TrainConsole&) = delete;
+  /// Copies what follows to `path`, appended to (a resumed run) or replacing it.
+  void open_log(const std::string& path, bool append);
+  /// Progress and headers: stdout, or stderr under --json.
+  void out(const std::string& s);
+  /// The final summary and the table: always stdout.
+  void result(const std::string& s);
+  void err(const std::string& s);
+  /// The loop's periodic progress lines: the console gets them unless it
+  /// shows the live line (a terminal); the log always.
+  void progress_line(const std::string& s);
+  /// The live line (a terminal only; see live_line.h).
+  LiveLine& live() { return live_; }
+  /// Only to the log (main() prints errors to the console itself).
+  void log_only(const std::string& s);
+
+ private:
+  void emit(std::ostream& os, const std::string& s);
+  bool to_stderr_;
+  LiveLine live_;
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace contrax::cli
