@@ -36,15 +36,6 @@
 #include "train_console.h"
 #include "train_recipe.h"
 
-namespace contrax::cli {
-
-const std::vector<std::string>& train_recipe_names() {
-  static const std::vector<std::string> names = {"simclr", "moco-v3", "retrieval"};
-  return names;
-}
-
-}  // namespace contrax::cli
-
 namespace {
 
 namespace cli = contrax::cli;
@@ -101,7 +92,7 @@ std::unique_ptr<cli::TrainRecipe> choose_recipe(const std::vector<std::string>& 
   } catch (const CLI::Error&) {
   }
   if (recipe.empty()) recipe = is_recipe(flag) ? flag : "simclr";
-  return recipe == "retrieval" ? cli::make_retrieval_recipe() : cli::make_image_recipe(recipe, variant);
+  return cli::make_train_recipe(recipe, variant);
 }
 
 // The smallest temperature a dtype carries. Logits are cosines over T, so

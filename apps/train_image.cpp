@@ -22,7 +22,7 @@
 #include "contrax/train/image/idx.h"
 #include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
-#include "train_recipe.h"
+#include "train_image.h"
 
 namespace contrax::cli {
 

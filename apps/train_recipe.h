@@ -77,11 +77,8 @@ class TrainRecipe {
 /// The recipes in the order `--recipe` lists them.
 const std::vector<std::string>& train_recipe_names();
 
-/// SimCLR or MoCo v3 (`name`), with the defaults of `variant` ("default" or
-/// "peer": contrax::train::peer_recipe()).
-std::unique_ptr<TrainRecipe> make_image_recipe(const std::string& name, const std::string& variant);
-
-/// The two-tower WordNet retrieval recipe.
-std::unique_ptr<TrainRecipe> make_retrieval_recipe();
+/// The recipe `name` (one of train_recipe_names()), with the defaults of
+/// `variant` ("default" or "peer"; the image recipes only).
+std::unique_ptr<TrainRecipe> make_train_recipe(const std::string& name, const std::string& variant);
 
 }  // namespace contrax::cli

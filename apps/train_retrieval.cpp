@@ -12,7 +12,7 @@
 #include "cli.h"
 #include "contrax/train/retrieval/eval.h"
 #include "contrax/train/retrieval/trainer.h"
-#include "train_recipe.h"
+#include "train_retrieval.h"
 
 namespace contrax::cli {
 

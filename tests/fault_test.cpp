@@ -35,10 +35,13 @@
 
 #include "contrax/train/common/checkpoint.h"
 #include "contrax/train/image/trainer.h"
+#include "support/cli.h"
+#include "support/processes.h"
 
 namespace fs = std::filesystem;
 namespace ct = contrax::train;
 using Clock = std::chrono::steady_clock;
+using contrax::testing::read_file;
 
 namespace {
 
@@ -53,16 +56,12 @@ bool have_data() { return fs::exists(std::string(kData) + "/train-images-idx3-ub
 #define REQUIRE_DATA() \
   if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed"
 
-struct TempDir {
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "contrax_fault_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(templ.data()), nullptr);
-    path = templ;
-  }
+// tests/support's temporary directory, with tmpfs mounts inside it that are
+// unmounted before it is removed.
+struct TempDir : contrax::testing::TempDir {
+  TempDir() : contrax::testing::TempDir("contrax_fault") {}
   ~TempDir() {
     for (const auto& m : mounts) std::system(("umount -l '" + m + "' 2>/dev/null").c_str());
-    std::error_code ec;
-    fs::remove_all(path, ec);
   }
   // A tmpfs of `bytes` at `sub`; false when mounting is not permitted here.
   bool mount_tmpfs(const std::string& sub, int64_t bytes) {
@@ -75,16 +74,8 @@ struct TempDir {
     mounts.push_back(where);
     return true;
   }
-  std::string path;
   std::vector<std::string> mounts;
 };
-
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
 
 struct Proc {
   pid_t pid = -1;
@@ -124,7 +115,7 @@ Done wait_for(const Proc& p, std::chrono::seconds limit = std::chrono::seconds(2
     const pid_t r = ::waitpid(p.pid, &st, WNOHANG);
     if (r == p.pid) break;
     if (Clock::now() > deadline) {
-      ADD_FAILURE() << "process did not finish within " << limit.count() << " s: " << slurp(p.out_path);
+      ADD_FAILURE() << "process did not finish within " << limit.count() << " s: " << read_file(p.out_path);
       ::kill(-p.pid, SIGKILL);
       ::waitpid(p.pid, &st, 0);
       break;
@@ -134,7 +125,7 @@ Done wait_for(const Proc& p, std::chrono::seconds limit = std::chrono::seconds(2
   d.seconds = std::chrono::duration<double>(Clock::now() - p.start).count();
   d.exited = WIFEXITED(st);
   d.status = d.exited ? WEXITSTATUS(st) : (WIFSIGNALED(st) ? WTERMSIG(st) : -1);
-  d.output = slurp(p.out_path);
+  d.output = read_file(p.out_path);
   return d;
 }
 
@@ -419,7 +410,7 @@ TEST(Fault, StoppedPeerIsReportedWithinTimeoutPlusSeconds) {
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   while (metric_lines(rd + "/metrics.jsonl") < 4 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_GE(metric_lines(rd + "/metrics.jsonl"), 4) << slurp(t.path + "/out.txt");
+  ASSERT_GE(metric_lines(rd + "/metrics.jsonl"), 4) << read_file(t.path + "/out.txt");
   pid_t victim = -1;
   for (pid_t c : children_of(p.pid)) {
     if (rank_of(c) == 1) victim = c;

@@ -26,35 +26,23 @@
 #include <vector>
 
 #include "contrax/launcher.h"
+#include "support/cli.h"
 #include "support/errors.h"
+#include "support/processes.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
+using contrax::testing::read_file;
 
 const std::string kProbe = std::string(CONTRAX_TEST_PROGRAM_DIR) + "/launcher_probe";
 const std::string kCli = CONTRAX_CLI_PATH;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-/// A fresh directory, removed with its contents at scope exit.
+/// tests/support's temporary directory, as a path.
 struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "contrax_launcher_XXXXXX").string();
-    EXPECT_NE(::mkdtemp(templ.data()), nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+  contrax::testing::TempDir dir{"contrax_launcher"};
+  fs::path path{dir.path};
 };
 
 /// Sends this process's stdout and stderr to files for its lifetime (or until

@@ -193,14 +193,28 @@ torch::Tensor tensor_of(const c10::optional<torch::Tensor>& t) { return t.has_va
 
 // ---- the losses -------------------------------------------------------------------
 
+// The memory path and the process group, which every tiled-capable loss takes
+// as its schema's last four arguments.
+struct MemoryArgs {
+  std::string path;
+  int64_t tile_size;
+  bool ring;
+  std::string group;
+
+  // Sets o's nested memory options and communicator; `op` names the caller.
+  template <typename Options>
+  Options& place(Options& o, const char* op) const {
+    return o.memory(contrax::MemoryPathOptions().path(path_word(path, op)).tile_size(tile_size).ring(ring))
+        .comm(group_named(group, op));
+  }
+};
+
 struct ClipArgs {
   bool symmetric;
   double max_logit_scale;
   bool normalize;
-  std::string label_mode, reduction, path;
-  int64_t tile_size;
-  bool ring;
-  std::string group;
+  std::string label_mode, reduction;
+  MemoryArgs memory;
 
   // inputs: a, b, logit_scale, logit_bias, labels
   LossOf loss(const char* op) const {
@@ -209,11 +223,8 @@ struct ClipArgs {
                  .max_logit_scale(max_logit_scale)
                  .normalize(normalize)
                  .label_mode(label_mode_word(label_mode, op))
-                 .reduction(reduction_word(reduction, op))
-                 .path(path_word(path, op))
-                 .tile_size(tile_size)
-                 .ring(ring)
-                 .comm(group_named(group, op));
+                 .reduction(reduction_word(reduction, op));
+    memory.place(o, op);
     return [o](const Inputs& in) mutable {
       if (in[4].defined()) o.labels(in[4]);
       return contrax::clip_loss(in[0], in[1], in[2], optional_of(in[3]), o);
@@ -225,7 +236,7 @@ torch::Tensor clip_loss_op(const torch::Tensor& a, const torch::Tensor& b, const
                            const c10::optional<torch::Tensor>& logit_bias, const c10::optional<torch::Tensor>& labels,
                            bool symmetric, double max_logit_scale, bool normalize, std::string label_mode,
                            std::string reduction, std::string path, int64_t tile_size, bool ring, std::string group) {
-  ClipArgs args{symmetric, max_logit_scale, normalize, label_mode, reduction, path, tile_size, ring, group};
+  ClipArgs args{symmetric, max_logit_scale, normalize, label_mode, reduction, {path, tile_size, ring, group}};
   return loss_value(args.loss("clip_loss"), {a, b, logit_scale, tensor_of(logit_bias), tensor_of(labels)});
 }
 
@@ -234,7 +245,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> clip_loss
     const c10::optional<torch::Tensor>& logit_bias, const c10::optional<torch::Tensor>& labels, bool symmetric,
     double max_logit_scale, bool normalize, std::string label_mode, std::string reduction, std::string path,
     int64_t tile_size, bool ring, std::string group) {
-  ClipArgs args{symmetric, max_logit_scale, normalize, label_mode, reduction, path, tile_size, ring, group};
+  ClipArgs args{symmetric, max_logit_scale, normalize, label_mode, reduction, {path, tile_size, ring, group}};
   auto g = loss_backward(grad, args.loss("clip_loss_backward"),
                          {a, b, logit_scale, tensor_of(logit_bias), tensor_of(labels)}, 4);
   return {g[0], g[1], g[2], g[3]};
@@ -244,10 +255,7 @@ struct GroupedArgs {
   std::string label_mode, reduction;
   double max_logit_scale;
   bool normalize;
-  std::string path;
-  int64_t tile_size;
-  bool ring;
-  std::string group;
+  MemoryArgs memory;
 
   // inputs: queries, candidates, logit_scale, logit_bias, labels, candidate_labels
   LossOf loss(const char* op) const {
@@ -255,11 +263,8 @@ struct GroupedArgs {
                  .label_mode(label_mode_word(label_mode, op))
                  .reduction(reduction_word(reduction, op))
                  .max_logit_scale(max_logit_scale)
-                 .normalize(normalize)
-                 .path(path_word(path, op))
-                 .tile_size(tile_size)
-                 .ring(ring)
-                 .comm(group_named(group, op));
+                 .normalize(normalize);
+    memory.place(o, op);
     return [o](const Inputs& in) mutable {
       if (in[4].defined()) o.labels(in[4]);
       if (in[5].defined()) o.candidate_labels(in[5]);
@@ -274,7 +279,7 @@ torch::Tensor grouped_loss_op(const torch::Tensor& queries, const torch::Tensor&
                               const c10::optional<torch::Tensor>& candidate_labels, std::string label_mode,
                               std::string reduction, double max_logit_scale, bool normalize, std::string path,
                               int64_t tile_size, bool ring, std::string group) {
-  GroupedArgs args{label_mode, reduction, max_logit_scale, normalize, path, tile_size, ring, group};
+  GroupedArgs args{label_mode, reduction, max_logit_scale, normalize, {path, tile_size, ring, group}};
   return loss_value(args.loss("grouped_loss"), {queries, candidates, logit_scale, tensor_of(logit_bias),
                                                 tensor_of(labels), tensor_of(candidate_labels)});
 }
@@ -285,7 +290,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> grouped_l
     const c10::optional<torch::Tensor>& labels, const c10::optional<torch::Tensor>& candidate_labels,
     std::string label_mode, std::string reduction, double max_logit_scale, bool normalize, std::string path,
     int64_t tile_size, bool ring, std::string group) {
-  GroupedArgs args{label_mode, reduction, max_logit_scale, normalize, path, tile_size, ring, group};
+  GroupedArgs args{label_mode, reduction, max_logit_scale, normalize, {path, tile_size, ring, group}};
   auto g = loss_backward(grad, args.loss("grouped_loss_backward"),
                          {queries, candidates, logit_scale, tensor_of(logit_bias), tensor_of(labels),
                           tensor_of(candidate_labels)},
@@ -298,21 +303,14 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> grouped_l
 struct TemperatureArgs {
   double temperature;
   bool normalize;
-  std::string reduction, path;
-  int64_t tile_size;
-  bool ring;
-  std::string group;
+  std::string reduction;
+  MemoryArgs memory;
 
   template <typename Options>
   Options options(const char* op) const {
-    return Options()
-        .temperature(temperature)
-        .normalize(normalize)
-        .reduction(reduction_word(reduction, op))
-        .path(path_word(path, op))
-        .tile_size(tile_size)
-        .ring(ring)
-        .comm(group_named(group, op));
+    auto o = Options().temperature(temperature).normalize(normalize).reduction(reduction_word(reduction, op));
+    memory.place(o, op);
+    return o;
   }
 };
 
@@ -325,7 +323,7 @@ LossOf nt_xent_of(const TemperatureArgs& args, const char* op) {
 torch::Tensor nt_xent_loss_op(const torch::Tensor& z1, const torch::Tensor& z2, double temperature, bool normalize,
                               std::string reduction, std::string path, int64_t tile_size, bool ring,
                               std::string group) {
-  TemperatureArgs args{temperature, normalize, reduction, path, tile_size, ring, group};
+  TemperatureArgs args{temperature, normalize, reduction, {path, tile_size, ring, group}};
   return loss_value(nt_xent_of(args, "nt_xent_loss"), {z1, z2});
 }
 
@@ -334,7 +332,7 @@ std::tuple<torch::Tensor, torch::Tensor> nt_xent_loss_backward_op(const torch::T
                                                                   bool normalize, std::string reduction,
                                                                   std::string path, int64_t tile_size, bool ring,
                                                                   std::string group) {
-  TemperatureArgs args{temperature, normalize, reduction, path, tile_size, ring, group};
+  TemperatureArgs args{temperature, normalize, reduction, {path, tile_size, ring, group}};
   auto g = loss_backward(grad, nt_xent_of(args, "nt_xent_loss_backward"), {z1, z2}, 2);
   return {g[0], g[1]};
 }
@@ -348,7 +346,7 @@ LossOf moco_v3_of(const TemperatureArgs& args, const char* op) {
 torch::Tensor moco_v3_loss_op(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
                               const torch::Tensor& k2, double temperature, bool normalize, std::string reduction,
                               std::string path, int64_t tile_size, bool ring, std::string group) {
-  TemperatureArgs args{temperature, normalize, reduction, path, tile_size, ring, group};
+  TemperatureArgs args{temperature, normalize, reduction, {path, tile_size, ring, group}};
   return loss_value(moco_v3_of(args, "moco_v3_loss"), {q1, q2, k1, k2});
 }
 
@@ -356,7 +354,7 @@ std::tuple<torch::Tensor, torch::Tensor> moco_v3_loss_backward_op(
     const torch::Tensor& grad, const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
     const torch::Tensor& k2, double temperature, bool normalize, std::string reduction, std::string path,
     int64_t tile_size, bool ring, std::string group) {
-  TemperatureArgs args{temperature, normalize, reduction, path, tile_size, ring, group};
+  TemperatureArgs args{temperature, normalize, reduction, {path, tile_size, ring, group}};
   auto g = loss_backward(grad, moco_v3_of(args, "moco_v3_loss_backward"), {q1, q2, k1, k2}, 2);
   return {g[0], g[1]};
 }

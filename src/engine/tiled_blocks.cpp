@@ -44,11 +44,16 @@ torch::Tensor tile_logits(const TiledState& state, const torch::Tensor& qs /* [b
 // and gradient (engine/block.h), one [tile x tile] block at a time; the label
 // structure is recomputed per tile from the labels (O(R + C) each).
 
-// A backward's tiled state, refusing a second backward through the same graph.
-c10::intrusive_ptr<TiledState> backward_state(AutogradContext* ctx) {
+// What a tiled backward starts from: the forward's state (a second backward
+// through the same graph is refused here) and the saved tensors.
+struct BackwardInputs {
+  c10::intrusive_ptr<TiledState> state;
+  variable_list saved;
+};
+BackwardInputs backward_inputs(AutogradContext* ctx) {
   auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
   check_no_double_backward(state->layout);
-  return state;
+  return {state, ctx->get_saved_variables()};
 }
 
 class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
@@ -87,11 +92,11 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    auto state = backward_state(ctx);
-    auto saved = ctx->get_saved_variables();
-    const auto& q = saved[0];
-    const auto& k = saved[1];
-    const auto& scale = saved[2];
+    const auto in = backward_inputs(ctx);
+    const auto& state = in.state;
+    const auto& q = in.saved[0];
+    const auto& k = in.saved[1];
+    const auto& scale = in.saved[2];
     const auto rt = saved_terms(ctx);
     const torch::Tensor bias = ctx->saved_data.count("bias") ? ctx->saved_data["bias"].toTensor() : torch::Tensor();
     const int64_t b = q.size(0);
@@ -215,10 +220,10 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    auto state = backward_state(ctx);
-    auto saved = ctx->get_saved_variables();
-    const auto& z = saved[0];
-    const auto& keys = saved[1];
+    const auto in = backward_inputs(ctx);
+    const auto& state = in.state;
+    const auto& z = in.saved[0];
+    const auto& keys = in.saved[1];
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b = z.size(0) / 2;
