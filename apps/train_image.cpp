@@ -123,15 +123,18 @@ class ImageRecipe : public TrainRecipe {
   }
 
   train::RunResult train(const CommunicatorPtr& comm) override {
-    // A step that cannot fit is refused before the model is built, against
-    // the memory this node's processes share.
+    // A step that cannot fit is refused before the model is built: against
+    // the memory this node's processes share, or on a GPU against its own
+    // free memory (one process per GPU).
     const int64_t world = comm->world_size(), rows = std::min(o_.run().batch_size(), data_.size());
     const auto size = data_.images.sizes();  // [N, C, H, W]
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
-    const int64_t here = std::clamp<int64_t>(local != nullptr ? std::atoll(local) : 1, 1, world);
-    const auto memory =
-        ct::step_memory_problem(ct::estimate_step_memory(o_, size[1], size[2], size[3], rows, world), rows, world,
-                                here, contrax::available_memory_bytes());
+    const auto device = comm->device();
+    const int64_t here = device.is_cpu() ? std::clamp<int64_t>(local != nullptr ? std::atoll(local) : 1, 1, world) : 1;
+    const auto memory = ct::step_memory_problem(
+        ct::estimate_step_memory(o_, size[1], size[2], size[3], rows, world), rows, world, here,
+        contrax::available_device_memory_bytes(device),
+        device.is_cpu() ? "this machine (or its memory limit)" : "GPU " + device.str());
     usage_check(memory.empty(), memory);
     result_ = ct::train_contrastive(comm, data_, o_);
     return result_;

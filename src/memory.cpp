@@ -4,6 +4,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -149,6 +150,29 @@ int64_t available_memory_bytes() {
     avail = avail > 0 ? std::min(avail, left) : left;
   }
   return avail;
+}
+
+int64_t available_device_memory_bytes(const c10::Device& device) {
+  if (device.is_cpu()) return available_memory_bytes();
+  if (!device.is_cuda()) return 0;
+  // The CUDA runtime's C entry points (cudaError_t is an int; 0 is success),
+  // found among the libraries already loaded: LibTorch's CUDA build brings
+  // the runtime, a CPU-only one does not (then the answer is "unknown").
+  using GetDevice = int (*)(int*);
+  using SetDevice = int (*)(int);
+  using MemGetInfo = int (*)(size_t*, size_t*);
+  auto get = reinterpret_cast<GetDevice>(::dlsym(RTLD_DEFAULT, "cudaGetDevice"));
+  auto set = reinterpret_cast<SetDevice>(::dlsym(RTLD_DEFAULT, "cudaSetDevice"));
+  auto info = reinterpret_cast<MemGetInfo>(::dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
+  if (get == nullptr || set == nullptr || info == nullptr) return 0;
+  int current = 0;
+  if (get(&current) != 0) return 0;
+  const int wanted = device.has_index() ? device.index() : current;
+  if (wanted != current && set(wanted) != 0) return 0;
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool ok = info(&free_bytes, &total_bytes) == 0;
+  if (wanted != current) set(current);
+  return ok ? static_cast<int64_t>(free_bytes) : 0;
 }
 
 std::string format_bytes(double bytes) {

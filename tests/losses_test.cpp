@@ -62,6 +62,52 @@ TEST_P(LossWorld, EveryLossEqualsTheSingleDeviceReference) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, LossWorld, ::testing::Values(1, 2, 3, 4));
 
+// Static shapes (Communicator::static_shapes): equal batches, every loss exact
+// as before, and not one metadata exchange in the losses' forward or backward.
+TEST_P(LossWorld, StaticShapesSkipTheMetadataExchangeAndStayExact) {
+  const int64_t W = GetParam();
+  const auto static_shapes = [](int64_t, CommunicatorOptions& o) { o.static_shapes(true); };
+  for (const auto& c : verify_cases()) {
+    std::vector<VerifyResult> results(W);
+    run_ranks(
+        W,
+        [&](const CommunicatorPtr& comm) {
+          EXPECT_TRUE(comm->static_shapes() || W == 1);
+          results[comm->rank()] = verify_case(c, comm, VerifyOptions().rows(std::vector<int64_t>(W, 4)).width(6));
+        },
+        std::chrono::seconds(30), static_shapes);
+    for (const auto& r : results) EXPECT_LE(r.max_rel_err, 1e-10) << c.name << " W=" << W << " " << to_json(r);
+  }
+  run_ranks(
+      W,
+      [&](const CommunicatorPtr& comm) {
+        auto gen = at::detail::createCPUGenerator(100 + comm->rank());
+        auto a = torch::randn({5, 4}, gen, torch::kDouble).requires_grad_(true);
+        auto b = torch::randn({5, 4}, gen, torch::kDouble).requires_grad_(true);
+        auto s = torch::tensor(1.5, torch::kDouble);
+        const auto losses = [&] {
+          clip_loss(a, b, s, c10::nullopt, ClipLossOptions().comm(comm)).backward();
+          clip_loss(a, b, s, c10::nullopt, ClipLossOptions().comm(comm).path(MemoryPath::kTiled).ring(true))
+              .backward();
+          nt_xent_loss(a, b, NTXentLossOptions().comm(comm)).backward();
+          moco_v3_loss(a, b, b.detach(), a.detach(), MocoV3LossOptions().comm(comm)).backward();
+          siglip_loss(a, b, s, torch::tensor(-1.0, torch::kDouble), SigLipLossOptions().comm(comm)).backward();
+          grouped_loss(a, b, s, c10::nullopt, GroupedLossOptions().comm(comm)).backward();
+          gather_with_grad(a, comm).all.sum().backward();
+        };
+        comm->set_static_shapes(false);
+        comm->reset_stats();
+        losses();
+        EXPECT_EQ(comm->stats().op("metadata").calls, W == 1 ? 0 : 7);
+        comm->set_static_shapes(true);
+        comm->reset_stats();
+        losses();
+        EXPECT_EQ(comm->stats().op("metadata").calls, 0);
+        EXPECT_EQ(comm->stats().total_calls() > 0, W > 1);
+      },
+      std::chrono::seconds(30));
+}
+
 // The classic mistake (seed 003): gather features without gradient and use the
 // [local x global] logits. Rank r then misses the gradient that flows to its
 // rows through the other ranks' losses. The check must see that.
@@ -204,6 +250,28 @@ TEST(LossErrors, BadInputOnOneRankIsAnErrorOnAllRanks) {
       << errors[1];
   EXPECT_NE(errors[0].find("clip_loss(): rank 1 passed an invalid argument"), std::string::npos) << errors[0];
   EXPECT_NE(errors[2].find("clip_loss(): rank 1 passed an invalid argument"), std::string::npos) << errors[2];
+}
+
+// Under static shapes nobody is told of another rank's bad argument: the rank
+// that passed it says so and why the others may wait; they end in their next
+// collective's timeout or a closed connection, not a hang.
+TEST(LossErrors, BadInputUnderStaticShapesIsThisRanksErrorAndNoHang) {
+  auto errors = run_ranks_collect_errors(
+      3,
+      [](const CommunicatorPtr& comm) {
+        auto a = torch::randn({3, 4});
+        auto b = comm->rank() == 1 ? torch::randn({2, 4}) : torch::randn({3, 4});
+        clip_loss(a, b, torch::tensor(1.0), c10::nullopt, ClipLossOptions().comm(comm));
+      },
+      std::chrono::seconds(3), [](int64_t, CommunicatorOptions& o) { o.static_shapes(true); });
+  EXPECT_NE(errors[1].find("arguments 'a' and 'b' must have the same number of rows on each rank"), std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[1].find("(static shapes: no other rank was told; they wait in their next collective until the "
+                           "communicator's timeout)"),
+            std::string::npos)
+      << errors[1];
+  EXPECT_FALSE(errors[0].empty());
+  EXPECT_FALSE(errors[2].empty());
 }
 
 TEST(LossErrors, WidthOrDtypeMismatchBetweenRanks) {

@@ -7,7 +7,8 @@
 # On a machine with GPUs it
 #   1. builds Contrax and its tests against this machine's PyTorch (tools/setup.sh;
 #      CONTRAX_GPU_CHECK_BUILD=<dir> reuses a finished build instead),
-#   2. runs the whole suite (the GPU tests run instead of skipping),
+#   2. runs the whole suite (the GPU tests run instead of skipping), and on
+#      its own the test that no loss makes the CPU wait for the GPU,
 #   3. runs `contrax verify` on CUDA over NCCL (one GPU per rank; W = 2, and
 #      W = 3 and 4 where the GPUs exist), fp64 against the single-device reference,
 #   4. runs the ring at real sizes (blocks of 8192 x 1024 fp32 = 32 MiB) at each
@@ -108,6 +109,8 @@ say "$gpus GPU(s): $name"
 echo "device: $gpus x $name" >>"$REPORT"
 
 step "the whole suite" ctest --test-dir "$BUILD" -j2 --output-on-failure --timeout "$LIMIT"
+step "no hidden host synchronisations (sync-debug mode \"error\"; two GPUs: NCCL, static shapes)" \
+  env PYTHONPATH="$BUILD/python" "$PY" -m pytest -q -rs python/tests/test_cuda_sync.py
 worlds=2
 [ "$gpus" -ge 3 ] && worlds="$worlds 3"
 [ "$gpus" -ge 4 ] && worlds="$worlds 4"

@@ -49,7 +49,9 @@ Gathered gather_no_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
 namespace detail {
 /// Exchanges row count, trailing shape and dtype of `local`; throws on every
 /// rank (same message) if trailing shape, dtype or device type differ between
-/// ranks. Returns per-rank row counts.
+/// ranks. Returns per-rank row counts. Under `comm->static_shapes()` nothing
+/// is exchanged: every rank's count is this rank's, and an error is raised on
+/// this rank only.
 std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const CommunicatorPtr& comm,
                                          const char* caller, const char* arg);
 /// Same, but `local_error` (non-empty when this rank's arguments failed a local

@@ -79,6 +79,9 @@ struct CommunicatorOptions {
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
   /// How ring steps move their blocks (see RingTransport).
   TORCH_ARG(RingTransport, ring_transport) = RingTransport::kAuto;
+  /// A promise that every rank passes tensors of the same shape, dtype and
+  /// device type to every loss and gather (see Communicator::static_shapes).
+  TORCH_ARG(bool, static_shapes) = false;
 };
 
 /// What one kind of collective has cost this rank so far.
@@ -178,6 +181,21 @@ class Communicator {
   /// How long a collective waits for a peer before failing (the options' `timeout`).
   std::chrono::milliseconds timeout() const;
 
+  /// Static shapes: every rank promises to pass tensors of the same shape,
+  /// dtype and device type to every loss and gather, so the per-call
+  /// metadata exchange (the row counts and the agreement on arguments, one
+  /// small all-gather; under NCCL a copy to the GPU and back, so a host
+  /// synchronisation) is skipped and every rank takes its own row count for
+  /// all. The price: an invalid argument is raised on the rank that passed it
+  /// only, and the other ranks wait in their next collective until `timeout()`
+  /// ends it; a rank whose shapes differ breaks the promise, with results as
+  /// undefined as c10d's own (uneven batches need this off, the default).
+  /// Set from the options; `set_static_shapes` changes it between calls, on
+  /// every rank alike.
+  bool static_shapes() const;
+  /// Turns static shapes on or off (see static_shapes()).
+  void set_static_shapes(bool on);
+
   // ---- collectives (no autograd; see collectives.h for the differentiable ones)
 
   /// All-gathers rows: `local` is `[b_r, ...]` on every rank, `counts[s]` is rank
@@ -202,8 +220,12 @@ class Communicator {
   /// All-gathers one int64 vector of the same length from every rank:
   /// result[s] is rank s's vector. Used to exchange sizes and to check that
   /// all ranks agree before a collective whose mismatch would hang or corrupt.
+  /// `via`, a CUDA device, is where the values travel under NCCL (the device
+  /// of the caller's tensors, rather than whatever device is current);
+  /// without it they are staged through the bound device.
   std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values,
-                                                    const std::string& stat_name = "metadata");
+                                                    const std::string& stat_name = "metadata",
+                                                    const c10::optional<torch::Device>& via = c10::nullopt);
 
   /// Broadcasts `tensor` in place from `root`.
   void broadcast(torch::Tensor& tensor, int64_t root = 0,

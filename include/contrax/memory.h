@@ -6,6 +6,8 @@
 // every storage's bytes while it lives. Counters are process-wide.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <string>
 
@@ -52,6 +54,13 @@ class PeakScope {
 /// MemAvailable, capped by the cgroup's limit (memory.max - memory.current,
 /// cgroup v2) where one is set; 0 when neither can be read.
 int64_t available_memory_bytes();
+
+/// Bytes still free where `device` allocates: available_memory_bytes() for
+/// the CPU; for a CUDA device, the driver's free memory on that GPU
+/// (cudaMemGetInfo, looked up in the CUDA runtime LibTorch has loaded, so
+/// that Contrax needs no CUDA headers); 0 when unknown (no GPU, a CPU-only
+/// LibTorch, another device type).
+int64_t available_device_memory_bytes(const c10::Device& device);
 
 /// `bytes` for a person: "512 B", "3.2 MiB", "7.5 GiB", "175 TiB".
 std::string format_bytes(double bytes);

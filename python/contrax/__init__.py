@@ -115,7 +115,11 @@ def communicator(group=None):
 
     Its ``rank``, ``world_size``, ``backend`` and ``stats()`` (bytes sent and
     calls per collective since the last ``reset_stats()``) describe what the
-    losses did over that group.
+    losses did over that group. Setting ``static_shapes = True`` on every rank
+    promises equal batch shapes on all ranks: each loss then skips its
+    row-count exchange (under NCCL a host synchronisation per call), and a bad
+    argument is raised on its own rank only (the others wait until the
+    timeout).
     """
     return _comm(group)
 

@@ -126,6 +126,9 @@ void bind_communicator(py::module& m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("world_size", &Communicator::world_size)
       .def_property_readonly("backend", &Communicator::backend)
+      .def_property("static_shapes", &Communicator::static_shapes, &Communicator::set_static_shapes,
+                    "Every rank passes equal shapes to every loss: the per-call row-count exchange is skipped "
+                    "(set it alike on every rank; see contrax/communicator.h)")
       .def("stats", [](const Communicator& c) { return stats_dict(c.stats()); })
       .def("reset_stats", &Communicator::reset_stats);
 

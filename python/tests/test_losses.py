@@ -126,6 +126,30 @@ def test_subgroups():
     run(4, _subgroup_worker)
 
 
+def _static_shapes_worker(rank, world):
+    # Equal batches under Communicator.static_shapes: the same exact losses,
+    # and no metadata exchange (the row counts are taken as known).
+    c = contrax.communicator()
+    assert c.static_shapes is False
+    c.static_shapes = True
+    try:
+        c.reset_stats()
+        rows = [3] * world
+        _check(rank, world, rows, "clip_static", lambda a, b, s: clip_ref(a, b, s),
+               lambda a, b, s: contrax.clip_loss(a, b, s), 2, [2.3])
+        _check(rank, world, rows, "nt_xent_static", lambda a, b: nt_xent_ref(a, b, 0.2),
+               lambda a, b: contrax.nt_xent_loss(a, b, temperature=0.2, path="tiled", ring=True), 2, [])
+        assert "metadata" not in c.stats(), c.stats()
+    finally:
+        c.static_shapes = False
+    contrax.clip_loss(torch.randn(3, WIDTH), torch.randn(3, WIDTH), torch.tensor(1.0))
+    assert c.stats()["metadata"]["calls"] == 1
+
+
+def test_static_shapes():
+    run(2, _static_shapes_worker)
+
+
 def test_without_torch_distributed_is_single_device():
     assert not dist.is_initialized()
     rows = [6]

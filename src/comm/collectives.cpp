@@ -63,6 +63,15 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
     if (extras) *extras = {extra};
     return {local.size(0)};
   }
+  if (comm->static_shapes()) {
+    // The promise of equal shapes stands for the exchange: nothing is sent,
+    // and an error is this rank's alone (the others learn of it only when
+    // their next collective times out).
+    TORCH_CHECK(error.empty(), error, " (static shapes: no other rank was told; they wait in their next collective "
+                "until the communicator's timeout)");
+    if (extras) extras->assign(comm->world_size(), extra);
+    return std::vector<int64_t>(comm->world_size(), local.size(0));
+  }
   std::vector<int64_t> meta(kFields, 0);
   if (!error.empty()) {
     meta[kError] = 1;
@@ -74,7 +83,9 @@ std::vector<int64_t> exchange_row_counts(const torch::Tensor& local, const Commu
     meta[kExtra] = extra;
     for (int64_t i = 1; i < local.dim(); ++i) meta[kTrailing + i - 1] = local.size(i);
   }
-  auto all = comm->all_gather_ints(meta);
+  // Under NCCL the table travels through the GPU the features are on.
+  const bool on_gpu = local.defined() && local.is_cuda();
+  auto all = comm->all_gather_ints(meta, "metadata", on_gpu ? c10::optional<torch::Device>(local.device()) : c10::nullopt);
   // Every rank sees the same table, so every rank raises (the same) error.
   TORCH_CHECK(error.empty(), error);
   const int64_t W = comm->world_size();

@@ -80,8 +80,9 @@ std::string checked_backend(const CommunicatorOptions& o) {
   return backend == "auto" ? (o.device().is_cuda() ? "nccl" : "gloo") : backend;
 }
 
-// LibTorch 2.13 renamed ProcessGroup's alltoall_base and _reduce_scatter_base
-// to all_to_all_single and reduce_scatter_single (the old names stay, deprecated).
+// LibTorch 2.13 renamed ProcessGroup's alltoall_base, _reduce_scatter_base and
+// _allgather_base to all_to_all_single, reduce_scatter_single and
+// all_gather_single (the old names stay, deprecated).
 constexpr bool kSingleNames = TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13);
 
 template <typename PG = c10d::ProcessGroup>
@@ -94,12 +95,17 @@ c10::intrusive_ptr<c10d::Work> all_to_all_single(PG& pg, at::Tensor& out, at::Te
   }
 }
 
+// The two collectives from one tensor into one tensor: an all-gather (rank
+// order, equal slices) and a reduce-scatter with SUM.
+enum class SingleTensor { kAllGather, kReduceScatter };
+
 template <typename PG = c10d::ProcessGroup>
-c10::intrusive_ptr<c10d::Work> reduce_scatter_single(PG& pg, at::Tensor& out, at::Tensor& in) {
+c10::intrusive_ptr<c10d::Work> single_tensor(PG& pg, SingleTensor op, at::Tensor& out, at::Tensor& in) {
+  const bool gather = op == SingleTensor::kAllGather;
   if constexpr (kSingleNames) {
-    return pg.reduce_scatter_single(out, in);
+    return gather ? pg.all_gather_single(out, in) : pg.reduce_scatter_single(out, in);
   } else {
-    return pg._reduce_scatter_base(out, in);
+    return gather ? pg._allgather_base(out, in) : pg._reduce_scatter_base(out, in);
   }
 }
 
@@ -173,6 +179,7 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
     }
     impl->ring_all_to_all = detail::ring_as_all_to_all(o.ring_transport(), impl->backend);
   }
+  impl->static_shapes = o.static_shapes();
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -197,6 +204,8 @@ int64_t Communicator::local_rank() const { return impl_->local_rank; }
 torch::Device Communicator::device() const { return impl_->device; }
 std::string Communicator::backend() const { return impl_->backend; }
 std::chrono::milliseconds Communicator::timeout() const { return impl_->timeout; }
+bool Communicator::static_shapes() const { return impl_->static_shapes.load(); }
+void Communicator::set_static_shapes(bool on) { impl_->static_shapes = on; }
 
 void Communicator::record(const std::string& name, int64_t bytes_sent, int64_t calls) {
   std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -234,11 +243,10 @@ torch::Tensor Communicator::all_gather_rows(const torch::Tensor& local, const st
   auto src = local.contiguous();
   auto& pg = *impl_->group;
   if (all_equal(counts)) {
-    // Gloo copies into the output list; views into one buffer avoid a cat.
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int64_t s = 0; s < W; ++s) outputs[0].push_back(out.narrow(0, s * counts[0], counts[0]));
-    std::vector<at::Tensor> inputs{src};
-    wait_work(pg.allgather(outputs, inputs), "all_gather", *impl_);
+    // One output tensor, W slices of equal rows in rank order: NCCL's
+    // all-gather into one buffer (its list form adds a copy per rank), and
+    // Gloo's (which has it too, in LibTorch 2.6 as in the newest).
+    wait_work(single_tensor(pg, SingleTensor::kAllGather, out, src), "all_gather", *impl_);
   } else {
     // Uneven rows: an all-to-all whose input is our rows once per destination
     // moves exactly each rank's rows to every other rank, with no padding.
@@ -274,7 +282,7 @@ torch::Tensor Communicator::reduce_scatter_rows(const torch::Tensor& full, const
   torch::Tensor result;
   if (impl_->backend == "nccl" && all_equal(counts)) {
     result = torch::empty(shape, full.options());
-    wait_work(reduce_scatter_single(pg, result, src), "reduce_scatter", *impl_);
+    wait_work(single_tensor(pg, SingleTensor::kReduceScatter, result, src), "reduce_scatter", *impl_);
   } else {
     // Gloo has no true reduce-scatter: its reduce_scatter_tensor sends an all-reduce's bytes, twice the volume
     // (measured: python/bench/gloo_reduce_scatter_bytes.py). So every rank
@@ -316,7 +324,8 @@ void Communicator::all_reduce_sum(torch::Tensor& tensor, const std::string& stat
 }
 
 std::vector<std::vector<int64_t>> Communicator::all_gather_ints(const std::vector<int64_t>& values,
-                                                                const std::string& stat_name) {
+                                                                const std::string& stat_name,
+                                                                const c10::optional<torch::Device>& via) {
   const int64_t W = world_size();
   if (W == 1) return {values};
   const int64_t n = static_cast<int64_t>(values.size());
@@ -325,7 +334,8 @@ std::vector<std::vector<int64_t>> Communicator::all_gather_ints(const std::vecto
   // so that a caller bug shows up as an internal assert, not garbage.
   auto framed = torch::cat({torch::tensor({n}, torch::kInt64), local});
   std::vector<int64_t> counts(W, 1);
-  auto all = all_gather_rows(framed.unsqueeze(0), counts, stat_name);
+  if (via && via->is_cuda()) framed = framed.to(*via);
+  auto all = all_gather_rows(framed.unsqueeze(0), counts, stat_name).cpu();
   std::vector<std::vector<int64_t>> out(W);
   auto acc = all.accessor<int64_t, 2>();
   for (int64_t s = 0; s < W; ++s) {

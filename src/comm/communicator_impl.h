@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
@@ -30,6 +31,8 @@ struct CommunicatorImpl {
   // Ring steps as one all-to-all (RingTransport::kAllToAll) rather than a
   // send and a receive; resolved from the options and the backend.
   bool ring_all_to_all = false;
+  // Communicator::static_shapes(): skip the per-call metadata exchange.
+  std::atomic<bool> static_shapes{false};
 };
 
 // Whether ring steps go as one all-to-all: asked for, or left to kAuto under NCCL.

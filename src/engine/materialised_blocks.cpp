@@ -83,8 +83,11 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // logit and no max pass; the buffer keeps E, and the backward needs no
     // exponential (see there). Normalised features at CLIP's initial scale
     // (1/0.07) give M = 14.3. Multi-positive labels need S itself: general path.
-    if (!state->multi() && b > 0 && N > 0) {
-      // The bound's factors in one host read (one synchronisation on a GPU).
+    // Off the CPU the bound is not taken: its factors live on the device, and
+    // reading them would be a host synchronisation every call (the general
+    // path's max pass costs the GPU less than the CPU waiting for it).
+    if (!state->multi() && b > 0 && N > 0 && q.device().is_cpu()) {
+      // The bound's factors in one host read.
       std::vector<torch::Tensor> parts{scale.reshape({}), q.norm(2, 1).max(), k_all.norm(2, 1).max()};
       if (has_bias) parts.push_back(bias->abs().reshape({}));
       for (auto& t : parts) t = t.to(torch::kDouble);

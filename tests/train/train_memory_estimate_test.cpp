@@ -96,12 +96,28 @@ TEST(MemoryEstimate, RefusalNamesTheFlagThatShrinksTheLargestPart) {
                "training step (activations 10 GiB, loss 1.0 GiB, model 512 MiB, input 256 MiB), but this machine "
                "(or its memory limit) allows 20 GiB for its 2 processes; try --chunk-size N (a gradient cache: the "
                "activations of N rows at a time) or a smaller --batch-size");
+  EXPECT_NE(ct::step_memory_problem(need, 4096, 2, 1, 8 * kGiB, "GPU cuda:1")
+                .find("), but GPU cuda:1 allows 8.0 GiB; try --chunk-size N"),
+            std::string::npos);
   need.loss = 30 * kGiB;
   EXPECT_NE(ct::step_memory_problem(need, 4096, 1, 1, 20 * kGiB).find("allows 20 GiB; try a smaller --batch-size"),
             std::string::npos);
   need.model = 40 * kGiB;
   EXPECT_NE(ct::step_memory_problem(need, 4096, 1, 1, 20 * kGiB).find("try a smaller model (--encoder-channels)"),
             std::string::npos);
+}
+
+// Free memory where a device allocates: the host's for the CPU; a GPU's from
+// the CUDA runtime where one is, else unknown (0), so nothing is refused.
+TEST(MemoryEstimate, FreeMemoryOfADevice) {
+  EXPECT_GT(contrax::available_device_memory_bytes(torch::kCPU), 0);
+  EXPECT_EQ(contrax::available_device_memory_bytes(torch::Device(torch::kMeta)), 0);
+  const auto gpu = contrax::available_device_memory_bytes(torch::Device(torch::kCUDA, 0));
+  if (torch::cuda::is_available()) {
+    EXPECT_GT(gpu, 0);
+  } else {
+    EXPECT_EQ(gpu, 0);
+  }
 }
 
 // An allocation that fails inside a step (here 1 PiB, beyond any address

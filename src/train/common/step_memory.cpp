@@ -16,7 +16,7 @@ std::string to_string(const StepMemory& m) {
 }
 
 std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
-                                int64_t available) {
+                                int64_t available, const std::string& where) {
   const double per_process = static_cast<double>(need.total()), all = per_process * std::max<int64_t>(processes, 1);
   if (need.total() <= 0 || available <= 0 || all <= static_cast<double>(available)) return {};
   // What to change: whatever holds the most.
@@ -27,7 +27,7 @@ std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int
   if (need.model > input && need.model > need.loss) advice = "try a smaller model (--encoder-channels)";
   return c10::str("flag '--batch-size' (", global_rows, " rows, up to ", (global_rows + world - 1) / world,
                   " per process) needs about ", format_bytes(per_process), " per process for a training step (",
-                  to_string(need), "), but this machine (or its memory limit) allows ",
+                  to_string(need), "), but ", where, " allows ",
                   format_bytes(static_cast<double>(available)),
                   processes > 1 ? c10::str(" for its ", processes, " processes") : std::string(), "; ", advice);
 }

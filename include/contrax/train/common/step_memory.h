@@ -33,8 +33,9 @@ std::string to_string(const StepMemory& memory);
 
 /// Empty when `processes` steps of `need` each (this node's processes of a
 /// run with `global_rows` rows per step over `world` ranks) fit in
-/// `available` bytes, or when either is unknown (0); otherwise why not,
-/// naming the flag that shrinks what holds the most:
+/// `available` bytes of `where` ("this machine (or its memory limit)", or a
+/// GPU: "GPU cuda:1", each process's own), or when either is unknown (0);
+/// otherwise why not, naming the flag that shrinks what holds the most:
 ///
 ///   "flag '--batch-size' (60000 rows, up to 30000 per process) needs about
 ///   21 GiB per process for a training step (activations ..., loss ...), but
@@ -42,7 +43,7 @@ std::string to_string(const StepMemory& memory);
 ///   try --chunk-size N (a gradient cache: the activations of N rows at a
 ///   time) or a smaller --batch-size"
 std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
-                                int64_t available);
+                                int64_t available, const std::string& where = "this machine (or its memory limit)");
 
 }  // namespace train
 }  // namespace contrax
