@@ -10,8 +10,14 @@
 // --symmetric; extrapolated
 // from the measured GFLOP/s where a [B x B] buffer does not fit).
 //
+// `--device cuda` runs on the GPU (under contrax launch, rank r on GPU
+// LOCAL_RANK mod #GPUs, NCCL between them): times are taken after a device
+// synchronisation; the peak columns say n/a (the counting allocator sees host
+// memory only; python/bench/bench_clip.py reports the GPU's peak).
+//
 //   contrax bench-tiled --threads 2 --batches 4096,16384,32768,131072
 //   contrax launch --nproc 2 -- contrax bench-tiled --ring --batches 8192
+//   contrax bench-tiled --device cuda --batches 16384,65536 --width 768
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -46,10 +52,23 @@ struct Run {
   int64_t peak = 0;
 };
 
+// Where the benchmark computes (the tensors' device); a GPU's work is timed
+// to its end.
+torch::Device g_device = torch::kCPU;
+
+void finish_device_work() {
+  if (g_device.is_cuda()) torch::cuda::synchronize(g_device.index());
+}
+
+// A peak column: the counting allocator's figure on the CPU; n/a on a GPU.
+std::string peak_cell(int64_t bytes) { return g_device.is_cuda() ? std::string("n/a") : contrax::cli::mib(bytes); }
+
 Run measure(const std::function<torch::Tensor()>& loss) {
+  finish_device_work();
   contrax::PeakScope scope;
   auto t0 = Clock::now();
   loss().backward();
+  finish_device_work();
   return {seconds_since(t0), scope.peak_above_start()};
 }
 
@@ -82,17 +101,19 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
   double gflops = 0;  // measured rate of the three GEMMs, for extrapolation
   {
     // Warm-up: thread pools, BLAS buffers and the allocator's first pages.
-    auto x = torch::randn({512, width}).requires_grad_(true), y = torch::randn({512, width}).requires_grad_(true);
-    auto ls = torch::tensor(0.0f).requires_grad_(true);
+    auto x = torch::randn({512, width}, g_device).requires_grad_(true);
+    auto y = torch::randn({512, width}, g_device).requires_grad_(true);
+    auto ls = torch::tensor(0.0f, g_device).requires_grad_(true);
     contrax::clip_loss(x, y, ls).backward();
     contrax::tiled_clip_loss(x, y, ls, {}, {}, contrax::TiledOptions().tile_size(tile > 0 ? tile : 128)).backward();
   }
   for (int64_t B : batches) {
     contrax::release_loss_workspace();
     torch::manual_seed(0);
-    auto a = (torch::randn({B, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [B, d]
-    auto b = (torch::randn({B, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [B, d]
-    auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
+    const double unit = std::sqrt(static_cast<double>(width));
+    auto a = (torch::randn({B, width}, g_device) / unit).requires_grad_(true);  // [B, d]
+    auto b = (torch::randn({B, width}, g_device) / unit).requires_grad_(true);  // [B, d]
+    auto ls = torch::tensor(std::log(10.0f), g_device).requires_grad_(true);
     auto opts = contrax::ClipLossOptions().symmetric(symmetric);
     // The floor is the old algorithm's: three GEMMs per direction (six for
     // symmetric CLIP, which used to compute both directions' products).
@@ -103,13 +124,16 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     // The materialised loss peaks at three [B x B] fp32 buffers (logits,
     // log-probabilities, their gradient: 3088 MiB measured at B = 16384); 10% slack.
     const int64_t need = 33 * B * B * 4 / 10;
-    const bool fits = B <= max_materialised && need < contrax::available_memory_bytes() * 7 / 10;
+    const int64_t memory = g_device.is_cuda() ? contrax::available_device_memory_bytes(g_device)
+                                              : contrax::available_memory_bytes();
+    const bool fits = B <= max_materialised && need < memory * 7 / 10;
     Run mat;
     double floor_s = 0;
     bool floor_measured = false;
     // The floor: the old algorithm's GEMMs alone, alternated with the contenders.
     auto floor_run = [&]() -> Run {
       torch::NoGradGuard no_grad;
+      finish_device_work();
       contrax::PeakScope scope;
       auto t0 = Clock::now();
       for (int64_t dir = 0; dir < directions; ++dir) {
@@ -117,6 +141,7 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
         auto ga = torch::mm(logits, b);                                     // [B, d]
         auto gb = torch::mm(logits.t(), a);                                 // [B, d]
       }
+      finish_device_work();
       return {seconds_since(t0), scope.peak_above_start()};
     };
     auto run_of = [&](std::function<torch::Tensor()> loss) {
@@ -150,9 +175,11 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     char buf[512];
     std::snprintf(buf, sizeof buf, "| %lld | %s | %s | %.2f s | %s | %s | %s | %s | %s | %s |\n", static_cast<long long>(B),
                   cell(fits, c10::str(std::round(mat.seconds * 100) / 100, " s")).c_str(),
-                  cell(fits, contrax::cli::mib(mat.peak)).c_str(), tiled.seconds, contrax::cli::mib(tiled.peak).c_str(),
+                  cell(fits, peak_cell(mat.peak)).c_str(), tiled.seconds, peak_cell(tiled.peak).c_str(),
                   cell(fits, c10::str(std::round(tiled.seconds / mat.seconds * 100) / 100, "x")).c_str(),
-                  cell(fits, c10::str("1/", std::round(static_cast<double>(mat.peak) / tiled.peak))).c_str(),
+                  cell(fits && !g_device.is_cuda(),
+                       c10::str("1/", std::round(static_cast<double>(mat.peak) / tiled.peak)))
+                      .c_str(),
                   cell(floor_s > 0, c10::str(std::round(floor_s * 100) / 100, " s", floor_measured ? "" : " (extrap.)"))
                       .c_str(),
                   cell(fits && floor_s > 0, c10::str(std::round(mat.seconds / floor_s * 100) / 100, "x")).c_str(),
@@ -164,7 +191,8 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
 }
 
 int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
-  auto comm = contrax::Communicator::from_env();
+  auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions().device(g_device.type()));
+  g_device = comm->device();  // this rank's GPU (LOCAL_RANK mod #GPUs) on CUDA
   const int64_t W = comm->world_size(), r = comm->rank();
   if (r == 0) {
     std::printf("| W | B | path | time | bytes sent / rank | peak / rank |\n|---|---|---|---|---|---|\n");
@@ -172,9 +200,10 @@ int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
   for (int64_t B : batches) {
     const int64_t b = B / W + (r < B % W ? 1 : 0);
     torch::manual_seed(r);
-    auto a = (torch::randn({b, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [b, d]
-    auto k = (torch::randn({b, width}) / std::sqrt(static_cast<double>(width))).requires_grad_(true);  // [b, d]
-    auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
+    const double unit = std::sqrt(static_cast<double>(width));
+    auto a = (torch::randn({b, width}, g_device) / unit).requires_grad_(true);  // [b, d]
+    auto k = (torch::randn({b, width}, g_device) / unit).requires_grad_(true);  // [b, d]
+    auto ls = torch::tensor(std::log(10.0f), g_device).requires_grad_(true);
     for (bool ring : {false, true}) {
       comm->barrier();
       comm->reset_stats();
@@ -196,7 +225,7 @@ int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
         }
         std::printf("| %lld | %lld | %s | %.2f s | %s | %s |\n", static_cast<long long>(W), static_cast<long long>(B),
                     ring ? "ring (tiled)" : "gather + reduce-scatter (tiled)", t / 1e6, contrax::cli::mib(by).c_str(),
-                    contrax::cli::mib(pk).c_str());
+                    peak_cell(pk).c_str());
         std::fflush(stdout);
       }
       a.mutable_grad() = torch::Tensor();
@@ -213,6 +242,7 @@ int run_bench_tiled(const std::vector<std::string>& args) {
   std::string list_s = "4096,16384,32768,65536,131072";
   int64_t width = 256, tile = 0, threads = 0, max_mat = 32768, iters = 1;
   bool ring = false, symmetric = false;
+  std::string device = "cpu";
   cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
   app.add_option("--batches", list_s, "comma-separated global batch sizes");
   cli::add_int(app, "--tile", tile, "tile side (0: automatic, ~16 MiB of logits)", 0, int64_t{1} << 30);
@@ -221,14 +251,20 @@ int run_bench_tiled(const std::vector<std::string>& args) {
   cli::add_int(app, "--iters", iters, "timed runs per path and batch, alternated; the median is reported", 1, 100000);
   app.add_flag("--ring", ring, "distributed: ring against gather + reduce-scatter (run under contrax launch)");
   app.add_flag("--symmetric", symmetric, "single process: symmetric CLIP (floor: the old six GEMMs)");
+  cli::add_choice(app, "--device", device,
+                  "where it computes: cpu, or cuda (GPU 0; with --ring under contrax launch, rank r on GPU LOCAL_RANK "
+                  "mod #GPUs, NCCL between them)",
+                  {"cpu", "cuda"});
   if (int st = cli::parse(app, args); st >= 0) return st;
+  cli::check_cuda_device(device, 1);
+  if (device == "cuda") g_device = torch::Device(torch::kCUDA, 0);
   const auto list = cli::parse_int_list("--batches", list_s, 1, int64_t{1} << 30);
   cli::usage_check(!list.empty(), "flag '--batches' needs at least one batch size");
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
   contrax::MemoryTracker::install();
-  std::printf("bench-tiled: width %lld, fp32, tile %s, threads %d, BLAS %s, median of %lld\n\n",
-              static_cast<long long>(width), tile > 0 ? std::to_string(tile).c_str() : "auto", at::get_num_threads(),
-              contrax::cli::blas_library().c_str(), static_cast<long long>(iters));
+  std::printf("bench-tiled: width %lld, fp32 on %s, tile %s, threads %d, BLAS %s, median of %lld\n\n",
+              static_cast<long long>(width), device.c_str(), tile > 0 ? std::to_string(tile).c_str() : "auto",
+              at::get_num_threads(), contrax::cli::blas_library().c_str(), static_cast<long long>(iters));
   return ring ? run_ring(width, list, tile) : run_single(width, list, tile, max_mat, iters, symmetric);
 }
 

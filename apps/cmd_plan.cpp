@@ -40,6 +40,11 @@ int run_plan(const std::vector<std::string>& args) {
   cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
   cli::add_int(app, "--world", world, "number of ranks W", 1, int64_t{1} << 20);
   cli::add_choice(app, "--dtype", dtype, "feature dtype", {"float", "double", "half", "bf16"});
+  std::string device = "cpu";
+  cli::add_choice(app, "--device", device,
+                  "where the features live (the model only, no GPU needed): on cuda, half and bf16 features are "
+                  "gathered and multiplied in their own dtype",
+                  {"cpu", "cuda"});
   std::string path = "auto";
   cli::add_choice(app, "--path", path, "the losses' memory path", {"auto", "materialised", "tiled"});
   cli::add_int(app, "--tile-size", tile,
@@ -59,6 +64,7 @@ int run_plan(const std::vector<std::string>& args) {
                                      .width(width)
                                      .world(world)
                                      .dtype(dtype_of(dtype))
+                                     .device(device == "cuda" ? torch::kCUDA : torch::kCPU)
                                      .path(path == "tiled"          ? contrax::MemoryPath::kTiled
                                            : path == "materialised" ? contrax::MemoryPath::kMaterialised
                                                                     : contrax::MemoryPath::kAuto)

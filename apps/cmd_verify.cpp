@@ -36,11 +36,12 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 // The human-readable result: one row per case and the verdict.
-void print_table(const std::vector<contrax::VerifyResult>& results, int64_t world, double tol, bool ok) {
+void print_table(const std::vector<contrax::VerifyResult>& results, int64_t world, const std::string& dtype, double tol,
+                 bool ok) {
   std::ostringstream rs;
   for (size_t i = 0; i < results.front().rows.size(); ++i) rs << (i ? "," : "") << results.front().rows[i];
   std::cout << "contrax verify: W=" << world << ", rows per rank [" << rs.str()
-            << "], fp64 on " << results.front().device << ", tolerance " << tol << "\n";
+            << "], " << dtype << " on " << results.front().device << ", tolerance " << tol << "\n";
   int name_width = 14;
   for (const auto& r : results) name_width = std::max(name_width, static_cast<int>(r.loss.size()) + 2);
   std::cout << std::left << std::setw(name_width) << "case" << std::setw(14) << "loss rel err" << std::setw(14)
@@ -50,9 +51,13 @@ void print_table(const std::vector<contrax::VerifyResult>& results, int64_t worl
               << r.loss_rel_err << std::setw(14) << r.max_rel_err << std::setw(24) << r.worst
               << (r.passed ? "ok" : "FAIL") << "\n";
   }
-  std::cout << (ok ? "all distributed gradients equal the single-device ones"
-                   : "MISMATCH: some distributed gradients differ from the single-device ones")
-            << "\n";
+  if (!ok) {
+    std::cout << "MISMATCH: some distributed gradients differ from the single-device ones\n";
+  } else if (dtype == "fp64") {
+    std::cout << "all distributed gradients equal the single-device ones\n";
+  } else {
+    std::cout << "all distributed gradients are within " << dtype << "'s tolerance of the single-device fp64 ones\n";
+  }
 }
 
 // What can be refused before any process starts: the backend and device
@@ -102,6 +107,12 @@ int run_verify(const std::vector<std::string>& args) {
                   "process group between the ranks: gloo (CPU or CUDA tensors, any number of ranks per GPU) or nccl "
                   "(--device cuda, one GPU per rank: --nproc at most the number of GPUs)",
                   {"gloo", "nccl"});
+  std::string dtype = "fp64";
+  cli::add_choice(app, "--dtype", dtype,
+                  "dtype of the distributed run's features and model parameters (the inputs are rounded to it and the "
+                  "fp64 reference gets the rounded values); --tol defaults to the dtype's: fp64 1e-10, fp32 1e-4, "
+                  "fp16 1e-2, bf16 1e-1",
+                  {"fp64", "fp32", "bf16", "fp16"});
   cli::add_int(app, "--timeout", timeout_s, "seconds any collective may wait for a peer", 1, 24 * 3600);
   app.add_flag("--force", force, "allow --nproc above " + std::to_string(cli::max_procs()) + " (" +
                                      std::to_string(cli::kMaxProcsPerCore) + " per core)");
@@ -130,8 +141,14 @@ int run_verify(const std::vector<std::string>& args) {
                                                   .timeout(std::chrono::seconds(timeout_s))
                                                   .backend(backend)
                                                   .device(device == "cuda" ? torch::kCUDA : torch::kCPU));
+  const auto dt = dtype == "fp32"   ? torch::kFloat
+                  : dtype == "bf16" ? torch::kBFloat16
+                  : dtype == "fp16" ? torch::kHalf
+                                    : torch::kDouble;
+  if (app.count("--tol") == 0) tol = contrax::default_tolerance(dt);
   contrax::VerifyOptions o;
-  o.tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ',')).device(comm->device());
+  o.dtype(dt).tolerance(tol).width(width).seed(static_cast<uint64_t>(seed)).cases(split(cases, ','));
+  o.device(comm->device());
   if (!rows.empty()) {
     cli::usage_check(static_cast<int64_t>(rows.size()) == comm->world_size(),
                      "flag '--rows' must have one entry per rank (", comm->world_size(), "), but got ", rows.size());
@@ -144,7 +161,7 @@ int run_verify(const std::vector<std::string>& args) {
     if (json) {
       for (const auto& r : results) std::cout << cli::verify_json(r).dump() << "\n";
     } else {
-      print_table(results, comm->world_size(), tol, ok);
+      print_table(results, comm->world_size(), dtype, tol, ok);
     }
     std::cout.flush();
   }

@@ -88,9 +88,9 @@ torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& ca
   auto counts = detail::agree_on_rows(caller, queries, "queries", comm, check.error(), "queries", g, &gs);
   g = agreed_group(caller, gs);
   // One [b x B g] buffer: g [b x B] blocks.
-  const auto p = detail::make_prologue(caller, comm, counts, queries.scalar_type(), options.memory(), g);
-  auto q_n = detail::prepare(queries, p.dtype, options.normalize());     // [b, d]
-  auto c_n = detail::prepare(candidates, p.dtype, options.normalize());  // [b g, d]
+  const auto p = detail::make_prologue(caller, comm, counts, queries, options.memory(), g);
+  auto q_n = detail::prepare(queries, p, options.normalize());     // [b, d]
+  auto c_n = detail::prepare(candidates, p, options.normalize());  // [b g, d]
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
   torch::Tensor bias;
   if (logit_bias.has_value()) bias = logit_bias->to(p.dtype);

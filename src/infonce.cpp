@@ -45,9 +45,9 @@ torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch
   auto counts = agree_on_rows(caller, options.symmetric() ? a : b, options.symmetric() ? "a" : "b", comm,
                               check.error());
   // One [b x B] buffer whichever the direction (see engine/engine.h).
-  const auto p = make_prologue(caller, comm, counts, a.scalar_type(), memory, logits_blocks("clip"));
-  auto a_n = prepare(a, p.dtype, options.normalize());  // [b, d]
-  auto b_n = prepare(b, p.dtype, options.normalize());  // [b, d]
+  const auto p = make_prologue(caller, comm, counts, a, memory, logits_blocks("clip"));
+  auto a_n = prepare(a, p, options.normalize());  // [b, d]
+  auto b_n = prepare(b, p, options.normalize());  // [b, d]
   auto scale = clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
   torch::Tensor bias;
   if (logit_bias.has_value()) bias = logit_bias->to(p.dtype);
@@ -77,9 +77,9 @@ torch::Tensor nt_xent_front(const char* caller, const torch::Tensor& z1, const t
   const auto& comm = options.comm();
   auto counts = agree_on_rows(caller, z1, "z1", comm, check.error());
   // One [2b x 2B] buffer: four [b x B] blocks.
-  const auto p = make_prologue(caller, comm, counts, z1.scalar_type(), memory, logits_blocks("nt_xent"));
-  auto z1n = prepare(z1, p.dtype, options.normalize());  // [b, d]
-  auto z2n = prepare(z2, p.dtype, options.normalize());  // [b, d]
+  const auto p = make_prologue(caller, comm, counts, z1, memory, logits_blocks("nt_xent"));
+  auto z1n = prepare(z1, p, options.normalize());  // [b, d]
+  auto z2n = prepare(z2, p, options.normalize());  // [b, d]
   auto z = torch::cat({z1n, z2n}, 0);                    // [2b, d]
   // Z is gathered once, without gradient: the engine's backward needs no
   // collective (each rank's gradient for its own rows is complete). On the
@@ -115,18 +115,18 @@ torch::Tensor moco_v3_front(const char* caller, const torch::Tensor& q1, const t
   const double T = options.temperature();
   auto counts = agree_on_rows(caller, k1, "k1", comm, check.error());
   // Two [b x B] buffers: the two directions have different keys.
-  const auto p = make_prologue(caller, comm, counts, q1.scalar_type(), memory, logits_blocks("moco_v3"));
+  const auto p = make_prologue(caller, comm, counts, q1, memory, logits_blocks("moco_v3"));
   // Keys come from the momentum encoder: constants for this loss, so they are
   // gathered (or passed around the ring) without gradient.
   torch::Tensor k1n, k2n;
   {
     torch::NoGradGuard no_grad;
-    k1n = prepare(k1.detach(), p.dtype, options.normalize());
-    k2n = prepare(k2.detach(), p.dtype, options.normalize());
+    k1n = prepare(k1.detach(), p, options.normalize());
+    k2n = prepare(k2.detach(), p, options.normalize());
   }
   auto inv_t = torch::scalar_tensor(1.0 / T, torch::TensorOptions().dtype(p.dtype).device(q1.device()));
-  auto q1n = prepare(q1, p.dtype, options.normalize());
-  auto q2n = prepare(q2, p.dtype, options.normalize());
+  auto q1n = prepare(q1, p, options.normalize());
+  auto q2n = prepare(q2, p, options.normalize());
   torch::Tensor k1_keys = k1n, k2_keys = k2n;  // own blocks (ring) or all keys
   if (!p.ring) {
     auto all = gather_rows(torch::cat({k1n, k2n}, 1), comm, counts, /*with_grad=*/false);

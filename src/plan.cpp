@@ -32,12 +32,16 @@ void check_plan_options(const PlanOptions& o) {
 }
 
 // Per loss: the GEMM units, bytes sent and feature bytes of each path, and
-// the old algorithm's GEMM units. `gather`: one [b, d] tower all-gathered;
-// `b`: the largest rank's rows; `e`: bytes per element.
-int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t gather, PathCost& mat, PathCost& tiled,
+// the old algorithm's GEMM units. `b`: the largest rank's rows; `e`: bytes per
+// element of the compute dtype (logits, log-sum-exps, gradient sums); `f`: of
+// the operand dtype (features gathered or sent around the ring, and the
+// gradients returned to them: engine/precision.h).
+int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
                     PathCost& ring) {
   const std::string& loss = o.loss();
   const int64_t W = o.world(), B = o.batch(), d = o.width();
+  const int64_t gather = (W - 1) * b * d * f;    // one [b, d] tower all-gathered
+  const int64_t partials = (W - 1) * b * d * e;  // the ring's gradient partials, as many rows
   int64_t old_gemms = 0;
   if (loss == "clip" || loss == "infonce") {
     const bool sym = loss == "clip";
@@ -46,11 +50,11 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t gather, 
     tiled.gemms = ring.gemms = 4;
     const int64_t lse = sym ? (W - 1) * B * e : 0;  // the column log-sum-exps
     mat.bytes_sent_forward = tiled.bytes_sent_forward = gather + lse;
-    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * e;  // reduce-scatter of dB_all
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * f;  // reduce-scatter of dB_all
     ring.bytes_sent_forward = gather + lse;                                 // W-1 hops of a block
-    ring.bytes_sent_backward = 2 * gather;                                  // blocks again, with partials
-    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;                // B_all and dB_all
-    ring.feature_bytes = 4 * b * d * e;                                     // two blocks, two partials
+    ring.bytes_sent_backward = gather + partials;                           // blocks again, with partials
+    mat.feature_bytes = tiled.feature_bytes = B * d * (f + e);              // B_all and dB_all
+    ring.feature_bytes = 2 * b * d * (f + e);                               // two blocks, two partials
     old_gemms = sym ? 6 : 3;
   } else if (loss == "grouped") {
     // One direction over [B g] candidates: S = Q C_all^T, dQ = G C_all, dC_all =
@@ -60,11 +64,11 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t gather, 
     mat.gemms = 3 * g;
     tiled.gemms = ring.gemms = 4 * g;
     mat.bytes_sent_forward = tiled.bytes_sent_forward = cgather;
-    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * g * d * e;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * g * d * f;
     ring.bytes_sent_forward = cgather;
-    ring.bytes_sent_backward = 2 * cgather;
-    mat.feature_bytes = tiled.feature_bytes = 2 * B * g * d * e;
-    ring.feature_bytes = 4 * b * g * d * e;
+    ring.bytes_sent_backward = cgather + g * partials;
+    mat.feature_bytes = tiled.feature_bytes = B * g * d * (f + e);
+    ring.feature_bytes = 2 * b * g * d * (f + e);
     old_gemms = 3 * g;
   } else if (loss == "nt_xent") {
     // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4
@@ -73,12 +77,12 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t gather, 
     // again in the backward (no gradient blocks); then every row's lse.
     mat.gemms = 8;
     tiled.gemms = ring.gemms = 12;
-    const int64_t z = (W - 1) * b * 2 * d * e, lse = (W - 1) * 2 * b * e;
+    const int64_t z = 2 * gather, lse = (W - 1) * 2 * b * e;
     mat.bytes_sent_forward = tiled.bytes_sent_forward = ring.bytes_sent_forward = z + lse;
     mat.bytes_sent_backward = tiled.bytes_sent_backward = 0;  // no backward collective
     ring.bytes_sent_backward = z;                             // the blocks once more
-    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
-    ring.feature_bytes = 4 * b * d * e;  // the block in hand and the arriving one
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * f;
+    ring.feature_bytes = 4 * b * d * f;  // the block in hand and the arriving one
     old_gemms = 12;
   } else {  // moco_v3: two directions, keys without gradient
     mat.gemms = 4;
@@ -86,8 +90,8 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t gather, 
     mat.bytes_sent_forward = tiled.bytes_sent_forward = 2 * gather;
     ring.bytes_sent_forward = 2 * gather;
     ring.bytes_sent_backward = 2 * gather;  // the key blocks again, for the recomputation
-    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * e;
-    ring.feature_bytes = 4 * b * d * e;
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * f;
+    ring.feature_bytes = 4 * b * d * f;
     old_gemms = 4;
   }
   return old_gemms;
@@ -104,6 +108,7 @@ LossPlan plan_loss(const PlanOptions& o) {
   const int64_t b = (B + W - 1) / W;  // the largest rank
   p.rows_per_rank = b;
   const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
+  const int64_t f = c10::elementSize(detail::operand_dtype(o.dtype(), o.device()));
   const double unit = 2.0 * static_cast<double>(b) * static_cast<double>(B) * static_cast<double>(d);
   // grouped_loss's buffer is [b x B g]: g blocks (its routing counts them so).
   const int64_t blocks = loss == "grouped" ? o.group() : detail::logits_blocks(loss);
@@ -111,7 +116,7 @@ LossPlan plan_loss(const PlanOptions& o) {
   const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
   PathCost mat{"materialised"}, tiled{"tiled"}, ring{"ring"};
   ring.available = W > 1;
-  p.old_gemms = count_costs(o, b, e, (W - 1) * b * d * e, mat, tiled, ring);
+  p.old_gemms = count_costs(o, b, e, f, mat, tiled, ring);
   mat.logits_bytes = blocks * b * B * e;
   tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
   for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
@@ -137,7 +142,7 @@ std::string to_string(const LossPlan& p) {
   const auto& o = p.options;
   os << "plan: " << o.loss() << (o.loss() == "grouped" ? " (g = " + std::to_string(o.group()) + ")" : std::string())
      << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = " << o.width()
-     << ", W = " << o.world() << ", " << o.dtype() << "\n";
+     << ", W = " << o.world() << ", " << o.dtype() << (o.device().is_cuda() ? " on CUDA" : "") << "\n";
   os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd |\n";
   os << "|---|---|---|---|---|---|---|\n";
   for (const auto& c : p.paths) {

@@ -23,7 +23,8 @@ struct SigLipState : torch::CustomClassHolder {
 // flipped on the positives (i, i) when the block is this rank's own.
 torch::Tensor signed_logits(const torch::Tensor& as /* [b, d] */, const torch::Tensor& block /* [n, d] */,
                             const c10::optional<torch::Tensor>& bias, bool own, const detail::Tile& t) {
-  auto y = torch::mm(as.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t());  // [R, C]
+  auto y = detail::gemm(as.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t(),
+                        detail::compute_dtype(as.scalar_type()));  // [R, C]
   if (bias.has_value()) y.add_(*bias);
   if (own) detail::tile_diagonal(y, t.r0, t.c0, 0).neg_();
   return y;
@@ -36,8 +37,8 @@ class SigLip : public torch::autograd::Function<SigLip> {
                                const torch::Tensor& b /* [n_r, d] */, const torch::Tensor& scale /* [] */,
                                const c10::optional<torch::Tensor>& bias /* [] */,
                                const c10::intrusive_ptr<SigLipState>& state) {
-    auto as = a * scale;                              // [b, d]
-    auto f = torch::zeros({a.size(0)}, a.options());  // [b]
+    auto as = a * scale;                                         // [b, d]
+    auto f = torch::zeros({a.size(0)}, detail::compute_options(a));  // [b]
     const auto blocks = state->key_blocks();
     blocks.for_each(b, [&](int64_t owner, int64_t, const torch::Tensor& block) {
       detail::for_each_tile(a.size(0), block.size(0), state->tile, [&](const detail::Tile& t) {
@@ -76,29 +77,31 @@ class SigLip : public torch::autograd::Function<SigLip> {
 
     // g is folded into [b, d] operands (as * g, and A scaled once at the end)
     // instead of into every [tile x tile] entry.
-    auto as = a * scale;                 // [b, d]
-    auto asg = as * g.unsqueeze(1);      // [b, d]
-    auto H_sum = torch::zeros_like(a);   // [b, d]: sum_j h_ij b_j, h = G / g
-    auto h_rows = torch::zeros_like(g);  // [b]: sum_j h_ij (bias only)
+    auto as = a * scale;                                     // [b, d]
+    auto asg = (as * g.unsqueeze(1)).to(a.scalar_type());    // [b, d], an operand
+    auto H_sum = torch::zeros(a.sizes(), detail::compute_options(a));  // [b, d]: sum_j h_ij b_j, h = G / g
+    auto h_rows = torch::zeros_like(g);                      // [b]: sum_j h_ij (bias only)
     const auto blocks = state->key_blocks();
     auto db = blocks.for_each_grad(b, want_db, [&](int64_t owner, int64_t, const torch::Tensor& block) {
       const bool own = owner == blocks.rank();
-      torch::Tensor db_block = want_db ? torch::zeros_like(block) : torch::Tensor();  // [n, d]
+      torch::Tensor db_block =
+          want_db ? torch::zeros(block.sizes(), detail::compute_options(block)) : torch::Tensor();  // [n, d]
       detail::for_each_tile(
           a.size(0), block.size(0), state->tile,
           [&](const detail::Tile& t) {
             auto bt = block.narrow(0, t.c0, t.cols);                          // [C, d]
             auto h = signed_logits(as, block, bias, own, t).sigmoid_();       // [R, C]
             if (own) detail::tile_diagonal(h, t.r0, t.c0, 0).neg_();          // times -z
-            H_sum.narrow(0, t.r0, t.rows).addmm_(h, bt);
-            if (want_db) db_block.narrow(0, t.c0, t.cols).addmm_(h.t(), asg.narrow(0, t.r0, t.rows));
+            detail::gemm_add_(H_sum.narrow(0, t.r0, t.rows), h, bt);
+            if (want_db) detail::gemm_add_(db_block.narrow(0, t.c0, t.cols), h.t(), asg.narrow(0, t.r0, t.rows));
             if (bias.has_value()) h_rows.narrow(0, t.r0, t.rows).add_(h.sum(1));
           },
           /*columns_outer=*/true);
       return db_block;
     });
     auto A = H_sum.mul_(g.unsqueeze(1));  // [b, d]: sum_j G_ij b_j
-    auto da = A * scale;
+    auto da = (A * scale).to(a.scalar_type());
+    if (db.defined()) db = db.to(b.scalar_type());
     auto ds = (A * a).sum().reshape(scale.sizes());
     torch::Tensor dbias;
     if (bias.has_value()) dbias = (g * h_rows).sum().reshape(bias->sizes());
@@ -121,8 +124,14 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   detail::check_tile_options(check, options.tile_size(), options.tile_bytes());
   const bool ok = check.error().empty();
   namespace F = torch::nn::functional;
+  // The engine's precision policy (engine/precision.h): normalised in the
+  // compute dtype, gathered and multiplied in the operand dtype.
+  const auto dtype = ok ? detail::compute_dtype(a.scalar_type()) : c10::kFloat;
+  const auto operand = ok ? detail::operand_dtype(a.scalar_type(), a.device()) : c10::kFloat;
   auto norm = [&](const torch::Tensor& x) {
-    return ok && options.normalize() ? F::normalize(x, F::NormalizeFuncOptions().dim(1)) : x;
+    if (!ok) return x;
+    return options.normalize() ? F::normalize(x.to(dtype), F::NormalizeFuncOptions().dim(1)).to(operand)
+                               : x.to(operand);
   };
   auto a_n = norm(a), b_n = norm(b);
   const auto& comm = options.comm();
@@ -130,11 +139,11 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
 
   auto state = c10::make_intrusive<SigLipState>();
   state->layout = detail::make_layout(caller, comm, counts);
-  state->tile = detail::tile_side(options.tile_size(), options.tile_bytes(), a.element_size());
+  state->tile = detail::tile_side(options.tile_size(), options.tile_bytes(), c10::elementSize(dtype));
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale());  // NaN stays NaN
   c10::optional<torch::Tensor> bias;
-  if (logit_bias.has_value()) bias = logit_bias->to(a.scalar_type());
-  auto rows = SigLip::apply(a_n, b_n, scale.to(a.scalar_type()), bias, state);  // [b]
+  if (logit_bias.has_value()) bias = logit_bias->to(dtype);
+  auto rows = SigLip::apply(a_n, b_n, scale.to(dtype), bias, state);  // [b]
   const auto& L = state->layout;
   return rows.sum() * (static_cast<double>(L.world) / static_cast<double>(L.total));
 }

@@ -67,16 +67,17 @@ torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, con
   // the offset is moved by positive_offset.
   detail::Prologue p;
   p.layout = detail::make_layout(caller, comm, counts);
-  p.dtype = q.scalar_type();
+  p.dtype = detail::compute_dtype(q.scalar_type());
+  p.operand = detail::operand_dtype(q.scalar_type(), q.device());
   p.tiled = true;
   p.ring = ring;
-  p.tile = detail::tile_side(options.tile_size(), options.tile_bytes(), q.element_size());
+  p.tile = detail::tile_side(options.tile_size(), options.tile_bytes(), c10::elementSize(p.dtype));
   detail::BlockSpec spec;
   spec.reduction = Reduction::kNone;
   if (options.masked_offset() >= 0) spec.masked = p.layout.offset + options.masked_offset();
   p.layout.offset += options.positive_offset();
-  return detail::clip_block_loss(q, k, scale.to(q.scalar_type()), bias.has_value() ? *bias : torch::Tensor(), p,
-                                 spec);
+  return detail::clip_block_loss(q.to(p.operand), k.to(p.operand), scale.to(p.dtype),
+                                 bias.has_value() ? bias->to(p.dtype) : torch::Tensor(), p, spec);
 }
 
 }  // namespace contrax

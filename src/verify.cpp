@@ -44,11 +44,13 @@ double rel(const torch::Tensor& got, const torch::Tensor& want) {
 // feature, so that the full batch, every rank split and every chunking see the
 // same masks (and thread ranks share no generator). The example is keyed by
 // its first input value, a continuous random number: no id has to travel
-// with the rows.
+// with the rows. The mask is computed in fp64 whatever h's dtype (the hash
+// amplifies the last bit), so a reduced-precision run draws the reference's.
 torch::Tensor keyed_dropout(const torch::Tensor& h /* [n, k] */, const torch::Tensor& key /* [n] */, double p,
                             double salt) {
-  auto j = torch::arange(h.size(1), h.options());
-  auto u = torch::frac(torch::sin(key.unsqueeze(1) * 997.0 + j.unsqueeze(0) * 78.233 + salt) * 43758.5453).abs();
+  auto j = torch::arange(h.size(1), h.options().dtype(torch::kDouble));
+  auto k = key.detach().to(torch::kDouble);
+  auto u = torch::frac(torch::sin(k.unsqueeze(1) * 997.0 + j.unsqueeze(0) * 78.233 + salt) * 43758.5453).abs();
   return h * ((u >= p).to(h.scalar_type()) / (1.0 - p));
 }
 
@@ -295,6 +297,15 @@ std::vector<int64_t> default_row_counts(int64_t world_size) {
   return rows;
 }
 
+double default_tolerance(c10::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat: return 1e-4;
+    case torch::kHalf: return 1e-2;
+    case torch::kBFloat16: return 1e-1;
+    default: return 1e-10;
+  }
+}
+
 int64_t verify_reference_bytes(int64_t total_rows, int64_t width) {
   const double B = static_cast<double>(total_rows);
   const double bytes = 6.0 * (2.0 * B) * (2.0 * B) * 8.0 + 256.0 * B * static_cast<double>(width);
@@ -334,17 +345,24 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
               "verify(): option 'device' must be the CPU or an available CUDA device, but got ", dev.str(),
               " (this process sees ", n_cuda, " CUDA device", n_cuda == 1 ? "" : "s", ")");
 
-  // Same global inputs on every rank.
+  const auto dt = o.dtype();
+  TORCH_CHECK(dt == torch::kDouble || dt == torch::kFloat || dt == torch::kBFloat16 || dt == torch::kHalf,
+              "verify(): option 'dtype' must be fp64, fp32, bf16 or fp16, but got ", dt);
+
+  // Same global inputs on every rank, rounded to the dtype under test (the
+  // reference computes in fp64 on the rounded values).
   auto gen = at::detail::createCPUGenerator(o.seed());
   auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  auto rounded = [&](const torch::Tensor& x) { return x.to(dt).to(torch::kDouble); };
   std::vector<torch::Tensor> global;
   for (int64_t k = 0; k < c.num_features; ++k) {
     const int64_t times = c.feature_widths.empty() ? 1 : c.feature_widths.at(k);
-    global.push_back(torch::randn({B, o.width() * times}, gen, f64));
+    global.push_back(rounded(torch::randn({B, o.width() * times}, gen, f64)));
   }
   auto needs_grad = [&](int64_t k) { return c.feature_grad.empty() || c.feature_grad[k]; };
   torch::OrderedDict<std::string, torch::Tensor> params;
   if (c.parameters) params = c.parameters(o.width(), gen);
+  for (auto& p : params) p.value() = rounded(p.value());
   const size_t n_scalars = c.scalars.size();
 
   // Reference on one device.
@@ -359,10 +377,12 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   // where to() returns the CPU tensor itself).
   std::vector<torch::Tensor> loc_x, loc_s;
   for (int64_t k = 0; k < c.num_features; ++k) {
-    loc_x.push_back(global[k].narrow(0, off, rows[r]).to(dev).clone().requires_grad_(needs_grad(k)));
+    loc_x.push_back(global[k].narrow(0, off, rows[r]).to(dev, dt).clone().requires_grad_(needs_grad(k)));
   }
+  // The 0-dim parameters (logit scales, biases) stay fp64, as mixed-precision
+  // training keeps its parameters in fp32; the losses take them as they are.
   for (double v : c.scalars) loc_s.push_back(torch::tensor(v, f64).to(dev).requires_grad_(true));
-  for (const auto& p : params) loc_s.push_back(p.value().to(dev).clone().requires_grad_(true));
+  for (const auto& p : params) loc_s.push_back(p.value().to(dev, dt).clone().requires_grad_(true));
   auto loss = c.distributed(loc_x, loc_s, comm);
   if (loss.requires_grad()) loss.backward();
 

@@ -28,6 +28,16 @@ TEST(BenchCli, TiledFlagErrors) {
   expect_flag_error("bench-tiled --iters 0", "flag '--iters' must be >= 1, but got 0");
   expect_flag_error("bench-tiled --batches 64,0", "flag '--batches': every entry must be in [1, 1073741824], but got 0");
   expect_flag_error("bench-tiled --batches ,", "flag '--batches' needs at least one batch size");
+  expect_flag_error("bench-tiled --device tpu", "flag '--device' must be cpu or cuda, but got 'tpu'");
+  if (!torch::cuda::is_available()) {
+    expect_flag_error("bench-tiled --device cuda --batches 64", "flag '--device' is 'cuda', but ");
+  } else {
+    // Where a GPU is (tools/gpu_check.sh runs the suite there): a small run on it.
+    auto r = run_cli("bench-tiled --device cuda --batches 256 --max-materialised 256");
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("fp32 on cuda"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("| 256 |"), std::string::npos) << r.out;
+  }
 }
 
 TEST(BenchCli, LossesFlagErrors) {

@@ -856,6 +856,18 @@ TEST(Cli, VerifyOnCudaRunsThereOrSaysWhyNot) {
   auto cpu = run_cli("verify --nproc 1 --device cpu --case clip");
   EXPECT_EQ(cpu.status, 0) << cpu.out;
   EXPECT_NE(cpu.out.find("fp64 on cpu"), std::string::npos) << cpu.out;
+  // A reduced dtype: rounded inputs for both, the dtype's tolerance, and a
+  // verdict that does not claim equality.
+  auto bf16 = run_cli("verify --nproc 3 --dtype bf16 --case clip_ring,nt_xent_tiled,siglip");
+  EXPECT_EQ(bf16.status, 0) << bf16.out;
+  EXPECT_NE(bf16.out.find("bf16 on cpu, tolerance 0.1"), std::string::npos) << bf16.out;
+  EXPECT_NE(bf16.out.find("all distributed gradients are within bf16's tolerance of the single-device fp64 ones"),
+            std::string::npos)
+      << bf16.out;
+  auto fp8 = run_cli("verify --nproc 1 --dtype fp8");
+  EXPECT_EQ(fp8.status, 2) << fp8.out;
+  EXPECT_NE(fp8.out.find("flag '--dtype' must be fp64, fp32, bf16 or fp16, but got 'fp8'"), std::string::npos)
+      << fp8.out;
   auto bad = run_cli("verify --nproc 1 --device tpu");
   EXPECT_EQ(bad.status, 2) << bad.out;
   EXPECT_NE(bad.out.find("flag '--device' must be cpu or cuda, but got 'tpu'"), std::string::npos) << bad.out;

@@ -2,7 +2,6 @@
 // concatenated batch (fp64, W = 1..4, equal, uneven and empty-rank batches),
 // finite-difference checks, the error messages, and a negative control showing
 // that the exactness check catches the classic all_gather-without-gradient bug.
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +17,7 @@
 #include "contrax/siglip.h"
 #include "contrax/tiled.h"
 #include "contrax/verify.h"
+#include "engine/precision.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 
@@ -529,27 +529,6 @@ TEST(LossExtremes, NaNInAnyScalarGivesNaN) {
             std::string::npos);
 }
 
-// Issue 29, item 7: a reduced-precision scale (as autocast users hold it)
-// gave ATen's "clamp_max_scalar_cpu not implemented for 'Half'"; it is
-// computed in fp32 and gives the fp32 scale's loss and gradient.
-TEST(LossExtremes, ReducedPrecisionScaleIsComputedInFp32) {
-  torch::manual_seed(12);
-  auto a = torch::randn({5, 3}), b = torch::randn({5, 3});
-  for (auto dt : {torch::kHalf, torch::kBFloat16}) {
-    auto ls = torch::tensor(2.5, dt).requires_grad_(true);
-    auto ref_ls = ls.detach().to(torch::kFloat).requires_grad_(true);
-    auto loss = clip_loss(a, b, ls);
-    auto ref = clip_loss(a, b, ref_ls);
-    loss.backward();
-    ref.backward();
-    EXPECT_FLOAT_EQ(loss.item<float>(), ref.item<float>()) << dt;
-    EXPECT_EQ(ls.grad().scalar_type(), dt);
-    EXPECT_NEAR(ls.grad().to(torch::kFloat).item<float>(), ref_ls.grad().item<float>(),
-                1e-2 * std::abs(ref_ls.grad().item<float>()) + 1e-3) << dt;
-    EXPECT_TRUE(std::isfinite(siglip_loss(a, b, ls.detach()).item<float>())) << dt;
-  }
-}
-
 // Issue 29, item 7: [b, 0] features reached ATen's amax() inside the
 // normalisation; every loss refuses a width of 0 by the argument's name.
 TEST(LossErrors, ZeroWidthFeaturesAreRefusedByName) {
@@ -563,59 +542,6 @@ TEST(LossErrors, ZeroWidthFeaturesAreRefusedByName) {
   has(error_of([&] { tiled_nt_xent_loss(e, e); }), "tiled_nt_xent_loss(): argument 'z1'");
   has(error_of([&] { moco_v3_loss(e, e, e, e); }), "moco_v3_loss(): argument 'q1'");
   has(error_of([&] { clip_loss(e, e, s); }), "clip_loss(): argument 'a'");
-}
-
-// Issue 28, item 3: one precision policy. Every loss computes the same
-// function inside and outside autocast, forward and backward, on each path:
-// the engine's GEMMs ran in bf16 under torch.autocast("cpu", bfloat16)
-// before (relative differences of about 1e-2), and a backward() called
-// inside autocast changed the gradients of a forward taken outside.
-TEST(LossPrecision, AutocastChangesNoLossOrGradient) {
-  torch::manual_seed(13);
-  const std::vector<torch::Tensor> inputs{torch::randn({7, 6}), torch::randn({7, 6}), torch::randn({7, 6}),
-                                          torch::randn({7, 6}), torch::randn({14, 6}), torch::tensor(std::log(8.0f)),
-                                          torch::tensor(-2.0f)};
-  using V = std::vector<torch::Tensor>;
-  const std::vector<std::pair<std::string, std::function<torch::Tensor(const V&)>>> cases{
-      {"clip", [](const V& x) { return clip_loss(x[0], x[1], x[5], c10::nullopt, ClipLossOptions().normalize(true)); }},
-      {"clip tiled", [](const V& x) { return clip_loss(x[0], x[1], x[5], x[6], ClipLossOptions().tile_size(3)); }},
-      {"nt_xent", [](const V& x) { return nt_xent_loss(x[0], x[1]); }},
-      {"nt_xent tiled", [](const V& x) { return nt_xent_loss(x[0], x[1], NTXentLossOptions().tile_size(3)); }},
-      {"moco_v3", [](const V& x) { return moco_v3_loss(x[0], x[1], x[2], x[3], MocoV3LossOptions().tile_size(4)); }},
-      {"grouped", [](const V& x) { return grouped_loss(x[0], x[4], x[5], x[6]); }},
-      {"siglip", [](const V& x) { return siglip_loss(x[0], x[1], x[5], x[6], SigLipLossOptions().tile_size(3)); }},
-  };
-  auto set_autocast = [](bool on) {
-    at::autocast::set_autocast_enabled(at::kCPU, on);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    if (!on) at::autocast::clear_cache();
-  };
-  for (const auto& [name, fn] : cases) {
-    std::vector<std::pair<torch::Tensor, V>> runs;  // (loss, gradients) per (forward, backward) placement
-    for (int placement = 0; placement < 4; ++placement) {
-      V leaves;
-      for (const auto& t : inputs) leaves.push_back(t.clone().requires_grad_(true));
-      set_autocast(placement & 1);
-      auto loss = fn(leaves);
-      set_autocast(placement & 2);
-      loss.backward();
-      set_autocast(false);
-      V grads;
-      for (const auto& l : leaves) grads.push_back(l.grad().defined() ? l.grad() : torch::zeros_like(l));
-      runs.emplace_back(loss.detach(), grads);
-    }
-    for (int placement = 1; placement < 4; ++placement) {
-      const auto where = name + (placement & 1 ? ", forward inside" : ", forward outside") +
-                         (placement & 2 ? ", backward inside" : ", backward outside");
-      EXPECT_EQ(runs[placement].first.scalar_type(), torch::kFloat) << where;
-      EXPECT_TRUE(torch::allclose(runs[placement].first, runs[0].first, 1e-6, 1e-7)) << where;
-      for (size_t k = 0; k < inputs.size(); ++k) {
-        EXPECT_TRUE(torch::allclose(runs[placement].second[k], runs[0].second[k], 1e-6, 1e-7))
-            << where << ", gradient of input " << k << ": max diff "
-            << (runs[placement].second[k] - runs[0].second[k]).abs().max().item<float>();
-      }
-    }
-  }
 }
 
 // F::normalize squares fp32 entries of 1e20 into inf and returns zeros.
@@ -633,39 +559,6 @@ TEST(LossExtremes, NormalizeDoesNotOverflow) {
   auto nt = nt_xent_loss(a, b, NTXentLossOptions().temperature(0.5));
   EXPECT_NEAR(nt.item<float>(), reference::nt_xent_loss(a.to(torch::kDouble), b.to(torch::kDouble), 0.5).item<double>(),
               1e-5);
-}
-
-// fp16 and bf16 features are computed with fp32 accumulation; on CPU they used
-// to fail inside ATen ("exp_vml_cpu" not implemented for 'Half'). Tolerances:
-// the inputs are rounded to 8 (bf16) or 11 (fp16) bits before the reference
-// sees them, so the reference gets the same rounded inputs; what remains is
-// fp32 accumulation, 1e-5 relative.
-TEST(LossExtremes, HalfAndBFloat16AccumulateInFloat) {
-  torch::manual_seed(8);
-  for (auto dt : {torch::kHalf, torch::kBFloat16}) {
-    for (int64_t tile : {int64_t{-1}, int64_t{3}}) {
-      auto a = torch::randn({7, 8}).to(dt).requires_grad_(true), b = torch::randn({7, 8}).to(dt).requires_grad_(true);
-      auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
-      auto loss = clip_loss(a, b, ls, c10::nullopt, ClipLossOptions().normalize(true).tile_size(tile));
-      EXPECT_EQ(loss.scalar_type(), torch::kFloat);
-      loss.backward();
-      EXPECT_EQ(a.grad().scalar_type(), dt);
-      auto a64 = a.detach().to(torch::kDouble).requires_grad_(true), b64 = b.detach().to(torch::kDouble);
-      auto ls64 = torch::tensor(std::log(10.0), torch::kDouble).requires_grad_(true);
-      auto ref = reference::clip_loss(a64, b64, ls64, c10::nullopt, true, 100.0, true);
-      ref.backward();
-      EXPECT_NEAR(loss.item<float>(), ref.item<double>(), 1e-5 * ref.item<double>()) << dt << " tile " << tile;
-      // The gradient is rounded to the feature dtype on the way out.
-      const double grad_tol = dt == torch::kHalf ? 2e-3 : 1e-2;
-      EXPECT_LE(contrax::testing::rel_err(a.grad().to(torch::kDouble), a64.grad()), grad_tol) << dt;
-      EXPECT_NEAR(ls.grad().item<float>(), ls64.grad().item<double>(), 1e-4) << dt;
-      auto nt = nt_xent_loss(a, b, NTXentLossOptions().temperature(0.5).tile_size(tile));
-      EXPECT_NEAR(nt.item<float>(), reference::nt_xent_loss(a64.detach(), b64, 0.5).item<double>(), 1e-5) << dt;
-      auto mo = moco_v3_loss(a, b, b, a, MocoV3LossOptions().temperature(0.5).tile_size(tile));
-      EXPECT_NEAR(mo.item<float>(), reference::moco_v3_loss(a64.detach(), b64, b64, a64.detach(), 0.5).item<double>(),
-                  1e-5) << dt;
-    }
-  }
 }
 
 // One global row (the exact loss and every gradient are 0) and width 1 (the
@@ -686,41 +579,57 @@ TEST(LossExtremes, VerifyHasAnAbsoluteFloor) {
 
 // ---- plan_loss: the cost model against real calls ----
 
+// fp64, and bf16 with reduced operands (CUDA's policy, switched on here for
+// the CPU): bf16 features and their gradients travel in bf16, the ring's
+// gradient partials and the log-sum-exps in fp32.
 TEST(LossPlan, BytesMatchTheCommunicatorsCounters) {
   const int64_t W = 2, b = 5, d = 8;
   const int64_t g = 3;  // grouped: the positive and two hard negatives per query
-  for (const std::string loss : {"clip", "infonce", "grouped", "nt_xent", "moco_v3"}) {
-    // Materialised, then the ring (blocks of rows travel instead of one gather).
-    for (bool ring : {false, true}) {
-      const int64_t tile = ring ? 2 : 0;
-      auto plan = plan_loss(PlanOptions().loss(loss).group(loss == "grouped" ? g : 1).batch(W * b).width(d).world(W)
-                                .dtype(torch::kDouble).tile_size(tile).ring(ring));
-      EXPECT_EQ(plan.chosen, ring ? "ring" : "materialised");
-      const auto& path = plan.paths[ring ? 2 : 0];
-      const std::string what = loss + (ring ? " (ring)" : "");
-      run_ranks(W, [&](const CommunicatorPtr& comm) {
-        auto x = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
-        auto y = torch::randn({b, d}, torch::kDouble).requires_grad_(true);
-        auto ls = torch::tensor(0.3, torch::kDouble);
-        comm->reset_stats();
-        torch::Tensor l =
-            loss == "clip" ? clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().comm(comm).tile_size(tile).ring(ring))
-            : loss == "infonce"
-                ? clip_loss(x, y, ls, c10::nullopt,
-                            ClipLossOptions().symmetric(false).comm(comm).tile_size(tile).ring(ring))
-            : loss == "grouped"
-                ? grouped_loss(x, torch::randn({b * g, d}, torch::kDouble).requires_grad_(true), ls, c10::nullopt,
-                               GroupedLossOptions().comm(comm).tile_size(tile).ring(ring))
-            : loss == "nt_xent" ? nt_xent_loss(x, y, NTXentLossOptions().comm(comm).tile_size(tile).ring(ring))
-                                : moco_v3_loss(x, y, y, x, MocoV3LossOptions().comm(comm).tile_size(tile).ring(ring));
-        auto s = comm->stats();
-        EXPECT_EQ(s.total_bytes_sent() - s.op("metadata").bytes_sent, path.bytes_sent_forward) << what;
-        comm->reset_stats();
-        l.backward();
-        EXPECT_EQ(comm->stats().total_bytes_sent(), path.bytes_sent_backward) << what;
-      });
+  for (bool reduced : {false, true}) {
+    contrax::detail::set_reduced_operands_everywhere(reduced);
+    const auto dt = reduced ? torch::kBFloat16 : torch::kDouble;
+    for (const std::string loss : {"clip", "infonce", "grouped", "nt_xent", "moco_v3"}) {
+      // Materialised, then the ring (blocks of rows travel instead of one gather).
+      for (bool ring : {false, true}) {
+        const int64_t tile = ring ? 2 : 0;
+        auto plan = plan_loss(PlanOptions().loss(loss).group(loss == "grouped" ? g : 1).batch(W * b).width(d).world(W)
+                                  .dtype(dt).tile_size(tile).ring(ring));
+        EXPECT_EQ(plan.chosen, ring ? "ring" : "materialised");
+        const auto& path = plan.paths[ring ? 2 : 0];
+        const std::string what = loss + (ring ? " (ring)" : "") + (reduced ? ", bf16 operands" : "");
+        run_ranks(W, [&](const CommunicatorPtr& comm) {
+          auto x = torch::randn({b, d}).to(dt).requires_grad_(true);
+          auto y = torch::randn({b, d}).to(dt).requires_grad_(true);
+          auto ls = torch::tensor(0.3, torch::kDouble);
+          comm->reset_stats();
+          torch::Tensor l =
+              loss == "clip"
+                  ? clip_loss(x, y, ls, c10::nullopt, ClipLossOptions().comm(comm).tile_size(tile).ring(ring))
+              : loss == "infonce"
+                  ? clip_loss(x, y, ls, c10::nullopt,
+                              ClipLossOptions().symmetric(false).comm(comm).tile_size(tile).ring(ring))
+              : loss == "grouped"
+                  ? grouped_loss(x, torch::randn({b * g, d}).to(dt).requires_grad_(true), ls, c10::nullopt,
+                                 GroupedLossOptions().comm(comm).tile_size(tile).ring(ring))
+              : loss == "nt_xent" ? nt_xent_loss(x, y, NTXentLossOptions().comm(comm).tile_size(tile).ring(ring))
+                                  : moco_v3_loss(x, y, y, x, MocoV3LossOptions().comm(comm).tile_size(tile).ring(ring));
+          auto s = comm->stats();
+          EXPECT_EQ(s.total_bytes_sent() - s.op("metadata").bytes_sent, path.bytes_sent_forward) << what;
+          comm->reset_stats();
+          l.backward();
+          EXPECT_EQ(comm->stats().total_bytes_sent(), path.bytes_sent_backward) << what;
+        });
+      }
     }
   }
+  contrax::detail::set_reduced_operands_everywhere(false);
+  // On CUDA the plan counts bf16 features at two bytes (the CPU at four).
+  const auto on = [](torch::Device dev) {
+    return plan_loss(PlanOptions().batch(64).width(8).world(2).dtype(torch::kBFloat16).device(dev))
+        .paths[0]
+        .bytes_sent_forward;
+  };
+  EXPECT_EQ(on(torch::Device(torch::kCPU)) - on(torch::Device(torch::kCUDA, 0)), 32 * 8 * 2);
 }
 
 TEST(LossPlan, RoutingAndErrors) {

@@ -10,7 +10,8 @@
 #   2. runs the whole suite (the GPU tests run instead of skipping), and on
 #      its own the test that no loss makes the CPU wait for the GPU,
 #   3. runs `contrax verify` on CUDA over NCCL (one GPU per rank; W = 2, and
-#      W = 3 and 4 where the GPUs exist), fp64 against the single-device reference,
+#      W = 3 and 4 where the GPUs exist) in fp64, fp32, bf16 and fp16 against
+#      the single-device fp64 reference,
 #   4. runs the ring at real sizes (blocks of 8192 x 1024 fp32 = 32 MiB) at each
 #      of those world sizes, each under a hard timeout,
 #   5. trains the default recipe on the GPUs (`contrax train --device cuda`),
@@ -18,7 +19,8 @@
 #      and evaluates it,
 #   6. benchmarks Contrax's CLIP loss (each memory path) against an open_clip-style
 #      loss (all_gather with gradient + cross_entropy under bf16 autocast) at
-#      b = 4096 rows per rank, d = 768 (python/bench/bench_clip.py),
+#      b = 4096 rows per rank, d = 768 (python/bench/bench_clip.py), and the
+#      tiled path against the materialised one on one GPU (contrax bench-tiled),
 # and writes every output, with the device named, to the report. Without a GPU
 # it checks what the CPU can see (the build is a CUDA build when nvcc exists),
 # says that no GPU was found and why, and exits 3 (nothing was checked on a GPU).
@@ -116,7 +118,13 @@ worlds=2
 [ "$gpus" -ge 4 ] && worlds="$worlds 4"
 [ "$gpus" -lt 2 ] && worlds=1
 for w in $worlds; do
-  step "contrax verify, CUDA, NCCL, W=$w" "$BUILD/contrax" verify --device cuda --backend nccl --nproc "$w"
+  # fp64, then each reduced dtype: bf16 and fp16 features are gathered and
+  # multiplied in their own dtype on CUDA (src/engine/precision.h), against the
+  # fp64 reference on the same rounded inputs at the dtype's tolerance.
+  for dt in fp64 fp32 bf16 fp16; do
+    step "contrax verify, CUDA, NCCL, W=$w, $dt" "$BUILD/contrax" verify --device cuda --backend nccl --nproc "$w" \
+      --dtype "$dt"
+  done
   step "the ring at real sizes (8192 x 1024 fp32 blocks, 32 MiB), W=$w" \
     env PYTHONPATH="$BUILD/python" "$PY" python/bench/bench_clip.py --device cuda --world "$w" --batch 8192 \
     --width 1024 --iters 3 --path ring
@@ -131,6 +139,9 @@ for path in auto materialised tiled ring; do
     env PYTHONPATH="$BUILD/python" "$PY" python/bench/bench_clip.py --device cuda --world "${worlds##* }" \
     --batch 4096 --width 768 --iters 10 --autocast --path "$path"
 done
+
+step "contrax bench-tiled --device cuda, d=768" "$BUILD/contrax" bench-tiled --device cuda --width 768 \
+  --batches 16384,65536 --iters 5
 
 say "report: $REPORT ($failures failed step(s))"
 [ $failures -eq 0 ]

@@ -35,6 +35,9 @@ struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
   TORCH_ARG(int64_t, world) = 1;
   /// Feature dtype; fp16/bf16 are computed in fp32 (the engine's rule).
   TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
+  /// Where the features live: on CUDA, fp16/bf16 features are gathered and
+  /// multiplied in their own dtype (half the bytes of fp32); on the CPU in fp32.
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
 };
 
 /// One path's cost for the rank with the most rows.

@@ -49,7 +49,18 @@ struct VerifyOptions {
   /// Gloo communicator (it carries CUDA tensors through host memory and lets
   /// ranks share a GPU; what `contrax verify --device cuda` does).
   TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// The dtype of the distributed run's features and model parameters. The
+  /// inputs are drawn in fp64 and rounded to it; the fp64 reference gets the
+  /// same rounded values, so what is left is the loss's own precision (kFloat,
+  /// kBFloat16 and kHalf check the engine's precision policy; pair them with
+  /// `tolerance(default_tolerance(dtype))`).
+  TORCH_ARG(c10::ScalarType, dtype) = torch::kDouble;
 };
+
+/// The relative error a verify run in `dtype` passes at: 1e-10 for fp64; for
+/// the others a bound well above what their rounding gives and far below what
+/// a wrong gradient gives (O(1)); measured in docs/platforms.md.
+double default_tolerance(c10::ScalarType dtype);
 
 /// The outcome of one case on this world.
 struct VerifyResult {

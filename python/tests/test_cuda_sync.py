@@ -31,9 +31,10 @@ LOSSES = {
 }
 
 
-def _inputs(device, rows=256, width=64):
+def _inputs(device, rows=256, width=64, dtype=torch.float32):
     g = torch.Generator().manual_seed(3)
     feats = [torch.randn(rows, width, generator=g) for _ in range(4)] + [torch.randn(2 * rows, width, generator=g)]
+    feats = [f.to(dtype) for f in feats]  # bf16: the reduced operands' path (gathered and multiplied in bf16)
     scalars = [torch.tensor(2.3), torch.tensor(-1.0)]
     labels = [torch.arange(rows) // 2]
     return [t.to(device) for t in feats + scalars + labels]
@@ -46,8 +47,8 @@ def _step(name, base):
     return leaves
 
 
-def _no_sync(name, device):
-    base = _inputs(device)
+def _no_sync(name, device, dtype=torch.float32):
+    base = _inputs(device, dtype=dtype)
     for _ in range(17):  # past the logit-scale check's first calls (documented)
         _step(name, base)
     torch.cuda.synchronize(device)
@@ -60,9 +61,10 @@ def _no_sync(name, device):
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("name", sorted(LOSSES))
-def test_one_gpu_step_has_no_hidden_sync(name):
-    _no_sync(name, torch.device("cuda", 0))
+def test_one_gpu_step_has_no_hidden_sync(name, dtype):
+    _no_sync(name, torch.device("cuda", 0), dtype)
 
 
 def _nccl_worker(rank, world, init_file):

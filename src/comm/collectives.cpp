@@ -223,23 +223,42 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
   // hand (t <= W-2, needed by rank+1 at step t+1) and the finished partial of
   // the previous step's block (t >= 2); step W sends only that partial.
   torch::Tensor cur = local, own, partial;
+  auto rows_shape = [&](int64_t rows) {
+    auto shape = local.sizes().vec();
+    shape[0] = rows;
+    return shape;
+  };
+  int64_t per_row = 1;  // elements per row
+  for (int64_t i = 1; i < local.dim(); ++i) per_row *= local.size(i);
   for (int64_t t = 0; t <= W; ++t) {
     const bool send_block = t <= W - 2;
     const bool send_partial = t >= 2;
+    // A gradient wider than its block (bf16 keys, fp32 gradient sums: the
+    // engine's reduced operands) travels in its own dtype: the message is then
+    // the partial's bytes followed by the block's (the partial first, so that
+    // the block's bytes start at a multiple of its element size).
+    const bool packed = send_partial && partial.scalar_type() != local.scalar_type();
     Communicator::Pending pending;
     int64_t recv_block_rows = 0, recv_partial_rows = 0;
     if (send_block || send_partial) {
-      std::vector<torch::Tensor> parts;
-      if (send_block) parts.push_back(cur);
-      if (send_partial) parts.push_back(partial);
-      auto message = parts.size() == 1 ? parts[0] : torch::cat(parts, 0);
       // What rank r-1 sends: its block in hand (owner r-1-t) and its partial
       // for owner r-1-(t-1) = r-t, which is the block this rank visits now.
       recv_block_rows = send_block ? count(r - t - 1) : 0;
       recv_partial_rows = send_partial ? count(r - t) : 0;
-      auto shape = local.sizes().vec();
-      shape[0] = recv_block_rows + recv_partial_rows;
-      pending = comm->ring_exchange_async(message, shape, 1, stat_name);
+      std::vector<torch::Tensor> parts;
+      if (packed) {
+        auto bytes = [](const torch::Tensor& x) { return x.contiguous().view(-1).view(torch::kUInt8); };
+        parts.push_back(bytes(partial));
+        if (send_block) parts.push_back(bytes(cur));
+        const int64_t n =
+            per_row * (recv_partial_rows * partial.element_size() + recv_block_rows * local.element_size());
+        pending = comm->ring_exchange_async(parts.size() == 1 ? parts[0] : torch::cat(parts, 0), {n}, 1, stat_name);
+      } else {
+        if (send_block) parts.push_back(cur);
+        if (send_partial) parts.push_back(partial);
+        auto message = parts.size() == 1 ? parts[0] : torch::cat(parts, 0);
+        pending = comm->ring_exchange_async(message, rows_shape(recv_block_rows + recv_partial_rows), 1, stat_name);
+      }
     }
     torch::Tensor contribution;
     if (t < W) {
@@ -247,7 +266,14 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
       TORCH_INTERNAL_ASSERT(contribution.sizes() == cur.sizes(), "ring visit returned a gradient of the wrong shape");
     }
     torch::Tensor received, partial_in;
-    if (pending.valid()) {
+    if (pending.valid() && packed) {
+      auto bytes = pending.wait();
+      const int64_t partial_bytes = bytes.numel() - per_row * recv_block_rows * local.element_size();
+      partial_in = bytes.narrow(0, 0, partial_bytes).view(partial.scalar_type()).view(rows_shape(recv_partial_rows));
+      received = bytes.narrow(0, partial_bytes, bytes.numel() - partial_bytes)
+                     .view(local.scalar_type())
+                     .view(rows_shape(recv_block_rows));
+    } else if (pending.valid()) {
       received = pending.wait();
       partial_in = received.narrow(0, recv_block_rows, recv_partial_rows);
     }

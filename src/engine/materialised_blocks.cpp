@@ -74,7 +74,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     const int64_t b = q.size(0), N = k_all.size(0), g = state->spec.group;
     const bool has_bias = bias.has_value() && bias->defined();
     auto qs = q * scale;                          // [b, d]
-    auto S = logits_buffer(b, N, qs.options());  // [b, N]
+    auto S = logits_buffer(b, N, compute_options(qs));  // [b, N]
     // Bounded: every logit lies in [-M, M], M = s max|q_i| max|k_j| + |bias|
     // (Cauchy-Schwarz). Where 2M is within the dtype's exponent range, M is an
     // exact shift for every row and column: E = exp(S - M) >= e^(-2M) never
@@ -109,7 +109,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     for (int64_t r0 = 0; r0 < b; r0 += R) {
       const int64_t n = std::min(R, b - r0);
       auto Sg = S.narrow(0, r0, n);
-      torch::mm_out(Sg, qs.narrow(0, r0, n), k_all.t());
+      gemm_out(Sg, qs.narrow(0, r0, n), k_all.t());
       if (has_bias) Sg.add_(*bias);
       designated.narrow(0, r0, n).copy_(run_view(Sg, positives_in(r0, n, 0, N, state->layout.offset, g), g));
       for (int64_t l0 = 0; l0 < n; l0 += Rl) {
@@ -192,13 +192,13 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
         }
       }
       auto gk = Gk.narrow(0, r0, n);
-      torch::mm_out(gk, Sg, k_all);
+      gemm_out(gk, Sg, k_all);
       if (want_bias) g_sum.add_(Sg.sum());
     }
     torch::Tensor dk;
-    if (want_dk) dk = torch::mm(S.t(), q * (scale * w.c));  // [N, d]
-    Gk.mul_(w.c);                                           // G k_all
-    auto dq = Gk * scale;
+    if (want_dk) dk = gemm(S.t(), q * (scale * w.c), S.scalar_type()).to(k_all.scalar_type());  // [N, d]
+    Gk.mul_(w.c);                                                                               // G k_all
+    auto dq = (Gk * scale).to(q.scalar_type());
     torch::Tensor ds, dbias;
     if (ctx->needs_input_grad(2)) ds = (Gk * q).sum().reshape(scale.sizes());
     if (want_bias) dbias = g_sum * w.c;
@@ -217,7 +217,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     const auto& L = state->layout;
     const int64_t b2 = z.size(0), b = b2 / 2, B = L.total;
     auto zs = z * state->inv_temperature;             // [2b, d]
-    auto S = logits_buffer(b2, 2 * B, zs.options());  // [2b, 2B]
+    auto S = logits_buffer(b2, 2 * B, compute_options(zs));  // [2b, 2B]
     auto idx = self_and_positive(b, L, z.device());
     auto lse = torch::empty({b2}, S.options());       // [2b]
     auto positive = torch::empty({b2}, S.options());  // [2b]: S_{u, pos(u)}
@@ -231,7 +231,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
       auto Sc = S.narrow(0, r0, n);
-      torch::mm_out(Sc, zs.narrow(0, r0, n), z_all.t());
+      gemm_out(Sc, zs.narrow(0, r0, n), z_all.t());
       const auto rows = idx[0].narrow(0, 0, n);
       Sc.index_put_({rows, idx[1].narrow(0, r0, n)}, -kInf);
       positive.narrow(0, r0, n).copy_(Sc.index({rows, idx[2].narrow(0, r0, n)}));
@@ -292,9 +292,9 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
       const auto rows = idx[0].narrow(0, 0, n), pos = idx[2].narrow(0, r0, n);
       Sc.index_put_({rows, pos}, Sc.index({rows, pos}) - minus.narrow(0, r0, n));
       auto out = dz.narrow(0, r0, n);
-      torch::mm_out(out, Sc, z_all);
+      gemm_out(out, Sc, z_all);
     }
-    return {dz.mul_(w.c), torch::Tensor(), torch::Tensor()};
+    return {dz.mul_(w.c).to(z_all.scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 
   // {local row, its self column, its positive column}, each [2b].

@@ -92,9 +92,10 @@ void check_tile_options(ArgChecker& check, int64_t tile_size, int64_t tile_bytes
 }
 
 Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts,
-                       c10::ScalarType features, const MemoryPathOptions& memory, int64_t blocks) {
+                       const torch::Tensor& features, const MemoryPathOptions& memory, int64_t blocks) {
   Prologue p;
-  p.dtype = compute_dtype(features);
+  p.dtype = compute_dtype(features.scalar_type());
+  p.operand = operand_dtype(features.scalar_type(), features.device());
   const int64_t e = static_cast<int64_t>(c10::elementSize(p.dtype));
   int64_t B = 0, bmax = 0;
   for (auto c : counts) {
@@ -109,8 +110,6 @@ Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vec
   return p;
 }
 
-c10::ScalarType compute_dtype(c10::ScalarType t) { return (t == c10::kHalf || t == c10::kBFloat16) ? c10::kFloat : t; }
-
 torch::Tensor safe_normalize(const torch::Tensor& x) {
   // x / max(|x|, eps) is unchanged by scaling x by any m > 0 together with eps,
   // so dividing by the row's largest magnitude first (a constant for autograd:
@@ -120,9 +119,8 @@ torch::Tensor safe_normalize(const torch::Tensor& x) {
   return y / torch::maximum(y.norm(2, 1, /*keepdim=*/true), 1e-12 / m);
 }
 
-torch::Tensor prepare(const torch::Tensor& x, c10::ScalarType dtype, bool normalize) {
-  auto y = x.to(dtype);
-  return normalize ? safe_normalize(y) : y;
+torch::Tensor prepare(const torch::Tensor& x, const Prologue& p, bool normalize) {
+  return normalize ? safe_normalize(x.to(p.dtype)).to(p.operand) : x.to(p.operand);
 }
 
 torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale) {

@@ -15,14 +15,15 @@
 
 #include "contrax/communicator.h"
 #include "contrax/vocabulary.h"
+#include "engine/precision.h"
 #include "util/check.h"
 
 namespace contrax::detail {
 
 /// Autocast off for the scope: a loss computes one function whether or not
 /// its caller is inside torch.autocast, in its forward and in its backward
-/// (the engine picks its own compute dtype: fp32 for fp16/bf16 features, with
-/// fp32 log-sum-exps; autocast would lower its GEMMs to bf16 on the CPU and
+/// (the engine follows its own precision policy, engine/precision.h: fp32
+/// log-sum-exps for fp16/bf16 features; autocast would lower its GEMMs to bf16 on the CPU and
 /// make the loss depend on where backward() was called). One at every front
 /// end's entry and at the top of every engine backward.
 class NoAutocast {
@@ -82,24 +83,20 @@ void check_tile_options(ArgChecker& check, int64_t tile_size, int64_t tile_bytes
 /// What the ranks decided from the agreed counts, identically on every rank.
 struct Prologue {
   EngineLayout layout;
-  c10::ScalarType dtype = c10::kFloat;  // the compute dtype (compute_dtype)
+  c10::ScalarType dtype = c10::kFloat;    // the compute dtype (compute_dtype)
+  c10::ScalarType operand = c10::kFloat;  // the features' dtype in the gathers and GEMMs (operand_dtype)
   bool tiled = false;                   // the tiled path
   bool ring = false;                    // tiled, ring and W > 1: key blocks travel instead of being gathered
   int64_t tile = 64;                    // side of a logits tile on the tiled path
 };
 
-/// The prologue of a loss over features of dtype `features`: `blocks` is how
-/// many [b x B] logits blocks its materialised path holds (the routing's
-/// measure, see logits_blocks).
+/// The prologue of a loss over features like `features` (their dtype and
+/// device): `blocks` is how many [b x B] logits blocks its materialised path
+/// holds (the routing's measure, see logits_blocks).
 Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts,
-                       c10::ScalarType features, const MemoryPathOptions& memory, int64_t blocks);
+                       const torch::Tensor& features, const MemoryPathOptions& memory, int64_t blocks);
 
 // ---- the features
-
-/// The dtype the engine computes in for features of dtype `t`: fp16 and bf16
-/// are accumulated in fp32 (log-sum-exps, loss, gradients of the block); fp32
-/// and fp64 stay.
-c10::ScalarType compute_dtype(c10::ScalarType t);
 
 /// L2 normalisation of rows that cannot overflow: rows are divided by their
 /// largest magnitude before the norm is taken, so 1e20-sized fp32 inputs give
@@ -107,8 +104,9 @@ c10::ScalarType compute_dtype(c10::ScalarType t);
 /// F::normalize(x, dim 1, eps 1e-12) wherever that one does not overflow.
 torch::Tensor safe_normalize(const torch::Tensor& x /* [n, d] */);
 
-/// `x` in `dtype`, L2-normalised (safe_normalize) when `normalize`.
-torch::Tensor prepare(const torch::Tensor& x, c10::ScalarType dtype, bool normalize);
+/// `x` L2-normalised in the compute dtype (safe_normalize) when `normalize`,
+/// then in the operand dtype: the features as the gathers and GEMMs take them.
+torch::Tensor prepare(const torch::Tensor& x, const Prologue& p, bool normalize);
 
 /// The logit scale min(exp(logit_scale), max_scale) with the clamp taken on the
 /// log side: exp never sees a value above log(max_scale), so a huge

@@ -34,7 +34,8 @@ struct TiledState : BlockState {
 torch::Tensor tile_logits(const TiledState& state, const torch::Tensor& qs /* [b, d] */,
                           const torch::Tensor& block /* [n, d] */, const torch::Tensor& bias, const Tile& t,
                           int64_t col0) {
-  auto s = torch::mm(qs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t());  // [R, C]
+  auto s = gemm(qs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t(),
+                compute_dtype(qs.scalar_type()));  // [R, C]
   if (bias.defined()) s.add_(bias);
   if (state.spec.masked >= 0) tile_diagonal(s, t.r0, col0 + t.c0, state.spec.masked).fill_(-kInf);
   return s;
@@ -66,7 +67,7 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const int64_t b = q.size(0), g = state->spec.group, d = q.size(1);
     const torch::Tensor bias_t = bias.has_value() ? *bias : torch::Tensor();
     auto qs = q * scale;  // [b, d]
-    ForwardStats st(*state, b, qs.options());
+    ForwardStats st(*state, b, compute_options(qs));
     const auto blocks = state->key_blocks();
     blocks.for_each(k, [&](int64_t, int64_t col0, const torch::Tensor& block) {
       for_each_tile(b, block.size(0), state->tile, [&](const Tile& t) {
@@ -79,7 +80,8 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     // (global column (off + i) g, inside k at that column less k's first).
     const int64_t own0 = L.offset * g - (state->ring ? blocks.starts()[L.rank] : 0);
     auto own = k.narrow(0, own0, b * g);                                  // [b g, d]
-    auto designated = (qs * own.reshape({b, g, d}).select(1, 0)).sum(1);  // [b]
+    const auto c = compute_dtype(qs.scalar_type());
+    auto designated = (qs.to(c) * own.reshape({b, g, d}).select(1, 0).to(c)).sum(1);  // [b]
     if (bias_t.defined()) designated = designated + bias_t;
     RowTerms rt;
     auto l = finish_forward(*state, st, designated, rt);
@@ -102,12 +104,13 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const int64_t b = q.size(0);
     const bool want_dk = ctx->needs_input_grad(1);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(3);
-    const auto w = backward_weights(*state, grads[0], q.scalar_type());
-    auto qs = q * scale;            // [b, d]
-    auto A = torch::zeros_like(q);  // [b, d]: sum_j G_ij k_j
-    auto g_sum = torch::zeros({}, q.options());
+    const auto w = backward_weights(*state, grads[0], compute_dtype(q.scalar_type()));
+    auto qs = q * scale;                                 // [b, d]
+    auto A = torch::zeros(q.sizes(), compute_options(q));  // [b, d]: sum_j G_ij k_j
+    auto g_sum = torch::zeros({}, compute_options(q));
     auto dk = state->key_blocks().for_each_grad(k, want_dk, [&](int64_t, int64_t col0, const torch::Tensor& block) {
-      torch::Tensor dk_block = want_dk ? torch::zeros_like(block) : torch::Tensor();  // [n, d]
+      // [n, d], summed in the compute dtype
+      torch::Tensor dk_block = want_dk ? torch::zeros(block.sizes(), compute_options(block)) : torch::Tensor();
       for_each_tile(
           b, block.size(0), state->tile,
           [&](const Tile& t) {
@@ -116,14 +119,15 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
             auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
             tile_gradient(*state, rt, w, s, P, t.r0, col0 + t.c0);
             s.mul_(w.c);
-            A.narrow(0, t.r0, t.rows).addmm_(s, kt);
-            if (want_dk) dk_block.narrow(0, t.c0, t.cols).addmm_(s.t(), qs.narrow(0, t.r0, t.rows));
+            gemm_add_(A.narrow(0, t.r0, t.rows), s, kt);
+            if (want_dk) gemm_add_(dk_block.narrow(0, t.c0, t.cols), s.t(), qs.narrow(0, t.r0, t.rows));
             if (want_bias) g_sum.add_(s.sum());
           },
           /*columns_outer=*/true);
       return dk_block;
     });
-    auto dq = A * scale;
+    auto dq = (A * scale).to(q.scalar_type());
+    if (dk.defined()) dk = dk.to(k.scalar_type());
     torch::Tensor ds;
     if (ctx->needs_input_grad(2)) ds = (A * q).sum().reshape(scale.sizes());
     return {dq, dk, ds, want_bias ? g_sum : torch::Tensor(), torch::Tensor()};
@@ -197,11 +201,11 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
                                const c10::intrusive_ptr<TiledState>& state) {
     const int64_t b2 = z.size(0), b = b2 / 2;
     auto zs = z * state->inv_temperature;  // [2b, d]
-    auto lse = torch::full({b2}, -kInf, zs.options());
+    auto lse = torch::full({b2}, -kInf, compute_options(zs));
     state->key_blocks().for_each(keys, [&](int64_t owner, int64_t, const torch::Tensor& block) {
       const auto dg = diagonals(*state, owner);
       for_each_view_tile(b, block.size(0), state->tile, [&](const Tile& t, int64_t v) {
-        auto s = torch::mm(zs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t());  // [R, C]
+        auto s = gemm(zs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t(), lse.scalar_type());  // [R, C]
         if (dg.any) tile_diagonal(s, t.r0, t.c0, dg.self_off[v]).fill_(-kInf);
         auto lr = lse.narrow(0, t.r0, t.rows);
         lr.copy_(torch::logaddexp(lr, tile_lse(s, /*rows=*/true, /*cols=*/false).row));
@@ -210,7 +214,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     // S_{u, pos(u)}: view-1 row i against view-2 row i of the same example.
     auto zd = z.detach();
     auto swapped = torch::cat({zd.narrow(0, b, b), zd.narrow(0, 0, b)});  // [2b, d]
-    auto positive = (zs * swapped).sum(1);                                 // [2b]
+    auto positive = (zs.to(lse.scalar_type()) * swapped.to(lse.scalar_type())).sum(1);  // [2b]
     ctx->save_for_backward({z, keys});
     ctx->saved_data["lse"] = lse;
     ctx->saved_data["lse_all"] = gather_view_lse(lse, state->layout);
@@ -227,16 +231,16 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b = z.size(0) / 2;
-    const auto w = nt_weights(*state, grads[0], z.scalar_type());
+    const auto w = nt_weights(*state, grads[0], compute_dtype(z.scalar_type()));
     auto zs = z * state->inv_temperature;
-    auto A = torch::zeros_like(z);  // [2b, d]
+    auto A = torch::zeros(z.sizes(), compute_options(z));  // [2b, d]
     state->key_blocks().for_each(keys, [&](int64_t owner, int64_t col0, const torch::Tensor& block) {
       const auto dg = diagonals(*state, owner);
       const auto lse_cols = block_cols(*state, col0, block, lse_all);
       const auto w_cols = block_cols(*state, col0, block, w.all);
       for_each_view_tile(b, block.size(0), state->tile, [&](const Tile& t, int64_t v) {
         auto zt = block.narrow(0, t.c0, t.cols);
-        auto s = torch::mm(zs.narrow(0, t.r0, t.rows), zt.t());  // [R, C], then in place G
+        auto s = gemm(zs.narrow(0, t.r0, t.rows), zt.t(), A.scalar_type());  // [R, C], then in place G
         if (dg.any) tile_diagonal(s, t.r0, t.c0, dg.self_off[v]).fill_(-kInf);
         softmax_grad_(s, lse.narrow(0, t.r0, t.rows), w.row.defined() ? w.row.narrow(0, t.r0, t.rows) : torch::Tensor(),
                       lse_cols.narrow(0, t.c0, t.cols),
@@ -251,10 +255,10 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
             pos.sub_(2.0);
           }
         }
-        A.narrow(0, t.r0, t.rows).addmm_(s.mul_(w.c), zt);
+        gemm_add_(A.narrow(0, t.r0, t.rows), s.mul_(w.c), zt);
       });
     });
-    return {A, torch::Tensor(), torch::Tensor()};
+    return {A.to(z.scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 };
 
