@@ -37,7 +37,7 @@ class SigLip : public torch::autograd::Function<SigLip> {
                                const torch::Tensor& b /* [n_r, d] */, const torch::Tensor& scale /* [] */,
                                const c10::optional<torch::Tensor>& bias /* [] */,
                                const c10::intrusive_ptr<SigLipState>& state) {
-    auto as = a * scale;                                         // [b, d]
+    auto as = a * scale;                                             // [b, d]
     auto f = torch::zeros({a.size(0)}, detail::compute_options(a));  // [b]
     const auto blocks = state->key_blocks();
     blocks.for_each(b, [&](int64_t owner, int64_t, const torch::Tensor& block) {
@@ -77,10 +77,10 @@ class SigLip : public torch::autograd::Function<SigLip> {
 
     // g is folded into [b, d] operands (as * g, and A scaled once at the end)
     // instead of into every [tile x tile] entry.
-    auto as = a * scale;                                     // [b, d]
-    auto asg = (as * g.unsqueeze(1)).to(a.scalar_type());    // [b, d], an operand
+    auto as = a * scale;                                               // [b, d]
+    auto asg = (as * g.unsqueeze(1)).to(a.scalar_type());              // [b, d], an operand
     auto H_sum = torch::zeros(a.sizes(), detail::compute_options(a));  // [b, d]: sum_j h_ij b_j, h = G / g
-    auto h_rows = torch::zeros_like(g);                      // [b]: sum_j h_ij (bias only)
+    auto h_rows = torch::zeros_like(g);                                // [b]: sum_j h_ij (bias only)
     const auto blocks = state->key_blocks();
     auto db = blocks.for_each_grad(b, want_db, [&](int64_t owner, int64_t, const torch::Tensor& block) {
       const bool own = owner == blocks.rank();

@@ -105,7 +105,7 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const bool want_dk = ctx->needs_input_grad(1);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(3);
     const auto w = backward_weights(*state, grads[0], compute_dtype(q.scalar_type()));
-    auto qs = q * scale;                                 // [b, d]
+    auto qs = q * scale;                                   // [b, d]
     auto A = torch::zeros(q.sizes(), compute_options(q));  // [b, d]: sum_j G_ij k_j
     auto g_sum = torch::zeros({}, compute_options(q));
     auto dk = state->key_blocks().for_each_grad(k, want_dk, [&](int64_t, int64_t col0, const torch::Tensor& block) {
