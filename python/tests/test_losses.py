@@ -177,6 +177,10 @@ def test_float32_and_momentum_helpers():
     torch.testing.assert_close(t.weight.detach(), want)
 
 
+# The CPU, and CUDA where this machine has a GPU.
+ON_CPU_AND_CUDA = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: the CUDA case runs on a GPU only"))]
+
 # Relative tolerance of the loss for fp16/bf16 features against the fp64
 # reference on the same rounded inputs. On the CPU the engine computes in fp32:
 # only fp32 accumulation remains. On CUDA the normalised features are gathered
@@ -186,8 +190,7 @@ REDUCED_TOLERANCE = {("cpu", torch.float16): 1e-5, ("cpu", torch.bfloat16): 1e-5
                      ("cuda", torch.float16): 3e-3, ("cuda", torch.bfloat16): 2e-2}
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device: CUDA's reduced operands are checked on a GPU only"))])
+@pytest.mark.parametrize("device", ON_CPU_AND_CUDA)
 def test_half_and_bfloat16_accumulate_in_float32(device):
     """fp16/bf16 features (what GPU training feeds) are computed with fp32
     log-sum-exps; on CPU they used to fail inside ATen. The reference sees the
@@ -291,13 +294,15 @@ def test_kept_loss_workspace():
     assert contrax.loss_workspace_bytes() == 0
 
 
+@pytest.mark.parametrize("device", ON_CPU_AND_CUDA)
 @pytest.mark.parametrize("name", ["clip", "clip_tiled", "nt_xent", "moco_v3", "grouped", "siglip"])
-def test_autocast_changes_no_loss_or_gradient(name):
+def test_autocast_changes_no_loss_or_gradient(name, device):
     # Issue 28, item 3: the engine's GEMMs ran in bf16 under torch.autocast
     # before; the loss and its gradients are now the same wherever forward and
     # backward are called.
     torch.manual_seed(5)
     base = [torch.randn(7, 6) for _ in range(4)] + [torch.randn(14, 6), torch.tensor(2.0), torch.tensor(-2.0)]
+    base = [t.to(device) for t in base]
     call = {
         "clip": lambda x: contrax.clip_loss(x[0], x[1], x[5], normalize=True),
         "clip_tiled": lambda x: contrax.tiled_clip_loss(x[0], x[1], x[5], x[6], tile_size=3),
@@ -310,9 +315,9 @@ def test_autocast_changes_no_loss_or_gradient(name):
     for fwd_inside in (False, True):
         for bwd_inside in (False, True):
             leaves = [t.clone().requires_grad_(True) for t in base]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fwd_inside):
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=fwd_inside):
                 loss = call(leaves)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bwd_inside):
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=bwd_inside):
                 loss.backward()
             runs.append((loss.detach(), [t.grad if t.grad is not None else torch.zeros_like(t) for t in leaves]))
     for loss, grads in runs[1:]:
