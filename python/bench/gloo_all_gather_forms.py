@@ -14,11 +14,12 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from slowest_rank import slowest_rank_mean
 
 
 def run(rank, world, path, rows, width, rounds, calls):
@@ -39,13 +40,7 @@ def run(rank, world, path, rows, width, rounds, calls):
         fn()
     for _ in range(rounds):
         for name, fn in forms.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            own = torch.tensor([(time.perf_counter() - t0) / calls])
-            dist.all_reduce(own, op=dist.ReduceOp.MAX)
-            times[name].append(own.item())
+            times[name].append(slowest_rank_mean(fn, calls))
     if rank == 0:
         print("torch %s, Gloo, W=%d, %d x %d fp32 per rank (%.1f MiB), %d rounds of %d calls"
               % (torch.__version__, world, rows, width, rows * width * 4 / 2**20, rounds, calls))

@@ -19,11 +19,12 @@ import json
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from slowest_rank import slowest_rank_mean
 
 POLICIES = {"fp32 operands (CPU default)": "0", "bf16 operands (CONTRAX_REDUCED_OPERANDS=1)": "1"}
 
@@ -46,15 +47,10 @@ def run(rank, world, init, out, rows, width, path, calls):
     comm.reset_stats()
     step()
     sent = sum(op["bytes_sent"] for name, op in comm.stats().items() if name != "metadata")
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        step()
-    own = torch.tensor([(time.perf_counter() - t0) / calls])
-    dist.all_reduce(own, op=dist.ReduceOp.MAX)
+    seconds = slowest_rank_mean(step, calls)
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"seconds": own.item(), "bytes": sent}, f)
+            json.dump({"seconds": seconds, "bytes": sent}, f)
     dist.destroy_process_group()
 
 
