@@ -53,8 +53,10 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathC
     mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * f;  // reduce-scatter of dB_all
     ring.bytes_sent_forward = gather + lse;                                 // W-1 hops of a block
     ring.bytes_sent_backward = gather + partials;                           // blocks again, with partials
-    mat.feature_bytes = tiled.feature_bytes = B * d * (f + e);              // B_all and dB_all
-    ring.feature_bytes = 2 * b * d * (f + e);                               // two blocks, two partials
+    // B_all in the operand dtype; dB_all is its fp32 product, then cast (both
+    // held for a moment). The ring: two blocks (operands), two partials (fp32).
+    mat.feature_bytes = tiled.feature_bytes = B * d * (f + e);
+    ring.feature_bytes = 2 * b * d * (f + e);
     old_gemms = sym ? 6 : 3;
   } else if (loss == "grouped") {
     // One direction over [B g] candidates: S = Q C_all^T, dQ = G C_all, dC_all =
