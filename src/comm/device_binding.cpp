@@ -28,6 +28,36 @@ torch::Device bind_device(const DevicePlace& p, const std::string& caller) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.local_rank % p.cuda_devices));
 }
 
+c10::optional<torch::Device> staging_device(const std::string& backend, const c10::optional<torch::Device>& nccl_stage,
+                                            const torch::Device& tensor_device) {
+  if (backend == "nccl" && !tensor_device.is_cuda()) return nccl_stage;
+  if (backend == "gloo" && tensor_device.is_cuda()) return torch::Device(torch::kCPU);
+  return c10::nullopt;
+}
+
+std::string gpu_key(const std::string& host, const std::string& visible_devices, const torch::Device& device) {
+  return host + " (CUDA_VISIBLE_DEVICES=" + (visible_devices.empty() ? "<unset>" : visible_devices) + ") " +
+         device.str();
+}
+
+std::string shared_gpu_error(const std::vector<std::string>& keys) {
+  for (size_t r = 0; r < keys.size(); ++r) {
+    std::vector<size_t> same{r};
+    for (size_t s = r + 1; s < keys.size(); ++s) {
+      if (keys[s] == keys[r]) same.push_back(s);
+    }
+    if (same.size() < 2) continue;
+    std::string ranks;
+    for (size_t i = 0; i < same.size(); ++i) {
+      ranks += (i == 0 ? "" : i + 1 == same.size() ? " and " : ", ") + std::to_string(same[i]);
+    }
+    return "ranks " + ranks + (same.size() == 2 ? " are both" : " are all") + " on GPU " + keys[r] +
+           ", and NCCL cannot put two ranks on one GPU; give each rank its own GPU (LOCAL_RANK, or device "
+           "cuda:<k>), or use backend 'gloo', which can share one";
+  }
+  return "";
+}
+
 void make_current(const torch::Device& device) {
   if (!device.is_cuda()) return;
   c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace contrax::detail {
 
@@ -38,6 +39,28 @@ struct DevicePlace {
 ///    same GPU), and under NCCL when more ranks share the machine than it
 ///    has GPUs (NCCL refuses two ranks on one GPU).
 torch::Device bind_device(const DevicePlace& place, const std::string& caller);
+
+/// Where a collective's tensor on `tensor_device` travels, when not as it is:
+///  * NCCL moves CUDA tensors only: a CPU tensor goes through `nccl_stage`,
+///    the rank's bound GPU;
+///  * Gloo is given host memory: a CUDA tensor goes through a CPU copy. Gloo's
+///    own CUDA collectives stage too, but not every one of them (its
+///    reduce-scatter emulation's all-to-all hung with two ranks on one GPU),
+///    and its point-to-point takes none; one rule for every collective keeps
+///    a CUDA run over Gloo exactly the CPU run that the tests check.
+/// nullopt: the tensor travels where it is.
+c10::optional<torch::Device> staging_device(const std::string& backend, const c10::optional<torch::Device>& nccl_stage,
+                                            const torch::Device& tensor_device);
+
+/// What names one GPU across the ranks of a job: the host, the
+/// CUDA_VISIBLE_DEVICES the process saw, and the device index under it.
+std::string gpu_key(const std::string& host, const std::string& visible_devices, const torch::Device& device);
+
+/// The refusal when two ranks hold the same `gpu_key` (NCCL cannot put two
+/// ranks on one GPU, and would fail only at the first collective): names the
+/// GPU and the ranks, or is empty when every key is distinct. `keys[r]` is
+/// rank r's key.
+std::string shared_gpu_error(const std::vector<std::string>& keys);
 
 /// Makes `device` the current CUDA device of this thread (a no-op for other
 /// devices), so that what c10d and CUDA put on "the current device" lands on

@@ -13,10 +13,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
+#include <unistd.h>
+
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "comm/address.h"
+#include "comm/device_binding.h"
 #include "comm/gloo_binding.h"
 
 namespace contrax::detail {
@@ -58,6 +64,30 @@ void make_gloo(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
   impl.backend = "gloo";
 }
 
+#ifdef USE_C10D_NCCL
+// Refuses, on every rank, a job in which two ranks hold one GPU, before any
+// NCCL communicator exists: NCCL would fail only at the first collective,
+// on the ranks that share, while the others wait for them until the timeout.
+// Each rank posts its GPU's key in the store and reads everyone's (bounded
+// by the store's timeout, as the rendezvous was).
+void refuse_shared_gpus(const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store,
+                        const c10::Device& gpu) {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "<unknown host>");
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string mine = gpu_key(host, visible ? visible : "", gpu);
+  const std::string prefix = "contrax/nccl_gpu/";
+  store->set(prefix + std::to_string(o.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int64_t r = 0; r < o.world_size(); ++r) {
+    const auto v = store->get(prefix + std::to_string(r));
+    keys.emplace_back(v.begin(), v.end());
+  }
+  const auto error = shared_gpu_error(keys);
+  TORCH_CHECK(error.empty(), "Communicator::create(): ", error);
+}
+#endif
+
 void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store) {
 #ifdef USE_C10D_NCCL
   auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -78,6 +108,11 @@ void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
 
 void make_process_group(CommunicatorImpl& impl, const std::string& backend, const CommunicatorOptions& o,
                         const c10::intrusive_ptr<c10d::Store>& store) {
+#ifdef USE_C10D_NCCL
+  // Outside the try below: this refusal is the user's set-up, not a peer
+  // that never arrived.
+  if (backend == "nccl") refuse_shared_gpus(o, store, nccl_stage_device(impl.device));
+#endif
   try {
     if (backend == "gloo") {
       make_gloo(impl, o, store);

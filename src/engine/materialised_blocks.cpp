@@ -228,12 +228,16 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     // underflow: 2/T is within the dtype's exponent range) and sums it; the
     // backward then needs no exponential at all (see there).
     const int64_t R = panel_rows(b2, 2 * B, S);
+    // The mask value as a tensor on S's device: index_put_ with a C++ scalar
+    // makes a CPU tensor of it and copies that to the GPU, a blocking copy
+    // (a host synchronisation) every panel.
+    const auto minus_inf = torch::full({}, -kInf, S.options());
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
       auto Sc = S.narrow(0, r0, n);
       gemm_out(Sc, zs.narrow(0, r0, n), z_all.t());
       const auto rows = idx[0].narrow(0, 0, n);
-      Sc.index_put_({rows, idx[1].narrow(0, r0, n)}, -kInf);
+      Sc.index_put_({rows, idx[1].narrow(0, r0, n)}, minus_inf);
       positive.narrow(0, r0, n).copy_(Sc.index({rows, idx[2].narrow(0, r0, n)}));
       if (state->shift) {
         lse.narrow(0, r0, n).copy_(exp_rows_(Sc, *state->shift).log_().add_(*state->shift));

@@ -209,8 +209,22 @@ Checkpoint& Checkpoint::optimizer(const std::string& name, torch::optim::Optimiz
 
 Checkpoint& Checkpoint::generator(const std::string& name, at::Generator g) {
   TORCH_CHECK(g.defined(), "Checkpoint::generator(): argument 'generator' for '", name, "' is undefined");
-  generators_.emplace_back(name, std::move(g));
+  generators_.push_back({name, std::move(g), /*required=*/true});
   return *this;
+}
+
+Checkpoint& Checkpoint::optional_generator(const std::string& name, at::Generator g) {
+  TORCH_CHECK(g.defined(), "Checkpoint::optional_generator(): argument 'generator' for '", name, "' is undefined");
+  generators_.push_back({name, std::move(g), /*required=*/false});
+  return *this;
+}
+
+torch::Tensor generator_state_on_cpu(const torch::Tensor& state, const std::string& name) {
+  TORCH_CHECK(state.defined() && state.scalar_type() == torch::kByte && state.dim() == 1,
+              "Checkpoint::load(): generator '", name, "' holds no byte state (",
+              state.defined() ? std::string(c10::toString(state.scalar_type())) : std::string("undefined"),
+              ", ", state.defined() ? state.dim() : 0, " dims)");
+  return state.to(torch::kCPU).contiguous();
 }
 
 void Checkpoint::save(const std::string& path) const {
@@ -228,13 +242,13 @@ void Checkpoint::save(const std::string& path) const {
     ar.write("optimizer." + o.first, sub);
   }
   for (const auto& g : generators_) {
-    at::Generator gen = g.second;  // a handle: mutex() is non-const
+    at::Generator gen = g.generator;  // a handle: mutex() is non-const
     torch::Tensor state;
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
       state = gen.get_state();
     }
-    ar.write("generator." + g.first, state, /*is_buffer=*/true);
+    ar.write("generator." + g.name, state.to(torch::kCPU), /*is_buffer=*/true);
   }
   write_map(ar, "ints", ints);
   write_map(ar, "doubles", doubles);
@@ -308,12 +322,16 @@ void Checkpoint::load(const std::string& path) {
                   "' does not match the optimizer: ", first_line(e));
     }
   }
+  // The archive put every tensor on the model's device, generator states
+  // too; set_state takes a CPU byte tensor whatever the generator's device.
   for (auto& g : generators_) {
     torch::Tensor state;
-    TORCH_CHECK(ar.try_read("generator." + g.first, state, /*is_buffer=*/true), "Checkpoint::load(): '", path,
-                "' holds no generator '", g.first, "'");
-    std::lock_guard<std::mutex> lock(g.second.mutex());
-    g.second.set_state(state);
+    const bool found = ar.try_read("generator." + g.name, state, /*is_buffer=*/true);
+    TORCH_CHECK(found || !g.required, "Checkpoint::load(): '", path, "' holds no generator '", g.name, "'");
+    if (!found) continue;
+    auto cpu_state = generator_state_on_cpu(state, g.name);
+    std::lock_guard<std::mutex> lock(g.generator.mutex());
+    g.generator.set_state(cpu_state);
   }
   try {
     ints = read_map<int64_t>(ar, "ints");

@@ -141,6 +141,18 @@ TrainLoop::TrainLoop(CommunicatorPtr comm, const RunOptions& options, LoopModel 
       run_dir_(options_.run_dir()) {
   for (const auto& [name, module] : model_.modules) checkpoint_.module(name, *module);
   checkpoint_.optimizer("adamw", optimizer_).generator("cpu", at::detail::getDefaultCPUGenerator());
+  // A model on a GPU draws from that GPU's generator too (dropout, random
+  // initialisation on the device); optional, so that a run started on the
+  // CPU resumes on a GPU.
+  std::vector<c10::Device> devices;
+  for (const auto& p : model_.parameters) {
+    if (!p.device().is_cpu() && std::find(devices.begin(), devices.end(), p.device()) == devices.end()) {
+      devices.push_back(p.device());
+    }
+  }
+  for (const auto& d : devices) {
+    checkpoint_.optional_generator(d.str(), at::globalContext().defaultGenerator(d));
+  }
   if (options_.resume()) {
     check_resumable(run_dir_.checkpoint());
     checkpoint_.load(run_dir_.checkpoint());
