@@ -88,18 +88,25 @@ TEST(DeviceBinding, CollectivesTravelOnTheBackendsOwnMemory) {
 TEST(DeviceBinding, TwoRanksOnOneGpuAreNamedForNccl) {
   using contrax::detail::gpu_key;
   using contrax::detail::shared_gpu_error;
-  const auto a0 = gpu_key("node-a", "", cuda(0)), a1 = gpu_key("node-a", "", cuda(1));
-  const auto b0 = gpu_key("node-b", "", cuda(0));
-  EXPECT_EQ(a0, "node-a (CUDA_VISIBLE_DEVICES=<unset>) cuda:0");
+  // A GPU is its host and PCI bus id: with one device per task (a cgroup, or
+  // CUDA_VISIBLE_DEVICES) every rank's index is 0, yet the GPUs differ.
+  const auto a0 = gpu_key("node-a", "0000:3b:00.0", cuda(0)), a1 = gpu_key("node-a", "0000:5e:00.0", cuda(0));
+  const auto b0 = gpu_key("node-b", "0000:3b:00.0", cuda(0));
+  EXPECT_EQ(a0, "node-a PCI 0000:3b:00.0 (cuda:0)");
   EXPECT_EQ(shared_gpu_error({a0, a1, b0}), "");  // one GPU each, on two machines
   EXPECT_EQ(shared_gpu_error({a0}), "");
-  // The same index under different CUDA_VISIBLE_DEVICES is another GPU.
-  EXPECT_EQ(shared_gpu_error({gpu_key("node-a", "0", cuda(0)), gpu_key("node-a", "1", cuda(0))}), "");
+  // An unknown bus id is no key, and matches nothing.
+  EXPECT_EQ(gpu_key("node-a", "", cuda(0)), "");
+  EXPECT_EQ(shared_gpu_error({"", "", a0}), "");
   EXPECT_EQ(shared_gpu_error({a0, a1, b0, a1}),
-            "ranks 1 and 3 are both on GPU node-a (CUDA_VISIBLE_DEVICES=<unset>) cuda:1, and NCCL cannot put two "
-            "ranks on one GPU; give each rank its own GPU (LOCAL_RANK, or device cuda:<k>), or use backend "
-            "'gloo', which can share one");
-  EXPECT_NE(shared_gpu_error({a0, a0, a0}).find("ranks 0, 1 and 2 are all on GPU node-a"), std::string::npos);
+            "ranks 1 and 3 are both on GPU node-a PCI 0000:5e:00.0 (cuda:0), and NCCL cannot put two ranks on one "
+            "GPU; give each rank its own GPU (LOCAL_RANK, or device cuda:<k>), or use backend 'gloo', which can "
+            "share one");
+  EXPECT_NE(shared_gpu_error({a0, a0, a0}).find("ranks 0, 1 and 2 are all on GPU node-a PCI 0000:3b:00.0"),
+            std::string::npos);
+  // No GPU here: no bus id to read.
+  if (!torch::cuda::is_available()) EXPECT_EQ(contrax::detail::pci_bus_id(cuda(0)), "");
+  EXPECT_EQ(contrax::detail::pci_bus_id(torch::kCPU), "");
 }
 
 TEST(DeviceBinding, LocalWorldSizeComesFromTheEnvironment) {

@@ -2,6 +2,7 @@
 #include "comm/device_binding.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 
 namespace contrax::detail {
 
@@ -35,13 +36,25 @@ c10::optional<torch::Device> staging_device(const std::string& backend, const c1
   return c10::nullopt;
 }
 
-std::string gpu_key(const std::string& host, const std::string& visible_devices, const torch::Device& device) {
-  return host + " (CUDA_VISIBLE_DEVICES=" + (visible_devices.empty() ? "<unset>" : visible_devices) + ") " +
-         device.str();
+std::string pci_bus_id(const torch::Device& device) {
+  if (!device.is_cuda() || !device.has_index()) return "";
+  // The runtime's C entry point (cudaError_t is an int; 0 is success), found
+  // among the loaded libraries as available_device_memory_bytes finds its own.
+  using GetPciBusId = int (*)(char*, int, int);
+  auto get = reinterpret_cast<GetPciBusId>(::dlsym(RTLD_DEFAULT, "cudaDeviceGetPCIBusId"));
+  char id[64] = {0};
+  if (get == nullptr || get(id, sizeof(id) - 1, device.index()) != 0) return "";
+  return id;
+}
+
+std::string gpu_key(const std::string& host, const std::string& bus_id, const torch::Device& device) {
+  if (bus_id.empty()) return "";
+  return host + " PCI " + bus_id + " (" + device.str() + ")";
 }
 
 std::string shared_gpu_error(const std::vector<std::string>& keys) {
   for (size_t r = 0; r < keys.size(); ++r) {
+    if (keys[r].empty()) continue;
     std::vector<size_t> same{r};
     for (size_t s = r + 1; s < keys.size(); ++s) {
       if (keys[s] == keys[r]) same.push_back(s);

@@ -52,14 +52,21 @@ torch::Device bind_device(const DevicePlace& place, const std::string& caller);
 c10::optional<torch::Device> staging_device(const std::string& backend, const c10::optional<torch::Device>& nccl_stage,
                                             const torch::Device& tensor_device);
 
-/// What names one GPU across the ranks of a job: the host, the
-/// CUDA_VISIBLE_DEVICES the process saw, and the device index under it.
-std::string gpu_key(const std::string& host, const std::string& visible_devices, const torch::Device& device);
+/// The PCI bus id of CUDA device `device` ("0000:3b:00.0"), from the CUDA
+/// runtime already loaded (LibTorch's CUDA build brings it), or "" where
+/// there is none or it cannot say.
+std::string pci_bus_id(const torch::Device& device);
 
-/// The refusal when two ranks hold the same `gpu_key` (NCCL cannot put two
-/// ranks on one GPU, and would fail only at the first collective): names the
-/// GPU and the ranks, or is empty when every key is distinct. `keys[r]` is
-/// rank r's key.
+/// What names one physical GPU across the ranks of a job: its host and PCI
+/// bus id (not its index, which CUDA_VISIBLE_DEVICES or a cgroup of one
+/// device per task makes 0 on every rank), shown with the rank's device; ""
+/// where the bus id is unknown.
+std::string gpu_key(const std::string& host, const std::string& bus_id, const torch::Device& device);
+
+/// The refusal when two ranks hold the same non-empty `gpu_key` (NCCL cannot
+/// put two ranks on one GPU, and would fail only at the first collective):
+/// names the GPU and the ranks, or is empty when every known key is distinct.
+/// `keys[r]` is rank r's key.
 std::string shared_gpu_error(const std::vector<std::string>& keys);
 
 /// Makes `device` the current CUDA device of this thread (a no-op for other

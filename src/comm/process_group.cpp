@@ -68,14 +68,14 @@ void make_gloo(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
 // Refuses, on every rank, a job in which two ranks hold one GPU, before any
 // NCCL communicator exists: NCCL would fail only at the first collective,
 // on the ranks that share, while the others wait for them until the timeout.
-// Each rank posts its GPU's key in the store and reads everyone's (bounded
-// by the store's timeout, as the rendezvous was).
+// Each rank posts its GPU's key (host and PCI bus id) in the store and reads
+// everyone's (bounded by the store's timeout, as the rendezvous was); a rank
+// whose bus id is unknown posts an empty key, which matches nothing.
 void refuse_shared_gpus(const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store,
                         const c10::Device& gpu) {
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "<unknown host>");
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  const std::string mine = gpu_key(host, visible ? visible : "", gpu);
+  const std::string mine = gpu_key(host, pci_bus_id(gpu), gpu);
   const std::string prefix = "contrax/nccl_gpu/";
   store->set(prefix + std::to_string(o.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> keys;
