@@ -7,9 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <regex>
@@ -20,29 +20,16 @@
 #include "support/cli.h"
 #include "support/processes.h"
 
-namespace fs = std::filesystem;
 using contrax::testing::read_file;
 
 namespace {
 
 const std::string kCli = CONTRAX_CLI_PATH;
-const char* kData = "/usr/share/datasets/fashion-mnist";
+// Small and quick: one thread per process, no evaluation.
 const std::string kFast =
     "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --no-plot --log-every 1 --threads 1";
 
-#define REQUIRE_DATA()                                                           \
-  if (!fs::exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) \
-  GTEST_SKIP() << "dataset-fashion-mnist is not installed"
-
 int free_port(int k) { return 36000 + (::getpid() * 13 + k * 101) % 3000; }
-
-int64_t lines_in(const std::string& path) {
-  std::ifstream in(path);
-  int64_t n = 0;
-  std::string line;
-  while (std::getline(in, line)) ++n;
-  return n;
-}
 
 // The launcher's worker whose RANK is `rank` (from /proc), or -1.
 pid_t worker_of(pid_t launcher, int rank) {
@@ -74,14 +61,14 @@ void expect_no_raw_upstream_text(const std::string& out) {
 // TCPStore.cpp:106] sendBytes failed ... Broken pipe" and 11 stack frames
 // from the thread that polls the store.
 TEST(PeerExit, KilledRankZeroLeavesNoBacktraceOnRankOne) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   contrax::testing::TempDir t("contrax_peer_exit");
   const auto p = contrax::testing::spawn(kCli + " train " + kFast + " --nproc 2 --max-steps 300 --checkpoint-every 50 " +
                                              "--run-dir " + t.path + "/run",
                                          t.path + "/out.txt");
   // Training has begun when both ranks passed a few steps.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (lines_in(t.path + "/run/metrics.jsonl") < 3 && std::chrono::steady_clock::now() < deadline) {
+  while (contrax::testing::count_lines(t.path + "/run/metrics.jsonl") < 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const pid_t rank0 = worker_of(p.pid, 0);
@@ -100,7 +87,7 @@ TEST(PeerExit, KilledRankZeroLeavesNoBacktraceOnRankOne) {
 // cause: Connection closed by peer ... This is typically caused by a remote
 // worker crashing ... GLHF!", after c10d's raw recvValue line and backtrace.
 TEST(PeerExit, RankZerosOwnErrorIsNotCalledACrashOnRankOne) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   contrax::testing::TempDir t("contrax_peer_exit");
   const auto r = contrax::testing::run_shell("CONTRAX_FAULT_EXIT_AT_STEP=4:0 " + kCli + " train " + kFast +
                                              " --nproc 2 --max-steps 20 --run-dir " + t.path + "/run 2>&1");
@@ -122,7 +109,7 @@ TEST(PeerExit, RankZerosOwnErrorIsNotCalledACrashOnRankOne) {
 // within the timeout + 2 s of its start of the rendezvous, says how long it
 // waited, and prints no raw c10d line before its own.
 TEST(PeerExit, LoneRankOneFailsWithinTheTimeoutSayingHowLongItWaited) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   contrax::testing::TempDir t("contrax_peer_exit");
   const std::string env = "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port(1));
   const auto r = contrax::testing::run_shell(env + " " + kCli + " train " + kFast + " --max-steps 5 --timeout 5 " +
@@ -147,7 +134,7 @@ TEST(PeerExit, LoneRankOneFailsWithinTheTimeoutSayingHowLongItWaited) {
 // The debug switch: with TORCH_CPP_LOG_LEVEL set, c10d's own lines come back
 // (rank 1's store calls after rank 0 exited, which are muted without it).
 TEST(PeerExit, TorchCppLogLevelShowsC10dsOwnLines) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   contrax::testing::TempDir t("contrax_peer_exit");
   const auto r = contrax::testing::run_shell("TORCH_CPP_LOG_LEVEL=WARNING CONTRAX_FAULT_EXIT_AT_STEP=4:0 " + kCli +
                                              " train " + kFast + " --nproc 2 --max-steps 20 --run-dir " + t.path +

@@ -31,11 +31,9 @@ using contrax::testing::read_file;
 namespace {
 
 const std::string kCli = CONTRAX_CLI_PATH;
-const char* kData = "/usr/share/datasets/fashion-mnist";
+// Three steps, no evaluation; each case adds its --nproc and --threads.
 const std::string kRun =
     "train --train-limit 512 --batch-size 64 --max-steps 3 --warmup-steps 1 --no-eval --no-verify --no-plot";
-
-bool have_data() { return fs::exists(std::string(kData) + "/train-images-idx3-ubyte.gz"); }
 
 // Where a pids cgroup can be made: the v1 pids hierarchy's mount, else the
 // unified hierarchy's when its root offers the pids controller; "" if neither.
@@ -94,8 +92,8 @@ struct PidsCgroup {
   static inline int counter = 0;
 };
 
-#define REQUIRE_CGROUP(cg)                               \
-  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed"; \
+#define REQUIRE_CGROUP(cg)      \
+  CONTRAX_REQUIRE_FASHION_MNIST(); \
   if (cg.path.empty()) GTEST_SKIP() << cg.reason
 
 std::string run_dir(const std::string& name) { return contrax::testing::scratch_path(name); }

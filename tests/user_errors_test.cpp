@@ -24,11 +24,6 @@ const std::string kTiny =
     "train --nproc 1 --threads 1 --train-limit 256 --batch-size 64 --max-steps 3 --warmup-steps 1 --log-every 1 "
     "--no-eval --no-verify --no-plot";
 
-bool have_data() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-
-#define REQUIRE_DATA() \
-  if (!have_data()) GTEST_SKIP() << "dataset-fashion-mnist is not installed"
-
 void put_u32(std::string& s, uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xff));
 }
@@ -120,7 +115,7 @@ TEST(UserErrors, AnEmptyTestSplitIsFoundBeforeTraining) {
 // likelihood ..."; a directory named checkpoint.pt: "truncated or corrupt;
 // 4096 bytes".
 TEST(UserErrors, ACorruptCheckpointOrADirectoryInItsPlaceIsSaidPlainly) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   const std::string d = run_dir("bad_checkpoint");
   ASSERT_EQ(run_cli(kTiny + " --run-dir " + d).status, 0);
   std::ofstream(d + "/checkpoint.pt", std::ios::trunc) << "garbage\n";
@@ -147,7 +142,7 @@ TEST(UserErrors, ACorruptCheckpointOrADirectoryInItsPlaceIsSaidPlainly) {
 // 1 MiB RLIMIT_FSIZE (SIGXFSZ ignored: the write fails with EFBIG), while the
 // small files before it can.
 TEST(UserErrors, AFailedFirstCheckpointDoesNotClaimAPreviousOne) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   const std::string d = run_dir("first_write");
   std::string cmd = "trap '' XFSZ; ulimit -f 1024; exec ";
   cmd += CONTRAX_CLI_PATH;
@@ -163,7 +158,7 @@ TEST(UserErrors, AFailedFirstCheckpointDoesNotClaimAPreviousOne) {
 
 // Before: "training diverged at step 2/6: the loss is not finite (loss -nan, ...".
 TEST(UserErrors, ADivergedLossIsNanNotMinusNan) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   const auto r = run_cli(kTiny + " --max-steps 6 --lr 1e30 --temperature 0.001 --run-dir " + run_dir("nan"));
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("training diverged at step "), std::string::npos) << r.out;
@@ -173,7 +168,7 @@ TEST(UserErrors, ADivergedLossIsNanNotMinusNan) {
 
 // Before: "trained 0 steps (steps 4-3 of 3)".
 TEST(UserErrors, ResumingAFinishedRunSaysItIsFinished) {
-  REQUIRE_DATA();
+  CONTRAX_REQUIRE_FASHION_MNIST();
   const std::string d = run_dir("finished");
   ASSERT_EQ(run_cli(kTiny + " --run-dir " + d).status, 0);
   const auto r = run_cli(kTiny + " --resume auto --run-dir " + d);

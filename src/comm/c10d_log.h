@@ -3,7 +3,9 @@
 // failed ... Broken pipe" with the C++ backtrace of the exception it is about
 // to throw, and one that cannot connect logs each retry the same way; Contrax
 // catches those exceptions and says in one line which rank ended and where to
-// look, so the raw lines only read like a crash before it. While a QuietC10dLog
+// look, so the raw lines only read like a crash before it. Muted: the
+// store-polling diagnosis thread, the TCPStore client's connect, and the
+// process group's construction (Gloo waits on the store). While a QuietC10dLog
 // lives, c10's log threshold is raised to FATAL (process-wide: c10 has one
 // threshold); the outermost one restores it.
 //

@@ -62,11 +62,15 @@ std::string diagnose_peers(const CommunicatorImpl& impl, const std::string& what
         result->set_value("rank" + std::string(silent.size() > 1 ? "s " : " ") + c10::Join(", ", silent) +
                           " did not answer (hung, stopped or dead)");
       }
-    } catch (const std::exception&) {
-      // Refused or closed, not silent: the host's process is gone.
+    } catch (const std::exception& e) {
+      // Refused, reset or closed, not silent: the host's process is gone.
+      const std::string m = e.what();
+      const bool gone = m.find("onnection") != std::string::npos || m.find("Broken pipe") != std::string::npos ||
+                        m.find("got 0 bytes") != std::string::npos;
       result->set_value(rank == 0 || external ? "the store could not be reached"
-                                              : "rank 0, which hosts the rendezvous store, has ended (exited, killed "
-                                                "or crashed: its own output, or the launcher's last line, says why)");
+                        : gone ? "rank 0, which hosts the rendezvous store, has ended (exited, killed or crashed: its "
+                                 "own output, or the launcher's last line, says why)"
+                               : silent_host);
     }
   }).detach();
   if (future.wait_for(window + std::chrono::milliseconds(1000)) == std::future_status::ready) return future.get();

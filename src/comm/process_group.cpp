@@ -18,6 +18,7 @@
 #include <cstdlib>
 
 #include "comm/address.h"
+#include "comm/c10d_log.h"
 #include "comm/gloo_binding.h"
 #include "contrax/tasks.h"
 
@@ -100,6 +101,9 @@ void make_process_group(CommunicatorImpl& impl, const std::string& backend, cons
   const auto start = std::chrono::steady_clock::now();
   std::string cause;
   try {
+    // A peer that fails meanwhile takes the store away: c10d would log each
+    // failed store call with a backtrace before the error said below.
+    const QuietC10dLog quiet;
     if (backend == "gloo") {
       make_gloo(impl, o, store);
     } else {
