@@ -52,9 +52,10 @@ constexpr const char* kStartEnv = "CONTRAX_TRAIN_START";
 std::string step_line(const ct::StepProgress& p) {
   const double f = p.total_steps > 0 ? static_cast<double>(p.step) / static_cast<double>(p.total_steps) : 0.0;
   std::ostringstream o;
+  const double loss = std::isnan(p.loss) ? std::fabs(p.loss) : p.loss;  // "nan", never "-nan"
   o << "train " << cli::progress_bar(f, 24) << " " << std::setw(3) << static_cast<int>(f * 100) << "%  step "
     << p.step << "/" << p.total_steps << "  epoch " << p.epoch << "/" << p.epochs << "  loss " << std::fixed
-    << std::setprecision(4) << (std::isnan(p.loss) ? std::fabs(p.loss) : p.loss) << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
+    << std::setprecision(4) << loss << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
     << "/s  ETA " << ct::format_duration(p.eta_s);
   return o.str();
 }

@@ -63,12 +63,12 @@ void expect_no_raw_upstream_text(const std::string& out) {
 TEST(PeerExit, KilledRankZeroLeavesNoBacktraceOnRankOne) {
   CONTRAX_REQUIRE_FASHION_MNIST();
   contrax::testing::TempDir t("contrax_peer_exit");
-  const auto p = contrax::testing::spawn(kCli + " train " + kFast + " --nproc 2 --max-steps 300 --checkpoint-every 50 " +
-                                             "--run-dir " + t.path + "/run",
-                                         t.path + "/out.txt");
+  const std::string run = t.path + "/run";
+  const std::string args = " --nproc 2 --max-steps 300 --checkpoint-every 50 --run-dir " + run;
+  const auto p = contrax::testing::spawn(kCli + " train " + kFast + args, t.path + "/out.txt");
   // Training has begun when both ranks passed a few steps.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (contrax::testing::count_lines(t.path + "/run/metrics.jsonl") < 3 && std::chrono::steady_clock::now() < deadline) {
+  while (contrax::testing::count_lines(run + "/metrics.jsonl") < 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   const pid_t rank0 = worker_of(p.pid, 0);

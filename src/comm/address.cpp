@@ -129,7 +129,8 @@ bool wait_until_listening(const sockaddr_storage& master, int64_t port,
     if (!connected && errno == EINPROGRESS) {
       // A connection that is neither accepted nor refused (a filtered port,
       // a host that is down) is waited for until the deadline, not longer.
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       pollfd p{fd, POLLOUT, 0};
       int err = 0;
       socklen_t len = sizeof err;

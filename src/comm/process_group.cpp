@@ -86,9 +86,9 @@ std::string failure_context(const std::string& cause, std::chrono::steady_clock:
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
   if (cause.find("Resource temporarily unavailable") != std::string::npos) {
     const TasksLimit lim = tasks_limit();
-    return c10::str("after ", waited.count(), " ms: a thread could not be started (",
-                    lim.left < 0 ? std::string("no tasks limit is visible to this process") : "the tasks limit: " + lim.what,
-                    ")");
+    const std::string limit =
+        lim.left < 0 ? std::string("no tasks limit is visible to this process") : "the tasks limit: " + lim.what;
+    return c10::str("after ", waited.count(), " ms: a thread could not be started (", limit, ")");
   }
   if (waited < timeout * 9 / 10) return c10::str("after ", waited.count(), " ms (timeout ", timeout.count(), " ms)");
   return c10::str("within ", timeout.count(), " ms (a peer may never have arrived)");
