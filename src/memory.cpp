@@ -14,6 +14,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "util/cgroup.h"
+
 namespace contrax {
 namespace {
 
@@ -115,20 +117,8 @@ namespace {
 // One number from a cgroup v2 file of this process's cgroup; -1 for "max",
 // a missing file or no cgroup v2.
 int64_t cgroup_value(const std::string& file) {
-  std::ifstream cg("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(cg, line)) {
-    if (line.rfind("0::", 0) == 0) path = line.substr(3);
-  }
-  if (path.empty()) return -1;
-  std::ifstream f("/sys/fs/cgroup" + (path == "/" ? std::string() : path) + "/" + file);
-  std::string v;
-  if (!(f >> v) || v == "max") return -1;
-  try {
-    return std::stoll(v);
-  } catch (const std::exception&) {
-    return -1;
-  }
+  const auto dirs = detail::cgroup_dirs("", /*ancestors=*/false);
+  return dirs.empty() ? -1 : detail::cgroup_number(dirs.front(), file);
 }
 
 }  // namespace

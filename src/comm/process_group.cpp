@@ -16,14 +16,17 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "comm/address.h"
+#include "comm/c10d_log.h"
 #include "comm/device_binding.h"
 #include "comm/gloo_binding.h"
+#include "contrax/tasks.h"
 
 namespace contrax::detail {
 
@@ -104,6 +107,23 @@ void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
 #endif
 }
 
+// How long the attempt took, said as it happened: a cause that came at once
+// (a thread that could not start: EAGAIN) claims no wait, and only one that
+// took the whole timeout says that a peer may never have arrived.
+std::string failure_context(const std::string& cause, std::chrono::steady_clock::time_point start,
+                            std::chrono::milliseconds timeout) {
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  if (cause.find("Resource temporarily unavailable") != std::string::npos) {
+    const TasksLimit lim = tasks_limit();
+    const std::string limit =
+        lim.left < 0 ? std::string("no tasks limit is visible to this process") : "the tasks limit: " + lim.what;
+    return c10::str("after ", waited.count(), " ms: a thread could not be started (", limit, ")");
+  }
+  if (waited < timeout * 9 / 10) return c10::str("after ", waited.count(), " ms (timeout ", timeout.count(), " ms)");
+  return c10::str("within ", timeout.count(), " ms (a peer may never have arrived)");
+}
+
 }  // namespace
 
 void make_process_group(CommunicatorImpl& impl, const std::string& backend, const CommunicatorOptions& o,
@@ -113,20 +133,25 @@ void make_process_group(CommunicatorImpl& impl, const std::string& backend, cons
   // that never arrived.
   if (backend == "nccl") refuse_shared_gpus(o, store, nccl_stage_device(impl.device));
 #endif
+  const auto start = std::chrono::steady_clock::now();
+  std::string cause;
   try {
+    // A peer that fails meanwhile takes the store away: c10d would log each
+    // failed store call with a backtrace before the error said below.
+    const QuietC10dLog quiet;
     if (backend == "gloo") {
       make_gloo(impl, o, store);
     } else {
       make_nccl(impl, o, store);
     }
+    return;
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
-                " could not build the process group within ", o.timeout().count(),
-                " ms (a peer may never have arrived): ", e.what_without_backtrace());
+    cause = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
-                " could not build the process group within ", o.timeout().count(), " ms: ", e.what());
+    cause = e.what();
   }
+  TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
+              " could not build the process group ", failure_context(cause, start, o.timeout()), ": ", cause);
 }
 
 void make_mpi_process_group(CommunicatorImpl& impl) {

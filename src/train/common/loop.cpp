@@ -92,6 +92,10 @@ const RunOptions& checked_options(const RunOptions& o) {
   return o;
 }
 
+// A NaN without its sign bit: streams print a negative NaN (what an
+// overflowing loss gives) as "-nan", which reads like a negative number.
+double plain_nan(double v) { return std::isnan(v) ? std::fabs(v) : v; }
+
 }  // namespace
 
 // What rank 0 records of a step.
@@ -272,7 +276,7 @@ void TrainLoop::record(const Row& r, const Step& step) {
   if (every <= 0 || !(done % every == 0 || r.step + 1 == total_ || done == 1 || !r.finite)) return;
   std::ostringstream line;
   line << "step " << r.step + 1 << "/" << total_ << "  epoch " << r.pos.epoch + 1 << " (" << r.pos.step + 1 << "/"
-       << sampler_.steps_per_epoch() << ")  loss " << std::fixed << std::setprecision(4) << r.loss
+       << sampler_.steps_per_epoch() << ")  loss " << std::fixed << std::setprecision(4) << plain_nan(r.loss)
        << (step.progress ? step.progress() : std::string()) << "  lr " << std::scientific << std::setprecision(2)
        << r.lr << std::fixed << std::setprecision(0) << "  " << r.examples_per_s << " " << step.rate_unit
        << "/s  ETA " << format_duration(eta);
@@ -292,7 +296,8 @@ void TrainLoop::record(const Row& r, const Step& step) {
 void TrainLoop::diverged(const Row& r) const {
   const int64_t skip = options_.skip_nonfinite();
   TORCH_CHECK(false, "training diverged at step ", r.step + 1, "/", total_, ": the ",
-              std::isfinite(r.loss) ? "gradient" : "loss", " is not finite (loss ", r.loss, ", lr ", r.lr, "); ",
+              std::isfinite(r.loss) ? "gradient" : "loss", " is not finite (loss ", plain_nan(r.loss), ", lr ", r.lr,
+              "); ",
               skip > 0 ? "more than the allowed " + std::to_string(skip) + " non-finite steps (--skip-nonfinite); "
                        : std::string(),
               run_dir_.empty() ? std::string("nothing was saved")
