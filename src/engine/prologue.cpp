@@ -48,12 +48,6 @@ int64_t logits_blocks(const std::string& loss) {
   return 1;
 }
 
-int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size) {
-  if (tile_size > 0) return tile_size;
-  const double side = std::sqrt(static_cast<double>(tile_bytes) / static_cast<double>(element_size));
-  return std::max<int64_t>(64, static_cast<int64_t>(side));
-}
-
 namespace {
 
 // Whether `caller` warns now: once per process and loss, as TORCH_WARN_ONCE
@@ -106,7 +100,7 @@ Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vec
                         memory.max_logits_bytes());
   p.layout = make_layout(caller, comm, std::move(counts));
   p.ring = p.tiled && memory.ring() && p.layout.world > 1;
-  p.tile = tile_side(std::max<int64_t>(memory.tile_size(), 0), memory.tile_bytes(), e);
+  p.walk = make_walk(features, std::max<int64_t>(memory.tile_size(), 0), memory.tile_bytes());
   return p;
 }
 
