@@ -122,20 +122,50 @@ Blocks walked_blocks(const PlanOptions& o, int64_t b, bool ring) {
 int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / std::max<int64_t>(y, 1); }
 
 // Launches of a forward + backward (see PathCost::launches): a fixed count
-// and one per step of the walk, measured as the ATen operators that launch
-// work (support/op_counter.h) on the CPU walking as CUDA does, with the ATen
-// forms of the element-wise passes, and derived in docs/losses.md; panels_test
-// checks them against a call. Modelled: W = 1, no labels, no bias, the
-// losses' default normalisation.
-int64_t estimate_launches(const std::string& loss, bool materialised, int64_t steps) {
+// and one per panel of the forward's walk (the backward walks as many), the
+// ATen operators that launch work as support/op_counter.h counts them on the
+// CPU walking as CUDA does (panels, the ATen forms of the element-wise passes,
+// no host-read bound); panels_test checks every entry against a call. fp32
+// features, W = 1, no labels, no bias, the losses' default normalisation
+// (CLIP none; NT-Xent and MoCo v3 L2). Per CLIP panel on the tiled path, 27:
+//   forward 17: the GEMM; the column log-sum-exps (max, its -inf fixed in one
+//     pass, subtract, exp, sum, log, add: 7) merged in place into the running
+//     ones (1); the row log-sum-exps (7) copied out (1);
+//   backward 10: the GEMM again; the softmax gradient (row and column terms:
+//     5), the positives (1), c folded into the one cast (1), dq's and dk's
+//     accumulating GEMMs (2).
+// A materialised panel, 25: forward 18 (the same, plus the copy of its
+// positives), backward 7 (the gradient 5, the positives 1, the panel's rows of
+// G k 1; dk is one GEMM after the walk, a fixed launch). One direction
+// (infonce, grouped: no column statistics): 16 tiled, 14 materialised. The fixed counts hold the prologue
+// (the clamped scale: 5 with its backward), the loss's reduction and the
+// gradients' scaling, and for NT-Xent and MoCo v3 the overflow-safe L2
+// normalisation of each tower with its backward (about 15 a tower). Reduced
+// operands (fp16/bf16 features; derived from the code, not counted: the CPU
+// has no mixed-dtype GEMM and widens instead) add about 2 fixed launches (the
+// gradients cast back to the features' dtype) and, on a materialised CLIP
+// panel, 2 (the cast of G with c folded in, and dk's accumulating GEMM).
+int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panels) {
   struct Model {
-    int64_t fixed, per_step;
+    int64_t fixed, per_panel;
   };
-  Model m{-1, 0};
-  (void)loss;
-  (void)materialised;
-  if (m.fixed < 0) return -1;
-  return m.fixed + m.per_step * steps;
+  const std::string& loss = o.loss();
+  Model m{0, 0};
+  if (loss == "clip") {
+    m = materialised ? Model{27, 25} : Model{27, 27};
+  } else if (loss == "infonce" || loss == "grouped") {
+    m = materialised ? Model{22, 14} : Model{22, 16};
+  } else if (loss == "nt_xent") {
+    m = materialised ? Model{77, 16} : Model{63, 21};
+  } else {  // moco_v3
+    m = materialised ? Model{87, 14} : Model{93, 15};
+  }
+  const bool reduced = detail::operand_dtype(o.dtype(), o.device()) != detail::compute_dtype(o.dtype());
+  if (reduced) {
+    m.fixed += 2;
+    if (materialised && loss != "nt_xent") m.per_panel += 2;
+  }
+  return m.fixed + m.per_panel * panels;
 }
 
 // The walk of each path: steps, their shape, the workspace held at once and
@@ -154,7 +184,7 @@ void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled,
     c->workspace_bytes = walk.panels ? detail::panel_workspace_bytes(dev, o.dtype(), {c->panel_rows, c->panel_cols},
                                                                      o.width())
                                      : c->logits_bytes;
-    c->launches = c == &ring && o.world() > 1 ? -1 : estimate_launches(o.loss(), false, c->panels);
+    c->launches = !walk.panels || (c == &ring && o.world() > 1) ? -1 : estimate_launches(o, false, c->panels);
     if (walk.panels) c->logits_bytes = c->panel_rows * c->panel_cols * c10::elementSize(detail::compute_dtype(o.dtype()));
   }
   // The materialised buffer, walked in panels of every column: NT-Xent's one
@@ -168,9 +198,9 @@ void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled,
   // Beside the buffer, a panel's temporaries: what a panel holds beyond its
   // own logits (none with the CPU's fused passes).
   const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
-  const int64_t extra = detail::panel_workspace_bytes(dev, o.dtype(), {R, blocks.cols}, o.width()) - R * blocks.cols * e;
-  mat.workspace_bytes = mat.logits_bytes + (detail::panels_on(dev) || !detail::fused_passes(dev) ? extra : 0);
-  mat.launches = estimate_launches(o.loss(), true, mat.panels);
+  mat.workspace_bytes = mat.logits_bytes +
+                        detail::panel_workspace_bytes(dev, o.dtype(), {R, blocks.cols}, o.width()) - R * blocks.cols * e;
+  mat.launches = detail::panels_on(dev) ? estimate_launches(o, true, mat.panels) : -1;
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "engine/lse_kernels.h"
 #include "engine/panels.h"
 #include "engine/precision.h"
+#include "support/cli.h"
 #include "support/op_counter.h"
 #include "support/ranks.h"
 
@@ -107,16 +108,38 @@ TEST(PanelSizing, TheCpuKeepsItsTiles) {
   EXPECT_FALSE(contrax::detail::make_walk(x, 5, int64_t{16} << 20).panels);  // an explicit tile side wins
 }
 
-TEST(PanelSizing, BadSettingsAreErrors) {
+void expect_error(const std::function<void()>& fn, const std::string& message) {
   try {
-    contrax::set_loss_panel_bytes(-1);
-    ADD_FAILURE() << "no error";
+    fn();
+    ADD_FAILURE() << "no error, expected: " << message;
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("set_loss_panel_bytes(): argument 'bytes' must be >= 0 (0: automatic), but "
-                                         "got -1"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
   }
+}
+
+TEST(PanelSizing, BadSettingsAreErrors) {
+  expect_error([] { contrax::set_loss_panel_bytes(-1); },
+               "set_loss_panel_bytes(): argument 'bytes' must be >= 0 (0: automatic), but got -1");
+  expect_error([] { contrax::plan_loss(contrax::PlanOptions().panel_bytes(-2)); },
+               "plan_loss(): argument 'panel_bytes' must be >= 0 (0: automatic), but got -2");
+  // The environment variable, read when a loss or plan first needs the budget.
+  auto run = contrax::testing::run_shell("CONTRAX_PANEL_BYTES=lots " CONTRAX_CLI_PATH " plan --device cuda 2>&1");
+  EXPECT_EQ(run.status, 1) << run.out;
+  EXPECT_NE(run.out.find("environment variable 'CONTRAX_PANEL_BYTES' must be a non-negative number of bytes (0: "
+                         "automatic), but got 'lots'"),
+            std::string::npos)
+      << run.out;
+  run = contrax::testing::run_shell("CONTRAX_PANEL_BYTES=-5 " CONTRAX_CLI_PATH " plan --device cuda 2>&1");
+  EXPECT_EQ(run.status, 1) << run.out;
+  EXPECT_NE(run.out.find("but got -5"), std::string::npos) << run.out;
+  // --panel-bytes is range-checked by the command line (a usage error).
+  run = contrax::testing::run_cli("plan --device cuda --panel-bytes -1");
+  EXPECT_EQ(run.status, 2) << run.out;
+  // A valid setting is the budget the plan takes.
+  run = contrax::testing::run_shell("CONTRAX_PANEL_BYTES=536870912 " CONTRAX_CLI_PATH
+                                    " plan --device cuda --dtype bf16 --batch 65536 --width 768 --json");
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("\"panel_rows\": 1024"), std::string::npos) << run.out;  // 512 MiB / (65,536 x 8)
 }
 
 // ---- the CUDA walk, run on the CPU: exact in fp64
@@ -209,6 +232,35 @@ TEST(PanelWalk, SeveralPanelsMatchTheReference) {
   }
 }
 
+// bf16 features under CUDA's precision policy (reduced operands, here on the
+// CPU) walking CUDA's panels: each gradient panel cast once to bf16 with its
+// factor folded in, dq and dk accumulated in fp32, within bf16's tolerance of
+// the fp64 reference on the same rounded inputs (precision_test's bound).
+TEST(PanelWalk, Bf16PanelsUnderTheCudaPolicy) {
+  torch::manual_seed(7);
+  const int64_t B = 600, d = 16;
+  const auto a = torch::randn({B, d}).to(torch::kBFloat16), b = torch::randn({B, d}).to(torch::kBFloat16);
+  const auto ls = torch::tensor(std::log(10.0f));
+  const auto want = loss_and_grads({a.to(torch::kDouble), b.to(torch::kDouble), ls.to(torch::kDouble)},
+                                   [&](const Tensors& x) {
+                                     return contrax::reference::clip_loss(x[0], x[1], x[2], {}, true, 100.0, true);
+                                   });
+  contrax::detail::set_reduced_operands_everywhere(true);
+  for (auto path : {contrax::MemoryPath::kTiled, contrax::MemoryPath::kMaterialised}) {
+    CudaWalk on(contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kBFloat16, {256, B}, d));
+    const int64_t steps = contrax::detail::steps_walked();
+    const auto got = loss_and_grads({a, b, ls}, [&](const Tensors& x) {
+      return contrax::clip_loss(x[0], x[1], x[2], {}, contrax::ClipLossOptions().normalize(true).path(path));
+    });
+    EXPECT_EQ(contrax::detail::steps_walked() - steps, 6);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_LE(rel_err(got[i].to(torch::kDouble), want[i]), 5e-2) << "output " << i;
+      EXPECT_EQ(got[i].scalar_type(), i == 1 || i == 2 ? torch::kBFloat16 : torch::kFloat) << "output " << i;
+    }
+  }
+  contrax::detail::set_reduced_operands_everywhere(false);
+}
+
 // SigLIP walks the same panels (tiles of every column of a block).
 TEST(PanelWalk, SigLipMatchesTheReference) {
   torch::manual_seed(4);
@@ -267,19 +319,20 @@ TEST(PanelWalk, RingMatchesTheReference) {
 // A forward + backward of `loss` on B rows of width d, fp32, W = 1, the
 // losses' defaults (CLIP without bias or normalisation; NT-Xent and MoCo v3
 // normalised), walking as CUDA walks: panels of `panel_rows` rows, the ATen
-// forms of the element-wise passes, and for the CLIP family no bounded shift
-// (the CPU-only path that reads a bound on the host, which CUDA never takes).
+// forms of the element-wise passes, and except for NT-Xent no bounded shift
+// (the CLIP block's is CPU-only: it reads the bound on the host, which CUDA
+// never does; NT-Xent's bound on unit rows is taken on every device).
 struct Counted {
   int64_t launches = 0, steps = 0;
   std::string summary;
+  contrax::PathCost planned;  // plan_loss's cost of the same path and walk
 };
 Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B, int64_t d, int64_t panel_rows) {
   torch::manual_seed(6);
-  const bool clip_family = loss == "clip" || loss == "infonce" || loss == "grouped";
   const int64_t cols = loss == "nt_xent" ? 2 * B : loss == "grouped" ? 2 * B : B;
   contrax::detail::set_fused_kernels_enabled(false);
   CudaWalk on(contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {panel_rows, cols}, d), true);
-  if (clip_family) contrax::detail::set_bounded_shift_enabled(false);
+  if (loss != "nt_xent") contrax::detail::set_bounded_shift_enabled(false);
   auto x = torch::randn({B, d}).requires_grad_(true), y = torch::randn({B, d}).requires_grad_(true);
   auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
   auto k1 = torch::randn({B, d}), k2 = torch::randn({B, d});
@@ -303,6 +356,15 @@ Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B,
     c.summary = ops.summary();
   }
   c.steps = contrax::detail::steps_walked() - steps;
+  // The plan of the same call under the same walk (the CPU walking as CUDA).
+  const auto plan = contrax::plan_loss(contrax::PlanOptions()
+                                           .loss(loss)
+                                           .group(loss == "grouped" ? 2 : 1)
+                                           .batch(B)
+                                           .width(d)
+                                           .panel_bytes(contrax::loss_panel_bytes())
+                                           .path(path));
+  c.planned = plan.paths[path == contrax::MemoryPath::kTiled ? 1 : 0];
   contrax::detail::set_bounded_shift_enabled(true);
   return c;
 }
@@ -319,6 +381,85 @@ TEST(PanelLaunches, DISABLED_Measure) {
       }
     }
   }
+}
+
+// The op count of a call walking as CUDA does stays at or below plan_loss's
+// launches (the bound derived in src/plan.cpp: a fixed count plus so many per
+// panel), and that bound is not loose; the steps walked are the plan's panels,
+// forward and backward. Every loss, both paths, at 1 and 3 panels.
+TEST(PanelLaunches, CallsStayWithinThePlansLaunches) {
+  for (std::string loss : {"clip", "infonce", "grouped", "nt_xent", "moco_v3"}) {
+    for (auto path : {contrax::MemoryPath::kTiled, contrax::MemoryPath::kMaterialised}) {
+      for (int64_t B : {256, 768}) {
+        const auto c = count_call(loss, path, B, 8, 256);
+        const std::string what = loss + (path == contrax::MemoryPath::kTiled ? " tiled" : " materialised") +
+                                 " B=" + std::to_string(B) + ": " + c.summary;
+        EXPECT_EQ(c.steps, 2 * c.planned.panels) << what;
+        EXPECT_LE(c.launches, c.planned.launches) << what;
+        EXPECT_GE(c.launches, c.planned.launches - c.planned.launches / 10) << what;
+      }
+    }
+  }
+}
+
+// The case on paper: CLIP at B = 65,536, d = 768, bf16 features on an
+// H100 (1.5 GiB budget). With the ATen forms of the element-wise passes a
+// panel holds 8 bytes a logit: 3,072 rows, 22 panels, 1.5 GiB, and
+// 27 + 27 x 22 + 2 = 623 launches (from ~16,000 with 32 MiB tiles). The
+// issue's <= 16 panels and <= ~150 launches need the fused CUDA kernels (a
+// panel of 6 bytes a logit and ~6 launches).
+TEST(PanelLaunches, ClipAtB65536OnAnH100) {
+  if (!contrax::detail::mixed_gemm_available()) GTEST_SKIP() << "the sizes assume the mixed-dtype GEMMs";
+  const auto plan = contrax::plan_loss(contrax::PlanOptions()
+                                           .batch(65536)
+                                           .width(768)
+                                           .dtype(torch::kBFloat16)
+                                           .device(torch::kCUDA)
+                                           .panel_bytes(kGiB + kGiB / 2));
+  EXPECT_EQ(plan.chosen, "tiled");
+  const auto& tiled = plan.paths[1];
+  EXPECT_EQ(tiled.panel_rows, 3072);
+  EXPECT_EQ(tiled.panel_cols, 65536);
+  EXPECT_EQ(tiled.panels, 22);
+  EXPECT_EQ(tiled.workspace_bytes, kGiB + kGiB / 2);
+  EXPECT_EQ(tiled.launches, 27 + 27 * 22 + 2);
+  // The CPU plans its tiles: 32 x 32 tiles of 2,048 (16 MiB of fp32 logits each).
+  const auto cpu = contrax::plan_loss(contrax::PlanOptions().batch(65536).width(768));
+  EXPECT_EQ(cpu.paths[1].panel_rows, 2048);
+  EXPECT_EQ(cpu.paths[1].panels, 32 * 32);
+}
+
+// The workspace plan_loss reports is what the walk holds: the counting CPU
+// allocator's peak of a tiled CLIP call walking as CUDA does (ATen passes:
+// each panel's logits and one temporary of the same size) is at least one
+// panel's logits and at most the plan's workspace plus the [b, d]-sized and
+// [B]-sized tensors around it.
+TEST(PanelWorkspace, PeakMatchesThePlan) {
+  at::set_num_threads(1);
+  const int64_t B = 2048, d = 8, rows = 256;
+  contrax::detail::set_fused_kernels_enabled(false);
+  CudaWalk on(contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {rows, B}, d), true);
+  contrax::detail::set_bounded_shift_enabled(false);
+  const auto plan = contrax::plan_loss(
+      contrax::PlanOptions().batch(B).width(d).panel_bytes(contrax::loss_panel_bytes()).path(contrax::MemoryPath::kTiled));
+  const auto& tiled = plan.paths[1];
+  ASSERT_EQ(tiled.panel_rows, rows);
+  ASSERT_EQ(tiled.workspace_bytes, rows * B * 8);  // 4 MiB
+  auto a = torch::randn({B, d}).requires_grad_(true), b = torch::randn({B, d}).requires_grad_(true);
+  auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
+  contrax::MemoryTracker::install();
+  int64_t peak = 0;
+  {
+    contrax::PeakScope scope;
+    auto l = contrax::clip_loss(a, b, ls, {}, contrax::ClipLossOptions().path(contrax::MemoryPath::kTiled));
+    l.backward();
+    peak = scope.peak_above_start();
+  }
+  contrax::detail::set_bounded_shift_enabled(true);
+  const int64_t around = 8 * B * d * 4 + 16 * B * 4;  // gradients, accumulators, scaled features; vectors
+  EXPECT_GE(peak, rows * B * 4) << "at least one panel of logits";
+  EXPECT_LE(peak, tiled.workspace_bytes + around) << "the plan's workspace and what surrounds it";
+  std::cout << "peak " << peak << " B, plan workspace " << tiled.workspace_bytes << " B\n";
 }
 
 }  // namespace

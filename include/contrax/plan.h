@@ -77,7 +77,8 @@ struct PathCost {
   /// Kernel launches of a forward + backward on a GPU (the ATen operators
   /// that launch work), estimated from the same walk: the prologue's fixed
   /// count plus, per step, its GEMMs and element-wise passes (the ATen forms;
-  /// docs/losses.md derives the counts). -1 where not modelled (the ring's
+  /// src/plan.cpp derives the counts). -1 where not modelled: the CPU's
+  /// walk (no launches; its tiles run fused kernels), and the ring (its
   /// per-block communication copies are not counted).
   int64_t launches = 0;
 };

@@ -36,6 +36,10 @@ std::atomic<bool>& panels_everywhere_flag() {
 
 int64_t round_down(int64_t x, int64_t m) { return x / m * m; }
 
+// Whether reduced operands multiply without being widened: the mixed-dtype
+// GEMMs are CUDA kernels (the CPU, and CUDA on an older LibTorch, widen).
+bool mixed_on(c10::DeviceType device) { return device == c10::kCUDA && mixed_gemm_available(); }
+
 std::atomic<int64_t>& steps_counter() {
   static std::atomic<int64_t> n{0};
   return n;
@@ -72,14 +76,14 @@ int64_t panel_entry_bytes(c10::DeviceType device, c10::ScalarType dtype) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute));
   const int64_t temporary = fused_passes(device) ? 0 : e;
   int64_t cast = 0;
-  if (operand != compute) cast = static_cast<int64_t>(c10::elementSize(operand)) + (mixed_gemm_available() ? 0 : e);
+  if (operand != compute) cast = static_cast<int64_t>(c10::elementSize(operand)) + (mixed_on(device) ? 0 : e);
   return e + std::max(temporary, cast);
 }
 
 int64_t panel_workspace_bytes(c10::DeviceType device, c10::ScalarType dtype, const StepShape& shape, int64_t width) {
   const auto compute = compute_dtype(dtype), operand = operand_dtype(dtype, c10::Device(device));
   int64_t bytes = shape.rows * shape.cols * panel_entry_bytes(device, dtype);
-  if (operand != compute && !mixed_gemm_available()) {
+  if (operand != compute && !mixed_on(device)) {
     bytes += (shape.rows + shape.cols) * width * static_cast<int64_t>(c10::elementSize(compute));
   }
   return bytes;

@@ -50,7 +50,8 @@ bool fused_passes(c10::DeviceType device);
 /// logits in the compute dtype e, plus the larger of what comes and goes
 /// beside them: the ATen passes' temporary (e; none when fused), or in the
 /// backward the gradient panel cast to the operand dtype f (reduced operands
-/// only; plus its widened copy e where the LibTorch has no mixed-dtype GEMM).
+/// only; plus its widened copy e where there is no mixed-dtype GEMM: off
+/// CUDA, or on a LibTorch without it).
 /// CUDA, bf16 features, ATen passes: 4 + max(4, 2) = 8.
 int64_t panel_entry_bytes(c10::DeviceType device, c10::ScalarType dtype);
 
@@ -63,7 +64,7 @@ StepShape panel_shape(c10::DeviceType device, c10::ScalarType dtype, int64_t row
 
 /// Bytes a walk in steps of `shape` holds at once: shape.rows x shape.cols x
 /// panel_entry_bytes, plus, for reduced operands without a mixed-dtype GEMM,
-/// the widened [C, d] operand and [R, d] product of each accumulation.
+/// the widened [C, d] and [R, d] operands of each accumulation.
 int64_t panel_workspace_bytes(c10::DeviceType device, c10::ScalarType dtype, const StepShape& shape, int64_t width);
 
 /// Rows per panel of the materialised path's [rows x cols] logits buffer: its

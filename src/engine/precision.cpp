@@ -122,6 +122,14 @@ void gemm_add_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b
   acc.addmm_(ar.to(o), br.to(o));
 }
 
+void gemm_into_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b, bool first) {
+  if (first) {
+    gemm_out(acc, a, b);
+  } else {
+    gemm_add_(acc, a, b);
+  }
+}
+
 torch::Tensor scaled_operand(const torch::Tensor& g, const torch::Tensor& factor, c10::ScalarType op) {
   if (op == g.scalar_type()) return factor.defined() ? g.mul_(factor) : g;
   auto out = torch::empty(g.sizes(), g.options().dtype(op));  // [R, C], contiguous

@@ -61,6 +61,10 @@ torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, c10::ScalarTy
 /// product temporary added afterwards.
 void gemm_add_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b);
 
+/// acc = a @ b when `first` (acc's old contents unread: an accumulator needs
+/// no zero fill before its first product), else acc += a @ b.
+void gemm_into_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b, bool first);
+
 /// The gradient tile or panel `g` (compute dtype) times the 0-dim `factor`
 /// (undefined: 1), in the operand dtype `op` the GEMMs that consume it take:
 /// one pass, the factor folded into the cast (at::mul_out into an `op`

@@ -107,12 +107,20 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const bool want_dk = ctx->needs_input_grad(1);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(3);
     const auto w = backward_weights(*state, grads[0], compute_dtype(q.scalar_type()));
-    auto qs = q * scale;                                   // [b, d]
-    auto A = torch::zeros(q.sizes(), compute_options(q));  // [b, d]: sum_j G_ij k_j
+    auto qs = q * scale;  // [b, d]
+    // The accumulators take their first product by assignment instead of a
+    // zero fill (gemm_into_): A's rows at the first column step of the only
+    // block (the ring sums A over blocks: zeros), a key block's dk rows at the
+    // first row step (none when this rank has no rows: zeros).
+    const bool one_block = !state->ring && k.size(0) > 0;
+    auto A = one_block ? torch::empty(q.sizes(), compute_options(q))
+                       : torch::zeros(q.sizes(), compute_options(q));  // [b, d]: sum_j G_ij k_j
     auto g_sum = torch::zeros({}, compute_options(q));
     auto dk = state->key_blocks().for_each_grad(k, want_dk, [&](int64_t, int64_t col0, const torch::Tensor& block) {
       // [n, d], summed in the compute dtype
-      torch::Tensor dk_block = want_dk ? torch::zeros(block.sizes(), compute_options(block)) : torch::Tensor();
+      torch::Tensor dk_block;
+      if (want_dk) dk_block = b > 0 ? torch::empty(block.sizes(), compute_options(block))
+                                    : torch::zeros(block.sizes(), compute_options(block));
       for_each_tile(
           b, block.size(0), state->walk,
           [&](const Tile& t) {
@@ -123,8 +131,8 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
             if (want_bias) g_sum.add_(s.sum());  // sum of G / c (c applied once at the end)
             // G in the keys' dtype, cast once with c folded in, for both GEMMs.
             auto G = scaled_operand(s, w.c, kt.scalar_type());
-            gemm_add_(A.narrow(0, t.r0, t.rows), G, kt);
-            if (want_dk) gemm_add_(dk_block.narrow(0, t.c0, t.cols), G.t(), qs.narrow(0, t.r0, t.rows));
+            gemm_into_(A.narrow(0, t.r0, t.rows), G, kt, one_block && t.c0 == 0);
+            if (want_dk) gemm_into_(dk_block.narrow(0, t.c0, t.cols), G.t(), qs.narrow(0, t.r0, t.rows), t.r0 == 0);
           },
           /*columns_outer=*/true);
       return dk_block;

@@ -26,7 +26,8 @@ bool launches_nothing(const std::string& name) {
       "aten::squeeze",   "aten::alias",         "aten::detach",     "aten::lift_fresh", "aten::to",
       "aten::contiguous", "aten::resize_",      "aten::set_",       "aten::_unsafe_view", "aten::permute",
       "aten::result_type", "aten::resolve_conj", "aten::resolve_neg", "aten::detach_",  "aten::numpy_T",
-      "aten::split",     "aten::unbind",        "aten::chunk",      "aten::split_with_sizes"};
+      "aten::split",     "aten::unbind",        "aten::chunk",      "aten::split_with_sizes",
+      "aten::scalar_tensor"};  // a Scalar wrapped on the host, even beside CUDA tensors
   return none.count(name) > 0;
 }
 
