@@ -172,6 +172,7 @@ int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panel
 // the launches.
 void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled, PathCost& ring) {
   const auto dev = o.device().type();
+  const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
   const int64_t budget = o.panel_bytes() > 0 ? o.panel_bytes() : detail::panel_budget(o.device());
   const auto walk =
       detail::make_walk(dev, o.dtype(), o.width(), std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), budget);
@@ -185,7 +186,7 @@ void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled,
                                                                      o.width())
                                      : c->logits_bytes;
     c->launches = !walk.panels || (c == &ring && o.world() > 1) ? -1 : estimate_launches(o, false, c->panels);
-    if (walk.panels) c->logits_bytes = c->panel_rows * c->panel_cols * c10::elementSize(detail::compute_dtype(o.dtype()));
+    if (walk.panels) c->logits_bytes = c->panel_rows * c->panel_cols * e;  // one panel
   }
   // The materialised buffer, walked in panels of every column: NT-Xent's one
   // [2b x 2B] buffer, MoCo v3's two [b x B] ones.
@@ -197,9 +198,8 @@ void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled,
   mat.panels = blocks.count * ceil_div(blocks.rows, R);
   // Beside the buffer, a panel's temporaries: what a panel holds beyond its
   // own logits (none with the CPU's fused passes).
-  const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
-  mat.workspace_bytes = mat.logits_bytes +
-                        detail::panel_workspace_bytes(dev, o.dtype(), {R, blocks.cols}, o.width()) - R * blocks.cols * e;
+  const int64_t panel = detail::panel_workspace_bytes(dev, o.dtype(), {R, blocks.cols}, o.width());
+  mat.workspace_bytes = mat.logits_bytes + panel - R * blocks.cols * e;
   mat.launches = detail::panels_on(dev) ? estimate_launches(o, true, mat.panels) : -1;
 }
 

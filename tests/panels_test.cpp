@@ -25,6 +25,7 @@
 #include "engine/panels.h"
 #include "engine/precision.h"
 #include "support/cli.h"
+#include "support/errors.h"
 #include "support/op_counter.h"
 #include "support/ranks.h"
 
@@ -108,20 +109,11 @@ TEST(PanelSizing, TheCpuKeepsItsTiles) {
   EXPECT_FALSE(contrax::detail::make_walk(x, 5, int64_t{16} << 20).panels);  // an explicit tile side wins
 }
 
-void expect_error(const std::function<void()>& fn, const std::string& message) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error, expected: " << message;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-  }
-}
-
 TEST(PanelSizing, BadSettingsAreErrors) {
-  expect_error([] { contrax::set_loss_panel_bytes(-1); },
-               "set_loss_panel_bytes(): argument 'bytes' must be >= 0 (0: automatic), but got -1");
-  expect_error([] { contrax::plan_loss(contrax::PlanOptions().panel_bytes(-2)); },
-               "plan_loss(): argument 'panel_bytes' must be >= 0 (0: automatic), but got -2");
+  CONTRAX_EXPECT_ERROR(contrax::set_loss_panel_bytes(-1),
+                       "set_loss_panel_bytes(): argument 'bytes' must be >= 0 (0: automatic), but got -1");
+  CONTRAX_EXPECT_ERROR(contrax::plan_loss(contrax::PlanOptions().panel_bytes(-2)),
+                       "plan_loss(): argument 'panel_bytes' must be >= 0 (0: automatic), but got -2");
   // The environment variable, read when a loss or plan first needs the budget.
   auto run = contrax::testing::run_shell("CONTRAX_PANEL_BYTES=lots " CONTRAX_CLI_PATH " plan --device cuda 2>&1");
   EXPECT_EQ(run.status, 1) << run.out;
@@ -224,8 +216,8 @@ TEST(PanelWalk, SeveralPanelsMatchTheReference) {
                    nt_want, "nt_xent, " + what);
       expect_close(loss_and_grads(quad,
                                   [&](const Tensors& x) {
-                                    return contrax::moco_v3_loss(
-                                        x[0], x[1], x[2], x[3], contrax::MocoV3LossOptions().temperature(0.2).path(path));
+                                    const auto o = contrax::MocoV3LossOptions().temperature(0.2).path(path);
+                                    return contrax::moco_v3_loss(x[0], x[1], x[2], x[3], o);
                                   }),
                    moco_want, "moco_v3, " + what);
     }
@@ -440,8 +432,11 @@ TEST(PanelWorkspace, PeakMatchesThePlan) {
   contrax::detail::set_fused_kernels_enabled(false);
   CudaWalk on(contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {rows, B}, d), true);
   contrax::detail::set_bounded_shift_enabled(false);
-  const auto plan = contrax::plan_loss(
-      contrax::PlanOptions().batch(B).width(d).panel_bytes(contrax::loss_panel_bytes()).path(contrax::MemoryPath::kTiled));
+  const auto plan = contrax::plan_loss(contrax::PlanOptions()
+                                           .batch(B)
+                                           .width(d)
+                                           .panel_bytes(contrax::loss_panel_bytes())
+                                           .path(contrax::MemoryPath::kTiled));
   const auto& tiled = plan.paths[1];
   ASSERT_EQ(tiled.panel_rows, rows);
   ASSERT_EQ(tiled.workspace_bytes, rows * B * 8);  // 4 MiB

@@ -169,7 +169,10 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     auto Gk = torch::empty({b, d}, S.options());  // [b, d]
     auto g_sum = want_bias ? torch::zeros({}, S.options()) : torch::Tensor();
     auto qs = reduced && want_dk ? q * scale : torch::Tensor();                            // [b, d], operand dtype
-    auto dk_acc = reduced && want_dk ? torch::zeros(k_all.sizes(), S.options()) : torch::Tensor();  // [N, d]
+    torch::Tensor dk_acc;  // [N, d]: assigned by the first panel's product (zeros when there is none)
+    if (reduced && want_dk) {
+      dk_acc = b > 0 ? torch::empty(k_all.sizes(), S.options()) : torch::zeros(k_all.sizes(), S.options());
+    }
     torch::Tensor fa, fb;  // bounded: [b], [N]
     if (state->shift) {
       fa = shift_factors(*state->shift, rt.lse_row, w.row);
@@ -200,7 +203,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
       if (reduced) {
         const auto G = scaled_operand(Sg, w.c, k_all.scalar_type());  // [n, N]: G, once
         gemm_out(gk, G, k_all);
-        if (want_dk) gemm_add_(dk_acc, G.t(), qs.narrow(0, r0, n));
+        if (want_dk) gemm_into_(dk_acc, G.t(), qs.narrow(0, r0, n), r0 == 0);
       } else {
         gemm_out(gk, Sg, k_all);
       }
