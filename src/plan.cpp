@@ -156,7 +156,7 @@ int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panel
   } else if (loss == "infonce" || loss == "grouped") {
     m = materialised ? Model{22, 14} : Model{22, 16};
   } else if (loss == "nt_xent") {
-    m = materialised ? Model{77, 16} : Model{63, 21};
+    m = materialised ? Model{78, 16} : Model{63, 21};  // materialised: + the mask value's fill (a device scalar)
   } else {  // moco_v3
     m = materialised ? Model{87, 14} : Model{93, 15};
   }

@@ -466,6 +466,13 @@ TEST(LossEngine, MaterialisedPathAllocatesOneLogitsBuffer) {
 
 // ---- extreme values (issue 14, item 13) ----
 
+// The memory path of `tile` in the loops below: -1 the materialised path, any
+// other value the tiled path with that tile side.
+MemoryPathOptions memory_of(int64_t tile) {
+  return tile < 0 ? MemoryPathOptions().path(MemoryPath::kMaterialised)
+                  : MemoryPathOptions().path(MemoryPath::kTiled).tile_size(tile);
+}
+
 // exp(89) overflows fp32: taking exp before the clamp gave a finite loss and a
 // NaN gradient for the logit scale. The clamp is now on the log side.
 TEST(LossExtremes, HugeLogitScaleHasZeroNotNaNGradient) {
@@ -474,7 +481,7 @@ TEST(LossExtremes, HugeLogitScaleHasZeroNotNaNGradient) {
     auto ls = torch::tensor(v).requires_grad_(true);
     for (int64_t tile : {int64_t{-1}, int64_t{2}}) {
       ls.mutable_grad() = torch::Tensor();
-      auto loss = clip_loss(a, b, ls, c10::nullopt, ClipLossOptions().normalize(true).tile_size(tile));
+      auto loss = clip_loss(a, b, ls, c10::nullopt, ClipLossOptions().normalize(true).memory(memory_of(tile)));
       loss.backward();
       EXPECT_TRUE(std::isfinite(loss.item<float>())) << v;
       EXPECT_EQ(ls.grad().item<float>(), 0.0f) << v << " tile " << tile;
@@ -496,7 +503,7 @@ TEST(LossExtremes, NaNInAnyScalarGivesNaN) {
   auto ok = torch::tensor(std::log(10.0), torch::kDouble), bad = torch::tensor(nan, torch::kDouble);
   auto is_nan = [](const torch::Tensor& t) { return std::isnan(t.item<double>()); };
   for (int64_t tile : {int64_t{-1}, int64_t{2}}) {
-    auto o = ClipLossOptions().tile_size(tile);
+    auto o = ClipLossOptions().memory(memory_of(tile));
     auto ls = bad.clone().requires_grad_(true);
     auto loss = clip_loss(a, b, ls, c10::nullopt, o);
     EXPECT_TRUE(is_nan(loss)) << "clip scale, tile " << tile;
@@ -506,13 +513,13 @@ TEST(LossExtremes, NaNInAnyScalarGivesNaN) {
     EXPECT_TRUE(is_nan(clip_loss(a, b, bad, c10::nullopt, ClipLossOptions(o).normalize(true)))) << tile;
     EXPECT_TRUE(is_nan(tiled_clip_loss(a, b, bad))) << tile;
     EXPECT_TRUE(is_nan(grouped_loss(a, torch::cat({b, b}, 0), bad, c10::nullopt,
-                                    GroupedLossOptions().tile_size(tile)))) << "grouped scale, tile " << tile;
-    EXPECT_TRUE(is_nan(grouped_loss(a, torch::cat({b, b}, 0), ok, bad, GroupedLossOptions().tile_size(tile))))
+                                    GroupedLossOptions().memory(memory_of(tile))))) << "grouped scale, tile " << tile;
+    EXPECT_TRUE(is_nan(grouped_loss(a, torch::cat({b, b}, 0), ok, bad, GroupedLossOptions().memory(memory_of(tile)))))
         << "grouped bias, tile " << tile;
     auto z = a.clone();
     z[2][1] = nan;
-    EXPECT_TRUE(is_nan(nt_xent_loss(z, b, NTXentLossOptions().tile_size(tile)))) << "nt_xent feature, tile " << tile;
-    EXPECT_TRUE(is_nan(moco_v3_loss(z, b, a, b, MocoV3LossOptions().tile_size(tile)))) << "moco feature " << tile;
+    EXPECT_TRUE(is_nan(nt_xent_loss(z, b, NTXentLossOptions().memory(memory_of(tile))))) << "nt_xent feature, tile " << tile;
+    EXPECT_TRUE(is_nan(moco_v3_loss(z, b, a, b, MocoV3LossOptions().memory(memory_of(tile))))) << "moco feature " << tile;
     EXPECT_TRUE(is_nan(clip_loss(z, b, ok, c10::nullopt, o))) << "clip feature, tile " << tile;
   }
   for (int64_t tile : {int64_t{0}, int64_t{2}}) {
