@@ -103,6 +103,12 @@ bool cuda_fused_options(const torch::TensorOptions& options) {
 #endif
 }
 
+// Tiles sent to the CUDA panel kernels (cuda_panel_calls).
+std::atomic<int64_t>& cuda_calls() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
 // ... and whether the tile `t` does: 2-D, unit column stride, rows apart.
 bool cuda_fused_applies(const torch::Tensor& t) {
   return cuda_fused_options(t.options()) && t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) &&
@@ -214,6 +220,7 @@ TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols) {
                                [&] { out.row = fused_tile<scalar_t>(t, true, nullptr, nullptr, nullptr); });
   } else if (rows && cuda_fused_applies(t)) {
 #if CONTRAX_CUDA_KERNELS_BUILT
+    ++cuda_calls();
     out.row = cuda_tile_lse(t, true, {}, {});
 #endif
   } else if (rows) {
@@ -246,6 +253,7 @@ torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows) {
     TORCH_INTERNAL_ASSERT(tile.scalar_type() == max_.scalar_type() && tile.device() == max_.device());
     const auto t = cuda_fused_applies(tile) ? tile : tile.contiguous();
     const int64_t C = t.size(1);
+    ++cuda_calls();
     return cuda_tile_lse(t, rows, max_.narrow(0, c0, C), sum_.narrow(0, c0, C));
 #endif
   }
@@ -277,6 +285,7 @@ void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::
   TORCH_INTERNAL_ASSERT(!lse_col.defined() || lse_col.numel() == t.size(1));
   if (cuda_fused_applies(t)) {
 #if CONTRAX_CUDA_KERNELS_BUILT
+    ++cuda_calls();
     if (t.numel() > 0) cuda_softmax_grad_(t, vec(lse_row, t), vec(w_row, t), vec(lse_col, t), vec(w_col, t));
 #endif
     return;
@@ -372,6 +381,7 @@ bool cuda_fused_kernels_built() {
 #endif
 }
 bool cuda_fused_kernels_enabled() { return cuda_flag().load(); }
+int64_t cuda_panel_calls() { return cuda_calls().load(); }
 void set_cuda_fused_kernels_enabled(bool on) { cuda_flag().store(on); }
 
 const char* fused_kernels_isa() { return active().name.load(); }

@@ -96,6 +96,10 @@ bool cuda_fused_kernels_built();
 bool cuda_fused_kernels_enabled();
 void set_cuda_fused_kernels_enabled(bool on);
 
+/// How many tiles this process has sent to the CUDA panel kernels (for the
+/// GPU tests: that the kernels, not the ATen path, ran).
+int64_t cuda_panel_calls();
+
 /// Whether the engine may use a known bound of the logits as the shift of its
 /// softmaxes (NT-Xent on unit rows, CLIP within s max|a| max|b| + |bias|):
 /// default true; CONTRAX_BOUNDED_SHIFT=0 turns it off at start. Off, every
