@@ -44,18 +44,18 @@ std::vector<double> random_values(int n, double range, uint64_t seed) {
 TEST(LossMath, OnlineLseMatchesLongDoubleForLogitsUpTo100InAnyOrderAndSplit) {
   for (uint64_t seed = 0; seed < 20; ++seed) {
     auto xs = random_values(1 + static_cast<int>(seed) * 37, 100.0, seed);
-    const long double want = reference_lse(xs);
-    EXPECT_NEAR(online_lse(xs), static_cast<double>(want), 1e-13 * (1 + std::fabs(static_cast<double>(want))));
+    const double want = static_cast<double>(reference_lse(xs)), tol = 1e-13 * (1 + std::fabs(want));
+    EXPECT_NEAR(online_lse(xs), want, tol);
     // Any split, merged either way round, is the same log-sum-exp.
     const size_t cut = xs.size() / 3;
     auto a = math::empty_pair<double>(), b = math::empty_pair<double>();
     for (size_t i = 0; i < xs.size(); ++i) math::add(i < cut ? a : b, xs[i]);
-    EXPECT_NEAR(math::finish(math::merge(a, b)), static_cast<double>(want), 1e-13 * (1 + std::fabs(static_cast<double>(want))));
-    EXPECT_NEAR(math::finish(math::merge(b, a)), static_cast<double>(want), 1e-13 * (1 + std::fabs(static_cast<double>(want))));
+    EXPECT_NEAR(math::finish(math::merge(a, b)), want, tol);
+    EXPECT_NEAR(math::finish(math::merge(b, a)), want, tol);
     // fp32 (the GPU's logits): e^100 and e^-100 are outside fp32's range, the
     // shifted sums are not.
     std::vector<float> xf(xs.begin(), xs.end());
-    EXPECT_NEAR(online_lse(xf), static_cast<double>(want), 2e-5 * (1 + std::fabs(static_cast<double>(want))));
+    EXPECT_NEAR(online_lse(xf), want, 2e-5 * (1 + std::fabs(want)));
   }
   // The extreme ends: exactly +-100 and a run of equal maxima.
   EXPECT_NEAR(online_lse<double>({100, -100, 100}), 100 + std::log(2.0 + std::exp(-200.0)), 1e-13);
@@ -166,8 +166,8 @@ TEST(LossMath, ContrastiveGradientMatchesAutograd) {
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < n; ++j) {
-      const double got = 0.5 * math::contrastive_grad(Sd[i][j].item<double>(), lr[i].item<double>(), w[i].item<double>(),
-                                                      true, lc[j].item<double>(), w[j].item<double>(),
+      const double x = Sd[i][j].item<double>(), wi = w[i].item<double>(), wj = w[j].item<double>();
+      const double got = 0.5 * math::contrastive_grad(x, lr[i].item<double>(), wi, true, lc[j].item<double>(), wj,
                                                       math::is_positive(i, j, 0, 1));
       worst = std::max(worst, std::fabs(got - want[i][j].item<double>()));
     }

@@ -171,7 +171,10 @@ TEST(PanelEmulation, GradientMatchesTheAtenFormOnOddShapes) {
       const bool sym = form & 1, weights = form & 2;
       torch::Tensor want = (x - lr.unsqueeze(1)).exp() - Y;
       if (weights) want = want * wr.unsqueeze(1);
-      if (sym) want = want + ((x - lc.unsqueeze(0)).exp() - Y) * (weights ? wc.unsqueeze(0) : torch::ones({1, C}, torch::kDouble));
+      if (sym) {
+        auto col = (x - lc.unsqueeze(0)).exp() - Y;
+        want = want + (weights ? col * wc.unsqueeze(0) : col);
+      }
       want = want * 0.3;
       auto got = emulate_grad<double>(x, lr, weights ? wr : torch::Tensor(), sym ? lc : torch::Tensor(),
                                       weights && sym ? wc : torch::Tensor(), c, m);

@@ -45,8 +45,8 @@ template <typename T, typename Out>
 int launch(const GradArgs<T, Out>& a, cudaStream_t stream) {
   const TileGrid g = tile_grid(a.rows, a.cols);
   if (g.col_tiles == 0) return 0;
-  grad_tiles<T, Out><<<dim3(static_cast<unsigned>(g.col_tiles), static_cast<unsigned>(g.grid_y)), kThreads, 0, stream>>>(
-      a, g);
+  const dim3 grid(static_cast<unsigned>(g.col_tiles), static_cast<unsigned>(g.grid_y));
+  grad_tiles<T, Out><<<grid, kThreads, 0, stream>>>(a, g);
   return static_cast<int>(cudaGetLastError());
 }
 

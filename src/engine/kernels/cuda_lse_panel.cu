@@ -62,7 +62,8 @@ int launch(const LseArgs<T>& a, int sm_count, cudaStream_t stream) {
   if (a.rows <= 0 && a.cols <= 0) return 0;
   const StripGrid g = strip_grid(a.rows, a.cols, sm_count);
   if (g.strips > 0 && g.splits > 0 && (a.row_lse || a.col_m)) {
-    lse_strips<T><<<dim3(static_cast<unsigned>(g.strips), static_cast<unsigned>(g.splits)), kThreads, 0, stream>>>(a, g);
+    const dim3 grid(static_cast<unsigned>(g.strips), static_cast<unsigned>(g.splits));
+    lse_strips<T><<<grid, kThreads, 0, stream>>>(a, g);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
   const int64_t n = a.rows > a.cols ? a.rows : a.cols;

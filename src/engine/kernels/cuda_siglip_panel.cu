@@ -61,8 +61,8 @@ int launch(const SiglipArgs<T, Out>& a, int sm_count, cudaStream_t stream) {
   if (a.rows <= 0) return 0;
   const StripGrid g = strip_grid(a.rows, a.cols, sm_count);
   if (g.strips > 0 && g.splits > 0) {
-    siglip_strips<T, Out>
-        <<<dim3(static_cast<unsigned>(g.strips), static_cast<unsigned>(g.splits)), kThreads, 0, stream>>>(a, g);
+    const dim3 grid(static_cast<unsigned>(g.strips), static_cast<unsigned>(g.splits));
+    siglip_strips<T, Out><<<grid, kThreads, 0, stream>>>(a, g);
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
   }
   siglip_finish<T, Out><<<static_cast<unsigned>((a.rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a, g);

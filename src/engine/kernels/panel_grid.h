@@ -98,8 +98,8 @@ CONTRAX_HD T masked_logit(const T* logits, int64_t ld, const T* bias, const Mask
   if (bias) x += *bias;
   const int64_t i = k.row0 + r, j = k.col0 + c;
   if (k.diag && math::on_diagonal(i, j, k.diag_offset)) return -math::inf<T>();
-  if (k.row_labels && k.row_labels[r] == k.col_labels[c] && !(k.positives && math::is_positive(i, j, k.pos_offset, k.group)))
-    return -math::inf<T>();
+  const bool positive = k.positives && math::is_positive(i, j, k.pos_offset, k.group);
+  if (k.row_labels && k.row_labels[r] == k.col_labels[c] && !positive) return -math::inf<T>();
   return x;
 }
 
