@@ -1,11 +1,14 @@
 // `contrax plan`: what a loss call will cost before it runs — per path
 // (materialised, tiled, ring) the logits and feature bytes a rank holds, the
-// GEMM work, the bytes each rank sends forward and backward, and which path
-// the losses' automatic routing picks. No process group is started.
+// GEMM work, the bytes each rank sends forward and backward, the steps of the
+// walk (CPU tiles, or CUDA's row panels), its workspace and the kernel
+// launches, and which path the losses' automatic routing picks. No process
+// group is started.
 //
 //   contrax plan --loss clip --batch 32768 --width 512 --world 4
 //   contrax plan --loss nt_xent --batch 4096 --world 2 --dtype half --json
 //   contrax plan --loss grouped --group 8 --batch 4096 --world 4   # 7 hard negatives per query
+//   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --panel-bytes 1610612736   # an H100
 #include <iostream>
 
 #include "cli.h"
@@ -52,6 +55,11 @@ int run_plan(const std::vector<std::string>& args) {
                "--path auto selects tiles)",
                0, int64_t{1} << 30);
   app.add_flag("--ring", ring, "tiled path with key blocks around the ring");
+  int64_t panel_bytes = defaults.panel_bytes();
+  cli::add_int(app, "--panel-bytes", panel_bytes,
+               "with --device cuda: the panel budget to plan with (0: what a loss would take here, 1 GiB without a "
+               "GPU; a GPU of 40 GB or more takes 1.5 GiB = 1610612736)",
+               0, int64_t{1} << 50);
   cli::add_int(app, "--max-logits-bytes", max_logits, "automatic routing threshold", 1, int64_t{1} << 50);
   app.add_flag("--json", json, "print one JSON object instead of the table");
   if (int st = cli::parse(app, args); st >= 0) return st;
@@ -70,7 +78,8 @@ int run_plan(const std::vector<std::string>& args) {
                                                                     : contrax::MemoryPath::kAuto)
                                      .tile_size(tile)
                                      .ring(ring)
-                                     .max_logits_bytes(max_logits));
+                                     .max_logits_bytes(max_logits)
+                                     .panel_bytes(panel_bytes));
   std::cout << (json ? contrax::to_json(plan) + "\n" : contrax::to_string(plan)) << std::flush;
   return 0;
 }

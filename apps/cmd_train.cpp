@@ -35,6 +35,7 @@
 #include "stop_signal.h"
 #include "train_console.h"
 #include "train_recipe.h"
+#include "train_threads.h"
 
 namespace {
 
@@ -51,9 +52,10 @@ constexpr const char* kStartEnv = "CONTRAX_TRAIN_START";
 std::string step_line(const ct::StepProgress& p) {
   const double f = p.total_steps > 0 ? static_cast<double>(p.step) / static_cast<double>(p.total_steps) : 0.0;
   std::ostringstream o;
+  const double loss = std::isnan(p.loss) ? std::fabs(p.loss) : p.loss;  // "nan", never "-nan"
   o << "train " << cli::progress_bar(f, 24) << " " << std::setw(3) << static_cast<int>(f * 100) << "%  step "
     << p.step << "/" << p.total_steps << "  epoch " << p.epoch << "/" << p.epochs << "  loss " << std::fixed
-    << std::setprecision(4) << p.loss << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
+    << std::setprecision(4) << loss << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
     << "/s  ETA " << ct::format_duration(p.eta_s);
   return o.str();
 }
@@ -121,6 +123,8 @@ class TrainCommand {
   void add_flags();
   void check_flags();
   int launch_workers(const std::string& start) const;
+  int64_t threads_per_process(int64_t world) const;
+  void check_tasks(bool top) const;
   Json settings() const;
   Json verify() const;
   int report(const ct::RunResult& r, std::chrono::steady_clock::time_point wall0);
@@ -139,6 +143,7 @@ class TrainCommand {
   ct::RunDir::Claim claim_;  // the run directory's lock, held until the run ends
   contrax::CommunicatorPtr comm_;
   std::unique_ptr<cli::TrainConsole> console_;
+  std::unique_ptr<cli::IntraOpThreads> threads_guard_;  // this rank's intra-op threads, started
 };
 
 void TrainCommand::add_flags() {
@@ -226,6 +231,8 @@ void TrainCommand::check_flags() {
                    "), but got ", t);
   cli::usage_check(recipe_->run().max_steps() != 0, "flag '--max-steps' must be -1 (none) or >= 1, but got 0");
   cli::usage_check(tool_.train_limit != 0, "flag '--train-limit' must be -1 (all) or >= 1, but got 0");
+  cli::usage_check(app_.count("--run-dir") == 0 || !run_dir_.empty(),
+                   "flag '--run-dir' must name a directory, but got an empty string (leave it out for runs/RECIPE)");
   cli::usage_check(tool_.eval_limit != 0, "flag '--eval-limit' must be -1 (all) or >= 1, but got 0");
   if (device_ == "cuda") {
     cli::usage_check(recipe_->trains_on_gpu(), "flag '--device' is 'cuda', but the ", name_,
@@ -276,6 +283,35 @@ int TrainCommand::launch_workers(const std::string& start) const {
   return r.exit_code;
 }
 
+int64_t TrainCommand::threads_per_process(int64_t world) const {
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  return threads_ > 0 ? threads_ : std::max<int64_t>(1, cores / world);
+}
+
+// The threads this process will start, against the tasks limit, before any
+// starts: the whole run where this process launches it (or trains alone),
+// else (a worker of torchrun or srun) its own rank's. Workers of this tool's
+// own launcher were counted by the process that started them.
+void TrainCommand::check_tasks(bool top) const {
+  cli::ThreadPlan p;
+  p.threads_given = threads_ > 0;
+  p.evaluates = !tool_.no_eval;
+  if (top) {
+    p.ranks = p.world = nproc_;
+    p.launcher = nproc_ > 1 || max_restarts_ > 0;
+  } else if (std::getenv(kStartEnv) == nullptr) {
+    const char* w = std::getenv("WORLD_SIZE") != nullptr ? std::getenv("WORLD_SIZE") : std::getenv("SLURM_NTASKS");
+    const char* r = std::getenv("RANK") != nullptr ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
+    p.world = std::max<int64_t>(1, w != nullptr ? std::atoll(w) : 1);
+    p.hosts_store = r != nullptr && std::string(r) == "0";
+    p.evaluates = p.evaluates && p.hosts_store;
+  } else {
+    return;
+  }
+  p.threads = threads_per_process(p.world);
+  cli::check_tasks_limit(p);
+}
+
 // Decides fresh or resume. The process the user started claims the run
 // directory and holds its lock for the whole run (its workers included), then
 // starts the workers of a multi-process run (or one under a restart policy);
@@ -291,6 +327,7 @@ int TrainCommand::start() {
   // task's SLURM_PROCID (what Communicator::from_env reads when RANK is unset).
   const char* env_rank = std::getenv("RANK") != nullptr ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
   const bool outside_rank0 = !top && start_env == nullptr && env_rank != nullptr && std::string(env_rank) == "0";
+  check_tasks(top);
   if (top || outside_rank0) {
     try {
       claim_ = dir.claim(mode, overwrite_);
@@ -345,12 +382,13 @@ Json TrainCommand::settings() const {
 // Trains on this process's rank and reports; returns the exit status.
 int TrainCommand::train() {
   const auto wall0 = std::chrono::steady_clock::now();
-  comm_ = contrax::Communicator::from_env(contrax::CommunicatorOptions()
-                                              .timeout(std::chrono::seconds(timeout_s_))
-                                              .device(device_ == "cuda" ? torch::kCUDA : torch::kCPU));
+  comm_ = cli::with_thread_hint([&] {
+    return contrax::Communicator::from_env(contrax::CommunicatorOptions()
+                                               .timeout(std::chrono::seconds(timeout_s_))
+                                               .device(device_ == "cuda" ? torch::kCUDA : torch::kCPU));
+  });
   const int64_t world = comm_->world_size(), rank = comm_->rank();
-  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  at::set_num_threads(static_cast<int>(threads_ > 0 ? threads_ : std::max<int64_t>(1, cores / world)));
+  threads_guard_ = std::make_unique<cli::IntraOpThreads>(threads_per_process(world), "rank " + std::to_string(rank));
   console_ = std::make_unique<cli::TrainConsole>(json_);
   const ct::RunDir dir(run_dir_);
   if (rank == 0) {
@@ -510,10 +548,17 @@ int TrainCommand::report(const ct::RunResult& r, std::chrono::steady_clock::time
   if (json_) {
     out << s.dump() << "\n";
   } else {
-    out << table.str() << "trained " << steps_run << " step" << (steps_run == 1 ? "" : "s");
-    if (r.start_step > 0) out << " (steps " << r.start_step + 1 << "-" << r.steps << " of " << r.total_steps << ")";
-    out << " to epoch " << r.epochs_done << " in " << std::fixed << std::setprecision(1) << r.train_s << " s, "
-        << std::setprecision(0) << r.examples_per_s << " " << recipe_->rate_note() << std::setprecision(1);
+    out << table.str();
+    if (steps_run == 0 && r.start_step >= r.total_steps) {
+      // --resume auto (or --resume) of a run that had already finished.
+      out << "nothing to train: the run in " << run_dir_ << " had already finished (" << r.steps << " of "
+          << r.total_steps << " steps); " << std::fixed << std::setprecision(1);
+    } else {
+      out << "trained " << steps_run << " step" << (steps_run == 1 ? "" : "s");
+      if (r.start_step > 0) out << " (steps " << r.start_step + 1 << "-" << r.steps << " of " << r.total_steps << ")";
+      out << " to epoch " << r.epochs_done << " in " << std::fixed << std::setprecision(1) << r.train_s << " s, "
+          << std::setprecision(0) << r.examples_per_s << " " << recipe_->rate_note() << std::setprecision(1);
+    }
     if (r.skipped_steps > 0) out << r.skipped_steps << " non-finite steps skipped; ";
     if (!tool_.no_eval) out << "evaluated in " << eval_s << " s; ";
     out << "wall " << wall << " s\n";

@@ -93,7 +93,7 @@ int run_verify(const std::vector<std::string>& args) {
   std::string rows_s, cases, device = defaults.device().is_cuda() ? "cuda" : "cpu";
   cli::add_int(app, "--nproc", nproc, "local processes to verify over (ignored under a launcher)", 1);
   app.add_flag("--json", json, "print one JSON object per loss instead of a table");
-  cli::add_double(app, "--tol", tol, "largest relative error that passes");
+  cli::add_double(app, "--tol", tol, "largest relative error that passes (>= 0)", 0);
   cli::add_int(app, "--width", width, "feature width", 1, 1 << 20);
   cli::add_int(app, "--seed", seed, "seed of the random inputs", 0);
   app.add_option("--rows", rows_s, "rows per rank, comma-separated (default: uneven, one empty rank)");

@@ -110,7 +110,35 @@ class ImageRecipe : public TrainRecipe {
     ct::check_dataset_files(data_dir_, f.no_eval ? std::vector<std::string>{"train"}
                                                  : std::vector<std::string>{"train", "test"});
     data_ = ct::load_dataset(data_dir_, "train", f.train_limit);
+    check_data(f);
     return data_.size();
+  }
+
+  // What the data set can make impossible, said in its terms (the flag
+  // --data and the file) before an internal check of the trainer, the
+  // memory estimate or the encoder fires: no training example, images too
+  // small for the encoder's strides and pool grid, an empty test split.
+  void check_data(const TrainToolFlags& f) const {
+    const std::string images = ct::idx_file_path(data_dir_, "train", "images");
+    TORCH_CHECK(data_.size() > 0, "the training set is empty: --data ", data_dir_, " holds 0 examples in '", images,
+                "'; a run needs at least one");
+    const auto size = data_.images.sizes();  // [N, C, H, W]
+    const auto& enc = o_.model().encoder();
+    int64_t h = size[2], w = size[3];
+    for (const int64_t stride : enc.strides()) {  // a 3x3 convolution with padding 1
+      h = (h - 1) / stride + 1;
+      w = (w - 1) / stride + 1;
+    }
+    const int64_t g = enc.pool_grid();
+    usage_check(g == 1 || (h >= g && w >= g), "the images of --data ", data_dir_, " are ", size[2], "x", size[3],
+                " pixels: the encoder's strides (--encoder-strides ", strides_, ") leave a ", h, "x", w,
+                " feature map, smaller than --encoder-pool-grid ", g,
+                "; use larger images, a smaller --encoder-pool-grid or smaller --encoder-strides");
+    if (!f.no_eval) {
+      TORCH_CHECK(ct::load_dataset(data_dir_, "test", 1).size() > 0, "the test split is empty: --data ", data_dir_,
+                  " holds 0 examples in '", ct::idx_file_path(data_dir_, "test", "images"),
+                  "'; the evaluation needs at least one (or skip it with --no-eval)");
+    }
   }
 
   std::string what() const override {

@@ -13,6 +13,9 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+
+#include "util/cgroup.h"
 
 namespace contrax {
 namespace {
@@ -115,20 +118,8 @@ namespace {
 // One number from a cgroup v2 file of this process's cgroup; -1 for "max",
 // a missing file or no cgroup v2.
 int64_t cgroup_value(const std::string& file) {
-  std::ifstream cg("/proc/self/cgroup");
-  std::string line, path;
-  while (std::getline(cg, line)) {
-    if (line.rfind("0::", 0) == 0) path = line.substr(3);
-  }
-  if (path.empty()) return -1;
-  std::ifstream f("/sys/fs/cgroup" + (path == "/" ? std::string() : path) + "/" + file);
-  std::string v;
-  if (!(f >> v) || v == "max") return -1;
-  try {
-    return std::stoll(v);
-  } catch (const std::exception&) {
-    return -1;
-  }
+  const auto dirs = detail::cgroup_dirs("", /*ancestors=*/false);
+  return dirs.empty() ? -1 : detail::cgroup_number(dirs.front(), file);
 }
 
 }  // namespace
@@ -152,27 +143,43 @@ int64_t available_memory_bytes() {
   return avail;
 }
 
-int64_t available_device_memory_bytes(const c10::Device& device) {
-  if (device.is_cpu()) return available_memory_bytes();
-  if (!device.is_cuda()) return 0;
-  // The CUDA runtime's C entry points (cudaError_t is an int; 0 is success),
-  // found among the libraries already loaded: LibTorch's CUDA build brings
-  // the runtime, a CPU-only one does not (then the answer is "unknown").
+namespace {
+
+// The free and total bytes of a CUDA device (cudaMemGetInfo), {0, 0} when
+// unknown. The CUDA runtime's C entry points (cudaError_t is an int; 0 is
+// success) are found among the libraries already loaded: LibTorch's CUDA
+// build brings the runtime, a CPU-only one does not (then the answer is
+// "unknown").
+std::pair<int64_t, int64_t> cuda_memory_info(const c10::Device& device) {
   using GetDevice = int (*)(int*);
   using SetDevice = int (*)(int);
   using MemGetInfo = int (*)(size_t*, size_t*);
   auto get = reinterpret_cast<GetDevice>(::dlsym(RTLD_DEFAULT, "cudaGetDevice"));
   auto set = reinterpret_cast<SetDevice>(::dlsym(RTLD_DEFAULT, "cudaSetDevice"));
   auto info = reinterpret_cast<MemGetInfo>(::dlsym(RTLD_DEFAULT, "cudaMemGetInfo"));
-  if (get == nullptr || set == nullptr || info == nullptr) return 0;
+  if (get == nullptr || set == nullptr || info == nullptr) return {0, 0};
   int current = 0;
-  if (get(&current) != 0) return 0;
+  if (get(&current) != 0) return {0, 0};
   const int wanted = device.has_index() ? device.index() : current;
-  if (wanted != current && set(wanted) != 0) return 0;
+  if (wanted != current && set(wanted) != 0) return {0, 0};
   size_t free_bytes = 0, total_bytes = 0;
   const bool ok = info(&free_bytes, &total_bytes) == 0;
   if (wanted != current) set(current);
-  return ok ? static_cast<int64_t>(free_bytes) : 0;
+  if (!ok) return {0, 0};
+  return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
+}
+
+}  // namespace
+
+int64_t available_device_memory_bytes(const c10::Device& device) {
+  if (device.is_cpu()) return available_memory_bytes();
+  if (!device.is_cuda()) return 0;
+  return cuda_memory_info(device).first;
+}
+
+int64_t device_memory_bytes(const c10::Device& device) {
+  if (!device.is_cuda()) return 0;
+  return cuda_memory_info(device).second;
 }
 
 std::string format_bytes(double bytes) {

@@ -1,6 +1,7 @@
 // SigLIP's pairwise sigmoid loss as one autograd function over ring-visited,
-// tiled key blocks (see contrax/siglip.h), on the engine's tile loop and key
-// blocks (engine/tiles.h) and its shared prologue (engine/prologue.h).
+// tiled key blocks (see contrax/siglip.h), on the engine's walk (engine/tiles.h:
+// cache-sized tiles on the CPU, row panels on a GPU) and key blocks, and its
+// shared prologue (engine/prologue.h).
 #include "contrax/siglip.h"
 
 #include <cmath>
@@ -14,7 +15,7 @@ namespace {
 
 struct SigLipState : torch::CustomClassHolder {
   detail::EngineLayout layout;  // null comm or world 1: b holds every row
-  int64_t tile = 64;
+  detail::TileWalk walk;  // tiles (CPU) or panels (CUDA): engine/panels.h
 
   detail::KeyBlocks key_blocks() const { return detail::KeyBlocks(layout.comm, layout.counts, layout.rank); }
 };
@@ -41,7 +42,7 @@ class SigLip : public torch::autograd::Function<SigLip> {
     auto f = torch::zeros({a.size(0)}, detail::compute_options(a));  // [b]
     const auto blocks = state->key_blocks();
     blocks.for_each(b, [&](int64_t owner, int64_t, const torch::Tensor& block) {
-      detail::for_each_tile(a.size(0), block.size(0), state->tile, [&](const detail::Tile& t) {
+      detail::for_each_tile(a.size(0), block.size(0), state->walk, [&](const detail::Tile& t) {
         auto y = signed_logits(as, block, bias, owner == blocks.rank(), t);
         // softplus(y) = -log sigmoid(-y), exact for every y (torch's softplus
         // switches to the identity above a threshold).
@@ -87,14 +88,15 @@ class SigLip : public torch::autograd::Function<SigLip> {
       torch::Tensor db_block =
           want_db ? torch::zeros(block.sizes(), detail::compute_options(block)) : torch::Tensor();  // [n, d]
       detail::for_each_tile(
-          a.size(0), block.size(0), state->tile,
+          a.size(0), block.size(0), state->walk,
           [&](const detail::Tile& t) {
             auto bt = block.narrow(0, t.c0, t.cols);                          // [C, d]
             auto h = signed_logits(as, block, bias, own, t).sigmoid_();       // [R, C]
             if (own) detail::tile_diagonal(h, t.r0, t.c0, 0).neg_();          // times -z
-            detail::gemm_add_(H_sum.narrow(0, t.r0, t.rows), h, bt);
-            if (want_db) detail::gemm_add_(db_block.narrow(0, t.c0, t.cols), h.t(), asg.narrow(0, t.r0, t.rows));
             if (bias.has_value()) h_rows.narrow(0, t.r0, t.rows).add_(h.sum(1));
+            auto hb = detail::scaled_operand(h, {}, bt.scalar_type());  // cast once for both GEMMs
+            detail::gemm_add_(H_sum.narrow(0, t.r0, t.rows), hb, bt);
+            if (want_db) detail::gemm_add_(db_block.narrow(0, t.c0, t.cols), hb.t(), asg.narrow(0, t.r0, t.rows));
           },
           /*columns_outer=*/true);
       return db_block;
@@ -139,7 +141,7 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
 
   auto state = c10::make_intrusive<SigLipState>();
   state->layout = detail::make_layout(caller, comm, counts);
-  state->tile = detail::tile_side(options.tile_size(), options.tile_bytes(), c10::elementSize(dtype));
+  state->walk = detail::make_walk(a, options.tile_size(), options.tile_bytes());
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale());  // NaN stays NaN
   c10::optional<torch::Tensor> bias;
   if (logit_bias.has_value()) bias = logit_bias->to(dtype);

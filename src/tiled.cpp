@@ -71,7 +71,7 @@ torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, con
   p.operand = detail::operand_dtype(q.scalar_type(), q.device());
   p.tiled = true;
   p.ring = ring;
-  p.tile = detail::tile_side(options.tile_size(), options.tile_bytes(), c10::elementSize(p.dtype));
+  p.walk = detail::make_walk(q, options.tile_size(), options.tile_bytes());
   detail::BlockSpec spec;
   spec.reduction = Reduction::kNone;
   if (options.masked_offset() >= 0) spec.masked = p.layout.offset + options.masked_offset();

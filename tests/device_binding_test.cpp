@@ -70,6 +70,45 @@ TEST(DeviceBinding, EveryRefusalSaysWhyAndWhatToDo) {
                        "per machine, or use backend 'gloo'");
 }
 
+TEST(DeviceBinding, CollectivesTravelOnTheBackendsOwnMemory) {
+  using contrax::detail::staging_device;
+  const c10::optional<torch::Device> gpu1 = cuda(1);
+  // NCCL: CPU tensors through the rank's GPU, CUDA tensors as they are.
+  EXPECT_EQ(staging_device("nccl", gpu1, torch::kCPU), gpu1);
+  EXPECT_EQ(staging_device("nccl", gpu1, cuda(1)), c10::nullopt);
+  // Gloo: CUDA tensors through host memory (two ranks on one GPU hung in
+  // Gloo's own CUDA all-to-all), CPU tensors as they are.
+  EXPECT_EQ(staging_device("gloo", c10::nullopt, cuda(0)), torch::Device(torch::kCPU));
+  EXPECT_EQ(staging_device("gloo", c10::nullopt, torch::kCPU), c10::nullopt);
+  // MPI (and a world of one, "none") as they are.
+  EXPECT_EQ(staging_device("mpi", c10::nullopt, torch::kCPU), c10::nullopt);
+  EXPECT_EQ(staging_device("none", c10::nullopt, cuda(0)), c10::nullopt);
+}
+
+TEST(DeviceBinding, TwoRanksOnOneGpuAreNamedForNccl) {
+  using contrax::detail::gpu_key;
+  using contrax::detail::shared_gpu_error;
+  // A GPU is its host and PCI bus id: with one device per task (a cgroup, or
+  // CUDA_VISIBLE_DEVICES) every rank's index is 0, yet the GPUs differ.
+  const auto a0 = gpu_key("node-a", "0000:3b:00.0", cuda(0)), a1 = gpu_key("node-a", "0000:5e:00.0", cuda(0));
+  const auto b0 = gpu_key("node-b", "0000:3b:00.0", cuda(0));
+  EXPECT_EQ(a0, "node-a PCI 0000:3b:00.0 (cuda:0)");
+  EXPECT_EQ(shared_gpu_error({a0, a1, b0}), "");  // one GPU each, on two machines
+  EXPECT_EQ(shared_gpu_error({a0}), "");
+  // An unknown bus id is no key, and matches nothing.
+  EXPECT_EQ(gpu_key("node-a", "", cuda(0)), "");
+  EXPECT_EQ(shared_gpu_error({"", "", a0}), "");
+  EXPECT_EQ(shared_gpu_error({a0, a1, b0, a1}),
+            "ranks 1 and 3 are both on GPU node-a PCI 0000:5e:00.0 (cuda:0), and NCCL cannot put two ranks on one "
+            "GPU; give each rank its own GPU (LOCAL_RANK, or device cuda:<k>), or use backend 'gloo', which can "
+            "share one");
+  EXPECT_NE(shared_gpu_error({a0, a0, a0}).find("ranks 0, 1 and 2 are all on GPU node-a PCI 0000:3b:00.0"),
+            std::string::npos);
+  // No GPU here: no bus id to read.
+  if (!torch::cuda::is_available()) EXPECT_EQ(contrax::detail::pci_bus_id(cuda(0)), "");
+  EXPECT_EQ(contrax::detail::pci_bus_id(torch::kCPU), "");
+}
+
 TEST(DeviceBinding, LocalWorldSizeComesFromTheEnvironment) {
   ::unsetenv("WORLD_SIZE");
   ::setenv("LOCAL_WORLD_SIZE", "3", 1);

@@ -136,14 +136,6 @@ Done run(const std::string& env_and_args, const std::string& dir, std::chrono::s
 
 std::string cli(const std::string& args) { return kCli + " " + args; }
 
-int64_t metric_lines(const std::string& path) {
-  std::ifstream in(path);
-  int64_t n = 0;
-  std::string line;
-  while (std::getline(in, line)) ++n;
-  return n;
-}
-
 int64_t file_size(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 ? st.st_size : -1;
@@ -408,9 +400,9 @@ TEST(Fault, StoppedPeerIsReportedWithinTimeoutPlusSeconds) {
   auto p = spawn(cli("train " + kFast + " --nproc 2 --max-steps 400 --checkpoint-every 2 --timeout 3 --run-dir " + rd),
                  t.path + "/out.txt");
   const auto deadline = Clock::now() + std::chrono::seconds(120);
-  while (metric_lines(rd + "/metrics.jsonl") < 4 && Clock::now() < deadline)
+  while (contrax::testing::count_lines(rd + "/metrics.jsonl") < 4 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_GE(metric_lines(rd + "/metrics.jsonl"), 4) << read_file(t.path + "/out.txt");
+  ASSERT_GE(contrax::testing::count_lines(rd + "/metrics.jsonl"), 4) << read_file(t.path + "/out.txt");
   pid_t victim = -1;
   for (pid_t c : children_of(p.pid)) {
     if (rank_of(c) == 1) victim = c;
@@ -495,7 +487,7 @@ TEST(Fault, MissingTestSplitIsFoundBeforeTraining) {
   EXPECT_NE(d.output.find("t10k-images-idx3-ubyte"), std::string::npos) << d.output;
   // Nothing trained: no checkpoint, no metrics.
   EXPECT_FALSE(fs::exists(rd + "/checkpoint.pt"));
-  EXPECT_EQ(metric_lines(rd + "/metrics.jsonl"), 0);
+  EXPECT_EQ(contrax::testing::count_lines(rd + "/metrics.jsonl"), 0);
   EXPECT_LT(s, 30.0);
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tools/gpu_check.sh on a machine without a GPU (CTest gpu_check_without_gpu):
 # it must say that no GPU was found, name the build it checked, write the
-# report and exit 3, quickly. Skipped (77) where torch sees a GPU: there the
+# report and exit 3, quickly; --quick must say so before building anything.
+# Also tools/same_curve.py, which --quick uses to compare a resumed run with
+# an uninterrupted one. Skipped (77) where torch sees a GPU: there the
 # script is the GPU acceptance run itself, run by hand, not a unit test.
 # Usage: gpu_check_test.sh PYTHON BUILD_DIR
 set -u
@@ -23,4 +25,26 @@ grep -q "nothing was checked on a GPU" <<<"$log" || fail "does not say that noth
 grep -q "$build/contrax built (contrax " <<<"$log" || fail "does not name the build it checked"
 grep -q "^no GPU found: " "$out/report.md" || fail "the report does not say so"
 grep -q "^torch: .*GPUs seen by torch: 0" "$out/report.md" || fail "the report does not name torch"
+
+log=$(CONTRAX_GPU_CHECK_OUT=$out/quick CONTRAX_GPU_CHECK_PYTHON=$py bash "$(dirname "$0")/../tools/gpu_check.sh" --quick 2>&1)
+st=$?
+echo "$log"
+[ $st -eq 3 ] || fail "--quick: exit status $st, expected 3"
+grep -q "gpu_check: no GPU found (torch sees 0 CUDA devices" <<<"$log" || fail "--quick: no 'no GPU found' line"
+grep -q "nothing built (--quick builds only where a GPU is)" <<<"$log" || fail "--quick: does not say it built nothing"
+log=$(bash "$(dirname "$0")/../tools/gpu_check.sh" --fast 2>&1)
+st=$?
+[ $st -eq 2 ] && grep -q "usage: bash tools/gpu_check.sh \[--quick\]" <<<"$log" || fail "--fast: exit $st, $log"
+
+same="$py $(dirname "$0")/../tools/same_curve.py"
+printf '%s\n' '{"step":1,"loss":5.25,"lr":0.001,"rows":8}' '{"step":2,"loss":4.5,"lr":0.002,"rows":8}' >"$out/a.jsonl"
+cp "$out/a.jsonl" "$out/b.jsonl"
+$same "$out/a.jsonl" "$out/b.jsonl" | grep -q "steps 1-2 equal bit for bit" || fail "same_curve: equal curves not equal"
+printf '%s\n' '{"step":1,"loss":5.25,"lr":0.001,"rows":8}' '{"step":2,"loss":4.500000000000001,"lr":0.002,"rows":8}' \
+  >"$out/b.jsonl"
+log=$($same "$out/a.jsonl" "$out/b.jsonl")
+[ $? -eq 1 ] && grep -q "step 2 differs" <<<"$log" || fail "same_curve: a last-bit difference not found: $log"
+head -n 1 "$out/a.jsonl" >"$out/b.jsonl"
+log=$($same "$out/a.jsonl" "$out/b.jsonl")
+[ $? -eq 1 ] && grep -q "lacks steps \[2\]" <<<"$log" || fail "same_curve: a missing step not found: $log"
 echo "ok"

@@ -363,7 +363,7 @@ TEST(GradCache, Bf16AutocastOnCpu) {
                GradCacheOptions().bf16_autocast(true));
   gc.step({std::vector<torch::Tensor>{x, ids}, std::vector<torch::Tensor>{y, ids}});
   EXPECT_EQ(rep_dtype, torch::kBFloat16);
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());  // the caller's state is restored
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // the caller's state is restored
   ASSERT_TRUE(a->fc1->weight.grad().defined());
   EXPECT_EQ(a->fc1->weight.grad().scalar_type(), torch::kFloat);
   EXPECT_LE(rel_err(a->fc1->weight.grad(), want), 0.1);  // bf16 has 8 significant bits

@@ -20,6 +20,7 @@
 #include "contrax/verify.h"
 #include "support/errors.h"
 #include "support/ranks.h"
+#include "support/strict_warnings.h"
 
 using namespace contrax;
 using contrax::testing::finite_difference_error;
@@ -545,21 +546,7 @@ TEST(GroupedErrors, BadLabelsOnOneRankIsAnErrorOnAllRanks) {
   EXPECT_NE(errors[0].find("clip_loss(): rank 1 passed an invalid argument"), std::string::npos) << errors[0];
 }
 
-namespace {
-// Collects the warnings raised on this thread while alive.
-class WarningCapture : public c10::WarningHandler {
- public:
-  WarningCapture() : previous_(get()) { set(this); }
-  ~WarningCapture() override { set(previous_); }
-  void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
-  std::vector<std::string> messages;
-
- private:
-  static c10::WarningHandler* get() { return c10::WarningUtils::get_warning_handler(); }
-  static void set(c10::WarningHandler* h) { c10::WarningUtils::set_warning_handler(h); }
-  c10::WarningHandler* previous_;
-};
-}  // namespace
+using contrax::testing::WarningCapture;
 
 TEST(GroupedWarnings, ScaleInsteadOfItsLogWarnsOnce) {
   auto a = torch::randn({3, 4}), b = torch::randn({3, 4});

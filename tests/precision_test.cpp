@@ -223,10 +223,11 @@ TEST(LossPrecision, AutocastChangesNoLossOrGradient) {
 TEST(LossExtremes, HalfAndBFloat16AccumulateInFloat) {
   torch::manual_seed(8);
   for (auto dt : {torch::kHalf, torch::kBFloat16}) {
-    for (int64_t tile : {int64_t{-1}, int64_t{3}}) {
+    for (auto path : {MemoryPath::kMaterialised, MemoryPath::kTiled}) {
+      const int64_t tile = path == MemoryPath::kTiled ? 3 : 0;
       auto a = torch::randn({7, 8}).to(dt).requires_grad_(true), b = torch::randn({7, 8}).to(dt).requires_grad_(true);
       auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
-      auto loss = clip_loss(a, b, ls, c10::nullopt, ClipLossOptions().normalize(true).tile_size(tile));
+      auto loss = clip_loss(a, b, ls, c10::nullopt, ClipLossOptions().normalize(true).path(path).tile_size(tile));
       EXPECT_EQ(loss.scalar_type(), torch::kFloat);
       loss.backward();
       EXPECT_EQ(a.grad().scalar_type(), dt);
@@ -239,9 +240,9 @@ TEST(LossExtremes, HalfAndBFloat16AccumulateInFloat) {
       const double grad_tol = dt == torch::kHalf ? 2e-3 : 1e-2;
       EXPECT_LE(contrax::testing::rel_err(a.grad().to(torch::kDouble), a64.grad()), grad_tol) << dt;
       EXPECT_NEAR(ls.grad().item<float>(), ls64.grad().item<double>(), 1e-4) << dt;
-      auto nt = nt_xent_loss(a, b, NTXentLossOptions().temperature(0.5).tile_size(tile));
+      auto nt = nt_xent_loss(a, b, NTXentLossOptions().temperature(0.5).path(path).tile_size(tile));
       EXPECT_NEAR(nt.item<float>(), reference::nt_xent_loss(a64.detach(), b64, 0.5).item<double>(), 1e-5) << dt;
-      auto mo = moco_v3_loss(a, b, b, a, MocoV3LossOptions().temperature(0.5).tile_size(tile));
+      auto mo = moco_v3_loss(a, b, b, a, MocoV3LossOptions().temperature(0.5).path(path).tile_size(tile));
       EXPECT_NEAR(mo.item<float>(), reference::moco_v3_loss(a64.detach(), b64, b64, a64.detach(), 0.5).item<double>(),
                   1e-5) << dt;
     }

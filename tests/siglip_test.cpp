@@ -9,6 +9,7 @@
 
 #include "contrax/siglip.h"
 #include "support/ranks.h"
+#include "support/strict_warnings.h"
 
 namespace {
 
@@ -206,11 +207,18 @@ TEST(SigLip, ArgumentErrors) {
                "siglip_loss(): argument 'tile_size' must be >= 0");
   expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_bytes(0)); },
                "siglip_loss(): argument 'tile_bytes' must be positive");
-  // The deprecated names set the same fields.
-  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_size(-1)); },
-               "siglip_loss(): argument 'tile_size' must be >= 0");
-  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_bytes(0)); },
-               "siglip_loss(): argument 'tile_bytes' must be positive");
+  {
+    // The deprecated names set the same fields, and say so (once each).
+    contrax::testing::WarningCapture capture;
+    expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_size(-1)); },
+                 "siglip_loss(): argument 'tile_size' must be >= 0");
+    expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_bytes(0)); },
+                 "siglip_loss(): argument 'tile_bytes' must be positive");
+    std::string all;
+    for (const auto& m : capture.messages) all += m + "\n";
+    EXPECT_NE(all.find("SigLipLossOptions::chunk_size is deprecated"), std::string::npos) << all;
+    EXPECT_NE(all.find("SigLipLossOptions::chunk_bytes is deprecated"), std::string::npos) << all;
+  }
   expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().max_logit_scale(-1)); },
                "siglip_loss(): argument 'max_logit_scale' must be positive");
   expect_error([&] { contrax::siglip_loss(torch::zeros({0, 2}, torch::kFloat64), torch::zeros({0, 2}, torch::kFloat64), ls); },

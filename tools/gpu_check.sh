@@ -2,9 +2,28 @@
 # The GPU acceptance run: the one command to run whenever a machine with
 # NVIDIA GPUs is at hand.
 #
-#   bash tools/gpu_check.sh            # report in gpu_check/report.md
+#   bash tools/gpu_check.sh --quick    # about 6 min on one GPU, offline; report in gpu_check/report.md
+#   bash tools/gpu_check.sh            # everything, for machines with time
 #
-# On a machine with GPUs it
+# --quick is for a short lease on a machine without network and with its own
+# PyTorch (the python3 on PATH, or CONTRAX_GPU_CHECK_PYTHON): it builds only
+# what it runs against that torch, with every core, taking CLI11, JSON,
+# GoogleTest, Gloo's headers and Fashion-MNIST from the offline bundle
+# (tools/gpu_bundle.sh, carried into the checkout as .bundle/) where apt
+# cannot reach a mirror, and checks what matters most:
+#   1. no hidden host synchronisation in any loss (sync-debug mode "error"),
+#   2. `contrax verify` on CUDA in fp64, fp32, bf16 and fp16 against the fp64
+#      reference, and two ranks on the one GPU over Gloo,
+#   3. the CUDA cases of device_test, precision_test and grad_cache_test,
+#   4. `contrax train --device cuda` stopped at step 50 and resumed, its curve
+#      bitwise equal to an uninterrupted run's,
+#   5. the losses against plain PyTorch, memeff and siglip-kernel
+#      (python/bench/gpu_losses.py; the peers from the bundle where carried),
+#   6. the default recipe's examples/s beside the plain PyTorch DDP program of
+#      the same recipe (the bundle's peers/, through tools/peer_gpu.py) on the
+#      same GPU.
+#
+# The full run
 #   1. builds Contrax and its tests against this machine's PyTorch (tools/setup.sh;
 #      CONTRAX_GPU_CHECK_BUILD=<dir> reuses a finished build instead),
 #   2. runs the whole suite (the GPU tests run instead of skipping), and on
@@ -21,20 +40,34 @@
 #      loss (all_gather with gradient + cross_entropy under bf16 autocast) at
 #      b = 4096 rows per rank, d = 768 (python/bench/bench_clip.py), and the
 #      tiled path against the materialised one on one GPU (contrax bench-tiled),
-# and writes every output, with the device named, to the report. Without a GPU
-# it checks what the CPU can see (the build is a CUDA build when nvcc exists),
-# says that no GPU was found and why, and exits 3 (nothing was checked on a GPU).
+# Both write every output, with the GPU, driver, torch and CUDA named, to the
+# report. Without a GPU they say that no GPU was found and exit 3 (nothing
+# was checked on a GPU); --quick says so before building anything, the full
+# run after checking what the CPU can see (the build is a CUDA build when nvcc
+# exists).
 #
 # Environment: CONTRAX_GPU_CHECK_OUT (report folder, default gpu_check),
 # CONTRAX_GPU_CHECK_BUILD (an existing build folder), CONTRAX_GPU_CHECK_PYTHON
-# (the interpreter of the build's torch, default .venv's), CONTRAX_GPU_CHECK_TIMEOUT
-# (seconds per step, default 900), and tools/setup.sh's variables.
+# (the interpreter of the build's torch, default .venv's; with --quick the
+# python3 on PATH), CONTRAX_GPU_CHECK_TIMEOUT (seconds per step, default 900;
+# 300 with --quick), CONTRAX_BUNDLE (the offline bundle, default .bundle), and
+# tools/setup.sh's variables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+QUICK=0
+case "${1:-}" in
+  --quick) QUICK=1 ;;
+  "") ;;
+  *) echo "usage: bash tools/gpu_check.sh [--quick]" >&2; exit 2 ;;
+esac
 OUT=${CONTRAX_GPU_CHECK_OUT:-gpu_check}
-LIMIT=${CONTRAX_GPU_CHECK_TIMEOUT:-900}
+LIMIT=${CONTRAX_GPU_CHECK_TIMEOUT:-$([ $QUICK = 1 ] && echo 300 || echo 900)}
 VENV=${CONTRAX_VENV:-.venv}
+BUNDLE=${CONTRAX_BUNDLE:-.bundle}
+# The data set: Debian's package where installed, else the bundle's copy.
+DATA=/usr/share/datasets/fashion-mnist
+[ -f "$DATA/train-images-idx3-ubyte.gz" ] || DATA=$BUNDLE/fashion-mnist
 mkdir -p "$OUT"
 REPORT=$OUT/report.md
 failures=0
@@ -71,39 +104,106 @@ step() {
   echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), host $(hostname)"
 } >"$REPORT"
 
+if [ $QUICK = 1 ]; then
+  PY=${CONTRAX_GPU_CHECK_PYTHON:-$(command -v python3 || echo python3)}
+else
+  PY=${CONTRAX_GPU_CHECK_PYTHON:-$VENV/bin/python}
+  [ -x "$PY" ] || PY=python3
+fi
+# Which GPUs: nvidia-smi's view and PyTorch's (they can disagree: a driver
+# without devices, CUDA_VISIBLE_DEVICES, a CPU-only torch).
+gpu_facts() {
+  if command -v nvidia-smi >/dev/null; then
+    smi=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 4 | tr '\n' ';')
+  else
+    smi="not installed"
+  fi
+  gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
+  torch_cuda=$("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo "torch not importable with $PY")
+  {
+    echo
+    echo "torch: $torch_cuda; GPUs seen by torch: $gpus"
+    echo "nvidia-smi: $smi"
+  } >>"$REPORT"
+}
+no_gpu() {  # no_gpu WHAT-WAS-BUILT
+  echo "no GPU found: $1; nothing was checked on a GPU" >>"$REPORT"
+  say "no GPU found (torch sees $gpus CUDA devices; nvidia-smi: $smi)."
+  say "$1. The GPU checks need a machine with NVIDIA GPUs; nothing was checked on a GPU."
+  exit 3
+}
+has_gpu() { [ "$gpus" -gt 0 ] 2>/dev/null; }
+
+# The quick checks (see the top): one GPU, the machine's own torch.
+quick_checks() {
+  local name
+  name=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')
+  say "$gpus GPU(s): $name"
+  echo "device: $gpus x $name" >>"$REPORT"
+  local pypath="$BUILD/python"
+  # memeff and siglip-kernel are pure-Python wheels: the bundle carries them unpacked.
+  [ -d "$BUNDLE/pylib" ] && pypath="$pypath:$BUNDLE/pylib"
+  step "no hidden host synchronisations (sync-debug mode \"error\")" \
+    env PYTHONPATH="$pypath" "$PY" -m pytest -q -rs python/tests/test_cuda_sync.py
+  for dt in fp64 fp32 bf16 fp16; do
+    step "contrax verify, CUDA, one process, $dt" "$BUILD/contrax" verify --device cuda --nproc 1 --dtype "$dt"
+  done
+  step "contrax verify, CUDA, two ranks on one GPU over Gloo, fp64" \
+    "$BUILD/contrax" verify --device cuda --backend gloo --nproc 2 --dtype fp64
+  step "device_test (the CUDA cases)" "$BUILD/tests/device_test" --gtest_filter='*cuda*:*Cuda*:*CUDA*'
+  step "precision_test" "$BUILD/tests/precision_test"
+  step "grad_cache_test" "$BUILD/tests/grad_cache_test"
+  local train=("$BUILD/contrax" train --device cuda --nproc 1 --max-steps 100 --no-eval --no-verify --no-plot
+               --data "$DATA")
+  step "contrax train --device cuda: 100 steps, and 50 + 50 stopped and resumed, bitwise the same curve" bash -c \
+    "$(printf '%q ' "${train[@]}") --overwrite --run-dir '$OUT/train_whole' &&
+     $(printf '%q ' "${train[@]}") --overwrite --stop-at-step 50 --run-dir '$OUT/train_resumed' &&
+     $(printf '%q ' "${train[@]}") --resume --run-dir '$OUT/train_resumed' &&
+     '$PY' tools/same_curve.py '$OUT/train_whole/metrics.jsonl' '$OUT/train_resumed/metrics.jsonl'"
+  step "the losses against plain PyTorch and the peers (python/bench/gpu_losses.py)" \
+    env PYTHONPATH="$pypath" "$PY" python/bench/gpu_losses.py --iters 5
+  step "the default recipe's examples/s: contrax train --device cuda, 300 steps" \
+    "$BUILD/contrax" train --device cuda --nproc 1 --max-steps 300 --no-eval --no-verify --no-plot --overwrite \
+    --data "$DATA" --run-dir "$OUT/train_speed"
+  if [ -f "$BUNDLE/peers/simclr_torch_ddp.py" ]; then
+    step "the same recipe in plain PyTorch DDP on the same GPU (the bundle's peer, tools/peer_gpu.py), 300 steps" \
+      "$PY" tools/peer_gpu.py "$BUNDLE/peers/simclr_torch_ddp.py" --spawn 1 --data "$DATA" --max-steps 300 \
+      --no-eval --json
+  else
+    say "no peer program in $BUNDLE/peers: the side-by-side run is skipped"
+    echo "no peer program in $BUNDLE/peers: the side-by-side run was skipped" >>"$REPORT"
+  fi
+}
+
+if [ $QUICK = 1 ]; then
+  gpu_facts
+  has_gpu || no_gpu "nothing built (--quick builds only where a GPU is)"
+  BUILD=${CONTRAX_GPU_CHECK_BUILD:-build}
+  if [ -z "${CONTRAX_GPU_CHECK_BUILD:-}" ]; then
+    step "build against $PY's torch, every core (tools/setup.sh, CONTRAX_TORCH=python, the offline bundle where apt cannot reach a mirror)" \
+      env CONTRAX_TORCH=python CONTRAX_PYTHON="$PY" CONTRAX_BUILD_DIR="$BUILD" CONTRAX_BUNDLE="$BUNDLE" \
+      CONTRAX_TARGETS="contrax_cli contrax_python device_test precision_test grad_cache_test" bash tools/setup.sh
+  fi
+  quick_checks
+  say "report: $REPORT ($failures failed step(s))"
+  [ $failures -eq 0 ]
+  exit
+fi
+
 BUILD=${CONTRAX_GPU_CHECK_BUILD:-}
 if [ -z "$BUILD" ]; then
   BUILD=build
   step "build (tools/setup.sh, all targets)" env CONTRAX_TARGETS=all bash tools/setup.sh
 fi
-PY=${CONTRAX_GPU_CHECK_PYTHON:-$VENV/bin/python}
-[ -x "$PY" ] || PY=python3
 
-# Which GPUs: nvidia-smi's view and PyTorch's (they can disagree: a driver
-# without devices, CUDA_VISIBLE_DEVICES, a CPU-only torch).
-if command -v nvidia-smi >/dev/null; then
-  smi=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -n 4 | tr '\n' ';')
-else
-  smi="not installed"
-fi
-gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)
-torch_cuda=$("$PY" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)' 2>/dev/null || echo "torch not importable with $PY")
-{
-  echo
-  echo "torch: $torch_cuda; GPUs seen by torch: $gpus"
-  echo "nvidia-smi: $smi"
-} >>"$REPORT"
-if [ "$gpus" -eq 0 ] 2>/dev/null || ! [ "$gpus" -gt 0 ] 2>/dev/null; then
+gpu_facts
+if ! has_gpu; then
   built="no build checked"
   [ -x "$BUILD/contrax" ] && built="$BUILD/contrax built ($("$BUILD/contrax" --version 2>&1 | head -n 1))"
   if ldd "$BUILD/contrax" 2>/dev/null | grep -q 'libtorch_cuda'; then
     built="$built, linked against LibTorch's CUDA and NCCL libraries"
   fi
-  echo "no GPU found: $built; nothing was checked on a GPU" >>"$REPORT"
-  say "no GPU found (torch sees $gpus CUDA devices; nvidia-smi: $smi)."
-  say "$built. The GPU checks (suite on CUDA, verify over NCCL, the ring at real sizes,"
-  say "the loss benchmark) need a machine with NVIDIA GPUs; nothing was checked on a GPU."
-  exit 3
+  no_gpu "$built"
 fi
 
 name=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')
@@ -131,9 +231,9 @@ for w in $worlds; do
 done
 step "contrax train --device cuda, W=${worlds##* }, 100 steps, stopped at 50 and resumed" bash -c \
   "'$BUILD/contrax' train --device cuda --nproc ${worlds##* } --max-steps 100 --stop-at-step 50 --no-eval --no-verify \
-     --no-plot --overwrite --run-dir '$OUT/train_cuda' &&
+     --no-plot --overwrite --data '$DATA' --run-dir '$OUT/train_cuda' &&
    '$BUILD/contrax' train --device cuda --nproc ${worlds##* } --max-steps 100 --resume --no-verify --no-plot \
-     --run-dir '$OUT/train_cuda'"
+     --data '$DATA' --run-dir '$OUT/train_cuda'"
 for path in auto materialised tiled ring; do
   step "CLIP loss vs an open_clip-style loss, b=4096, d=768, bf16 autocast, path $path" \
     env PYTHONPATH="$BUILD/python" "$PY" python/bench/bench_clip.py --device cuda --world "${worlds##* }" \

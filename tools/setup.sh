@@ -24,7 +24,15 @@
 #                      requirements/test.txt and requirements/docs.txt)
 #   CONTRAX_TORCH      pypi (default) or system: the system's LibTorch and
 #                      python3-torch from Debian instead (tools/trixie.sh uses
-#                      it for Debian trixie's LibTorch 2.6)
+#                      it for Debian trixie's LibTorch 2.6); or python: the
+#                      torch already installed in CONTRAX_PYTHON (default the
+#                      python3 on PATH), with no venv and nothing from PyPI
+#                      (a GPU machine's own PyTorch: tools/gpu_check.sh --quick)
+#   CONTRAX_PYTHON     the interpreter of CONTRAX_TORCH=python
+#   CONTRAX_BUNDLE     the offline bundle (default .bundle, made by
+#                      tools/gpu_bundle.sh): where apt cannot reach a mirror,
+#                      CLI11, JSON, GoogleTest, Gloo's headers and the data set
+#                      come from it
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${CONTRAX_BUILD_DIR:-build}
@@ -32,9 +40,18 @@ VENV=${CONTRAX_VENV:-.venv}
 CACHE=${CONTRAX_CACHE:-$HOME/.cache/contrax}
 TARGETS=${CONTRAX_TARGETS:-contrax_cli}
 TORCH_FROM=${CONTRAX_TORCH:-pypi}
+BUNDLE=${CONTRAX_BUNDLE:-.bundle}
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-case "$TORCH_FROM" in pypi|system) ;; *) echo "setup: CONTRAX_TORCH must be pypi or system, but is '$TORCH_FROM'" >&2; exit 2 ;; esac
+case "$TORCH_FROM" in pypi|system|python) ;; *) echo "setup: CONTRAX_TORCH must be pypi, system or python, but is '$TORCH_FROM'" >&2; exit 2 ;; esac
+if [ "$TORCH_FROM" = python ]; then
+  PY=${CONTRAX_PYTHON:-$(command -v python3 || echo python3)}
+  "$PY" -c 'import torch' 2>/dev/null || {
+    echo "setup: CONTRAX_TORCH=python builds against the torch of CONTRAX_PYTHON, but '$PY' cannot import torch;" \
+      "set CONTRAX_PYTHON to the interpreter that has it" >&2
+    exit 2
+  }
+fi
 t0=$(date +%s)
 phase() { echo "setup: $* ($(($(date +%s) - t0)) s so far)"; }
 
@@ -76,9 +93,13 @@ PACKAGES=(
   nlohmann-json3-dev              # every JSON file Contrax writes or reads
   dataset-fashion-mnist           # the real data set of `contrax train`
   wordnet-base                    # WordNet 3.0, the corpus of `contrax train --recipe retrieval`
-  python3-dev python3-venv        # the Python package, the virtual environment
   iproute2 util-linux             # ip netns/veth for the two-node test; flock, mount for the fault tests
 )
+if [ "$TORCH_FROM" != python ]; then
+  PACKAGES+=(python3-dev python3-venv)   # the Python package, the virtual environment
+fi
+# What the offline bundle (tools/gpu_bundle.sh) stands in for.
+BUNDLED=" libgtest-dev libcli11-dev nlohmann-json3-dev dataset-fashion-mnist "
 if [ "$TORCH_FROM" = pypi ] && [ "$TARGETS" = all ]; then
   PACKAGES+=(doxygen)            # the API reference's C++ half, built by command 2 (tools/docs.sh; Sphinx is in requirements/docs.txt)
 fi
@@ -92,10 +113,27 @@ missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
 done
+use_bundle=0
 if ((${#missing[@]})); then
   phase "installing Debian packages: ${missing[*]} (about 1-2 min)"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Without a mirror (a GPU machine offline, a container), the bundle stands
+  # in for what it holds; the rest must be there already (compiler, CMake).
+  # Short timeouts: offline, apt must fail in seconds, not minutes.
+  if ! { command -v apt-get >/dev/null &&
+         timeout 60 $SUDO apt-get update -qq -o Acquire::http::Timeout=10 -o Acquire::Retries=0 >/dev/null 2>&1 &&
+         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }; then
+    if [ ! -f "$BUNDLE/MANIFEST" ]; then
+      echo "setup: apt could not install ${missing[*]} (no mirror reachable?), and there is no offline bundle in" \
+        "$BUNDLE; make one on a machine with network (bash tools/gpu_bundle.sh) and carry it here," \
+        "or set CONTRAX_BUNDLE" >&2
+      exit 1
+    fi
+    use_bundle=1
+    rest=()
+    for p in "${missing[@]}"; do [[ "$BUNDLED" == *" $p "* ]] || rest+=("$p"); done
+    phase "apt cannot install packages here: CLI11, JSON, GoogleTest, Gloo's headers and Fashion-MNIST from the" \
+      "offline bundle $BUNDLE${rest[*]:+; not installed, and assumed unneeded: ${rest[*]}}"
+  fi
 fi
 
 # Installs requirement files into the venv from the wheel cache, downloading
@@ -128,6 +166,9 @@ pip_cached() {
 }
 
 cmake_args=()
+# The CUDA wheels' CMake package needs the CUDA toolkit (nvcc), which may
+# not be on PATH.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 if [ "$TORCH_FROM" = pypi ]; then
   if [ ! -x "$VENV/bin/python" ]; then
     phase "creating the virtual environment $VENV"
@@ -143,21 +184,40 @@ if [ "$TORCH_FROM" = pypi ]; then
   pip_cached -c requirements/torch.txt -r requirements/plot.txt
   for r in ${CONTRAX_EXTRA_REQUIREMENTS:-}; do pip_cached -c requirements/torch.txt -r "$r"; done
   PY=$VENV/bin/python
-  # The CUDA wheels' CMake package needs the CUDA toolkit (nvcc), which may
-  # not be on PATH.
-  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
   prefix=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
   cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix" -DPython3_EXECUTABLE="$(cd "$VENV" && pwd)/bin/python3")
-  bash tools/gloo_headers.sh >/dev/null
 else
-  PY=/usr/bin/python3
-  cmake_args+=(-DPython3_EXECUTABLE=/usr/bin/python3)
+  [ "$TORCH_FROM" = system ] && PY=/usr/bin/python3
+  if [ "$TORCH_FROM" = python ]; then
+    prefix=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
+    cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix")
+  fi
+  cmake_args+=(-DPython3_EXECUTABLE="$(command -v "$PY")")
 fi
+if [ "$TORCH_FROM" != system ]; then
+  # Gloo's headers, which PyPI-style wheels do not ship: the bundle's copy
+  # where apt (and so the network) is out of reach.
+  if [ "$use_bundle" = 1 ] && [ ! -f .deps/gloo/include/gloo/rendezvous/store.h ]; then
+    mkdir -p .deps/gloo
+    cp -r "$BUNDLE/gloo/include" "$BUNDLE/gloo/VERSION" .deps/gloo/
+  fi
+  bash tools/gloo_headers.sh >/dev/null
+fi
+if [ "$use_bundle" = 1 ]; then
+  bundle_prefix="$(cd "$BUNDLE" && pwd)/prefix/usr"
+  for i in "${!cmake_args[@]}"; do
+    [[ "${cmake_args[$i]}" == -DCMAKE_PREFIX_PATH=* ]] && cmake_args[$i]="${cmake_args[$i]};$bundle_prefix"
+  done
+fi
+# Ninja and ccache where installed (a GPU machine may have neither).
+generator=(-G Ninja)
+command -v ninja >/dev/null || generator=(-G "Unix Makefiles")
+command -v ccache >/dev/null && cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-if [ ! -f "$BUILD/build.ninja" ]; then
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
   phase "configuring $BUILD"
   mkdir -p "$BUILD"
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  cmake -S . -B "$BUILD" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
     "${cmake_args[@]}" >"$BUILD/configure.log" 2>&1 || {
     echo "setup: configuring failed; the last lines of $BUILD/configure.log:" >&2
     tail -n 30 "$BUILD/configure.log" >&2
@@ -170,5 +230,5 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 export CCACHE_BASEDIR=$PWD
 [ "$TARGETS" = all ] && targets=() || read -r -a targets <<<"$TARGETS"
 phase "building ${TARGETS} in $BUILD (first time on 2 cores: the tool about 5 min, everything about 20)"
-cmake --build "$BUILD" ${targets[@]:+--target "${targets[@]}"}
+cmake --build "$BUILD" --parallel "$(nproc)" ${targets[@]:+--target "${targets[@]}"}
 phase "done: $("$PY" -c 'import torch; print("torch", torch.__version__)' 2>/dev/null)"

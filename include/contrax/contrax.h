@@ -14,6 +14,7 @@
 #include "contrax/launcher.h"
 #include "contrax/losses.h"
 #include "contrax/memory.h"
+#include "contrax/tasks.h"
 #include "contrax/plan.h"
 #include "contrax/reference.h"
 #include "contrax/siglip.h"

@@ -62,6 +62,10 @@ int64_t available_memory_bytes();
 /// LibTorch, another device type).
 int64_t available_device_memory_bytes(const c10::Device& device);
 
+/// Total bytes of a CUDA device (cudaMemGetInfo's total, looked up as above);
+/// 0 for any other device or when unknown.
+int64_t device_memory_bytes(const c10::Device& device);
+
 /// `bytes` for a person: "512 B", "3.2 MiB", "7.5 GiB", "175 TiB".
 std::string format_bytes(double bytes);
 

@@ -36,8 +36,14 @@ struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
   /// Feature dtype; fp16/bf16 are computed in fp32 (the engine's rule).
   TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
   /// Where the features live: on CUDA, fp16/bf16 features are gathered and
-  /// multiplied in their own dtype (half the bytes of fp32); on the CPU in fp32.
+  /// multiplied in their own dtype (half the bytes of fp32), and the logits
+  /// are walked in row panels sized from the panel budget; on the CPU in fp32,
+  /// in cache-sized tiles.
   TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// The panel budget to plan with on CUDA; 0: what a loss would take here
+  /// (loss_panel_bytes() when set, otherwise the automatic budget of this
+  /// machine's GPU: 1 GiB, 1.5 GiB from 40 GB, 1 GiB without a GPU).
+  TORCH_ARG(int64_t, panel_bytes) = 0;
 };
 
 /// One path's cost for the rank with the most rows.
@@ -58,6 +64,23 @@ struct PathCost {
   int64_t bytes_sent_backward = 0;
   /// False where the path cannot run (the ring needs W > 1).
   bool available = true;  // ring needs W > 1
+  /// Steps of one walk over the logits (the forward's; the backward walks
+  /// as many): CPU tiles, or on CUDA row panels of every column of a block.
+  int64_t panels = 0;
+  /// Rows of each step (the last may be shorter); columns: `panel_cols`.
+  int64_t panel_rows = 0;
+  int64_t panel_cols = 0;
+  /// Bytes the walk holds at once beside the features: a step's logits and
+  /// their temporaries (tiled, ring), or the logits buffer plus a panel's
+  /// temporaries (materialised).
+  int64_t workspace_bytes = 0;
+  /// Kernel launches of a forward + backward on a GPU (the ATen operators
+  /// that launch work), estimated from the same walk: the prologue's fixed
+  /// count plus, per step, its GEMMs and element-wise passes (the ATen forms;
+  /// src/plan.cpp derives the counts). -1 where not modelled: the CPU's
+  /// walk (no launches; its tiles run fused kernels), and the ring (its
+  /// per-block communication copies are not counted).
+  int64_t launches = 0;
 };
 
 /// The cost of a loss call on each memory path, for the rank with the most

@@ -39,7 +39,7 @@ def naive_clip_loss(a, b, logit_scale):
     a_all = torch.cat(dist_nn.all_gather(a), dim=0)
     b_all = torch.cat(dist_nn.all_gather(b), dim=0)
     scale = logit_scale.exp().clamp(max=100.0)
-    target = torch.arange(rank * a.shape[0], (rank + 1) * a.shape[0])
+    target = torch.arange(rank * a.shape[0], (rank + 1) * a.shape[0], device=a.device)
     la = a @ b_all.t() * scale
     lb = b @ a_all.t() * scale
     return (F.cross_entropy(la, target) + F.cross_entropy(lb, target)) / 2

@@ -242,7 +242,7 @@ class GradCache:
             ``loss_fn``, or all-reduce its gradient yourself).
         chunk_size: chunk size for encoders given as bare modules/callables.
         scale_loss: hook mapping the loss to what is backpropagated, e.g.
-            ``scaler.scale`` of a ``torch.cuda.amp.GradScaler`` (fp16); every
+            ``scaler.scale`` of a ``torch.amp.GradScaler`` (fp16); every
             gradient is then scaled, as in an ordinary scaled step.
         bf16_autocast: run the encoders (both passes) under CPU autocast to
             bfloat16; representations reach ``loss_fn`` in bfloat16.

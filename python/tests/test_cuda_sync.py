@@ -5,7 +5,9 @@ CPU wait for the GPU raises. The documented synchronisations are kept out of
 the measured calls: the logit-scale check reads the scale in a process's first
 16 calls (the warm-up below), and the per-call row-count exchange happens only
 over NCCL without static shapes (the two-GPU case turns static shapes on).
-Skips without a GPU; tools/gpu_check.sh runs it where one is.
+Also: each loss's forward and backward replay as a CUDA graph at static
+shapes (issue 39). Skips without a GPU; tools/gpu_check.sh runs it where one
+is.
 """
 import os
 
@@ -83,3 +85,43 @@ def _nccl_worker(rank, world, init_file):
 @pytest.mark.skipif(GPUS < 2, reason="needs two CUDA devices (one per rank, NCCL)")
 def test_two_gpus_with_static_shapes_have_no_hidden_sync(tmp_path):
     mp.spawn(_nccl_worker, args=(2, os.path.join(tmp_path, "init")), nprocs=2)
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_forward_and_backward_replay_as_a_cuda_graph(name):
+    """Issue 39's target: each loss's forward + backward is capturable in a CUDA
+    graph at static shapes (what a graph-captured training step needs), and the
+    replay on new inputs gives the eager loss and gradients."""
+    device = torch.device("cuda", 0)
+    leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in _inputs(device)]
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm-up off the capture, past the scale check's first calls
+        for _ in range(17):
+            for t in leaves:
+                t.grad = None
+            LOSSES[name](leaves).backward()
+    torch.cuda.current_stream(device).wait_stream(side)
+    for t in leaves:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = LOSSES[name](leaves)
+        loss.backward()
+    fresh = _inputs(device)
+    for t in fresh:
+        if t.is_floating_point() and t.dim() > 0:
+            t.mul_(1.25).add_(0.1)  # other features, the same shapes
+    with torch.no_grad():
+        for t, f in zip(leaves, fresh):
+            t.copy_(f)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    eager = [t.clone().requires_grad_(t.is_floating_point()) for t in fresh]
+    eager_loss = LOSSES[name](eager)
+    eager_loss.backward()
+    assert torch.allclose(loss, eager_loss, rtol=1e-5, atol=1e-6), name
+    for t, e in zip(leaves, eager):
+        if e.grad is not None:
+            assert torch.allclose(t.grad, e.grad, rtol=1e-4, atol=1e-6), name

@@ -5,12 +5,15 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 
 namespace contrax::detail {
 
@@ -113,6 +116,32 @@ int listen_on_master(const sockaddr_storage& master, const std::string& addr, in
                 std::strerror(err));
   }
   return fd;
+}
+
+bool wait_until_listening(const sockaddr_storage& master, int64_t port,
+                          std::chrono::steady_clock::time_point deadline) {
+  sockaddr_storage a = master;
+  set_port(a, port);
+  for (;;) {
+    const int fd = ::socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return false;
+    bool connected = ::connect(fd, reinterpret_cast<const sockaddr*>(&a), addr_len(a)) == 0;
+    if (!connected && errno == EINPROGRESS) {
+      // A connection that is neither accepted nor refused (a filtered port,
+      // a host that is down) is waited for until the deadline, not longer.
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      connected = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(left.count(), 1000)))) == 1 &&
+                  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+    if (connected) return true;
+    if (std::chrono::steady_clock::now() + std::chrono::milliseconds(50) >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 }  // namespace contrax::detail

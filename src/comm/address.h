@@ -7,6 +7,7 @@
 
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -31,5 +32,13 @@ std::string interface_of(const std::string& numeric);
 /// local address, port taken) instead of TCPStore's "failed to listen on any
 /// local network address".
 int listen_on_master(const sockaddr_storage& master, const std::string& addr, int64_t port);
+
+/// Tries to connect to `master`:`port` every 50 ms until one connection is
+/// accepted (true) or `deadline` passes (false); each is closed at once. Lets
+/// a rank find rank 0's store listening before TCPStore connects, so that
+/// c10d's own retries (a random back-off of up to the whole timeout after a
+/// failed try, PyTorch 2.4 and later) never stretch the wait past the deadline.
+bool wait_until_listening(const sockaddr_storage& master, int64_t port,
+                          std::chrono::steady_clock::time_point deadline);
 
 }  // namespace contrax::detail

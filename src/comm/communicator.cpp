@@ -57,8 +57,9 @@ bool all_equal(const std::vector<int64_t>& v) {
   return true;
 }
 
-bool needs_staging(const detail::CommunicatorImpl& impl, const torch::Tensor& t) {
-  return impl.stage_device.has_value() && !t.is_cuda();
+// Where `t` travels for a collective when not as it is (comm/device_binding.h).
+c10::optional<torch::Device> staging(const detail::CommunicatorImpl& impl, const torch::Tensor& t) {
+  return detail::staging_device(impl.backend, impl.stage_device, t.device());
 }
 
 // The backend `create` builds: "auto" is NCCL for a CUDA device, else Gloo.
@@ -231,8 +232,8 @@ torch::Tensor Communicator::all_gather_rows(const torch::Tensor& local, const st
                         " entries for world size ", W);
   TORCH_INTERNAL_ASSERT(local.dim() >= 1 && local.size(0) == counts[rank()]);
   if (W == 1) return local;
-  if (needs_staging(*impl_, local)) {
-    return all_gather_rows(local.to(*impl_->stage_device), counts, stat_name).to(local.device());
+  if (const auto via = staging(*impl_, local)) {
+    return all_gather_rows(local.to(*via), counts, stat_name).to(local.device());
   }
   int64_t total = 0;
   for (auto c : counts) total += c;
@@ -267,8 +268,8 @@ torch::Tensor Communicator::reduce_scatter_rows(const torch::Tensor& full, const
   const int64_t W = world_size();
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == W);
   if (W == 1) return full;
-  if (needs_staging(*impl_, full)) {
-    return reduce_scatter_rows(full.to(*impl_->stage_device), counts, stat_name).to(full.device());
+  if (const auto via = staging(*impl_, full)) {
+    return reduce_scatter_rows(full.to(*via), counts, stat_name).to(full.device());
   }
   const int64_t mine = counts[rank()];
   int64_t total = 0;
@@ -310,8 +311,8 @@ void Communicator::all_reduce_sum(torch::Tensor& tensor, const std::string& stat
   const int64_t W = world_size();
   if (W == 1) return;
   TORCH_CHECK(tensor.is_contiguous(), "Communicator::all_reduce_sum(): argument 'tensor' must be contiguous");
-  if (needs_staging(*impl_, tensor)) {
-    auto staged = tensor.to(*impl_->stage_device);
+  if (const auto via = staging(*impl_, tensor)) {
+    auto staged = tensor.to(*via);
     all_reduce_sum(staged, stat_name);
     tensor.copy_(staged);
     return;
@@ -350,8 +351,8 @@ void Communicator::broadcast(torch::Tensor& tensor, int64_t root, const std::str
   TORCH_CHECK(root >= 0 && root < world_size(), "Communicator::broadcast(): argument 'root' must be in [0, ",
               world_size(), "), but got ", root);
   TORCH_CHECK(tensor.is_contiguous(), "Communicator::broadcast(): argument 'tensor' must be contiguous");
-  if (needs_staging(*impl_, tensor)) {
-    auto staged = tensor.to(*impl_->stage_device);
+  if (const auto via = staging(*impl_, tensor)) {
+    auto staged = tensor.to(*via);
     broadcast(staged, root, stat_name);
     tensor.copy_(staged);
     return;
@@ -383,9 +384,10 @@ Communicator::Pending Communicator::ring_exchange_async(const torch::Tensor& sen
   static_assert(sizeof(int) >= 4, "");
   const int tag = static_cast<int>(ring_tag_++ & 0x3fffffff);
   // Gloo's send/recv hand the tensor's pointer to its TCP transport as host
-  // memory (its collectives stage CUDA tensors; its point-to-point does not):
-  // a CUDA exchange over Gloo goes through host copies both ways.
-  const bool via_host = send.is_cuda() && impl_->backend == "gloo";
+  // memory: a CUDA exchange over Gloo goes through host copies both ways, as
+  // every collective does (staging).
+  const auto via = staging(*impl_, send);
+  const bool via_host = via && via->is_cpu();
   p.state_->send_buffer = via_host ? send.to(torch::kCPU).contiguous() : send.contiguous();
   p.state_->received = torch::empty(recv_shape, send.options().device(via_host ? torch::Device(torch::kCPU)
                                                                                 : send.device()));

@@ -2,6 +2,7 @@
 #include "comm/device_binding.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 
 namespace contrax::detail {
 
@@ -26,6 +27,48 @@ torch::Device bind_device(const DevicePlace& p, const std::string& caller) {
               " CUDA device(s), and NCCL cannot put two ranks on one GPU; start at most ", p.cuda_devices,
               " processes per machine, or use backend 'gloo'");
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(p.local_rank % p.cuda_devices));
+}
+
+c10::optional<torch::Device> staging_device(const std::string& backend, const c10::optional<torch::Device>& nccl_stage,
+                                            const torch::Device& tensor_device) {
+  if (backend == "nccl" && !tensor_device.is_cuda()) return nccl_stage;
+  if (backend == "gloo" && tensor_device.is_cuda()) return torch::Device(torch::kCPU);
+  return c10::nullopt;
+}
+
+std::string pci_bus_id(const torch::Device& device) {
+  if (!device.is_cuda() || !device.has_index()) return "";
+  // The runtime's C entry point (cudaError_t is an int; 0 is success), found
+  // among the loaded libraries as available_device_memory_bytes finds its own.
+  using GetPciBusId = int (*)(char*, int, int);
+  auto get = reinterpret_cast<GetPciBusId>(::dlsym(RTLD_DEFAULT, "cudaDeviceGetPCIBusId"));
+  char id[64] = {0};
+  if (get == nullptr || get(id, sizeof(id) - 1, device.index()) != 0) return "";
+  return id;
+}
+
+std::string gpu_key(const std::string& host, const std::string& bus_id, const torch::Device& device) {
+  if (bus_id.empty()) return "";
+  return host + " PCI " + bus_id + " (" + device.str() + ")";
+}
+
+std::string shared_gpu_error(const std::vector<std::string>& keys) {
+  for (size_t r = 0; r < keys.size(); ++r) {
+    if (keys[r].empty()) continue;
+    std::vector<size_t> same{r};
+    for (size_t s = r + 1; s < keys.size(); ++s) {
+      if (keys[s] == keys[r]) same.push_back(s);
+    }
+    if (same.size() < 2) continue;
+    std::string ranks;
+    for (size_t i = 0; i < same.size(); ++i) {
+      ranks += (i == 0 ? "" : i + 1 == same.size() ? " and " : ", ") + std::to_string(same[i]);
+    }
+    return "ranks " + ranks + (same.size() == 2 ? " are both" : " are all") + " on GPU " + keys[r] +
+           ", and NCCL cannot put two ranks on one GPU; give each rank its own GPU (LOCAL_RANK, or device "
+           "cuda:<k>), or use backend 'gloo', which can share one";
+  }
+  return "";
 }
 
 void make_current(const torch::Device& device) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "contrax/slurm.h"
+#include "util/env.h"
 
 namespace contrax::detail {
 
@@ -16,13 +17,7 @@ bool is_set(const char* name) {
 }
 
 int64_t env_int(const char* name, int64_t def, const char* expected) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return def;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  TORCH_CHECK(end != v && *end == '\0', "Communicator::from_env(): environment variable '", name, "' must be ",
-              expected, ", but got '", v, "'");
-  return x;
+  return detail::env_int(name, def, expected, "Communicator::from_env()");
 }
 
 // MASTER_ADDR, or under SLURM the first host of the job's node list.

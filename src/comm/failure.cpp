@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/c10d_log.h"
 #include "comm/failure.h"
 #include "contrax/launcher.h"
 
@@ -40,6 +41,9 @@ std::string diagnose_peers(const CommunicatorImpl& impl, const std::string& what
   auto result = std::make_shared<std::promise<std::string>>();
   auto future = result->get_future();
   std::thread([store, rank, world, what, window, result, external, silent_host] {
+    // The store's host may be gone: c10d would log each failed call with a
+    // backtrace before the exception this thread turns into a sentence.
+    const QuietC10dLog quiet;
     try {
       store->set("contrax/failed/" + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
       const auto deadline = std::chrono::steady_clock::now() + window;
@@ -58,8 +62,15 @@ std::string diagnose_peers(const CommunicatorImpl& impl, const std::string& what
         result->set_value("rank" + std::string(silent.size() > 1 ? "s " : " ") + c10::Join(", ", silent) +
                           " did not answer (hung, stopped or dead)");
       }
-    } catch (const std::exception&) {
-      result->set_value(rank == 0 || external ? "the store could not be reached" : silent_host);
+    } catch (const std::exception& e) {
+      // Refused, reset or closed, not silent: the host's process is gone.
+      const std::string m = e.what();
+      const bool gone = m.find("onnection") != std::string::npos || m.find("Broken pipe") != std::string::npos ||
+                        m.find("got 0 bytes") != std::string::npos;
+      result->set_value(rank == 0 || external ? "the store could not be reached"
+                        : gone ? "rank 0, which hosts the rendezvous store, has ended (exited, killed or crashed: its "
+                                 "own output, or the launcher's last line, says why)"
+                               : silent_host);
     }
   }).detach();
   if (future.wait_for(window + std::chrono::milliseconds(1000)) == std::future_status::ready) return future.get();
@@ -87,6 +98,11 @@ std::string cause_of(const std::string& raw) {
     const auto close = s.find("] ");
     if (close != std::string::npos) s = s.substr(close + 2);
   }
+  // Gloo's guess at the cause ("This is typically caused by a remote worker
+  // crashing ... GLHF!") contradicts a peer that exited on its own error;
+  // the diagnosis before the cause says what the peer did.
+  const auto hint = s.find(". This is typically caused by");
+  if (hint != std::string::npos) s = s.substr(0, hint);
   return s;
 }
 

@@ -13,11 +13,20 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
+#include <unistd.h>
+
 #include <cctype>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "comm/address.h"
+#include "comm/c10d_log.h"
+#include "comm/device_binding.h"
 #include "comm/gloo_binding.h"
+#include "contrax/tasks.h"
 
 namespace contrax::detail {
 
@@ -58,6 +67,30 @@ void make_gloo(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
   impl.backend = "gloo";
 }
 
+#ifdef USE_C10D_NCCL
+// Refuses, on every rank, a job in which two ranks hold one GPU, before any
+// NCCL communicator exists: NCCL would fail only at the first collective,
+// on the ranks that share, while the others wait for them until the timeout.
+// Each rank posts its GPU's key (host and PCI bus id) in the store and reads
+// everyone's (bounded by the store's timeout, as the rendezvous was); a rank
+// whose bus id is unknown posts an empty key, which matches nothing.
+void refuse_shared_gpus(const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store,
+                        const c10::Device& gpu) {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "<unknown host>");
+  const std::string mine = gpu_key(host, pci_bus_id(gpu), gpu);
+  const std::string prefix = "contrax/nccl_gpu/";
+  store->set(prefix + std::to_string(o.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int64_t r = 0; r < o.world_size(); ++r) {
+    const auto v = store->get(prefix + std::to_string(r));
+    keys.emplace_back(v.begin(), v.end());
+  }
+  const auto error = shared_gpu_error(keys);
+  TORCH_CHECK(error.empty(), "Communicator::create(): ", error);
+}
+#endif
+
 void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store) {
 #ifdef USE_C10D_NCCL
   auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -74,24 +107,51 @@ void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
 #endif
 }
 
+// How long the attempt took, said as it happened: a cause that came at once
+// (a thread that could not start: EAGAIN) claims no wait, and only one that
+// took the whole timeout says that a peer may never have arrived.
+std::string failure_context(const std::string& cause, std::chrono::steady_clock::time_point start,
+                            std::chrono::milliseconds timeout) {
+  const auto waited =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  if (cause.find("Resource temporarily unavailable") != std::string::npos) {
+    const TasksLimit lim = tasks_limit();
+    const std::string limit =
+        lim.left < 0 ? std::string("no tasks limit is visible to this process") : "the tasks limit: " + lim.what;
+    return c10::str("after ", waited.count(), " ms: a thread could not be started (", limit, ")");
+  }
+  if (waited < timeout * 9 / 10) return c10::str("after ", waited.count(), " ms (timeout ", timeout.count(), " ms)");
+  return c10::str("within ", timeout.count(), " ms (a peer may never have arrived)");
+}
+
 }  // namespace
 
 void make_process_group(CommunicatorImpl& impl, const std::string& backend, const CommunicatorOptions& o,
                         const c10::intrusive_ptr<c10d::Store>& store) {
+#ifdef USE_C10D_NCCL
+  // Outside the try below: this refusal is the user's set-up, not a peer
+  // that never arrived.
+  if (backend == "nccl") refuse_shared_gpus(o, store, nccl_stage_device(impl.device));
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  std::string cause;
   try {
+    // A peer that fails meanwhile takes the store away: c10d would log each
+    // failed store call with a backtrace before the error said below.
+    const QuietC10dLog quiet;
     if (backend == "gloo") {
       make_gloo(impl, o, store);
     } else {
       make_nccl(impl, o, store);
     }
+    return;
   } catch (const c10::Error& e) {
-    TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
-                " could not build the process group within ", o.timeout().count(),
-                " ms (a peer may never have arrived): ", e.what_without_backtrace());
+    cause = e.what_without_backtrace();
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
-                " could not build the process group within ", o.timeout().count(), " ms: ", e.what());
+    cause = e.what();
   }
+  TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " of ", o.world_size(),
+              " could not build the process group ", failure_context(cause, start, o.timeout()), ": ", cause);
 }
 
 void make_mpi_process_group(CommunicatorImpl& impl) {

@@ -7,12 +7,14 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <exception>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "comm/address.h"
+#include "comm/c10d_log.h"
 #include "comm/failure.h"
 
 namespace contrax::detail {
@@ -37,17 +39,34 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const CommunicatorOptions& o, con
   so.useLibUV = false;
   const std::string host = numeric_host(master);
   if (!so.isServer) {
-    try {
-      return c10::make_intrusive<c10d::TCPStore>(host, so);
-    } catch (const std::exception& e) {
-      TORCH_CHECK(!o.external_store(), "Communicator::create(): rank ", o.rank(),
-                  " could not reach the rendezvous store of torchrun's agent at MASTER_ADDR ", o.master_addr(), ":",
-                  o.master_port(), " within ", timeout.count(), " ms: ", cause_of(e.what()));
-      TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " could not reach the rendezvous store of rank 0 "
-                  "at MASTER_ADDR ", o.master_addr(), ":", o.master_port(), " within ", timeout.count(),
-                  " ms (rank 0 never started, failed before listening, or MASTER_ADDR/MASTER_PORT differ between "
-                  "ranks): ", cause_of(e.what()));
+    // Contrax waits for the store to listen itself, against the deadline:
+    // TCPStore's own connect (PyTorch 2.4 and later) retries once after a
+    // random back-off of up to the whole timeout and logs each try with a
+    // backtrace, which took 31-35 s for a 20 s timeout. Once a connection
+    // was accepted, TCPStore connects at once, with what is left of the time.
+    const auto start = std::chrono::steady_clock::now(), deadline = start + timeout;
+    const bool listening = wait_until_listening(master, o.master_port(), deadline);
+    std::string cause = "nothing accepted a connection there";
+    if (listening) {
+      so.timeout = std::max<std::chrono::milliseconds>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()),
+          std::chrono::milliseconds(1000));
+      try {
+        const QuietC10dLog quiet;
+        return c10::make_intrusive<c10d::TCPStore>(host, so);
+      } catch (const std::exception& e) {
+        cause = cause_of(e.what());
+      }
     }
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    TORCH_CHECK(!o.external_store(), "Communicator::create(): rank ", o.rank(),
+                " could not reach the rendezvous store of torchrun's agent at MASTER_ADDR ", o.master_addr(), ":",
+                o.master_port(), " after waiting ", waited, " ms (timeout ", timeout.count(), " ms): ", cause);
+    TORCH_CHECK(false, "Communicator::create(): rank ", o.rank(), " could not reach the rendezvous store of rank 0 "
+                "at MASTER_ADDR ", o.master_addr(), ":", o.master_port(), " after waiting ", waited, " ms (timeout ",
+                timeout.count(), " ms; rank 0 never started, failed before listening, or MASTER_ADDR/MASTER_PORT "
+                "differ between ranks): ", cause);
   }
   // TCPStore takes over the socket bound to MASTER_ADDR (never every interface).
   so.masterListenFd = listen_on_master(master, o.master_addr(), o.master_port());

@@ -191,18 +191,26 @@ torch::Tensor fused_tile(const torch::Tensor& t, bool rows, T* cm, T* cs, T* csh
   return rows ? rm + rs.log_() : torch::Tensor();
 }
 
+// A -inf maximum (every entry -inf, or none) becomes the shift 0, so the
+// exponentials give 0 and the log-sum-exp -inf instead of NaN; NaN and +inf
+// maxima stay (they propagate, as torch::logsumexp's). One pass, not a
+// comparison and a masked fill.
+void fully_masked_shift_(torch::Tensor& m) {
+  m.nan_to_num_(std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(), 0.0);
+}
+
 // The ATen forms (CUDA, half precision, odd strides): one [R, C] temporary.
 torch::Tensor aten_rows_lse(const torch::Tensor& x) {
   if (x.size(1) == 0) return torch::full({x.size(0)}, -kInf, x.options());
   auto m = x.amax(1);  // [R]
-  m.masked_fill_(m == -kInf, 0.0);
+  fully_masked_shift_(m);
   return (x - m.unsqueeze(1)).exp_().sum(1).log_().add_(m);
 }
 
 torch::Tensor aten_cols_lse(const torch::Tensor& x) {
   if (x.size(0) == 0) return torch::full({x.size(1)}, -kInf, x.options());
   auto m = x.amax(0);  // [C]
-  m.masked_fill_(m == -kInf, 0.0);
+  fully_masked_shift_(m);
   return (x - m.unsqueeze(0)).exp_().sum(0).log_().add_(m);
 }
 
@@ -259,7 +267,7 @@ torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows) {
   }
   if (!fused_) {
     auto lc = lse_.narrow(0, c0, tile.size(1));
-    lc.copy_(torch::logaddexp(lc, aten_cols_lse(tile)));
+    at::logaddexp_out(lc, lc, aten_cols_lse(tile));  // merged in place: one pass
     return rows ? aten_rows_lse(tile) : torch::Tensor();
   }
   TORCH_INTERNAL_ASSERT(tile.scalar_type() == max_.scalar_type() && tile.device().is_cpu());

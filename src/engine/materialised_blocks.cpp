@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "engine/block.h"
+#include "engine/panels.h"
 #include "engine/workspace.h"
 
 namespace contrax::detail {
@@ -42,19 +43,11 @@ torch::Tensor shift_factors(double M, const torch::Tensor& lse, const torch::Ten
   return w.defined() ? f.mul_(w) : f;
 }
 
-// Rows per panel of a [b x cols] logits buffer: its GEMM, its statistics and
-// (in backward) its gradient and the GEMMs that consume it run panel by panel,
-// so the element-wise passes read the panel from cache instead of memory.
-// About 8 MiB and at least 256 rows (fewer rows cost the GEMMs efficiency:
-// measured 1.3x slower at 64 rows, equal from 256). Off the CPU: panels of
-// about 256 MiB and at least 1024 rows (a GPU wants large GEMMs), so that the
-// element-wise passes' temporaries (the fused kernels' ATen fallback) stay
-// bounded by a panel instead of a second whole [b x cols] buffer.
-int64_t panel_rows(int64_t b, int64_t cols, const torch::Tensor& like) {
-  const bool cpu = like.device().is_cpu();
-  const int64_t bytes = cpu ? int64_t{8} << 20 : int64_t{256} << 20;
-  const int64_t rows = bytes / std::max<int64_t>(1, cols * like.element_size());
-  return std::min(std::max<int64_t>(rows, cpu ? 256 : 1024), std::max<int64_t>(b, 1));
+// Rows per panel of a [b x cols] logits buffer for features like `features`
+// (buffer_panel_rows, engine/panels.h).
+int64_t panel_rows(int64_t b, int64_t cols, const torch::Tensor& features) {
+  return buffer_panel_rows(features.device().type(), features.scalar_type(), b, cols, features.size(1),
+                           panels_on(features.device().type()) ? panel_budget(features.device()) : 0);
 }
 
 // Rows of a label sub-panel: its [R, cols] label structure stays near 1 MiB
@@ -86,7 +79,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // Off the CPU the bound is not taken: its factors live on the device, and
     // reading them would be a host synchronisation every call (the general
     // path's max pass costs the GPU less than the CPU waiting for it).
-    if (!state->multi() && b > 0 && N > 0 && q.device().is_cpu()) {
+    if (!state->multi() && b > 0 && N > 0 && q.device().is_cpu() && bounded_shift_enabled()) {
       // The bound's factors in one host read.
       std::vector<torch::Tensor> parts{scale.reshape({}), q.norm(2, 1).max(), k_all.norm(2, 1).max()};
       if (has_bias) parts.push_back(bias->abs().reshape({}));
@@ -104,10 +97,11 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     auto col_sum = bounded && state->spec.symmetric ? torch::zeros({N}, S.options()) : torch::Tensor();
     // GEMM panel by panel, each panel's statistics while it is in cache;
     // labels work on smaller sub-panels (their structure is a [R, N] temporary).
-    const int64_t R = panel_rows(b, N, S);
+    const int64_t R = panel_rows(b, N, q);
     const int64_t Rl = state->labeled() ? label_panel_rows(N, S) : R;
     for (int64_t r0 = 0; r0 < b; r0 += R) {
       const int64_t n = std::min(R, b - r0);
+      count_steps(1);
       auto Sg = S.narrow(0, r0, n);
       gemm_out(Sg, qs.narrow(0, r0, n), k_all.t());
       if (has_bias) Sg.add_(*bias);
@@ -165,17 +159,30 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // so G / c = E (a_i + b_j) - Y with a = w_row exp(M - lse_row) and
     // b = w_col exp(M - lse_col) (0 one-directional). Both factors are at most
     // e^(2M) (every lse is >= -M): finite.
+    //
+    // Reduced operands (bf16 keys on CUDA): each panel of G / c is cast once
+    // to the operands' dtype with c folded into the cast (scaled_operand), and
+    // both products take that one cast: the panel's rows of G k_all, and dk
+    // accumulated panel by panel in fp32 (addmm) instead of casting the whole
+    // buffer a second time for one GEMM afterwards.
+    const bool reduced = k_all.scalar_type() != S.scalar_type();
     auto Gk = torch::empty({b, d}, S.options());  // [b, d]
     auto g_sum = want_bias ? torch::zeros({}, S.options()) : torch::Tensor();
+    auto qs = reduced && want_dk ? q * scale : torch::Tensor();                            // [b, d], operand dtype
+    torch::Tensor dk_acc;  // [N, d]: assigned by the first panel's product (zeros when there is none)
+    if (reduced && want_dk) {
+      dk_acc = b > 0 ? torch::empty(k_all.sizes(), S.options()) : torch::zeros(k_all.sizes(), S.options());
+    }
     torch::Tensor fa, fb;  // bounded: [b], [N]
     if (state->shift) {
       fa = shift_factors(*state->shift, rt.lse_row, w.row);
       fb = state->spec.symmetric ? shift_factors(*state->shift, rt.lse_col, w.col) : torch::zeros({N}, S.options());
     }
-    const int64_t R = panel_rows(b, N, S);
+    const int64_t R = panel_rows(b, N, q);
     const int64_t Rl = state->multi() ? label_panel_rows(N, S) : R;
     for (int64_t r0 = 0; r0 < b; r0 += R) {
       const int64_t n = std::min(R, b - r0);
+      count_steps(1);
       auto Sg = S.narrow(0, r0, n);
       if (state->shift) {
         scale_rows_plus_cols_(Sg, fa.narrow(0, r0, n), fb);
@@ -192,12 +199,20 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
         }
       }
       auto gk = Gk.narrow(0, r0, n);
-      gemm_out(gk, Sg, k_all);
       if (want_bias) g_sum.add_(Sg.sum());
+      if (reduced) {
+        const auto G = scaled_operand(Sg, w.c, k_all.scalar_type());  // [n, N]: G, once
+        gemm_out(gk, G, k_all);
+        if (want_dk) gemm_into_(dk_acc, G.t(), qs.narrow(0, r0, n), r0 == 0);
+      } else {
+        gemm_out(gk, Sg, k_all);
+      }
     }
     torch::Tensor dk;
-    if (want_dk) dk = gemm(S.t(), q * (scale * w.c), S.scalar_type()).to(k_all.scalar_type());  // [N, d]
-    Gk.mul_(w.c);                                                                               // G k_all
+    if (want_dk) {
+      dk = (reduced ? dk_acc : gemm(S.t(), q * (scale * w.c), S.scalar_type())).to(k_all.scalar_type());  // [N, d]
+    }
+    if (!reduced) Gk.mul_(w.c);  // G k_all
     auto dq = (Gk * scale).to(q.scalar_type());
     torch::Tensor ds, dbias;
     if (ctx->needs_input_grad(2)) ds = (Gk * q).sum().reshape(scale.sizes());
@@ -227,13 +242,18 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     // every row, so one pass turns the panel into E = exp(S - 1/T) (no
     // underflow: 2/T is within the dtype's exponent range) and sums it; the
     // backward then needs no exponential at all (see there).
-    const int64_t R = panel_rows(b2, 2 * B, S);
+    const int64_t R = panel_rows(b2, 2 * B, z);
+    // The mask value as a tensor on S's device: index_put_ with a C++ scalar
+    // makes a CPU tensor of it and copies that to the GPU, a blocking copy
+    // (a host synchronisation) every panel.
+    const auto minus_inf = torch::full({}, -kInf, S.options());
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
+      count_steps(1);
       auto Sc = S.narrow(0, r0, n);
       gemm_out(Sc, zs.narrow(0, r0, n), z_all.t());
       const auto rows = idx[0].narrow(0, 0, n);
-      Sc.index_put_({rows, idx[1].narrow(0, r0, n)}, -kInf);
+      Sc.index_put_({rows, idx[1].narrow(0, r0, n)}, minus_inf);
       positive.narrow(0, r0, n).copy_(Sc.index({rows, idx[2].narrow(0, r0, n)}));
       if (state->shift) {
         lse.narrow(0, r0, n).copy_(exp_rows_(Sc, *state->shift).log_().add_(*state->shift));
@@ -279,9 +299,10 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
       bc = shift_factors(*state->shift, lse_all, w.all);
     }
     auto dz = torch::empty({b2, d}, S.options());  // [2b, d]
-    const int64_t R = panel_rows(b2, S.size(1), S);
+    const int64_t R = panel_rows(b2, S.size(1), z_all);
     for (int64_t r0 = 0; r0 < b2; r0 += R) {
       const int64_t n = std::min(R, b2 - r0);
+      count_steps(1);
       auto Sc = S.narrow(0, r0, n);
       if (state->shift) {
         scale_rows_plus_cols_(Sc, a.narrow(0, r0, n), bc);

@@ -42,8 +42,9 @@ c10::ScalarType operand_dtype(c10::ScalarType t, const torch::Device& device);
 bool reduced_operands_everywhere();
 void set_reduced_operands_everywhere(bool on);
 
-/// Whether this LibTorch has the mixed-dtype GEMM (fp16/bf16 operands, an fp32
-/// result, on CUDA); without it the rounded operands are widened instead.
+/// Whether this LibTorch has the mixed-dtype GEMMs (fp16/bf16 operands, an
+/// fp32 result, on CUDA: mm and the accumulating addmm); without them the
+/// rounded operands are widened instead.
 bool mixed_gemm_available();
 
 /// The options of the compute dtype for tensors beside `operand` (its device).
@@ -55,7 +56,20 @@ void gemm_out(torch::Tensor out /* [m, n] */, const torch::Tensor& a /* [m, k] *
 /// a @ b in dtype `out`.
 torch::Tensor gemm(const torch::Tensor& a, const torch::Tensor& b, c10::ScalarType out);
 
-/// acc += a @ b, in acc's dtype.
+/// acc += a @ b, in acc's dtype: one accumulating GEMM (addmm), with an fp32
+/// result from reduced operands where the kernel exists (CUDA), never a
+/// product temporary added afterwards.
 void gemm_add_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b);
+
+/// acc = a @ b when `first` (acc's old contents unread: an accumulator needs
+/// no zero fill before its first product), else acc += a @ b.
+void gemm_into_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b, bool first);
+
+/// The gradient tile or panel `g` (compute dtype) times the 0-dim `factor`
+/// (undefined: 1), in the operand dtype `op` the GEMMs that consume it take:
+/// one pass, the factor folded into the cast (at::mul_out into an `op`
+/// tensor), so the panel is cast once, not once per GEMM. When `op` is g's
+/// own dtype, `g` itself, scaled in place.
+torch::Tensor scaled_operand(const torch::Tensor& g, const torch::Tensor& factor, c10::ScalarType op);
 
 }  // namespace contrax::detail

@@ -48,12 +48,6 @@ int64_t logits_blocks(const std::string& loss) {
   return 1;
 }
 
-int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size) {
-  if (tile_size > 0) return tile_size;
-  const double side = std::sqrt(static_cast<double>(tile_bytes) / static_cast<double>(element_size));
-  return std::max<int64_t>(64, static_cast<int64_t>(side));
-}
-
 namespace {
 
 // Whether `caller` warns now: once per process and loss, as TORCH_WARN_ONCE
@@ -106,7 +100,7 @@ Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vec
                         memory.max_logits_bytes());
   p.layout = make_layout(caller, comm, std::move(counts));
   p.ring = p.tiled && memory.ring() && p.layout.world > 1;
-  p.tile = tile_side(std::max<int64_t>(memory.tile_size(), 0), memory.tile_bytes(), e);
+  p.walk = make_walk(features, std::max<int64_t>(memory.tile_size(), 0), memory.tile_bytes());
   return p;
 }
 
@@ -114,7 +108,9 @@ torch::Tensor safe_normalize(const torch::Tensor& x) {
   // x / max(|x|, eps) is unchanged by scaling x by any m > 0 together with eps,
   // so dividing by the row's largest magnitude first (a constant for autograd:
   // the function does not depend on it) changes nothing but the overflow.
-  auto m = x.detach().abs().amax(1, /*keepdim=*/true).clamp_min(std::numeric_limits<float>::min());  // [n, 1]
+  // max |x_ij| as one reduction (the inf-norm), not a pass of abs and another of amax.
+  auto m = torch::linalg_vector_norm(x.detach(), std::numeric_limits<double>::infinity(), {1}, /*keepdim=*/true)
+               .clamp_min(std::numeric_limits<float>::min());  // [n, 1]
   auto y = x / m;
   return y / torch::maximum(y.norm(2, 1, /*keepdim=*/true), 1e-12 / m);
 }
@@ -135,9 +131,10 @@ torch::Tensor clamped_scale(const torch::Tensor& logit_scale, double max_scale) 
   // needs no more, and CPU kernels for half clamps are not everywhere.
   const auto x = c10::isReducedFloatingType(logit_scale.scalar_type()) ? logit_scale.to(torch::kFloat) : logit_scale;
   const double log_max = std::log(max_scale);
+  // The constants are Scalars (no tensor filled for them: two launches fewer).
   const auto over = x >= log_max;
-  auto capped = torch::where(over, torch::full_like(x, log_max), x).exp();
-  return torch::where(over, torch::full_like(capped, max_scale), capped);
+  auto capped = torch::where(over, c10::Scalar(log_max), x).exp();
+  return torch::where(over, c10::Scalar(max_scale), capped);
 }
 
 void warn_if_scale_not_log(const torch::Tensor& logit_scale, double max_logit_scale) {

@@ -15,6 +15,7 @@
 
 #include "contrax/communicator.h"
 #include "contrax/vocabulary.h"
+#include "engine/panels.h"
 #include "engine/precision.h"
 #include "util/check.h"
 
@@ -68,10 +69,6 @@ bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_b
 /// automatic routing and `plan_loss` compare this with `max_logits_bytes`.
 int64_t logits_blocks(const std::string& loss);
 
-/// Side of a square logits tile: `tile_size` if positive, otherwise the largest
-/// side whose tile fits `tile_bytes` at `element_size`, at least 64.
-int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size);
-
 /// Checks the memory-path options into `check` (inconsistent ones are an
 /// argument error); warns once per caller about the deprecated tile_size -1.
 void check_memory_path(ArgChecker& check, const MemoryPathOptions& o);
@@ -87,7 +84,7 @@ struct Prologue {
   c10::ScalarType operand = c10::kFloat;  // the features' dtype in the gathers and GEMMs (operand_dtype)
   bool tiled = false;                   // the tiled path
   bool ring = false;                    // tiled, ring and W > 1: key blocks travel instead of being gathered
-  int64_t tile = 64;                    // side of a logits tile on the tiled path
+  TileWalk walk;                        // how the tiled path walks a logits block (tiles or panels)
 };
 
 /// The prologue of a loss over features like `features` (their dtype and

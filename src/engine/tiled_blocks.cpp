@@ -1,7 +1,8 @@
 // The tiled blocks (see engine/tiled_blocks.h): CLIP / InfoNCE / grouped and
 // NT-Xent, each one autograd function that keeps only its inputs and per-row
-// statistics, and walks the logits tile by tile (engine/tiles.h) over the
-// gathered keys or the ring's blocks.
+// statistics, and walks the logits step by step (engine/tiles.h: the CPU's
+// cache-sized tiles, a GPU's row panels) over the gathered keys or the ring's
+// blocks.
 #include "engine/tiled_blocks.h"
 
 #include <algorithm>
@@ -17,7 +18,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 struct TiledState : BlockState {
-  int64_t tile = 64;
+  TileWalk walk;      // tiles (CPU) or panels (CUDA): engine/panels.h
   bool ring = false;  // k is this rank's block and blocks travel around the ring
 
   // Every rank's key block: g key rows per row of the layout.
@@ -70,10 +71,11 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     ForwardStats st(*state, b, compute_options(qs));
     const auto blocks = state->key_blocks();
     blocks.for_each(k, [&](int64_t, int64_t col0, const torch::Tensor& block) {
-      for_each_tile(b, block.size(0), state->tile, [&](const Tile& t) {
+      for_each_tile(b, block.size(0), state->walk, [&](const Tile& t) {
         auto s = tile_logits(*state, qs, block, bias_t, t, col0);
         auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
-        st.add(s, P, t.r0, col0 + t.c0);
+        // A panel of the only block spans its rows: their lse is final.
+        st.add(s, P, t.r0, col0 + t.c0, /*whole_rows=*/!blocks.ring() && t.cols == block.size(0));
       });
     });
     // The designated positives: every g-th row of this rank's own candidates
@@ -105,23 +107,32 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const bool want_dk = ctx->needs_input_grad(1);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(3);
     const auto w = backward_weights(*state, grads[0], compute_dtype(q.scalar_type()));
-    auto qs = q * scale;                                   // [b, d]
-    auto A = torch::zeros(q.sizes(), compute_options(q));  // [b, d]: sum_j G_ij k_j
+    auto qs = q * scale;  // [b, d]
+    // The accumulators take their first product by assignment instead of a
+    // zero fill (gemm_into_): A's rows at the first column step of the only
+    // block (the ring sums A over blocks: zeros), a key block's dk rows at the
+    // first row step (none when this rank has no rows: zeros).
+    const bool one_block = !state->ring && k.size(0) > 0;
+    auto A = one_block ? torch::empty(q.sizes(), compute_options(q))
+                       : torch::zeros(q.sizes(), compute_options(q));  // [b, d]: sum_j G_ij k_j
     auto g_sum = torch::zeros({}, compute_options(q));
     auto dk = state->key_blocks().for_each_grad(k, want_dk, [&](int64_t, int64_t col0, const torch::Tensor& block) {
       // [n, d], summed in the compute dtype
-      torch::Tensor dk_block = want_dk ? torch::zeros(block.sizes(), compute_options(block)) : torch::Tensor();
+      torch::Tensor dk_block;
+      if (want_dk) dk_block = b > 0 ? torch::empty(block.sizes(), compute_options(block))
+                                    : torch::zeros(block.sizes(), compute_options(block));
       for_each_tile(
-          b, block.size(0), state->tile,
+          b, block.size(0), state->walk,
           [&](const Tile& t) {
             auto kt = block.narrow(0, t.c0, t.cols);            // [C, d]
-            auto s = tile_logits(*state, qs, block, bias, t, col0);  // [R, C], then in place G
+            auto s = tile_logits(*state, qs, block, bias, t, col0);  // [R, C], then in place G / c
             auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
             tile_gradient(*state, rt, w, s, P, t.r0, col0 + t.c0);
-            s.mul_(w.c);
-            gemm_add_(A.narrow(0, t.r0, t.rows), s, kt);
-            if (want_dk) gemm_add_(dk_block.narrow(0, t.c0, t.cols), s.t(), qs.narrow(0, t.r0, t.rows));
-            if (want_bias) g_sum.add_(s.sum());
+            if (want_bias) g_sum.add_(s.sum());  // sum of G / c (c applied once at the end)
+            // G in the keys' dtype, cast once with c folded in, for both GEMMs.
+            auto G = scaled_operand(s, w.c, kt.scalar_type());
+            gemm_into_(A.narrow(0, t.r0, t.rows), G, kt, one_block && t.c0 == 0);
+            if (want_dk) gemm_into_(dk_block.narrow(0, t.c0, t.cols), G.t(), qs.narrow(0, t.r0, t.rows), t.r0 == 0);
           },
           /*columns_outer=*/true);
       return dk_block;
@@ -130,7 +141,7 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     if (dk.defined()) dk = dk.to(k.scalar_type());
     torch::Tensor ds;
     if (ctx->needs_input_grad(2)) ds = (A * q).sum().reshape(scale.sizes());
-    return {dq, dk, ds, want_bias ? g_sum : torch::Tensor(), torch::Tensor()};
+    return {dq, dk, ds, want_bias ? g_sum.mul_(w.c) : torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -185,10 +196,10 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
 
   // fn(tile, v) for the tiles of the block's columns against this rank's rows
   // of view v ([v b, (v + 1) b)), view by view.
-  static void for_each_view_tile(int64_t b, int64_t n_cols, int64_t side,
+  static void for_each_view_tile(int64_t b, int64_t n_cols, const TileWalk& walk,
                                  const std::function<void(const Tile&, int64_t v)>& fn) {
     for (int64_t v = 0; v < 2; ++v) {
-      for_each_tile(b, n_cols, side, [&](Tile t) {
+      for_each_tile(b, n_cols, walk, [&](Tile t) {
         t.r0 += v * b;
         fn(t, v);
       });
@@ -204,7 +215,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     auto lse = torch::full({b2}, -kInf, compute_options(zs));
     state->key_blocks().for_each(keys, [&](int64_t owner, int64_t, const torch::Tensor& block) {
       const auto dg = diagonals(*state, owner);
-      for_each_view_tile(b, block.size(0), state->tile, [&](const Tile& t, int64_t v) {
+      for_each_view_tile(b, block.size(0), state->walk, [&](const Tile& t, int64_t v) {
         auto s = gemm(zs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t(), lse.scalar_type());  // [R, C]
         if (dg.any) tile_diagonal(s, t.r0, t.c0, dg.self_off[v]).fill_(-kInf);
         auto lr = lse.narrow(0, t.r0, t.rows);
@@ -238,7 +249,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
       const auto dg = diagonals(*state, owner);
       const auto lse_cols = block_cols(*state, col0, block, lse_all);
       const auto w_cols = block_cols(*state, col0, block, w.all);
-      for_each_view_tile(b, block.size(0), state->tile, [&](const Tile& t, int64_t v) {
+      for_each_view_tile(b, block.size(0), state->walk, [&](const Tile& t, int64_t v) {
         auto zt = block.narrow(0, t.c0, t.cols);
         auto s = gemm(zs.narrow(0, t.r0, t.rows), zt.t(), A.scalar_type());  // [R, C], then in place G
         if (dg.any) tile_diagonal(s, t.r0, t.c0, dg.self_off[v]).fill_(-kInf);
@@ -255,7 +266,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
             pos.sub_(2.0);
           }
         }
-        gemm_add_(A.narrow(0, t.r0, t.rows), s.mul_(w.c), zt);
+        gemm_add_(A.narrow(0, t.r0, t.rows), scaled_operand(s, w.c, zt.scalar_type()), zt);  // cast once, c folded
       });
     });
     return {A.to(z.scalar_type()), torch::Tensor(), torch::Tensor()};
@@ -266,11 +277,11 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
 
 torch::Tensor tiled_clip_block(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
                                const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
-                               int64_t tile, bool ring) {
+                               const TileWalk& walk, bool ring) {
   auto state = c10::make_intrusive<TiledState>();
   state->layout = layout;
   state->spec = spec;
-  state->tile = tile;
+  state->walk = walk;
   state->ring = ring && layout.world > 1;
   c10::optional<torch::Tensor> opt_bias;
   if (bias.defined()) opt_bias = bias;
@@ -278,12 +289,12 @@ torch::Tensor tiled_clip_block(const torch::Tensor& q, const torch::Tensor& k, c
 }
 
 torch::Tensor tiled_nt_xent_block(const torch::Tensor& z, const torch::Tensor& keys, double inv_temperature,
-                                  const EngineLayout& layout, int64_t tile, Reduction reduction, bool ring) {
+                                  const EngineLayout& layout, const TileWalk& walk, Reduction reduction, bool ring) {
   auto state = c10::make_intrusive<TiledState>();
   state->layout = layout;
   state->reduction = reduction;
   state->inv_temperature = inv_temperature;
-  state->tile = tile;
+  state->walk = walk;
   state->ring = ring && layout.world > 1;
   state->spec.group = 2;  // key rows per example (its two views): a ring block is [z1_s; z2_s]
   return TiledNtXentBlock::apply(z, state->ring ? z.detach() : keys, state);

@@ -1,7 +1,9 @@
 // The tiled form of the engine's blocks: the materialised blocks' statistics
-// and gradient with the logits computed one [tile x tile] block at a time
-// (online log-sum-exp over the tiles in the forward, recomputation in the
-// backward; engine/tiles.h). Memory O(b x tile) instead of O(b x B); the GEMM
+// and gradient with the logits computed one step at a time: a [tile x tile]
+// block on the CPU, a row panel of a key block's columns on a GPU (online
+// log-sum-exp over the steps in the forward, recomputation in the backward;
+// engine/tiles.h, engine/panels.h). Memory O(b x tile), or the panel budget,
+// instead of O(b x B); the GEMM
 // work is the materialised path's plus one recomputation of the logits: 4
 // GEMM passes for symmetric CLIP where two tiled directions took 8. With the
 // ring, key blocks travel between neighbours instead of being gathered.
@@ -18,7 +20,7 @@ namespace contrax::detail {
 /// [N, d], or with `ring` (W > 1) this rank's block [b g, d].
 torch::Tensor tiled_clip_block(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
                                const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
-                               int64_t tile, bool ring);
+                               const TileWalk& walk, bool ring);
 
 /// nt_xent_block_loss (engine/engine.h) tile by tile: `keys` is the gathered
 /// Z ([2B, d], no gradient); with `ring` (W > 1) it is ignored and every
@@ -26,6 +28,6 @@ torch::Tensor tiled_clip_block(const torch::Tensor& q, const torch::Tensor& k, c
 /// and once more in the backward (no gradient blocks: each rank's gradient is
 /// complete from its own rows' logits and every row's log-sum-exp).
 torch::Tensor tiled_nt_xent_block(const torch::Tensor& z, const torch::Tensor& keys, double inv_temperature,
-                                  const EngineLayout& layout, int64_t tile, Reduction reduction, bool ring);
+                                  const EngineLayout& layout, const TileWalk& walk, Reduction reduction, bool ring);
 
 }  // namespace contrax::detail

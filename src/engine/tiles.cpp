@@ -7,16 +7,22 @@
 
 namespace contrax::detail {
 
-void for_each_tile(int64_t rows, int64_t cols, int64_t side, const std::function<void(const Tile&)>& fn,
+void for_each_tile(int64_t rows, int64_t cols, const TileWalk& walk, const std::function<void(const Tile&)>& fn,
                    bool columns_outer) {
+  const auto step = walk.step(rows, cols);
+  const int64_t R = std::max<int64_t>(step.rows, 1), C = std::max<int64_t>(step.cols, 1);
+  auto visit = [&](int64_t r0, int64_t c0) {
+    count_steps(1);
+    fn({r0, std::min(R, rows - r0), c0, std::min(C, cols - c0)});
+  };
   if (columns_outer) {
-    for (int64_t c0 = 0; c0 < cols; c0 += side) {
-      for (int64_t r0 = 0; r0 < rows; r0 += side) fn({r0, std::min(side, rows - r0), c0, std::min(side, cols - c0)});
+    for (int64_t c0 = 0; c0 < cols; c0 += C) {
+      for (int64_t r0 = 0; r0 < rows; r0 += R) visit(r0, c0);
     }
     return;
   }
-  for (int64_t r0 = 0; r0 < rows; r0 += side) {
-    for (int64_t c0 = 0; c0 < cols; c0 += side) fn({r0, std::min(side, rows - r0), c0, std::min(side, cols - c0)});
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    for (int64_t c0 = 0; c0 < cols; c0 += C) visit(r0, c0);
   }
 }
 

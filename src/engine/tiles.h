@@ -1,6 +1,7 @@
 // The tiled path's walks, shared by the engine's tiled blocks
 // (engine/tiled_blocks.h) and SigLIP (src/siglip.cpp): the one loop over the
-// [tile x tile] tiles of a logits block, the diagonal of global entries inside
+// steps of a logits block (the CPU's square tiles or a GPU's row panels,
+// engine/panels.h), the diagonal of global entries inside
 // a tile, and the key blocks a rank visits (every key at once, or every rank's
 // block in turn as it travels around the ring). Internal to the engine
 // (src/engine/), not installed.
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "contrax/communicator.h"
+#include "engine/panels.h"
 
 namespace contrax::detail {
 
@@ -20,13 +22,15 @@ struct Tile {
   int64_t r0 = 0, rows = 0, c0 = 0, cols = 0;
 };
 
-/// Calls `fn` for every tile of at most `side` x `side` covering rows
-/// [0, rows) and columns [0, cols), row tiles outer; `columns_outer`: column
-/// tiles outer, so that what a column tile accumulates (its keys' gradient)
-/// stays in cache across the row tiles.
+/// Calls `fn` for every step of `walk` covering rows [0, rows) and columns
+/// [0, cols) (tiles of walk.step(rows, cols), the last ones shorter), row
+/// steps outer; `columns_outer`: column steps outer, so that what a column
+/// tile accumulates (its keys' gradient) stays in cache across the row tiles
+/// (panels span every column: the same order). Each step is counted
+/// (steps_walked).
 ///
-///   for_each_tile(b, n, tile, [&](const Tile& t) { ... q.narrow(0, t.r0, t.rows) ... });
-void for_each_tile(int64_t rows, int64_t cols, int64_t side, const std::function<void(const Tile&)>& fn,
+///   for_each_tile(b, n, walk, [&](const Tile& t) { ... q.narrow(0, t.r0, t.rows) ... });
+void for_each_tile(int64_t rows, int64_t cols, const TileWalk& walk, const std::function<void(const Tile&)>& fn,
                    bool columns_outer = false);
 
 /// The entries (i, offset + i) of global coordinates inside a tile whose first

@@ -47,6 +47,11 @@ CliRun run_cli_stdout(const std::string& args) {
   return run_shell(std::string(CONTRAX_CLI_PATH) + " " + args + " 2>/dev/null");
 }
 
+bool have_fashion_mnist() {
+  std::ifstream f("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  return f.good();
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

@@ -26,6 +26,14 @@ CliRun run_cli_in(const std::string& dir, const std::string& args);
 /// `contrax ARGS` with stdout only (stderr discarded), e.g. for --json or --dump-config.
 CliRun run_cli_stdout(const std::string& args);
 
+/// Whether Debian's dataset-fashion-mnist (the tool's default --data) is installed.
+bool have_fashion_mnist();
+
+/// Skips the test, saying why, where the data set is missing.
+#define CONTRAX_REQUIRE_FASHION_MNIST()          \
+  if (!contrax::testing::have_fashion_mnist()) \
+  GTEST_SKIP() << "dataset-fashion-mnist is not installed"
+
 /// The bytes of a file ("" when it cannot be read).
 std::string read_file(const std::string& path);
 

@@ -82,6 +82,14 @@ std::string scratch_dir(const std::string& name) {
   return p;
 }
 
+int64_t count_lines(const std::string& path) {
+  std::ifstream in(path);
+  int64_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
 std::vector<std::string> losses_of(const std::string& metrics_jsonl) {
   std::ifstream in(metrics_jsonl);
   std::vector<std::string> out;

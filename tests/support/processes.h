@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,10 @@ std::string scratch_path(const std::string& name);
 
 /// scratch_path(name), created.
 std::string scratch_dir(const std::string& name);
+
+/// The lines of a file (0 when it does not exist yet), e.g. the steps a run
+/// has logged to metrics.jsonl so far.
+int64_t count_lines(const std::string& path);
 
 /// The `"loss":` values of a metrics.jsonl, as written (17 digits).
 std::vector<std::string> losses_of(const std::string& metrics_jsonl);

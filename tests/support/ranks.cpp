@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "support/strict_warnings.h"
+
 namespace contrax::testing {
 
 namespace {
@@ -39,6 +41,7 @@ std::vector<std::string> run_ranks_collect_errors(int64_t world_size,
   std::vector<std::thread> threads;
   for (int64_t r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
+      install_strict_warnings();
       try {
         auto options = CommunicatorOptions().rank(r).world_size(world_size).file_store(path).timeout(timeout);
         if (configure) configure(r, options);

@@ -16,6 +16,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -172,6 +173,72 @@ TEST(Checkpoint, RoundTripModulesOptimizersGeneratorsAndScalars) {
   EXPECT_TRUE(torch::equal(torch::rand({5}, gen2), next_random));
   train_step(model2, adamw2, 2);
   EXPECT_TRUE(same_parameters(*model2, *model));  // Adam moments were restored too
+}
+
+// A checkpoint loaded onto a GPU brings its generator states there too
+// (the archive maps every tensor to the model's device), and set_state takes
+// a CPU byte tensor whatever the generator's device: the state comes back as
+// contiguous CPU bytes from any layout, and anything but 1-D bytes is named.
+TEST(Checkpoint, GeneratorStatesComeBackAsCpuBytes) {
+  auto gen = at::detail::createCPUGenerator(5);
+  torch::Tensor state;
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state = gen.get_state();
+  }
+  // A strided copy of the same bytes, as a device copy read back might be.
+  auto strided = torch::stack({state, state}, 1).select(1, 0);
+  ASSERT_FALSE(strided.is_contiguous());
+  const auto back = ct::generator_state_on_cpu(strided, "cuda:0");
+  EXPECT_TRUE(back.device().is_cpu());
+  EXPECT_TRUE(back.is_contiguous());
+  EXPECT_TRUE(torch::equal(back, state));
+  auto other = at::detail::createCPUGenerator(6);
+  {
+    std::lock_guard<std::mutex> lock(other.mutex());
+    other.set_state(back);
+  }
+  EXPECT_TRUE(torch::equal(torch::rand({4}, other), torch::rand({4}, gen)));
+  EXPECT_EQ(error_of([&] { ct::generator_state_on_cpu(state.to(torch::kFloat), "cpu"); }),
+            "Checkpoint::load(): generator 'cpu' holds no byte state (Float, 1 dims)");
+  EXPECT_EQ(error_of([] { ct::generator_state_on_cpu(torch::Tensor(), "cpu"); }),
+            "Checkpoint::load(): generator 'cpu' holds no byte state (undefined, 0 dims)");
+}
+
+// A GPU's generator is optional: a checkpoint written on the CPU has none and
+// still loads (the generator keeps its state), while one that has it restores
+// it; a required generator that is absent is named.
+TEST(Checkpoint, AnOptionalGeneratorMayBeAbsent) {
+  TempDir tmp;
+  const auto path = tmp.path + "/ckpt.pt";
+  auto cpu = at::detail::createCPUGenerator(1);
+  ct::Checkpoint out;
+  out.generator("cpu", cpu);
+  out.save(path);
+  auto extra = at::detail::createCPUGenerator(2);
+  const auto untouched = torch::rand({3}, at::detail::createCPUGenerator(2));
+  ct::Checkpoint in;
+  in.generator("cpu", at::detail::createCPUGenerator(9)).optional_generator("cuda:0", extra);
+  in.load(path);
+  EXPECT_TRUE(torch::equal(torch::rand({3}, extra), untouched));
+
+  auto device_gen = at::detail::createCPUGenerator(3);
+  torch::rand({7}, device_gen);
+  ct::Checkpoint both;
+  both.generator("cpu", cpu).optional_generator("cuda:0", device_gen);
+  both.save(path);
+  const auto next = torch::rand({3}, device_gen);
+  auto restored = at::detail::createCPUGenerator(4);
+  ct::Checkpoint again;
+  again.generator("cpu", cpu).optional_generator("cuda:0", restored);
+  again.load(path);
+  EXPECT_TRUE(torch::equal(torch::rand({3}, restored), next));
+
+  ct::Checkpoint strict;
+  strict.generator("cuda:1", at::detail::createCPUGenerator(5));
+  EXPECT_NE(error_of([&] { strict.load(path); }).find("holds no generator 'cuda:1'"), std::string::npos);
+  EXPECT_EQ(error_of([] { ct::Checkpoint().optional_generator("cuda:0", at::Generator()); }),
+            "Checkpoint::optional_generator(): argument 'generator' for 'cuda:0' is undefined");
 }
 
 TEST(Checkpoint, MoCoModelWithMomentumBranchRoundTrips) {

@@ -81,11 +81,16 @@ void fsync_dir(const std::string& dir, const std::string& caller) {
 void write_atomically(const std::string& path, const std::string& caller, const std::string& bytes) {
   TORCH_CHECK(!path.empty(), caller, ": argument 'path' must not be empty");
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // What a failure leaves: the file as it was, or (a first write) none.
+  struct stat before {};
+  const std::string unchanged = ::stat(path.c_str(), &before) == 0
+                                    ? "; the previous '" + path + "' is unchanged"
+                                    : "; '" + path + "' was not written (there was none before)";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
     TORCH_CHECK(false, caller, ": cannot create '", tmp, "': ", errno_text(err), " (does the directory '",
-                dir_of(path), "' exist and is it writable?); the previous '", path, "' is unchanged");
+                dir_of(path), "' exist and is it writable?)", unchanged);
   }
   std::string write_error;
   size_t done = 0;
@@ -107,13 +112,12 @@ void write_atomically(const std::string& path, const std::string& caller, const 
   if (!write_error.empty()) {
     ::unlink(tmp.c_str());
     TORCH_CHECK(false, caller, ": writing '", tmp, "' failed after ", done, " of ", bytes.size(),
-                " bytes: ", write_error, "; the previous '", path, "' is unchanged");
+                " bytes: ", write_error, unchanged);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string err = errno_text(errno);
     ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": renaming '", tmp, "' to '", path, "' failed: ", err,
-                "; the previous '", path, "' is unchanged");
+    TORCH_CHECK(false, caller, ": renaming '", tmp, "' to '", path, "' failed: ", err, unchanged);
   }
   fsync_dir(dir_of(path), caller);
 }
@@ -148,6 +152,16 @@ std::string first_line(const std::exception& e) {
   std::string s = e.what();
   const auto nl = s.find('\n');
   return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+// The reader's own words, without the advice PyTorch 2.15 appends to
+// miniz's ("This is an internal miniz error. If you are seeing this error,
+// there is a high likelihood ..."): the message before it says the file is
+// truncated or corrupt.
+std::string archive_error(const std::exception& e) {
+  std::string s = first_line(e);
+  const auto advice = s.find(". This is an internal miniz error");
+  return advice == std::string::npos ? s : s.substr(0, advice);
 }
 
 // Module::load replaces a tensor with whatever the archive holds, whatever its
@@ -209,8 +223,22 @@ Checkpoint& Checkpoint::optimizer(const std::string& name, torch::optim::Optimiz
 
 Checkpoint& Checkpoint::generator(const std::string& name, at::Generator g) {
   TORCH_CHECK(g.defined(), "Checkpoint::generator(): argument 'generator' for '", name, "' is undefined");
-  generators_.emplace_back(name, std::move(g));
+  generators_.push_back({name, std::move(g), /*required=*/true});
   return *this;
+}
+
+Checkpoint& Checkpoint::optional_generator(const std::string& name, at::Generator g) {
+  TORCH_CHECK(g.defined(), "Checkpoint::optional_generator(): argument 'generator' for '", name, "' is undefined");
+  generators_.push_back({name, std::move(g), /*required=*/false});
+  return *this;
+}
+
+torch::Tensor generator_state_on_cpu(const torch::Tensor& state, const std::string& name) {
+  TORCH_CHECK(state.defined() && state.scalar_type() == torch::kByte && state.dim() == 1,
+              "Checkpoint::load(): generator '", name, "' holds no byte state (",
+              state.defined() ? std::string(c10::toString(state.scalar_type())) : std::string("undefined"),
+              ", ", state.defined() ? state.dim() : 0, " dims)");
+  return state.to(torch::kCPU).contiguous();
 }
 
 void Checkpoint::save(const std::string& path) const {
@@ -228,13 +256,13 @@ void Checkpoint::save(const std::string& path) const {
     ar.write("optimizer." + o.first, sub);
   }
   for (const auto& g : generators_) {
-    at::Generator gen = g.second;  // a handle: mutex() is non-const
+    at::Generator gen = g.generator;  // a handle: mutex() is non-const
     torch::Tensor state;
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
       state = gen.get_state();
     }
-    ar.write("generator." + g.first, state, /*is_buffer=*/true);
+    ar.write("generator." + g.name, state.to(torch::kCPU), /*is_buffer=*/true);
   }
   write_map(ar, "ints", ints);
   write_map(ar, "doubles", doubles);
@@ -253,6 +281,7 @@ void Checkpoint::save(const std::string& path) const {
 void Checkpoint::load(const std::string& path) {
   struct stat st {};
   TORCH_CHECK(::stat(path.c_str(), &st) == 0, "Checkpoint::load(): checkpoint '", path, "' does not exist");
+  TORCH_CHECK(!S_ISDIR(st.st_mode), "Checkpoint::load(): '", path, "' is a directory, not a checkpoint file");
   // Tensors are read onto the device of the registered model: a checkpoint
   // that rank 0 wrote from cuda:0 must land on each rank's own GPU, since
   // Module::load adopts the loaded tensors themselves.
@@ -269,7 +298,7 @@ void Checkpoint::load(const std::string& path) {
     ar.load_from(path, device);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "Checkpoint::load(): '", path, "' is not a readable checkpoint (truncated or corrupt; ",
-                st.st_size, " bytes): ", first_line(e));
+                st.st_size, " bytes): ", archive_error(e));
   }
   c10::IValue version;
   TORCH_CHECK(ar.try_read(kFormatKey, version) && version.isInt(), "Checkpoint::load(): '", path,
@@ -308,12 +337,16 @@ void Checkpoint::load(const std::string& path) {
                   "' does not match the optimizer: ", first_line(e));
     }
   }
+  // The archive put every tensor on the model's device, generator states
+  // too; set_state takes a CPU byte tensor whatever the generator's device.
   for (auto& g : generators_) {
     torch::Tensor state;
-    TORCH_CHECK(ar.try_read("generator." + g.first, state, /*is_buffer=*/true), "Checkpoint::load(): '", path,
-                "' holds no generator '", g.first, "'");
-    std::lock_guard<std::mutex> lock(g.second.mutex());
-    g.second.set_state(state);
+    const bool found = ar.try_read("generator." + g.name, state, /*is_buffer=*/true);
+    TORCH_CHECK(found || !g.required, "Checkpoint::load(): '", path, "' holds no generator '", g.name, "'");
+    if (!found) continue;
+    auto cpu_state = generator_state_on_cpu(state, g.name);
+    std::lock_guard<std::mutex> lock(g.generator.mutex());
+    g.generator.set_state(cpu_state);
   }
   try {
     ints = read_map<int64_t>(ar, "ints");

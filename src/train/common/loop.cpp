@@ -92,6 +92,10 @@ const RunOptions& checked_options(const RunOptions& o) {
   return o;
 }
 
+// A NaN without its sign bit: streams print a negative NaN (what an
+// overflowing loss gives) as "-nan", which reads like a negative number.
+double plain_nan(double v) { return std::isnan(v) ? std::fabs(v) : v; }
+
 }  // namespace
 
 // What rank 0 records of a step.
@@ -141,6 +145,18 @@ TrainLoop::TrainLoop(CommunicatorPtr comm, const RunOptions& options, LoopModel 
       run_dir_(options_.run_dir()) {
   for (const auto& [name, module] : model_.modules) checkpoint_.module(name, *module);
   checkpoint_.optimizer("adamw", optimizer_).generator("cpu", at::detail::getDefaultCPUGenerator());
+  // A model on a GPU draws from that GPU's generator too (dropout, random
+  // initialisation on the device); optional, so that a run started on the
+  // CPU resumes on a GPU.
+  std::vector<c10::Device> devices;
+  for (const auto& p : model_.parameters) {
+    if (!p.device().is_cpu() && std::find(devices.begin(), devices.end(), p.device()) == devices.end()) {
+      devices.push_back(p.device());
+    }
+  }
+  for (const auto& d : devices) {
+    checkpoint_.optional_generator(d.str(), at::globalContext().defaultGenerator(d));
+  }
   if (options_.resume()) {
     check_resumable(run_dir_.checkpoint());
     checkpoint_.load(run_dir_.checkpoint());
@@ -260,7 +276,7 @@ void TrainLoop::record(const Row& r, const Step& step) {
   if (every <= 0 || !(done % every == 0 || r.step + 1 == total_ || done == 1 || !r.finite)) return;
   std::ostringstream line;
   line << "step " << r.step + 1 << "/" << total_ << "  epoch " << r.pos.epoch + 1 << " (" << r.pos.step + 1 << "/"
-       << sampler_.steps_per_epoch() << ")  loss " << std::fixed << std::setprecision(4) << r.loss
+       << sampler_.steps_per_epoch() << ")  loss " << std::fixed << std::setprecision(4) << plain_nan(r.loss)
        << (step.progress ? step.progress() : std::string()) << "  lr " << std::scientific << std::setprecision(2)
        << r.lr << std::fixed << std::setprecision(0) << "  " << r.examples_per_s << " " << step.rate_unit
        << "/s  ETA " << format_duration(eta);
@@ -280,7 +296,8 @@ void TrainLoop::record(const Row& r, const Step& step) {
 void TrainLoop::diverged(const Row& r) const {
   const int64_t skip = options_.skip_nonfinite();
   TORCH_CHECK(false, "training diverged at step ", r.step + 1, "/", total_, ": the ",
-              std::isfinite(r.loss) ? "gradient" : "loss", " is not finite (loss ", r.loss, ", lr ", r.lr, "); ",
+              std::isfinite(r.loss) ? "gradient" : "loss", " is not finite (loss ", plain_nan(r.loss), ", lr ", r.lr,
+              "); ",
               skip > 0 ? "more than the allowed " + std::to_string(skip) + " non-finite steps (--skip-nonfinite); "
                        : std::string(),
               run_dir_.empty() ? std::string("nothing was saved")

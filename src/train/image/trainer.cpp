@@ -140,6 +140,14 @@ TrainResult train_contrastive(const CommunicatorPtr& comm_in, const Dataset& dat
   // rank, or the CPU); the augmentation runs on the CPU, into pinned memory
   // when the views go to a GPU, whence they are copied without blocking.
   const torch::Device device = comm->device();
+  if (device.is_cuda()) {
+    // A run stopped and resumed must repeat the uninterrupted one bit for
+    // bit: cuDNN's benchmark mode picks convolution algorithms by timing
+    // (another choice each run), and some of its algorithms sum with atomics
+    // (another order each call).
+    at::globalContext().setBenchmarkCuDNN(false);
+    at::globalContext().setDeterministicCuDNN(true);
+  }
   Model model = build_model(o, device);
   TrainLoop loop(comm, o.run(),
                  {o.recipe(), data.size(), {{"model", model.module.get()}}, model.trainable, {},

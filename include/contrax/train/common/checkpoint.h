@@ -45,6 +45,10 @@ class Checkpoint {
   /// Registers a random generator; `at::Generator` is a handle, so the copy
   /// restores the caller's generator.
   Checkpoint& generator(const std::string& name, at::Generator generator);
+  /// Registers a generator that a checkpoint may lack, restored where it has
+  /// it: a GPU's generator, absent when a run started on the CPU resumes on a
+  /// GPU.
+  Checkpoint& optional_generator(const std::string& name, at::Generator generator);
 
   /// Scalars saved and restored by value (load replaces these maps).
   std::map<std::string, int64_t> ints;
@@ -68,8 +72,19 @@ class Checkpoint {
  private:
   std::vector<std::pair<std::string, torch::nn::Module*>> modules_;
   std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers_;
-  std::vector<std::pair<std::string, at::Generator>> generators_;
+  struct NamedGenerator {
+    std::string name;
+    at::Generator generator;
+    bool required;
+  };
+  std::vector<NamedGenerator> generators_;
 };
+
+/// A generator state read from a checkpoint as `set_state` takes it: a
+/// contiguous CPU byte tensor. The archive loads every tensor onto the model's
+/// device, so a run resumed on a GPU reads its generator states there. Throws
+/// naming `name` when `state` is not a 1-D byte tensor.
+torch::Tensor generator_state_on_cpu(const torch::Tensor& state, const std::string& name);
 
 /// True when `path` holds a complete checkpoint written by `Checkpoint::save`
 /// (opens it and checks the format marker); never throws.

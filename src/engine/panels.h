@@ -1,0 +1,116 @@
+// How the engine walks a block of logits on each device. The CPU walks square
+// tiles that stay in its caches (`tile_bytes`, 16 MiB by default). A GPU
+// wants the opposite: few, large launches. There a tile of 32 MiB meant 2,048
+// tiles and ~16,000 launches for CLIP at B = 65,536, the host issuing them
+// slower than the GPU ran them (issue 39). On CUDA every memory path (tiled,
+// ring, the materialised path's panels, SigLIP) therefore walks row panels of
+// all the columns of a block, as many rows as a workspace budget allows
+// (contrax/workspace.h: 1 GiB, 1.5 GiB on a GPU of 40 GB or more). The sizing
+// is a pure function of the device type, the dtype and the shapes, so the CPU
+// tests check what a GPU would do, and `plan_loss` reports the same panels.
+// Internal to the engine (src/engine/), not installed.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+namespace contrax::detail {
+
+/// Rows and columns of each step of a walk (the last ones may be shorter).
+struct StepShape {
+  int64_t rows = 0, cols = 0;
+};
+
+/// Fewest and most rows of a panel: fewer rows cost the GEMMs efficiency, more
+/// than 8,192 buy nothing (a panel's GEMM is already ~1 GFLOP per 64 columns
+/// of width) and lengthen the last panel's tail.
+inline constexpr int64_t kMinPanelRows = 256, kMaxPanelRows = 8192;
+
+/// The automatic panel budget for a device of `device_memory` bytes (0:
+/// unknown): 1 GiB, and 1.5 GiB from 40 GB.
+int64_t default_panel_bytes(int64_t device_memory);
+
+/// The panel budget on `device`: loss_panel_bytes() when set, otherwise the
+/// automatic one for its memory (looked up once per device).
+int64_t panel_budget(const c10::Device& device);
+
+/// Whether walks on `device` take panels: CUDA, or any device while
+/// set_panels_everywhere is on (what the CPU tests use to run the GPU's walk).
+bool panels_on(c10::DeviceType device);
+bool panels_everywhere();
+void set_panels_everywhere(bool on);
+
+/// Whether the element-wise passes over a panel hold no panel-sized
+/// temporary on `device`: the CPU's fused kernels (engine/lse_kernels.h) where
+/// enabled; the ATen forms (every other device) hold one.
+bool fused_passes(c10::DeviceType device);
+
+/// Bytes a panel holds per logit on `device` for features of `dtype`: the
+/// logits in the compute dtype e, plus the larger of what comes and goes
+/// beside them: the ATen passes' temporary (e; none when fused), or in the
+/// backward the gradient panel cast to the operand dtype f (reduced operands
+/// only; plus its widened copy e where there is no mixed-dtype GEMM: off
+/// CUDA, or on a LibTorch without it).
+/// CUDA, bf16 features, ATen passes: 4 + max(4, 2) = 8.
+int64_t panel_entry_bytes(c10::DeviceType device, c10::ScalarType dtype);
+
+/// The panel over a block of `rows` x `cols` logits for features of `dtype`
+/// and `width`: every column, and the rows whose workspace
+/// (panel_workspace_bytes) fits `budget`, in multiples of 256 within
+/// [kMinPanelRows, kMaxPanelRows] and at most `rows` (at least 1).
+StepShape panel_shape(c10::DeviceType device, c10::ScalarType dtype, int64_t rows, int64_t cols, int64_t width,
+                      int64_t budget);
+
+/// Bytes a walk in steps of `shape` holds at once: shape.rows x shape.cols x
+/// panel_entry_bytes, plus, for reduced operands without a mixed-dtype GEMM,
+/// the widened [C, d] and [R, d] operands of each accumulation.
+int64_t panel_workspace_bytes(c10::DeviceType device, c10::ScalarType dtype, const StepShape& shape, int64_t width);
+
+/// Rows per panel of the materialised path's [rows x cols] logits buffer: its
+/// GEMM, its statistics and (in backward) its gradient and the GEMMs that
+/// consume it run panel by panel. On the CPU about 8 MiB and at least 256
+/// rows, so the element-wise passes read the panel from cache (fewer rows cost
+/// the GEMMs efficiency: measured 1.3x slower at 64 rows, equal from 256).
+/// Where panels are on (CUDA): panel_shape's rows under `budget`, so the ATen
+/// passes' temporaries and the gradient panel in the operand dtype stay within
+/// the budget instead of a second whole buffer, in few large launches.
+int64_t buffer_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t rows, int64_t cols, int64_t width,
+                          int64_t budget);
+
+/// Side of a square logits tile: `tile_size` if positive, otherwise the largest
+/// side whose tile fits `tile_bytes` at `element_size`, at least 64.
+int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size);
+
+/// How a loss walks its logits blocks: an explicit tile side, the CPU's
+/// cache-sized tiles, or the device's panels. Made once per call by the
+/// prologue (make_walk), asked per block (a ring's blocks differ in rows).
+struct TileWalk {
+  c10::DeviceType device = c10::kCPU;
+  c10::ScalarType dtype = c10::kFloat;  // the features' dtype
+  int64_t width = 0;
+  int64_t tile = 64;    // side of a square tile (explicit or from tile_bytes)
+  bool panels = false;  // panels instead of tiles
+  int64_t budget = 0;   // panels: the workspace budget
+
+  /// Each step's shape over a [rows x cols] block.
+  StepShape step(int64_t rows, int64_t cols) const;
+};
+
+/// The walk for features like `features` (device, dtype, width): square tiles
+/// of `tile_size` when positive, panels where panels_on(device), otherwise
+/// tiles of about `tile_bytes` (tile_side in engine/prologue.h).
+TileWalk make_walk(const torch::Tensor& features, int64_t tile_size, int64_t tile_bytes);
+
+/// The same from the features' description and the panel budget (what
+/// plan_loss walks without tensors).
+TileWalk make_walk(c10::DeviceType device, c10::ScalarType dtype, int64_t width, int64_t tile_size, int64_t tile_bytes,
+                   int64_t budget);
+
+/// Steps (tiles or panels) walked in this process, by for_each_tile
+/// (engine/tiles.h) and the materialised path's panel loops, each counting
+/// its own with count_steps: what the tests compare with the plan's panels.
+int64_t steps_walked();
+void count_steps(int64_t n);
+
+}  // namespace contrax::detail
