@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <mutex>
@@ -80,6 +81,25 @@ TEST(LseKernels, ReportsAndSwitchesTheInstructionSet) {
   EXPECT_STREQ(contrax::detail::fused_kernels_isa(), "baseline");
   EXPECT_FALSE(contrax::detail::set_fused_kernels_isa("sse9"));
   EXPECT_STREQ(contrax::detail::fused_kernels_isa(), "baseline");
+}
+
+// The CUDA panel kernels are opt-in until a GPU check passes them: off unless
+// CONTRAX_FUSED_KERNELS=1 (CTest runs this without it), and switching them on
+// changes nothing for CPU tiles.
+TEST(LseKernels, CudaPanelKernelsAreOptInAndLeaveCpuTilesAlone) {
+  const char* env = std::getenv("CONTRAX_FUSED_KERNELS");
+  const bool asked = env != nullptr && std::string(env) == "1";
+  EXPECT_EQ(contrax::detail::cuda_fused_kernels_enabled(), asked);
+  const bool was = contrax::detail::cuda_fused_kernels_enabled();
+  auto t = torch::randn({70, 90}, torch::kDouble);
+  contrax::detail::set_cuda_fused_kernels_enabled(false);
+  auto off = tile_lse(t, true, true);
+  contrax::detail::set_cuda_fused_kernels_enabled(true);
+  EXPECT_TRUE(contrax::detail::cuda_fused_kernels_enabled());
+  auto on = tile_lse(t, true, true);
+  contrax::detail::set_cuda_fused_kernels_enabled(was);
+  EXPECT_TRUE(torch::equal(on.row, off.row));
+  EXPECT_TRUE(torch::equal(on.col, off.col));
 }
 
 TEST(LseKernels, VectorExpIsWithinThreeUlpOverTheWholeRange) {

@@ -15,6 +15,8 @@
 #   2. `contrax verify` on CUDA in fp64, fp32, bf16 and fp16 against the fp64
 #      reference, and two ranks on the one GPU over Gloo,
 #   3. the CUDA cases of device_test, precision_test and grad_cache_test,
+#      and the engine's CUDA panel kernels (opt-in, CONTRAX_FUSED_KERNELS=1)
+#      against the ATen path (cuda_panels_test) and in `contrax verify` fp64,
 #   4. `contrax train --device cuda` stopped at step 50 and resumed, its curve
 #      bitwise equal to an uninterrupted run's,
 #   5. the losses against plain PyTorch, memeff and siglip-kernel
@@ -153,6 +155,9 @@ quick_checks() {
   step "device_test (the CUDA cases)" "$BUILD/tests/device_test" --gtest_filter='*cuda*:*Cuda*:*CUDA*'
   step "precision_test" "$BUILD/tests/precision_test"
   step "grad_cache_test" "$BUILD/tests/grad_cache_test"
+  step "the CUDA panel kernels against the ATen path (cuda_panels_test)" "$BUILD/tests/cuda_panels_test"
+  step "contrax verify, CUDA, one process, fp64, with the CUDA panel kernels (CONTRAX_FUSED_KERNELS=1)" \
+    env CONTRAX_FUSED_KERNELS=1 "$BUILD/contrax" verify --device cuda --nproc 1 --dtype fp64
   local train=("$BUILD/contrax" train --device cuda --nproc 1 --max-steps 100 --no-eval --no-verify --no-plot
                --data "$DATA")
   step "contrax train --device cuda: 100 steps, and 50 + 50 stopped and resumed, bitwise the same curve" bash -c \
@@ -182,7 +187,7 @@ if [ $QUICK = 1 ]; then
   if [ -z "${CONTRAX_GPU_CHECK_BUILD:-}" ]; then
     step "build against $PY's torch, every core (tools/setup.sh, CONTRAX_TORCH=python, the offline bundle where apt cannot reach a mirror)" \
       env CONTRAX_TORCH=python CONTRAX_PYTHON="$PY" CONTRAX_BUILD_DIR="$BUILD" CONTRAX_BUNDLE="$BUNDLE" \
-      CONTRAX_TARGETS="contrax_cli contrax_python device_test precision_test grad_cache_test" bash tools/setup.sh
+      CONTRAX_TARGETS="contrax_cli contrax_python device_test precision_test grad_cache_test cuda_panels_test" bash tools/setup.sh
   fi
   quick_checks
   say "report: $REPORT ($failures failed step(s))"

@@ -1,6 +1,8 @@
 // Tensor-level front of the engine's fused element-wise kernels
 // (src/engine/kernels/lse_simd.h): instruction-set dispatch, the split over intra-op
-// threads, and the ATen fallback for tiles the kernels do not take.
+// threads, and the ATen fallback for tiles the kernels do not take. In builds
+// with the CUDA panel kernels (CONTRAX_CUDA_KERNELS_BUILT), CUDA float/double tiles
+// go to them (engine/cuda_panels.h) when switched on (opt-in for now).
 #include "engine/lse_kernels.h"
 
 #include <ATen/Dispatch.h>
@@ -12,8 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/cuda_kernels_built.h"  // generated: CONTRAX_CUDA_KERNELS_BUILT
 #include "engine/kernels/lse_simd_api.h"
 #include "util/env.h"
+#if CONTRAX_CUDA_KERNELS_BUILT
+#include "engine/cuda_panels.h"
+#endif
 
 namespace contrax::detail {
 
@@ -67,6 +73,13 @@ std::atomic<bool>& enabled_flag() {
   return on;
 }
 
+// The CUDA panel kernels are opt-in until a GPU check has passed them:
+// CONTRAX_FUSED_KERNELS=1 turns them on, unset or 0 leaves CUDA tiles on ATen.
+std::atomic<bool>& cuda_flag() {
+  static std::atomic<bool> on{env_set("CONTRAX_FUSED_KERNELS")};
+  return on;
+}
+
 std::atomic<bool>& bounded_flag() {
   static std::atomic<bool> on{env_on("CONTRAX_BOUNDED_SHIFT")};
   return on;
@@ -78,7 +91,31 @@ bool fused_applies(const torch::Tensor& t) {
          (t.size(1) <= 1 || t.stride(0) >= t.size(1)) && (t.size(1) <= 1 || t.stride(1) == 1);
 }
 
-// Vectors the kernels read or write: contiguous, t's dtype, CPU.
+// Whether a tensor of `options` goes to the CUDA panel kernels: a build with
+// them, both switches on, a CUDA float/double tensor.
+bool cuda_fused_options(const torch::TensorOptions& options) {
+#if CONTRAX_CUDA_KERNELS_BUILT
+  return enabled_flag().load(std::memory_order_relaxed) && cuda_flag().load(std::memory_order_relaxed) &&
+         options.device().is_cuda() && (options.dtype() == torch::kFloat || options.dtype() == torch::kDouble);
+#else
+  (void)options;
+  return false;
+#endif
+}
+
+// Tiles sent to the CUDA panel kernels (cuda_panel_calls).
+std::atomic<int64_t>& cuda_calls() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
+// ... and whether the tile `t` does: 2-D, unit column stride, rows apart.
+bool cuda_fused_applies(const torch::Tensor& t) {
+  return cuda_fused_options(t.options()) && t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) &&
+         (t.size(0) <= 1 || t.stride(0) >= t.size(1));
+}
+
+// Vectors the kernels read or write: contiguous, t's dtype and device.
 torch::Tensor vec(const torch::Tensor& v, const torch::Tensor& like) {
   if (!v.defined()) return v;
   return v.to(like.options()).contiguous();
@@ -189,6 +226,11 @@ TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols) {
   } else if (rows && fused_applies(t)) {
     AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "tile_lse",
                                [&] { out.row = fused_tile<scalar_t>(t, true, nullptr, nullptr, nullptr); });
+  } else if (rows && cuda_fused_applies(t)) {
+#if CONTRAX_CUDA_KERNELS_BUILT
+    ++cuda_calls();
+    out.row = cuda_tile_lse(t, true, {}, {});
+#endif
   } else if (rows) {
     out.row = aten_rows_lse(t);
   }
@@ -197,8 +239,13 @@ TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols) {
 
 ColumnLse::ColumnLse(int64_t n_cols, const torch::TensorOptions& options)
     : fused_(enabled_flag().load(std::memory_order_relaxed) && options.device().is_cpu() &&
-             (options.dtype() == torch::kFloat || options.dtype() == torch::kDouble)) {
-  if (fused_) {
+             (options.dtype() == torch::kFloat || options.dtype() == torch::kDouble)),
+      cuda_(cuda_fused_options(options)) {
+  if (cuda_) {
+    // Running pairs (max, sum of exp(x - max)) per column, merged by the kernel.
+    max_ = torch::full({n_cols}, -kInf, options);
+    sum_ = torch::zeros({n_cols}, options);
+  } else if (fused_) {
     max_ = torch::full({n_cols}, -kInf, options);
     sum_ = torch::zeros({n_cols}, options);
     shift_ = torch::zeros({n_cols}, options);
@@ -208,7 +255,16 @@ ColumnLse::ColumnLse(int64_t n_cols, const torch::TensorOptions& options)
 }
 
 torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows) {
-  TORCH_INTERNAL_ASSERT(tile.dim() == 2 && c0 >= 0 && c0 + tile.size(1) <= (fused_ ? max_ : lse_).size(0));
+  TORCH_INTERNAL_ASSERT(tile.dim() == 2 && c0 >= 0 && c0 + tile.size(1) <= (fused_ || cuda_ ? max_ : lse_).size(0));
+  if (cuda_) {
+#if CONTRAX_CUDA_KERNELS_BUILT
+    TORCH_INTERNAL_ASSERT(tile.scalar_type() == max_.scalar_type() && tile.device() == max_.device());
+    const auto t = cuda_fused_applies(tile) ? tile : tile.contiguous();
+    const int64_t C = t.size(1);
+    ++cuda_calls();
+    return cuda_tile_lse(t, rows, max_.narrow(0, c0, C), sum_.narrow(0, c0, C));
+#endif
+  }
   if (!fused_) {
     auto lc = lse_.narrow(0, c0, tile.size(1));
     at::logaddexp_out(lc, lc, aten_cols_lse(tile));  // merged in place: one pass
@@ -226,12 +282,22 @@ torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows) {
   return row;
 }
 
-torch::Tensor ColumnLse::lse() const { return fused_ ? shift_ + sum_.log() : lse_.clone(); }
+torch::Tensor ColumnLse::lse() const {
+  if (cuda_) return max_ + sum_.log();  // -inf + log(0) = -inf for an empty column
+  return fused_ ? shift_ + sum_.log() : lse_.clone();
+}
 
 void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::Tensor& w_row,
                    const torch::Tensor& lse_col, const torch::Tensor& w_col) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && lse_row.numel() == t.size(0));
   TORCH_INTERNAL_ASSERT(!lse_col.defined() || lse_col.numel() == t.size(1));
+  if (cuda_fused_applies(t)) {
+#if CONTRAX_CUDA_KERNELS_BUILT
+    ++cuda_calls();
+    if (t.numel() > 0) cuda_softmax_grad_(t, vec(lse_row, t), vec(w_row, t), vec(lse_col, t), vec(w_col, t));
+#endif
+    return;
+  }
   if (!fused_applies(t)) {
     torch::Tensor col;
     if (lse_col.defined()) {
@@ -314,6 +380,17 @@ void set_bounded_shift_enabled(bool on) { bounded_flag().store(on); }
 
 bool fused_kernels_enabled() { return enabled_flag().load(); }
 void set_fused_kernels_enabled(bool on) { enabled_flag().store(on); }
+
+bool cuda_fused_kernels_built() {
+#if CONTRAX_CUDA_KERNELS_BUILT
+  return true;
+#else
+  return false;
+#endif
+}
+bool cuda_fused_kernels_enabled() { return cuda_flag().load(); }
+int64_t cuda_panel_calls() { return cuda_calls().load(); }
+void set_cuda_fused_kernels_enabled(bool on) { cuda_flag().store(on); }
 
 const char* fused_kernels_isa() { return active().name.load(); }
 

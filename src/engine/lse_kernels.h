@@ -2,8 +2,10 @@
 // column log-sum-exps in two passes over the tile, and the softmax gradient in
 // one, in place. CPU float/double tiles with unit column stride go through
 // vectorised kernels (AVX-512, AVX2 or baseline, chosen at run time) split
-// across LibTorch's intra-op threads; any other tile (CUDA, a transposed view)
-// through the equivalent ATen operations. Internal to the engine (src/engine/),
+// across LibTorch's intra-op threads; CUDA float/double tiles, in builds with
+// the CUDA panel kernels and with them switched on (opt-in: see
+// cuda_fused_kernels_enabled), through those; any other tile (CUDA by
+// default, a transposed view) through the equivalent ATen operations. Internal to the engine (src/engine/),
 // not installed; the per-instruction-set kernels are in src/engine/kernels/.
 #pragma once
 
@@ -50,8 +52,8 @@ class ColumnLse {
   torch::Tensor lse() const;
 
  private:
-  bool fused_;
-  torch::Tensor max_, sum_, shift_;  // fused state, [n_cols] each
+  bool fused_, cuda_;                // CPU kernels; CUDA panel kernels
+  torch::Tensor max_, sum_, shift_;  // fused state, [n_cols] each (CUDA: max_ and sum_, the running pairs)
   torch::Tensor lse_;                // ATen state, [n_cols]
 };
 
@@ -80,6 +82,23 @@ void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a
 /// them off at start). Tests switch them off to check both paths agree.
 bool fused_kernels_enabled();
 void set_fused_kernels_enabled(bool on);
+
+/// Whether this build has the CUDA panel kernels (src/engine/kernels/cuda_*_panel.cu;
+/// CMake option CONTRAX_CUDA_KERNELS, on by default where nvcc and a CUDA
+/// LibTorch are found).
+bool cuda_fused_kernels_built();
+
+/// Whether CUDA tiles of `tile_lse`, `ColumnLse` and `softmax_grad_` go to
+/// the CUDA panel kernels (when built and `fused_kernels_enabled()`).
+/// Opt-in until a GPU check has passed them against the ATen path: off
+/// unless CONTRAX_FUSED_KERNELS=1 at start (=0 turns every fused kernel off).
+/// The default is to flip to on once that check has passed.
+bool cuda_fused_kernels_enabled();
+void set_cuda_fused_kernels_enabled(bool on);
+
+/// How many tiles this process has sent to the CUDA panel kernels (for the
+/// GPU tests: that the kernels, not the ATen path, ran).
+int64_t cuda_panel_calls();
 
 /// Whether the engine may use a known bound of the logits as the shift of its
 /// softmaxes (NT-Xent on unit rows, CLIP within s max|a| max|b| + |bias|):

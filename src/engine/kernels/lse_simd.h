@@ -13,8 +13,10 @@
 // passes over a tile (max, then exponentials) and the backward one.
 //
 // float: a vectorised exp (Cephes' range reduction and degree-6 polynomial,
-// about 1 ulp); double: std::exp, element by element (fp64 is for tests and
-// references, where exactness matters more than speed).
+// about 1 ulp); double, and the float loops' tails: element by element through
+// the per-element math that the CUDA kernels share (loss_math.h: exp, the
+// shift of a -inf maximum, the softmax gradient element), so that the fp64
+// path, on which the tests' references rest, has one definition everywhere.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +34,7 @@
 #error "define CONTRAX_SIMD_BYTES (the vector width in bytes) before including lse_simd.h"
 #endif
 
+#include "engine/kernels/loss_math.h"
 #include "engine/kernels/lse_simd_api.h"
 
 namespace contrax::detail::kernels::CONTRAX_SIMD_NS {
@@ -101,10 +104,7 @@ inline vf vexp(vf x) {
 
 // The shift used for a max: a -inf max (an empty or fully masked row or
 // column) shifts by 0, so its sum is 0 and its log-sum-exp -inf, not NaN.
-template <typename T>
-inline T shift_of(T m) {
-  return m == -std::numeric_limits<T>::infinity() ? T(0) : m;
-}
+using math::shift_of;
 
 // Rows of one block of stats_impl: about 1 MiB of the tile, so that the
 // second pass over the block reads it from cache.
@@ -154,7 +154,7 @@ void stats_impl(const T* x, int64_t R, int64_t C, int64_t ld, T* row_max, T* row
       for (int64_t j = 0; j < C; ++j) {
         const T s = shift_of(bmax[j]);
         if (s != col_shift[j]) {
-          if (col_sum[j] != T(0)) col_sum[j] *= std::exp(col_shift[j] - s);
+          if (col_sum[j] != T(0)) col_sum[j] *= math::exp_of(col_shift[j] - s);
           col_shift[j] = s;
         }
         col_max[j] = bmax[j];
@@ -178,8 +178,8 @@ void stats_impl(const T* x, int64_t R, int64_t C, int64_t ld, T* row_max, T* row
         s = hsum(vs);
       }
       for (; j < C; ++j) {
-        if (rows) s += std::exp(xi[j] - mi);
-        if (cols) col_sum[j] += std::exp(xi[j] - col_shift[j]);
+        if (rows) s += math::exp_of(xi[j] - mi);
+        if (cols) col_sum[j] += math::exp_of(xi[j] - col_shift[j]);
       }
       if (rows) row_sum[i] = s;
     }
@@ -214,11 +214,11 @@ void grad_impl(T* x, int64_t R, int64_t C, int64_t ld, const T* lse_row, const T
         }
       }
     }
+    // The element without a positive (the engine subtracts Y afterwards);
+    // a masked entry gives 0 even in a fully masked row.
     for (; j < C; ++j) {
-      const T v = xi[j];
-      T g = wi * std::exp(v - li);
-      if (lse_col) g += (w_col ? w_col[j] : T(1)) * std::exp(v - lse_col[j]);
-      xi[j] = g;
+      xi[j] = math::contrastive_grad(xi[j], li, wi, lse_col != nullptr, lse_col ? lse_col[j] : T(0),
+                                     w_col ? w_col[j] : T(1), false);
     }
   }
 }
@@ -251,7 +251,7 @@ void exp_rows_impl(T* x, int64_t R, int64_t C, int64_t ld, T shift, T* row_sum, 
       s = hsum(vs);
     }
     for (; j < C; ++j) {
-      xi[j] = std::exp(xi[j] - shift);
+      xi[j] = math::exp_of(xi[j] - shift);
       s += xi[j];
       if (col_sum) col_sum[j] += xi[j];
     }
