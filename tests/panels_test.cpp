@@ -131,7 +131,13 @@ TEST(PanelSizing, BadSettingsAreErrors) {
   run = contrax::testing::run_shell("CONTRAX_PANEL_BYTES=536870912 " CONTRAX_CLI_PATH
                                     " plan --device cuda --dtype bf16 --batch 65536 --width 768 --json");
   EXPECT_EQ(run.status, 0) << run.out;
-  EXPECT_NE(run.out.find("\"panel_rows\": 1024"), std::string::npos) << run.out;  // 512 MiB / (65,536 x 8)
+  // 512 MiB / (65,536 x 8) = 1,024 rows. A LibTorch without the mixed-dtype
+  // GEMMs (2.6) widens the operands to fp32: the keys' block, 65,536 x 768 x 4
+  // = 192 MiB, whatever the rows, and per row 65,536 x 10 bytes of panel plus
+  // 768 x 4 of widened query: (512 - 192) MiB / 658,432 B = 509 rows, rounded
+  // down to a multiple of 256.
+  const bool mixed = contrax::detail::mixed_gemm_available();
+  EXPECT_NE(run.out.find(mixed ? "\"panel_rows\": 1024" : "\"panel_rows\": 256"), std::string::npos) << run.out;
 }
 
 // ---- the CUDA walk, run on the CPU: exact in fp64
