@@ -67,8 +67,9 @@ struct PathCost {
   /// Steps of one walk over the logits (the forward's; the backward walks
   /// as many): CPU tiles, or on CUDA row panels of every column of a block.
   int64_t panels = 0;
-  /// Rows of each step (the last may be shorter); columns: `panel_cols`.
+  /// Rows of each step (the last may be shorter).
   int64_t panel_rows = 0;
+  /// Columns of each step: every column of a block on CUDA, a tile's on the CPU.
   int64_t panel_cols = 0;
   /// Bytes the walk holds at once beside the features: a step's logits and
   /// their temporaries (tiled, ring), or the logits buffer plus a panel's
