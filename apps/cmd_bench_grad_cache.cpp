@@ -29,10 +29,10 @@
 #include <sstream>
 
 #include "cli.h"
-#include "contrax/grad_cache.h"
-#include "contrax/losses.h"
-#include "contrax/memory.h"
-#include "contrax/tiled.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/tiled.h"
+#include "contrax/parallel/grad_cache.h"
+#include "contrax/util/memory.h"
 
 namespace {
 

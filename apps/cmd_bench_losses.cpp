@@ -12,7 +12,7 @@
 //       the old code's were: each call faults their pages in again.
 //   (f') "floor_kept": the same GEMMs into one logits buffer allocated before
 //       the clock starts, the floor of an old algorithm that kept its buffer
-//       as contrax keeps its workspace (contrax/memory.h). Its peak does not
+//       as contrax keeps its workspace (contrax/util/memory.h). Its peak does not
 //       count that buffer.
 // With `--loss nt_xent` the modes are contrax (nt_xent_loss), floor and floor_kept.
 // Reports median time, bytes this rank sent in backward, and peak tensor memory
@@ -34,11 +34,11 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "contrax/collectives.h"
-#include "contrax/communicator.h"
-#include "contrax/launcher.h"
-#include "contrax/losses.h"
-#include "contrax/memory.h"
+#include "contrax/comm/collectives.h"
+#include "contrax/comm/communicator.h"
+#include "contrax/launch/launcher.h"
+#include "contrax/losses/losses.h"
+#include "contrax/util/memory.h"
 
 namespace {
 

@@ -28,10 +28,11 @@
 #include <sstream>
 
 #include "cli.h"
-#include "contrax/communicator.h"
-#include "contrax/losses.h"
-#include "contrax/memory.h"
-#include "contrax/tiled.h"
+#include "contrax/comm/communicator.h"
+#include "contrax/engine/workspace.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/tiled.h"
+#include "contrax/util/memory.h"
 
 namespace {
 
@@ -74,7 +75,7 @@ Run measure(const std::function<torch::Tensor()>& loss) {
 
 // Median time and highest peak of `iters` runs of each contender, alternated
 // so that a burst of load on a shared machine hits both. The materialised
-// loss keeps its logits buffer between calls (contrax/memory.h): the caller
+// loss keeps its logits buffer between calls (contrax/util/memory.h): the caller
 // releases it first, so the first run allocates it and the peak counts it,
 // while the median time is that of the runs that reuse it, as training does.
 std::vector<Run> measure_runs_alternating(const std::vector<std::function<Run()>>& runs, int64_t iters) {

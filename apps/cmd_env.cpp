@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "cli.h"
-#include "contrax/build_info.h"
-#include "contrax/communicator.h"
+#include "contrax/check/build_info.h"
+#include "contrax/comm/communicator.h"
 #include "json_util.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include <iostream>
 
 #include "cli.h"
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 
 namespace {
 

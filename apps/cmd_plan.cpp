@@ -12,7 +12,7 @@
 #include <iostream>
 
 #include "cli.h"
-#include "contrax/plan.h"
+#include "contrax/check/plan.h"
 
 namespace {
 

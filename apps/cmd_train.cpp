@@ -26,9 +26,9 @@
 #include <thread>
 
 #include "cli.h"
-#include "contrax/launcher.h"
+#include "contrax/check/verify.h"
+#include "contrax/launch/launcher.h"
 #include "contrax/train/common/run_dir.h"
-#include "contrax/verify.h"
 #include "json_util.h"
 #include "live_line.h"
 #include "plot.h"

@@ -19,10 +19,10 @@
 #include <sstream>
 
 #include "cli.h"
+#include "contrax/check/verify.h"
+#include "contrax/comm/communicator.h"
+#include "contrax/launch/launcher.h"
 #include "json_util.h"
-#include "contrax/communicator.h"
-#include "contrax/launcher.h"
-#include "contrax/verify.h"
 
 namespace {
 

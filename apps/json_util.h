@@ -9,7 +9,7 @@
 #include <cmath>
 #include <string>
 
-#include "contrax/verify.h"
+#include "contrax/check/verify.h"
 
 namespace contrax::cli {
 

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "cli.h"
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 #include "stop_signal.h"
 
 namespace contrax::cli {

@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 
 namespace fs = std::filesystem;
 

@@ -17,11 +17,11 @@
 #include <sstream>
 
 #include "cli.h"
-#include "contrax/memory.h"
 #include "contrax/train/image/eval.h"
 #include "contrax/train/image/idx.h"
 #include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
+#include "contrax/util/memory.h"
 #include "train_image.h"
 
 namespace contrax::cli {

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 #include "contrax/train/common/loop.h"
 #include "json_util.h"
 

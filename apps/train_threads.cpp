@@ -12,8 +12,8 @@
 #include <mutex>
 
 #include "cli.h"
-#include "contrax/launcher.h"
-#include "contrax/tasks.h"
+#include "contrax/launch/launcher.h"
+#include "contrax/util/tasks.h"
 
 namespace contrax::cli {
 

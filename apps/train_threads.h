@@ -1,5 +1,5 @@
 // The threads of a `contrax train` run against the tasks limit
-// (contrax/tasks.h): how many a run starts, the refusal of one that cannot
+// (contrax/util/tasks.h): how many a run starts, the refusal of one that cannot
 // fit (before any thread starts, as a step that cannot fit in memory is
 // refused), and the start of a rank's intra-op threads at a known point, where
 // a thread that cannot be created ends the process with an error (status 1)

@@ -25,12 +25,12 @@
 #include <thread>
 #include <vector>
 
-#include "contrax/launcher.h"
-#include "contrax/train/retrieval/trainer.h"
+#include "contrax/check/build_info.h"
+#include "contrax/check/verify.h"
+#include "contrax/launch/launcher.h"
 #include "contrax/train/image/trainer.h"
-#include "contrax/build_info.h"
-#include "contrax/memory.h"
-#include "contrax/verify.h"
+#include "contrax/train/retrieval/trainer.h"
+#include "contrax/util/memory.h"
 #include "support/cli.h"
 #include "support/processes.h"
 

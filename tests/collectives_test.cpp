@@ -6,7 +6,7 @@
 
 #include <mutex>
 
-#include "contrax/collectives.h"
+#include "contrax/comm/collectives.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 

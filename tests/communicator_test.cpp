@@ -10,8 +10,8 @@
 #include <sstream>
 #include <thread>
 
-#include "contrax/communicator.h"
-#include "contrax/detail/c10d.h"
+#include "contrax/comm/communicator.h"
+#include "contrax/comm/detail/c10d.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 

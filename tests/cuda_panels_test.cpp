@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "contrax/losses.h"
+#include "contrax/losses/losses.h"
 #include "engine/lse_kernels.h"
 
 namespace {

@@ -12,8 +12,8 @@
 #include <numeric>
 #include <mutex>
 
-#include "contrax/data_parallel.h"
-#include "contrax/losses.h"
+#include "contrax/losses/losses.h"
+#include "contrax/parallel/data_parallel.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 

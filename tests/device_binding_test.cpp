@@ -8,7 +8,7 @@
 
 #include "comm/device_binding.h"
 #include "comm/environment.h"
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 #include "support/errors.h"
 
 using contrax::detail::bind_device;

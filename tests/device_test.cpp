@@ -14,13 +14,13 @@
 #include <tuple>
 #include <vector>
 
-#include "contrax/collectives.h"
-#include "contrax/data_parallel.h"
-#include "contrax/grad_cache.h"
-#include "contrax/losses.h"
-#include "contrax/reference.h"
-#include "contrax/siglip.h"
-#include "contrax/verify.h"
+#include "contrax/check/verify.h"
+#include "contrax/comm/collectives.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/reference.h"
+#include "contrax/losses/siglip.h"
+#include "contrax/parallel/data_parallel.h"
+#include "contrax/parallel/grad_cache.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 

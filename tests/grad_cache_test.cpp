@@ -28,12 +28,12 @@
 #include <mutex>
 #include <numeric>
 
-#include "contrax/data_parallel.h"
-#include "contrax/grad_cache.h"
-#include "contrax/grouped.h"
-#include "contrax/losses.h"
-#include "contrax/tiled.h"
-#include "contrax/verify.h"
+#include "contrax/check/verify.h"
+#include "contrax/losses/grouped.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/tiled.h"
+#include "contrax/parallel/data_parallel.h"
+#include "contrax/parallel/grad_cache.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 

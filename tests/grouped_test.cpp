@@ -1,9 +1,9 @@
 // Grouped candidates (hard negatives), labels (multi-positive / duplicate
 // masking) and per-row reductions of the InfoNCE-family engine, against the
-// plain-autograd single-process references of contrax/reference.h on the
+// plain-autograd single-process references of contrax/losses/reference.h on the
 // concatenated batch: fp64, W = 1..4, uneven batches and an empty rank, every
 // memory path; finite differences; the error messages; the porting warning.
-#include "contrax/grouped.h"
+#include "contrax/losses/grouped.h"
 
 #include <gtest/gtest.h>
 #include <torch/version.h>
@@ -12,12 +12,12 @@
 #include <limits>
 #include <mutex>
 
-#include "contrax/losses.h"
-#include "contrax/memory.h"
-#include "contrax/plan.h"
-#include "contrax/reference.h"
-#include "contrax/tiled.h"
-#include "contrax/verify.h"
+#include "contrax/check/plan.h"
+#include "contrax/check/verify.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/reference.h"
+#include "contrax/losses/tiled.h"
+#include "contrax/util/memory.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 #include "support/strict_warnings.h"
@@ -111,7 +111,7 @@ torch::Tensor reference_rows(const Case& c, const Inputs& in, const torch::Tenso
 
 // One case at one world size and row pattern: the value each rank returns and
 // the gradients of its rows and of the scalars, against the reference (see the
-// gradient convention in src/engine/engine.h and Reduction in contrax/vocabulary.h).
+// gradient convention in src/engine/engine.h and Reduction in contrax/util/vocabulary.h).
 void expect_exact(const Case& c, const std::vector<int64_t>& rows) {
   const int64_t W = static_cast<int64_t>(rows.size());
   int64_t B = 0;

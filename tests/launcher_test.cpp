@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 #include "support/cli.h"
 #include "support/errors.h"
 #include "support/processes.h"

@@ -8,15 +8,16 @@
 #include <functional>
 #include <limits>
 
-#include "contrax/collectives.h"
-#include "contrax/grouped.h"
-#include "contrax/losses.h"
-#include "contrax/memory.h"
-#include "contrax/plan.h"
-#include "contrax/reference.h"
-#include "contrax/siglip.h"
-#include "contrax/tiled.h"
-#include "contrax/verify.h"
+#include "contrax/check/plan.h"
+#include "contrax/check/verify.h"
+#include "contrax/comm/collectives.h"
+#include "contrax/engine/workspace.h"
+#include "contrax/losses/grouped.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/reference.h"
+#include "contrax/losses/siglip.h"
+#include "contrax/losses/tiled.h"
+#include "contrax/util/memory.h"
 #include "engine/precision.h"
 #include "support/errors.h"
 #include "support/ranks.h"
@@ -671,7 +672,7 @@ TEST(LossPlan, RoutingAndErrors) {
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().batch(0)), "plan_loss(): argument 'batch' must be positive, but got 0");
 }
 
-// ---- the kept logits workspace (contrax/memory.h)
+// ---- the kept logits workspace (contrax/util/memory.h)
 
 namespace {
 // One materialised CLIP call, one process: its loss and both feature gradients.

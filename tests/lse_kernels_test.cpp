@@ -16,9 +16,9 @@
 #include <mutex>
 #include <string>
 
-#include "contrax/grouped.h"
-#include "contrax/losses.h"
-#include "contrax/verify.h"
+#include "contrax/check/verify.h"
+#include "contrax/losses/grouped.h"
+#include "contrax/losses/losses.h"
 #include "support/ranks.h"
 
 namespace {

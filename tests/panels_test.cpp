@@ -13,14 +13,14 @@
 #include <iostream>
 #include <mutex>
 
-#include "contrax/grouped.h"
-#include "contrax/losses.h"
-#include "contrax/memory.h"
-#include "contrax/plan.h"
-#include "contrax/reference.h"
-#include "contrax/siglip.h"
-#include "contrax/tiled.h"
-#include "contrax/workspace.h"
+#include "contrax/check/plan.h"
+#include "contrax/engine/workspace.h"
+#include "contrax/losses/grouped.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/reference.h"
+#include "contrax/losses/siglip.h"
+#include "contrax/losses/tiled.h"
+#include "contrax/util/memory.h"
 #include "engine/lse_kernels.h"
 #include "engine/panels.h"
 #include "engine/precision.h"
@@ -382,7 +382,7 @@ TEST(PanelLaunches, DISABLED_Measure) {
 }
 
 // The op count of a call walking as CUDA does stays at or below plan_loss's
-// launches (the bound derived in src/plan.cpp: a fixed count plus so many per
+// launches (the bound derived in src/check/plan.cpp: a fixed count plus so many per
 // panel), and that bound is not loose; the steps walked are the plan's panels,
 // forward and backward. Every loss, both paths, at 1 and 3 panels.
 TEST(PanelLaunches, CallsStayWithinThePlansLaunches) {

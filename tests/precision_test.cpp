@@ -13,11 +13,11 @@
 #include <cmath>
 #include <functional>
 
-#include "contrax/grouped.h"
-#include "contrax/losses.h"
-#include "contrax/reference.h"
-#include "contrax/siglip.h"
-#include "contrax/verify.h"
+#include "contrax/check/verify.h"
+#include "contrax/losses/grouped.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/reference.h"
+#include "contrax/losses/siglip.h"
 #include "engine/precision.h"
 #include "support/ranks.h"
 

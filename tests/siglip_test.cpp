@@ -7,7 +7,7 @@
 
 #include <mutex>
 
-#include "contrax/siglip.h"
+#include "contrax/losses/siglip.h"
 #include "support/ranks.h"
 #include "support/strict_warnings.h"
 

@@ -1,5 +1,5 @@
 // Where the environment puts a process in a job, parsed without a process
-// group (issue 26): SLURM's compressed host lists (contrax/slurm.h) and the
+// group (issue 26): SLURM's compressed host lists (contrax/comm/slurm.h) and the
 // job environment behind Communicator::from_env (src/comm/environment.h),
 // SLURM's variables and torchrun's, including a world of 4 that no test could
 // start. Every error message of both is checked here.
@@ -8,7 +8,7 @@
 #include <cstdlib>
 
 #include "comm/environment.h"
-#include "contrax/slurm.h"
+#include "contrax/comm/slurm.h"
 #include "support/errors.h"
 
 using namespace contrax;

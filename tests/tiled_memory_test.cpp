@@ -1,5 +1,5 @@
 // Memory of the tiled losses, measured with the counting CPU allocator
-// (contrax/memory.h): a tiled forward + backward must never allocate anything
+// (contrax/util/memory.h): a tiled forward + backward must never allocate anything
 // near a `[b x B]` logits buffer, while the materialised loss on the same
 // inputs does (which also proves the tracker sees such buffers).
 #include <gtest/gtest.h>
@@ -7,10 +7,10 @@
 
 #include <mutex>
 
-#include "contrax/losses.h"
-#include "contrax/memory.h"
-#include "contrax/siglip.h"
-#include "contrax/tiled.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/siglip.h"
+#include "contrax/losses/tiled.h"
+#include "contrax/util/memory.h"
 #include "support/ranks.h"
 
 namespace {

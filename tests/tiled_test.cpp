@@ -9,9 +9,9 @@
 
 #include <mutex>
 
-#include "contrax/losses.h"
-#include "contrax/reference.h"
-#include "contrax/tiled.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/reference.h"
+#include "contrax/losses/tiled.h"
 #include "support/ranks.h"
 
 namespace {

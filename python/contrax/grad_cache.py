@@ -1,6 +1,6 @@
 """contrax.GradCache: the gradient-cache training step (GradCache, Gao et al.
 2021) for Python encoders, with the contract of the C++ ``contrax::GradCache``
-(include/contrax/grad_cache.h).
+(include/contrax/parallel/grad_cache.h).
 
 A contrastive loss couples every row of the global batch to every other row,
 so the batch cannot be cut into independently accumulated micro-batches. The

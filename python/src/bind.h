@@ -1,7 +1,7 @@
 // The Python binding's parts: one `bind_<header>(m)` per public header it
 // exposes, each in python/src/bind_<header>.cpp, and the module function
 // (python/src/module.cpp) that only calls them. Python spells the
-// vocabulary's enums (contrax/vocabulary.h) as strings; their parsers, shared
+// vocabulary's enums (contrax/util/vocabulary.h) as strings; their parsers, shared
 // by every loss binding, are in python/src/bind_vocabulary.cpp. Internal to
 // the binding.
 #pragma once
@@ -11,19 +11,19 @@
 #include <cstdint>
 #include <string>
 
-#include "contrax/vocabulary.h"
+#include "contrax/util/vocabulary.h"
 
 namespace contrax::python {
 
 namespace py = pybind11;
 
-void bind_losses(py::module& m);        // contrax/losses.h
-void bind_grouped(py::module& m);       // contrax/grouped.h
-void bind_tiled(py::module& m);         // contrax/tiled.h
-void bind_siglip(py::module& m);        // contrax/siglip.h
-void bind_collectives(py::module& m);   // contrax/collectives.h
-void bind_workspace(py::module& m);     // contrax/workspace.h
-void bind_communicator(py::module& m);  // contrax/communicator.h and contrax/detail/c10d.h
+void bind_losses(py::module& m);        // contrax/losses/losses.h
+void bind_grouped(py::module& m);       // contrax/losses/grouped.h
+void bind_tiled(py::module& m);         // contrax/losses/tiled.h
+void bind_siglip(py::module& m);        // contrax/losses/siglip.h
+void bind_collectives(py::module& m);   // contrax/comm/collectives.h
+void bind_workspace(py::module& m);     // contrax/engine/workspace.h
+void bind_communicator(py::module& m);  // contrax/comm/communicator.h and contrax/comm/detail/c10d.h
 
 // "mean", "sum", "none"; another string is an argument error naming `caller`
 // (ValueError in Python).

@@ -1,10 +1,10 @@
-// contrax/collectives.h in Python: gather, every rank's rows (with or without
+// contrax/comm/collectives.h in Python: gather, every rank's rows (with or without
 // the gradient flowing back to their owner), their counts and this rank's
 // offset.
 #include <torch/extension.h>
 
 #include "bind.h"
-#include "contrax/collectives.h"
+#include "contrax/comm/collectives.h"
 
 namespace contrax::python {
 

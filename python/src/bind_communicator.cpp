@@ -1,6 +1,6 @@
-// contrax/communicator.h in Python: the Communicator (rank, world size,
+// contrax/comm/communicator.h in Python: the Communicator (rank, world size,
 // backend, traffic statistics) and one cached communicator per
-// torch.distributed ProcessGroup, made with contrax/detail/c10d.h. The cache
+// torch.distributed ProcessGroup, made with contrax/comm/detail/c10d.h. The cache
 // holds the only extra reference to a group, drops an entry once nobody else
 // references its group, and frees communicators without the GIL.
 #include <torch/extension.h>
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "bind.h"
-#include "contrax/communicator.h"
-#include "contrax/detail/c10d.h"
+#include "contrax/comm/communicator.h"
+#include "contrax/comm/detail/c10d.h"
 
 namespace contrax::python {
 
@@ -128,7 +128,7 @@ void bind_communicator(py::module& m) {
       .def_property_readonly("backend", &Communicator::backend)
       .def_property("static_shapes", &Communicator::static_shapes, &Communicator::set_static_shapes,
                     "Every rank passes equal shapes to every loss: the per-call row-count exchange is skipped "
-                    "(set it alike on every rank; see contrax/communicator.h)")
+                    "(set it alike on every rank; see contrax/comm/communicator.h)")
       .def("stats", [](const Communicator& c) { return stats_dict(c.stats()); })
       .def("reset_stats", &Communicator::reset_stats);
 

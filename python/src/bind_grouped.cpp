@@ -1,9 +1,9 @@
-// contrax/grouped.h in Python: grouped_loss, queries against candidates with
+// contrax/losses/grouped.h in Python: grouped_loss, queries against candidates with
 // labels saying which candidates are each query's positives.
 #include <torch/extension.h>
 
 #include "bind.h"
-#include "contrax/grouped.h"
+#include "contrax/losses/grouped.h"
 
 namespace contrax::python {
 

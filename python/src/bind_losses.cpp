@@ -1,4 +1,4 @@
-// contrax/losses.h in Python: clip_loss, nt_xent_loss, moco_v3_loss and
+// contrax/losses/losses.h in Python: clip_loss, nt_xent_loss, moco_v3_loss and
 // momentum_schedule. Tensors in, tensors out, through the library's own
 // autograd functions, without the GIL while they run; the Python layer
 // (python/contrax/__init__.py) resolves `group=` into `comm` and holds the
@@ -6,7 +6,7 @@
 #include <torch/extension.h>
 
 #include "bind.h"
-#include "contrax/losses.h"
+#include "contrax/losses/losses.h"
 
 namespace contrax::python {
 

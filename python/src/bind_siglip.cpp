@@ -1,9 +1,9 @@
-// contrax/siglip.h in Python: siglip_loss, the sigmoid pairwise loss (its
+// contrax/losses/siglip.h in Python: siglip_loss, the sigmoid pairwise loss (its
 // `chunk_size` is the library's tile_size).
 #include <torch/extension.h>
 
 #include "bind.h"
-#include "contrax/siglip.h"
+#include "contrax/losses/siglip.h"
 
 namespace contrax::python {
 

@@ -1,9 +1,9 @@
-// contrax/tiled.h in Python: the tiled entry points of the CLIP, NT-Xent and
+// contrax/losses/tiled.h in Python: the tiled entry points of the CLIP, NT-Xent and
 // MoCo v3 losses, which never hold a full logits matrix.
 #include <torch/extension.h>
 
 #include "bind.h"
-#include "contrax/tiled.h"
+#include "contrax/losses/tiled.h"
 
 namespace contrax::python {
 

@@ -1,4 +1,4 @@
-// The vocabulary's enums (contrax/vocabulary.h) as Python spells them:
+// The vocabulary's enums (contrax/util/vocabulary.h) as Python spells them:
 // strings, parsed here for every loss binding; a bad one is an argument error
 // (ValueError) naming the loss that was called.
 #include <c10/util/Exception.h>

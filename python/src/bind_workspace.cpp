@@ -1,9 +1,9 @@
-// contrax/workspace.h in Python: whether the losses keep their per-thread
+// contrax/engine/workspace.h in Python: whether the losses keep their per-thread
 // workspace between calls, its size, and releasing it.
 #include <torch/extension.h>
 
 #include "bind.h"
-#include "contrax/workspace.h"
+#include "contrax/engine/workspace.h"
 
 namespace contrax::python {
 

@@ -45,11 +45,11 @@
 #include <utility>
 #include <vector>
 
-#include "contrax/collectives.h"
-#include "contrax/communicator.h"
-#include "contrax/grouped.h"
-#include "contrax/losses.h"
-#include "contrax/siglip.h"
+#include "contrax/comm/collectives.h"
+#include "contrax/comm/communicator.h"
+#include "contrax/losses/grouped.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/siglip.h"
 
 namespace py = pybind11;
 

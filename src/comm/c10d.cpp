@@ -1,6 +1,6 @@
 // The c10d side of the communicator for code that holds a process group (see
-// contrax/detail/c10d.h): the Python binding's torch.distributed groups.
-#include "contrax/detail/c10d.h"
+// contrax/comm/detail/c10d.h): the Python binding's torch.distributed groups.
+#include "contrax/comm/detail/c10d.h"
 
 #include "comm/communicator_impl.h"
 #include "comm/process_group.h"

@@ -1,7 +1,7 @@
 // Differentiable and plain row gathers over a Communicator, with the
 // cross-rank agreement check that keeps a bad argument on one rank from
 // hanging the others.
-#include "contrax/collectives.h"
+#include "contrax/comm/collectives.h"
 
 #include <torch/csrc/autograd/custom_function.h>
 

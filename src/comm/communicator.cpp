@@ -1,11 +1,11 @@
-// The communicator (contrax/communicator.h): its creation from options or
+// The communicator (contrax/comm/communicator.h): its creation from options or
 // from the environment, its statistics, and its collectives on the c10d
 // process group. The rendezvous (comm/rendezvous.h), the backends
 // (comm/process_group.h) and the failure diagnosis (comm/failure.h) are
 // beside it in src/comm/, the only code that sees c10d; every difference
 // between the supported LibTorch releases (2.6 up to the newest) is there,
 // named by the release that brought it.
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 
 #include <torch/version.h>
 
@@ -19,7 +19,7 @@
 #include "comm/gloo_binding.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 
 namespace contrax {
 

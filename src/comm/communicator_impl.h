@@ -10,7 +10,7 @@
 #include <chrono>
 #include <string>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 
 namespace contrax::detail {
 

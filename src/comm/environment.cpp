@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "contrax/slurm.h"
+#include "contrax/comm/slurm.h"
 #include "util/env.h"
 
 namespace contrax::detail {

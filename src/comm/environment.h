@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 
 namespace contrax::detail {
 

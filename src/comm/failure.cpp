@@ -1,6 +1,6 @@
 // Failure diagnosis of the collectives (comm/failure.h) and its public side,
-// with_collective_context (contrax/failure.h).
-#include "contrax/failure.h"
+// with_collective_context (contrax/comm/failure.h).
+#include "contrax/comm/failure.h"
 
 #include <c10/util/StringUtil.h>
 
@@ -14,7 +14,7 @@
 
 #include "comm/c10d_log.h"
 #include "comm/failure.h"
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 
 namespace contrax {
 

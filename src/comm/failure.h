@@ -1,7 +1,7 @@
 // Failure diagnosis of the collectives: a failed c10d wait becomes an error
 // that names the collective, this rank, the peers that did not answer and the
-// cause, and is recorded for the launcher (contrax/launcher.h) as a
-// consequence of a peer's failure. The public side is contrax/failure.h.
+// cause, and is recorded for the launcher (contrax/launch/launcher.h) as a
+// consequence of a peer's failure. The public side is contrax/comm/failure.h.
 // Internal to src/comm/, not installed.
 #pragma once
 

@@ -26,7 +26,7 @@
 #include "comm/c10d_log.h"
 #include "comm/device_binding.h"
 #include "comm/gloo_binding.h"
-#include "contrax/tasks.h"
+#include "contrax/util/tasks.h"
 
 namespace contrax::detail {
 

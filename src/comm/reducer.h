@@ -1,4 +1,4 @@
-// The gradient reducer of DataParallel (contrax/data_parallel.h): c10d's own
+// The gradient reducer of DataParallel (contrax/parallel/data_parallel.h): c10d's own
 // Reducer over a communicator's process group, with PyTorch DDP's bucket
 // assignment and a communication hook that averages each bucket and counts
 // its bytes in the communicator's statistics ("reducer_all_reduce"). A narrow
@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 
 namespace contrax::detail {
 

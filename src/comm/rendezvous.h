@@ -7,7 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 
 namespace contrax::detail {
 

@@ -1,5 +1,5 @@
-// SLURM's host lists (see contrax/slurm.h).
-#include "contrax/slurm.h"
+// SLURM's host lists (see contrax/comm/slurm.h).
+#include "contrax/comm/slurm.h"
 
 #include <c10/util/Exception.h>
 

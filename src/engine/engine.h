@@ -5,7 +5,7 @@
 // gathered what it needs. They run the block on the path the prologue chose:
 // materialised (engine/materialised_blocks.h) or tiled
 // (engine/tiled_blocks.h). Internal (src/engine/, not installed): the public
-// API is contrax/losses.h, grouped.h and tiled.h.
+// API is contrax/losses/losses.h, grouped.h and tiled.h.
 //
 // Two ideas make it cheaper than the usual "two directions, both towers
 // gathered with gradient" formulation, and both are exact:
@@ -61,7 +61,7 @@
 
 #include <torch/torch.h>
 
-#include "contrax/vocabulary.h"
+#include "contrax/util/vocabulary.h"
 #include "engine/prologue.h"
 
 namespace contrax::detail {
@@ -77,7 +77,7 @@ namespace contrax::detail {
 ///     (1/n_i) sum_j P_ij S_ij, n_i = sum_j P_ij (of column j, when symmetric,
 ///     (1/m_j) sum_i P_ij S_ij over all ranks' rows, m_j = sum_i P_ij).
 /// Per-row loss l_i = l^row_i, or (l^row_i + l^col_{off+i}) / 2 when symmetric
-/// (group 1 only). Reduction as in contrax/vocabulary.h:
+/// (group 1 only). Reduction as in contrax/util/vocabulary.h:
 ///   kMean: L_r = (W/B) sum_{i in r} l_i; kSum: W sum_{i in r} l_i; kNone: [b] l_i.
 struct BlockSpec {
   bool symmetric = false;

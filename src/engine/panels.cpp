@@ -1,13 +1,13 @@
 // The walk of a logits block sized for its device (see engine/panels.h), and
-// the panel budget's setting (contrax/workspace.h).
+// the panel budget's setting (contrax/engine/workspace.h).
 #include "engine/panels.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 
-#include "contrax/memory.h"
-#include "contrax/workspace.h"
+#include "contrax/engine/workspace.h"
+#include "contrax/util/memory.h"
 #include "engine/lse_kernels.h"
 #include "engine/precision.h"
 #include "util/env.h"

@@ -5,7 +5,7 @@
 // slower than the GPU ran them (issue 39). On CUDA every memory path (tiled,
 // ring, the materialised path's panels, SigLIP) therefore walks row panels of
 // all the columns of a block, as many rows as a workspace budget allows
-// (contrax/workspace.h: 1 GiB, 1.5 GiB on a GPU of 40 GB or more). The sizing
+// (contrax/engine/workspace.h: 1 GiB, 1.5 GiB on a GPU of 40 GB or more). The sizing
 // is a pure function of the device type, the dtype and the shapes, so the CPU
 // tests check what a GPU would do, and `plan_loss` reports the same panels.
 // Internal to the engine (src/engine/), not installed.

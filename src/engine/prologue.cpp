@@ -8,7 +8,7 @@
 #include <mutex>
 #include <set>
 
-#include "contrax/collectives.h"
+#include "contrax/comm/collectives.h"
 
 namespace contrax::detail {
 

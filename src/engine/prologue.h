@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "contrax/communicator.h"
-#include "contrax/vocabulary.h"
+#include "contrax/comm/communicator.h"
+#include "contrax/util/vocabulary.h"
 #include "engine/panels.h"
 #include "engine/precision.h"
 #include "util/check.h"
@@ -46,7 +46,7 @@ struct EngineLayout {
 /// Builds the layout from exchanged counts.
 EngineLayout make_layout(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts);
 
-/// exchange_row_counts (contrax/collectives.h) of `counted` (the argument
+/// exchange_row_counts (contrax/comm/collectives.h) of `counted` (the argument
 /// named `arg`), sharing this rank's `local_error` first, and an error on every
 /// rank when the global batch is empty ("every rank passed 0 <rows>").
 /// `extra`/`extras` ride along as there.
@@ -58,7 +58,7 @@ std::vector<int64_t> agree_on_rows(const char* caller, const torch::Tensor& coun
 // ---- the memory path
 
 /// The routing every loss and `plan_loss` share (MemoryPath in
-/// contrax/vocabulary.h): tiled for path kTiled or `ring`; materialised for
+/// contrax/util/vocabulary.h): tiled for path kTiled or `ring`; materialised for
 /// kMaterialised or the deprecated tile_size -1; tiled for a positive
 /// tile_size; otherwise tiled when the largest rank's materialised logits
 /// (`logits_bytes`) would exceed `max_logits_bytes`.

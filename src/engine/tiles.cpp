@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "contrax/collectives.h"
+#include "contrax/comm/collectives.h"
 
 namespace contrax::detail {
 

@@ -1,5 +1,5 @@
 // The tiled path's walks, shared by the engine's tiled blocks
-// (engine/tiled_blocks.h) and SigLIP (src/siglip.cpp): the one loop over the
+// (engine/tiled_blocks.h) and SigLIP (src/losses/siglip.cpp): the one loop over the
 // steps of a logits block (the CPU's square tiles or a GPU's row panels,
 // engine/panels.h), the diagonal of global entries inside
 // a tile, and the key blocks a rank visits (every key at once, or every rank's
@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 #include "engine/panels.h"
 
 namespace contrax::detail {
@@ -42,7 +42,7 @@ torch::Tensor tile_diagonal(const torch::Tensor& tile, int64_t row0, int64_t col
 /// The key blocks a tiled loss visits.
 ///
 /// With a communicator of W > 1, every rank's block in turn, starting with this
-/// rank's own while the others travel around the ring (contrax/collectives.h:
+/// rank's own while the others travel around the ring (contrax/comm/collectives.h:
 /// at most two remote blocks held); otherwise one block holding every key,
 /// owned by this rank. `counts[s]`: rows of rank s's block (ring).
 class KeyBlocks {

@@ -1,4 +1,4 @@
-// The logits workspace (contrax/workspace.h, engine/workspace.h). glibc serves
+// The logits workspace (contrax/engine/workspace.h, engine/workspace.h). glibc serves
 // a CPU buffer this large with a fresh mmap and unmaps it when it is freed, so
 // each call paid the page faults of its whole buffer again: ~180 ms for
 // NT-Xent's 512 MiB at 4096 rows per rank (W = 2), a sixth of the call. Training
@@ -10,7 +10,7 @@
 
 #include <atomic>
 
-#include "contrax/workspace.h"
+#include "contrax/engine/workspace.h"
 #include "util/env.h"
 
 namespace contrax {

@@ -1,5 +1,5 @@
 // The materialised path's logits buffer, kept per thread between calls (the
-// public switches are in contrax/workspace.h). Internal to the engine
+// public switches are in contrax/engine/workspace.h). Internal to the engine
 // (src/engine/), not installed.
 #pragma once
 

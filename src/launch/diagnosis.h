@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 #include "launch/worker.h"
 
 namespace contrax::detail {

@@ -1,8 +1,8 @@
-// The local process launcher behind `contrax launch` (see contrax/launcher.h):
+// The local process launcher behind `contrax launch` (see contrax/launch/launcher.h):
 // the options, the log files, and the attempts (restarting all workers after
 // a failure, up to max_restarts); one attempt is a Supervisor
 // (launch/supervisor.h). Also the worker's side: record_worker_failure.
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

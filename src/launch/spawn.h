@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 #include "launch/signals.h"
 #include "launch/worker.h"
 

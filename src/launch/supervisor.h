@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "contrax/launcher.h"
+#include "contrax/launch/launcher.h"
 #include "launch/output.h"
 #include "launch/signals.h"
 #include "launch/worker.h"

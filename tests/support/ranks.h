@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 
 namespace contrax::testing {
 

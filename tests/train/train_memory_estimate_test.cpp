@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "contrax/memory.h"
 #include "contrax/train/common/loop.h"
 #include "contrax/train/common/step_memory.h"
 #include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
+#include "contrax/util/memory.h"
 #include "support/cli.h"
 #include "support/processes.h"
 

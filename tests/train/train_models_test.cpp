@@ -7,9 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 
-#include "contrax/losses.h"
-#include "contrax/train/image/models.h"
+#include "contrax/losses/losses.h"
 #include "contrax/train/common/schedule.h"
+#include "contrax/train/image/models.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 

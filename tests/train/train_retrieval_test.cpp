@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "contrax/train/image/trainer.h"
 #include "contrax/train/retrieval/bm25.h"
 #include "contrax/train/retrieval/eval.h"
 #include "contrax/train/retrieval/trainer.h"
-#include "contrax/train/image/trainer.h"
 #include "contrax/train/retrieval/wordnet.h"
 #include "support/cli.h"
 #include "support/errors.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "c10/util/StringUtil.h"
-#include "contrax/memory.h"
+#include "contrax/util/memory.h"
 
 namespace contrax {
 namespace train {

@@ -25,7 +25,7 @@
 #include <cmath>
 #include <limits>
 
-#include "contrax/plan.h"
+#include "contrax/check/plan.h"
 
 namespace contrax {
 namespace train {

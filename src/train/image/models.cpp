@@ -2,8 +2,8 @@
 // normalisation is per example).
 #include "contrax/train/image/models.h"
 
+#include "contrax/losses/losses.h"
 #include "util/env.h"
-#include "contrax/losses.h"
 
 namespace contrax {
 namespace train {

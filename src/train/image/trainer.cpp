@@ -5,10 +5,10 @@
 #include <memory>
 #include <mutex>
 
-#include "contrax/data_parallel.h"
-#include "contrax/failure.h"
-#include "contrax/grad_cache.h"
-#include "contrax/losses.h"
+#include "contrax/comm/failure.h"
+#include "contrax/losses/losses.h"
+#include "contrax/parallel/data_parallel.h"
+#include "contrax/parallel/grad_cache.h"
 #include "contrax/train/image/augment.h"
 
 namespace contrax {

@@ -9,10 +9,10 @@
 #include <mutex>
 #include <sstream>
 
-#include "contrax/data_parallel.h"
-#include "contrax/failure.h"
-#include "contrax/grad_cache.h"
-#include "contrax/grouped.h"
+#include "contrax/comm/failure.h"
+#include "contrax/losses/grouped.h"
+#include "contrax/parallel/data_parallel.h"
+#include "contrax/parallel/grad_cache.h"
 
 namespace contrax {
 namespace train {

@@ -44,7 +44,7 @@
 #include <utility>
 #include <vector>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 #include "contrax/train/common/checkpoint.h"
 #include "contrax/train/common/metrics.h"
 #include "contrax/train/common/run_dir.h"

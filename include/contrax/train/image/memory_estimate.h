@@ -1,7 +1,7 @@
 // What one training step of the image recipes (SimCLR, MoCo v3) holds in
 // host memory per rank, estimated from the options and the image size before
 // anything is allocated (common/step_memory.h). The estimate is checked
-// against the allocator's own count (MemoryTracker, contrax/memory.h) in
+// against the allocator's own count (MemoryTracker, contrax/util/memory.h) in
 // tests/train/train_memory_estimate_test.cpp.
 #pragma once
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 #include "contrax/train/common/loop.h"
 #include "contrax/train/image/augment.h"
 #include "contrax/train/image/idx.h"

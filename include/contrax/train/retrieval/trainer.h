@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "contrax/communicator.h"
+#include "contrax/comm/communicator.h"
 #include "contrax/train/common/loop.h"
 #include "contrax/train/retrieval/towers.h"
 #include "contrax/train/retrieval/wordnet.h"

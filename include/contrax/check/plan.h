@@ -1,0 +1,111 @@
+// What a contrastive loss will cost before it runs: for a global batch B of
+// width d over W ranks, the bytes each memory path holds per rank, the GEMM
+// work, the bytes each rank sends forward and backward, and which path the
+// automatic routing of clip_loss / nt_xent_loss / moco_v3_loss picks (the same
+// rule the losses apply, from the largest rank's row count).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "contrax/util/vocabulary.h"
+
+namespace contrax {
+
+/// Options for `plan_loss`. Defaults: symmetric CLIP, B = 8192, d = 256,
+/// W = 1, fp32, the losses' default memory path (`memory()` and its
+/// shorthands, as in the losses' options: MemoryPathOptions).
+///
+///   auto p = contrax::plan_loss(contrax::PlanOptions().batch(32768).world(4));
+///   std::cout << contrax::to_string(p);
+struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
+  /// "clip" (symmetric), "infonce" (one direction), "grouped" (one direction,
+  /// `group` candidates per query: grouped_loss), "nt_xent" or "moco_v3".
+  TORCH_ARG(std::string, loss) = "clip";
+  /// grouped only: candidates per query (its positive and group - 1 hard negatives).
+  TORCH_ARG(int64_t, group) = 1;
+  /// Global batch B (rows per view); ranks hold ceil(B/W) or floor(B/W) rows.
+  TORCH_ARG(int64_t, batch) = 8192;
+  /// Feature width d (columns of each feature row).
+  TORCH_ARG(int64_t, width) = 256;
+  /// World size W (ranks).
+  TORCH_ARG(int64_t, world) = 1;
+  /// Feature dtype; fp16/bf16 are computed in fp32 (the engine's rule).
+  TORCH_ARG(c10::ScalarType, dtype) = c10::kFloat;
+  /// Where the features live: on CUDA, fp16/bf16 features are gathered and
+  /// multiplied in their own dtype (half the bytes of fp32), and the logits
+  /// are walked in row panels sized from the panel budget; on the CPU in fp32,
+  /// in cache-sized tiles.
+  TORCH_ARG(torch::Device, device) = torch::kCPU;
+  /// The panel budget to plan with on CUDA; 0: what a loss would take here
+  /// (loss_panel_bytes() when set, otherwise the automatic budget of this
+  /// machine's GPU: 1 GiB, 1.5 GiB from 40 GB, 1 GiB without a GPU).
+  TORCH_ARG(int64_t, panel_bytes) = 0;
+};
+
+/// One path's cost for the rank with the most rows.
+struct PathCost {
+  /// Name of the path: "materialised", "tiled" or "ring".
+  std::string path;                // "materialised", "tiled", "ring"
+  /// Bytes of logits-sized buffers held at once.
+  int64_t logits_bytes = 0;        // logits-sized buffers held at once
+  /// Bytes of gathered features and their gradient.
+  int64_t feature_bytes = 0;       // gathered features (and their gradient)
+  /// Floating-point operations (2 per multiply-add) of every GEMM, forward and backward.
+  double gemm_flops = 0;           // multiply-adds x 2 of every GEMM, forward + backward
+  /// GEMMs in units of one [b x B x d] product.
+  int64_t gemms = 0;               // in units of one [b x B x d] product (grouped: g per [b x B g x d])
+  /// Bytes this rank sends in the forward, counted as CommStats counts them.
+  int64_t bytes_sent_forward = 0;  // per rank, bandwidth-optimal schedule (CommStats' rule)
+  /// Bytes this rank sends in the backward, counted the same way.
+  int64_t bytes_sent_backward = 0;
+  /// False where the path cannot run (the ring needs W > 1).
+  bool available = true;  // ring needs W > 1
+  /// Steps of one walk over the logits (the forward's; the backward walks
+  /// as many): CPU tiles, or on CUDA row panels of every column of a block.
+  int64_t panels = 0;
+  /// Rows of each step (the last may be shorter).
+  int64_t panel_rows = 0;
+  /// Columns of each step: every column of a block on CUDA, a tile's on the CPU.
+  int64_t panel_cols = 0;
+  /// Bytes the walk holds at once beside the features: a step's logits and
+  /// their temporaries (tiled, ring), or the logits buffer plus a panel's
+  /// temporaries (materialised).
+  int64_t workspace_bytes = 0;
+  /// Kernel launches of a forward + backward on a GPU (the ATen operators
+  /// that launch work), estimated from the same walk: the prologue's fixed
+  /// count plus, per step, its GEMMs and element-wise passes (the ATen forms;
+  /// src/check/plan.cpp derives the counts). -1 where not modelled: the CPU's
+  /// walk (no launches; its tiles run fused kernels), and the ring (its
+  /// per-block communication copies are not counted).
+  int64_t launches = 0;
+};
+
+/// The cost of a loss call on each memory path, for the rank with the most
+/// rows, and the path the loss would take (plan_loss()).
+struct LossPlan {
+  /// The options planned for.
+  PlanOptions options;
+  /// Rows of the largest rank: ceil(B / W).
+  int64_t rows_per_rank = 0;  // the largest rank's
+  /// The cost of each path.
+  std::vector<PathCost> paths;
+  /// The path the loss would run with these options.
+  std::string chosen;  // what the loss would run
+  /// The old algorithm's GEMMs for the same loss (both directions with their
+  /// own products; NT-Xent's four [b x B] products), for comparison.
+  int64_t old_gemms = 0;
+};
+
+/// Plans a loss call. Throws on an unknown loss or a non-positive size.
+LossPlan plan_loss(const PlanOptions& options);
+
+/// Human-readable table.
+std::string to_string(const LossPlan& plan);
+/// One JSON object.
+std::string to_json(const LossPlan& plan);
+
+}  // namespace contrax

@@ -1,0 +1,135 @@
+// The words every contrastive loss of Contrax shares: how per-row losses are
+// reduced, what a shared label means, and which memory path a loss takes with
+// the one option set that chooses it. The bottom layer: the losses
+// (contrax/losses/losses.h, grouped.h, tiled.h), the cost model (plan.h) and the
+// engine include it; it includes nothing of Contrax.
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cstdint>
+
+namespace contrax {
+
+/// How a loss reduces its per-row losses l_i (the global batch has N rows).
+/// Under the gradient convention (rank r returns L_r, the mean over ranks is
+/// the loss, every rank backpropagates):
+///   kMean: L_r = (W/N) sum_{i in r} l_i   (mean over ranks = the global mean)
+///   kSum:  L_r = W sum_{i in r} l_i       (mean over ranks = the global sum)
+///   kNone: the [b_r] per-row losses l_i of this rank's rows, each the exact
+///          global-batch loss of that row; backward with upstream g_i gives
+///          this rank's rows W times the gradient of (1/W) sum_r <g_r, l_r>,
+///          i.e. what each rank backpropagating its own weighted sum and
+///          data-parallel averaging gives. Every rank must run backward (the
+///          symmetric losses all-gather the upstream gradients, O(N)).
+enum class Reduction { kMean, kSum, kNone };
+
+/// Which memory path a loss takes (`path` of MemoryPathOptions; the same
+/// words in every loss, SigLIP and the tiled functions included):
+///   kAuto: materialise the logits while the largest rank's take at most
+///     `max_logits_bytes`, otherwise tiled (the choice is made from the
+///     exchanged row counts, identically on every rank);
+///   kMaterialised: one logits buffer per rank (fastest while it fits);
+///   kTiled: tile by tile (memory O(b x tile), same value and gradients;
+///     `ring` passes the key blocks around the ring instead of gathering them).
+/// `tile_size` is the side of a tile on the tiled path (0: chosen so one tile
+/// takes about `tile_bytes`); a positive `tile_size` with kAuto asks for tiles.
+enum class MemoryPath { kAuto, kMaterialised, kTiled };
+
+/// What a shared label means (`labels` options).
+/// kMultiPositive: every column whose label equals the row's label is a
+///   positive (supervised-contrastive form: l_i = lse_i - mean_{p in P(i)} S_ip,
+///   the designated positive always in P(i)).
+/// kMaskDuplicates: such columns, other than the designated positive, are
+///   removed from the softmax (-inf): duplicate / false-negative masking.
+enum class LabelMode { kMultiPositive, kMaskDuplicates };
+
+/// How an InfoNCE-family loss holds its logits: the option set nested in
+/// ClipLossOptions, GroupedLossOptions, NTXentLossOptions, MocoV3LossOptions
+/// and PlanOptions (`memory()`), as LibTorch nests option sets.
+///
+/// Defaults: automatic path, materialised up to 256 MiB of logits per rank,
+/// otherwise tiles of about 16 MiB, keys gathered.
+///
+///   auto o = contrax::ClipLossOptions().memory(
+///       contrax::MemoryPathOptions().path(contrax::MemoryPath::kTiled).ring(true));
+struct MemoryPathOptions {
+  /// Memory path (see MemoryPath); default automatic.
+  TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
+  /// Tiled path: side of a logits tile; 0 (default) chooses it from
+  /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
+  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
+  /// (still accepted for one release, with a warning).
+  TORCH_ARG(int64_t, tile_size) = 0;
+  /// Tiled path: budget of one logits tile when `tile_size` is 0.
+  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
+  /// Threshold of kAuto (default 256 MiB of logits per rank).
+  TORCH_ARG(int64_t, max_logits_bytes) = int64_t{256} << 20;
+  /// Tiled path only (implies it): key blocks travel around the ring instead
+  /// of being gathered.
+  TORCH_ARG(bool, ring) = false;
+};
+
+namespace detail {
+
+/// The nested `memory()` option set of a loss's options, with the shorthands
+/// `path()`, `tile_size()`, `tile_bytes()`, `max_logits_bytes()` and `ring()`
+/// that read and set its fields (`ClipLossOptions().ring(true)` is
+/// `ClipLossOptions().memory(MemoryPathOptions().ring(true))`).
+template <typename Options>
+class WithMemoryPath {
+ public:
+  /// Replaces the nested memory option set.
+  Options& memory(const MemoryPathOptions& m) {
+    memory_ = m;
+    return self();
+  }
+  /// The nested memory option set.
+  const MemoryPathOptions& memory() const noexcept { return memory_; }
+  /// The nested memory option set, to change in place.
+  MemoryPathOptions& memory() noexcept { return memory_; }
+
+  /// Sets `memory().path()`.
+  Options& path(MemoryPath v) {
+    memory_.path(v);
+    return self();
+  }
+  /// `memory().path()`.
+  MemoryPath path() const noexcept { return memory_.path(); }
+  /// Sets `memory().tile_size()`.
+  Options& tile_size(int64_t v) {
+    memory_.tile_size(v);
+    return self();
+  }
+  /// `memory().tile_size()`.
+  int64_t tile_size() const noexcept { return memory_.tile_size(); }
+  /// Sets `memory().tile_bytes()`.
+  Options& tile_bytes(int64_t v) {
+    memory_.tile_bytes(v);
+    return self();
+  }
+  /// `memory().tile_bytes()`.
+  int64_t tile_bytes() const noexcept { return memory_.tile_bytes(); }
+  /// Sets `memory().max_logits_bytes()`.
+  Options& max_logits_bytes(int64_t v) {
+    memory_.max_logits_bytes(v);
+    return self();
+  }
+  /// `memory().max_logits_bytes()`.
+  int64_t max_logits_bytes() const noexcept { return memory_.max_logits_bytes(); }
+  /// Sets `memory().ring()`.
+  Options& ring(bool v) {
+    memory_.ring(v);
+    return self();
+  }
+  /// `memory().ring()`.
+  bool ring() const noexcept { return memory_.ring(); }
+
+ private:
+  Options& self() { return static_cast<Options&>(*this); }
+  MemoryPathOptions memory_;
+};
+
+}  // namespace detail
+
+}  // namespace contrax

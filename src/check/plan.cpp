@@ -1,0 +1,293 @@
+// Cost model of the loss engine's paths (see contrax/check/plan.h). The counts follow
+// the code in src/engine/ and the front ends (src/losses/infonce.cpp,
+// src/losses/grouped.cpp); tests/losses_test.cpp checks the byte counts against the
+// communicator's counters of a real call and the routing against the losses'
+// own choice.
+#include "contrax/check/plan.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "engine/prologue.h"
+
+namespace contrax {
+
+namespace {
+
+void check_plan_options(const PlanOptions& o) {
+  const std::string& loss = o.loss();
+  TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "grouped" || loss == "nt_xent" || loss == "moco_v3",
+              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent or moco_v3, but got '", loss, "'");
+  TORCH_CHECK(o.group() >= 1, "plan_loss(): argument 'group' must be >= 1, but got ", o.group());
+  TORCH_CHECK(o.group() == 1 || loss == "grouped",
+              "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is '", loss, "'");
+  TORCH_CHECK(o.batch() > 0, "plan_loss(): argument 'batch' must be positive, but got ", o.batch());
+  TORCH_CHECK(o.width() > 0, "plan_loss(): argument 'width' must be positive, but got ", o.width());
+  TORCH_CHECK(o.world() > 0, "plan_loss(): argument 'world' must be positive, but got ", o.world());
+  TORCH_CHECK(o.tile_size() >= -1,
+              "plan_loss(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), but got ",
+              o.tile_size());
+  TORCH_CHECK(c10::isFloatingType(o.dtype()), "plan_loss(): argument 'dtype' must be a floating type, but got ",
+              o.dtype());
+  TORCH_CHECK(o.panel_bytes() >= 0, "plan_loss(): argument 'panel_bytes' must be >= 0 (0: automatic), but got ",
+              o.panel_bytes());
+}
+
+// Per loss: the GEMM units, bytes sent and feature bytes of each path, and
+// the old algorithm's GEMM units. `b`: the largest rank's rows; `e`: bytes per
+// element of the compute dtype (logits, log-sum-exps, gradient sums); `f`: of
+// the operand dtype (features gathered or sent around the ring, and the
+// gradients returned to them: engine/precision.h).
+int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
+                    PathCost& ring) {
+  const std::string& loss = o.loss();
+  const int64_t W = o.world(), B = o.batch(), d = o.width();
+  const int64_t gather = (W - 1) * b * d * f;    // one [b, d] tower all-gathered
+  const int64_t partials = (W - 1) * b * d * e;  // the ring's gradient partials, as many rows
+  int64_t old_gemms = 0;
+  if (loss == "clip" || loss == "infonce") {
+    const bool sym = loss == "clip";
+    // Materialised: S = A B^T, dA = G B, dB = G^T A. Tiled: + one recomputation of S.
+    mat.gemms = 3;
+    tiled.gemms = ring.gemms = 4;
+    const int64_t lse = sym ? (W - 1) * B * e : 0;  // the column log-sum-exps
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = gather + lse;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * f;  // reduce-scatter of dB_all
+    ring.bytes_sent_forward = gather + lse;                                 // W-1 hops of a block
+    ring.bytes_sent_backward = gather + partials;                           // blocks again, with partials
+    // B_all in the operand dtype; dB_all is its fp32 product, then cast (both
+    // held for a moment). The ring: two blocks (operands), two partials (fp32).
+    mat.feature_bytes = tiled.feature_bytes = B * d * (f + e);
+    ring.feature_bytes = 2 * b * d * (f + e);
+    old_gemms = sym ? 6 : 3;
+  } else if (loss == "grouped") {
+    // One direction over [B g] candidates: S = Q C_all^T, dQ = G C_all, dC_all =
+    // G^T Q, each g units; tiled recomputes S. The candidate tower is gathered
+    // and its gradient reduce-scattered; no column statistics.
+    const int64_t g = o.group(), cgather = g * gather;
+    mat.gemms = 3 * g;
+    tiled.gemms = ring.gemms = 4 * g;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = cgather;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * g * d * f;
+    ring.bytes_sent_forward = cgather;
+    ring.bytes_sent_backward = cgather + g * partials;
+    mat.feature_bytes = tiled.feature_bytes = B * g * d * (f + e);
+    ring.feature_bytes = 2 * b * g * d * (f + e);
+    old_gemms = 3 * g;
+  } else if (loss == "nt_xent") {
+    // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4
+    // units). Tiled and ring recompute S in the backward (4 more). Z travels
+    // without gradient: gathered once, or around the ring in the forward and
+    // again in the backward (no gradient blocks); then every row's lse.
+    mat.gemms = 8;
+    tiled.gemms = ring.gemms = 12;
+    const int64_t z = 2 * gather, lse = (W - 1) * 2 * b * e;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = ring.bytes_sent_forward = z + lse;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = 0;  // no backward collective
+    ring.bytes_sent_backward = z;                             // the blocks once more
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * f;
+    ring.feature_bytes = 4 * b * d * f;  // the block in hand and the arriving one
+    old_gemms = 12;
+  } else {  // moco_v3: two directions, keys without gradient
+    mat.gemms = 4;
+    tiled.gemms = ring.gemms = 6;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = 2 * gather;
+    ring.bytes_sent_forward = 2 * gather;
+    ring.bytes_sent_backward = 2 * gather;  // the key blocks again, for the recomputation
+    mat.feature_bytes = tiled.feature_bytes = 2 * B * d * f;
+    ring.feature_bytes = 4 * b * d * f;
+    old_gemms = 4;
+  }
+  return old_gemms;
+}
+
+// The logits blocks one rank walks: `count` blocks of `rows` x `cols`.
+// Gathered keys: one block of every key per direction (NT-Xent: per view of
+// the rows, engine/tiled_blocks.cpp; MoCo v3: per direction). The ring visits
+// every rank's block instead, W of them with b columns each (b g grouped, 2b
+// NT-Xent).
+struct Blocks {
+  int64_t count = 1, rows = 0, cols = 0;
+};
+Blocks walked_blocks(const PlanOptions& o, int64_t b, bool ring) {
+  const std::string& loss = o.loss();
+  const int64_t W = ring ? o.world() : 1, B = o.batch();
+  const int64_t keys = ring ? b : B;  // one block's key rows
+  if (loss == "grouped") return {W, b, keys * o.group()};
+  if (loss == "nt_xent") return {2 * W, b, 2 * keys};
+  if (loss == "moco_v3") return {2 * W, b, keys};
+  return {W, b, keys};
+}
+
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / std::max<int64_t>(y, 1); }
+
+// Launches of a forward + backward (see PathCost::launches): a fixed count
+// and one per panel of the forward's walk (the backward walks as many), the
+// ATen operators that launch work as support/op_counter.h counts them on the
+// CPU walking as CUDA does (panels, the ATen forms of the element-wise passes,
+// no host-read bound); panels_test checks every entry against a call. fp32
+// features, W = 1, no labels, no bias, the losses' default normalisation
+// (CLIP none; NT-Xent and MoCo v3 L2). Per CLIP panel on the tiled path, 27:
+//   forward 17: the GEMM; the column log-sum-exps (max, its -inf fixed in one
+//     pass, subtract, exp, sum, log, add: 7) merged in place into the running
+//     ones (1); the row log-sum-exps (7) copied out (1);
+//   backward 10: the GEMM again; the softmax gradient (row and column terms:
+//     5), the positives (1), c folded into the one cast (1), dq's and dk's
+//     accumulating GEMMs (2).
+// A materialised panel, 25: forward 18 (the same, plus the copy of its
+// positives), backward 7 (the gradient 5, the positives 1, the panel's rows of
+// G k 1; dk is one GEMM after the walk, a fixed launch). One direction
+// (infonce, grouped: no column statistics): 16 tiled, 14 materialised. The fixed counts hold the prologue
+// (the clamped scale: 5 with its backward), the loss's reduction and the
+// gradients' scaling, and for NT-Xent and MoCo v3 the overflow-safe L2
+// normalisation of each tower with its backward (about 15 a tower). Reduced
+// operands (fp16/bf16 features; derived from the code, not counted: the CPU
+// has no mixed-dtype GEMM and widens instead) add about 2 fixed launches (the
+// gradients cast back to the features' dtype) and, on a materialised CLIP
+// panel, 2 (the cast of G with c folded in, and dk's accumulating GEMM).
+int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panels) {
+  struct Model {
+    int64_t fixed, per_panel;
+  };
+  const std::string& loss = o.loss();
+  Model m{0, 0};
+  if (loss == "clip") {
+    m = materialised ? Model{27, 25} : Model{27, 27};
+  } else if (loss == "infonce" || loss == "grouped") {
+    m = materialised ? Model{22, 14} : Model{22, 16};
+  } else if (loss == "nt_xent") {
+    m = materialised ? Model{78, 16} : Model{63, 21};  // materialised: + the mask value's fill (a device scalar)
+  } else {  // moco_v3
+    m = materialised ? Model{87, 14} : Model{93, 15};
+  }
+  const bool reduced = detail::operand_dtype(o.dtype(), o.device()) != detail::compute_dtype(o.dtype());
+  if (reduced) {
+    m.fixed += 2;
+    if (materialised && loss != "nt_xent") m.per_panel += 2;
+  }
+  return m.fixed + m.per_panel * panels;
+}
+
+// The walk of each path: steps, their shape, the workspace held at once and
+// the launches.
+void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled, PathCost& ring) {
+  const auto dev = o.device().type();
+  const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
+  const int64_t budget = o.panel_bytes() > 0 ? o.panel_bytes() : detail::panel_budget(o.device());
+  const auto walk =
+      detail::make_walk(dev, o.dtype(), o.width(), std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), budget);
+  for (auto* c : {&tiled, &ring}) {
+    const auto blocks = walked_blocks(o, b, c == &ring);
+    const auto step = walk.step(blocks.rows, blocks.cols);
+    c->panel_rows = std::min(step.rows, blocks.rows);
+    c->panel_cols = std::min(step.cols, blocks.cols);
+    c->panels = blocks.count * ceil_div(blocks.rows, step.rows) * ceil_div(blocks.cols, step.cols);
+    c->workspace_bytes = walk.panels ? detail::panel_workspace_bytes(dev, o.dtype(), {c->panel_rows, c->panel_cols},
+                                                                     o.width())
+                                     : c->logits_bytes;
+    c->launches = !walk.panels || (c == &ring && o.world() > 1) ? -1 : estimate_launches(o, false, c->panels);
+    if (walk.panels) c->logits_bytes = c->panel_rows * c->panel_cols * e;  // one panel
+  }
+  // The materialised buffer, walked in panels of every column: NT-Xent's one
+  // [2b x 2B] buffer, MoCo v3's two [b x B] ones.
+  auto blocks = walked_blocks(o, b, false);
+  if (o.loss() == "nt_xent") blocks = {1, 2 * b, blocks.cols};
+  const int64_t R = detail::buffer_panel_rows(dev, o.dtype(), blocks.rows, blocks.cols, o.width(), budget);
+  mat.panel_rows = R;
+  mat.panel_cols = blocks.cols;
+  mat.panels = blocks.count * ceil_div(blocks.rows, R);
+  // Beside the buffer, a panel's temporaries: what a panel holds beyond its
+  // own logits (none with the CPU's fused passes).
+  const int64_t panel = detail::panel_workspace_bytes(dev, o.dtype(), {R, blocks.cols}, o.width());
+  mat.workspace_bytes = mat.logits_bytes + panel - R * blocks.cols * e;
+  mat.launches = detail::panels_on(dev) ? estimate_launches(o, true, mat.panels) : -1;
+}
+
+}  // namespace
+
+LossPlan plan_loss(const PlanOptions& o) {
+  check_plan_options(o);
+  const std::string& loss = o.loss();
+  LossPlan p;
+  p.options = o;
+  const int64_t W = o.world(), B = o.batch(), d = o.width();
+  const int64_t b = (B + W - 1) / W;  // the largest rank
+  p.rows_per_rank = b;
+  const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
+  const int64_t f = c10::elementSize(detail::operand_dtype(o.dtype(), o.device()));
+  const double unit = 2.0 * static_cast<double>(b) * static_cast<double>(B) * static_cast<double>(d);
+  // grouped_loss's buffer is [b x B g]: g blocks (its routing counts them so).
+  const int64_t blocks = loss == "grouped" ? o.group() : detail::logits_blocks(loss);
+  const int64_t tile = detail::tile_side(std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), e);
+  const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
+  PathCost mat{"materialised"}, tiled{"tiled"}, ring{"ring"};
+  ring.available = W > 1;
+  p.old_gemms = count_costs(o, b, e, f, mat, tiled, ring);
+  mat.logits_bytes = blocks * b * B * e;
+  tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
+  for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
+  walk_costs(o, b, mat, tiled, ring);
+  p.paths = {mat, tiled, ring};
+
+  // The losses' own routing, on the largest rank.
+  const bool tiled_route =
+      detail::route_tiled(o.path(), o.tile_size(), o.ring(), b * B * e * blocks, o.max_logits_bytes());
+  p.chosen = !tiled_route ? "materialised" : o.ring() && W > 1 ? "ring" : "tiled";
+  return p;
+}
+
+namespace {
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1048576.0 << " MiB";
+  return os.str();
+}
+}  // namespace
+
+std::string to_string(const LossPlan& p) {
+  std::ostringstream os;
+  const auto& o = p.options;
+  os << "plan: " << o.loss() << (o.loss() == "grouped" ? " (g = " + std::to_string(o.group()) + ")" : std::string())
+     << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = " << o.width()
+     << ", W = " << o.world() << ", " << o.dtype() << (o.device().is_cuda() ? " on CUDA" : "") << "\n";
+  os << "steps: " << (o.device().is_cuda() ? "row panels of every column of a block" : "square tiles")
+     << " (each walked once forward, once backward); launches: GPU kernel launches of a forward + backward "
+        "(estimate, ATen forms)\n";
+  os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd | steps "
+        "(rows x cols) | workspace | launches |\n";
+  os << "|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& c : p.paths) {
+    if (!c.available) {
+      os << "| " << c.path << " | needs W > 1 | | | | | | | | |\n";
+      continue;
+    }
+    os << "| " << c.path << (c.path == p.chosen ? " (chosen)" : "") << " | " << mib(c.logits_bytes) << " | "
+       << mib(c.feature_bytes) << " | " << c.gemms << " | " << std::fixed << std::setprecision(1) << c.gemm_flops / 1e9
+       << " | " << mib(c.bytes_sent_forward) << " | " << mib(c.bytes_sent_backward) << " | " << c.panels << " ("
+       << c.panel_rows << " x " << c.panel_cols << ") | " << mib(c.workspace_bytes) << " | "
+       << (c.launches < 0 ? std::string("-") : std::to_string(c.launches)) << " |\n";
+  }
+  os << "old algorithm: " << p.old_gemms << " GEMM units\n";
+  return os.str();
+}
+
+std::string to_json(const LossPlan& p) {
+  std::ostringstream os;
+  const auto& o = p.options;
+  os << "{\"loss\": \"" << o.loss() << "\", \"group\": " << o.group() << ", \"batch\": " << o.batch()
+     << ", \"width\": " << o.width() << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank
+     << ", \"chosen\": \"" << p.chosen << "\", \"old_gemms\": " << p.old_gemms << ", \"paths\": [";
+  for (size_t i = 0; i < p.paths.size(); ++i) {
+    const auto& c = p.paths[i];
+    os << (i ? ", " : "") << "{\"path\": \"" << c.path << "\", \"available\": " << (c.available ? "true" : "false")
+       << ", \"logits_bytes\": " << c.logits_bytes << ", \"feature_bytes\": " << c.feature_bytes
+       << ", \"gemms\": " << c.gemms << ", \"gemm_flops\": " << std::setprecision(17) << c.gemm_flops
+       << ", \"bytes_sent_forward\": " << c.bytes_sent_forward << ", \"bytes_sent_backward\": " << c.bytes_sent_backward
+       << ", \"panels\": " << c.panels << ", \"panel_rows\": " << c.panel_rows << ", \"panel_cols\": " << c.panel_cols
+       << ", \"workspace_bytes\": " << c.workspace_bytes << ", \"launches\": " << c.launches << "}";
+  }
+  os << "]}";
+  return os.str();
+}
+
+}  // namespace contrax

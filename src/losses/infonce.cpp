@@ -1,0 +1,144 @@
+// The InfoNCE-family front ends (see infonce.h).
+#include "losses/infonce.h"
+
+#include <algorithm>
+
+#include "engine/engine.h"
+
+namespace contrax::detail {
+
+namespace {
+
+// The memory path of a front end: the options' own, or the tiled entry
+// point's TiledOptions; either checked into `check`.
+MemoryPathOptions memory_path(ArgChecker& check, const MemoryPathOptions& own, const TiledOptions* forced) {
+  if (!forced) {
+    check_memory_path(check, own);
+    return own;
+  }
+  check_tile_options(check, forced->tile_size(), forced->tile_bytes());
+  return MemoryPathOptions()
+      .path(MemoryPath::kTiled)
+      .tile_size(std::max<int64_t>(forced->tile_size(), 0))
+      .tile_bytes(forced->tile_bytes())
+      .ring(forced->ring());
+}
+
+}  // namespace
+
+torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch::Tensor& b,
+                         const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
+                         const ClipLossOptions& options, const TiledOptions* forced) {
+  NoAutocast no_autocast;
+  ArgChecker check(caller);
+  check.paired_features(a, "a", b, "b");
+  check.scalar(logit_scale, "logit_scale");
+  if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
+  check.positive(options.max_logit_scale(), "max_logit_scale");
+  if (check.error().empty()) check_labels(check, options.labels(), "labels", a.size(0), a.device());
+  check.require(options.labels().defined() || options.label_mode() == LabelMode::kMultiPositive,
+                "argument 'label_mode' (kMaskDuplicates) needs 'labels'");
+  const auto memory = memory_path(check, options.memory(), forced);
+  if (check.error().empty()) warn_if_scale_not_log(logit_scale, options.max_logit_scale());
+
+  const auto& comm = options.comm();
+  auto counts = agree_on_rows(caller, options.symmetric() ? a : b, options.symmetric() ? "a" : "b", comm,
+                              check.error());
+  // One [b x B] buffer whichever the direction (see engine/engine.h).
+  const auto p = make_prologue(caller, comm, counts, a, memory, logits_blocks("clip"));
+  auto a_n = prepare(a, p, options.normalize());  // [b, d]
+  auto b_n = prepare(b, p, options.normalize());  // [b, d]
+  auto scale = clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
+  torch::Tensor bias;
+  if (logit_bias.has_value()) bias = logit_bias->to(p.dtype);
+  BlockSpec spec;
+  spec.symmetric = options.symmetric();
+  spec.reduction = options.reduction();
+  spec.label_mode = options.label_mode();
+  if (options.labels().defined()) {
+    spec.row_labels = options.labels();
+    spec.col_labels = gather_labels(options.labels(), comm, counts);  // [B]
+  }
+  // Only the text tower is gathered (with gradient: its backward reduce-scatters
+  // dB_all to the owners); the image-to-text direction is the column softmax of
+  // the same block. On the ring the text blocks travel instead.
+  auto keys = p.ring ? b_n : gather_rows(b_n, comm, counts, /*with_grad=*/true);  // [B, d]
+  return clip_block_loss(a_n, keys, scale, bias, p, spec);
+}
+
+torch::Tensor nt_xent_front(const char* caller, const torch::Tensor& z1, const torch::Tensor& z2,
+                            const NTXentLossOptions& options, const TiledOptions* forced) {
+  NoAutocast no_autocast;
+  ArgChecker check(caller);
+  check.features(z1, "z1").features(z2, "z2");
+  if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
+  check.positive(options.temperature(), "temperature");
+  const auto memory = memory_path(check, options.memory(), forced);
+  const auto& comm = options.comm();
+  auto counts = agree_on_rows(caller, z1, "z1", comm, check.error());
+  // One [2b x 2B] buffer: four [b x B] blocks.
+  const auto p = make_prologue(caller, comm, counts, z1, memory, logits_blocks("nt_xent"));
+  auto z1n = prepare(z1, p, options.normalize());  // [b, d]
+  auto z2n = prepare(z2, p, options.normalize());  // [b, d]
+  auto z = torch::cat({z1n, z2n}, 0);                    // [2b, d]
+  // Z is gathered once, without gradient: the engine's backward needs no
+  // collective (each rank's gradient for its own rows is complete). On the
+  // ring every rank's own rows travel instead.
+  torch::Tensor z_all;  // [2B, d] = [z1_all; z2_all]
+  if (!p.ring) {
+    z_all = z.detach();
+    if (p.layout.world > 1) {
+      const int64_t d = z1.size(1);
+      auto all = gather_rows(torch::cat({z1n, z2n}, 1), comm, counts, /*with_grad=*/false);  // [B, 2d]
+      z_all = torch::cat({all.narrow(1, 0, d), all.narrow(1, d, d)}, 0);
+    }
+  }
+  // kSum is B times kMean (the per-example loss is the mean of its two views');
+  // kNone is the engine's.
+  const auto r = options.reduction() == Reduction::kNone ? Reduction::kNone : Reduction::kMean;
+  auto loss = nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), p, r, options.normalize());
+  return options.reduction() == Reduction::kSum ? loss * static_cast<double>(p.layout.total) : loss;
+}
+
+torch::Tensor moco_v3_front(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2,
+                            const torch::Tensor& k1, const torch::Tensor& k2, const MocoV3LossOptions& options,
+                            const TiledOptions* forced) {
+  NoAutocast no_autocast;
+  ArgChecker check(caller);
+  check.features(q1, "q1").features(q2, "q2").features(k1, "k1").features(k2, "k2");
+  if (check.error().empty()) {
+    check.same_as(q2, "q2", q1, "q1").same_as(k1, "k1", q1, "q1").same_as(k2, "k2", q1, "q1");
+  }
+  check.positive(options.temperature(), "temperature");
+  const auto memory = memory_path(check, options.memory(), forced);
+  const auto& comm = options.comm();
+  const double T = options.temperature();
+  auto counts = agree_on_rows(caller, k1, "k1", comm, check.error());
+  // Two [b x B] buffers: the two directions have different keys.
+  const auto p = make_prologue(caller, comm, counts, q1, memory, logits_blocks("moco_v3"));
+  // Keys come from the momentum encoder: constants for this loss, so they are
+  // gathered (or passed around the ring) without gradient.
+  torch::Tensor k1n, k2n;
+  {
+    torch::NoGradGuard no_grad;
+    k1n = prepare(k1.detach(), p, options.normalize());
+    k2n = prepare(k2.detach(), p, options.normalize());
+  }
+  auto inv_t = torch::scalar_tensor(1.0 / T, torch::TensorOptions().dtype(p.dtype).device(q1.device()));
+  auto q1n = prepare(q1, p, options.normalize());
+  auto q2n = prepare(q2, p, options.normalize());
+  torch::Tensor k1_keys = k1n, k2_keys = k2n;  // own blocks (ring) or all keys
+  if (!p.ring) {
+    auto all = gather_rows(torch::cat({k1n, k2n}, 1), comm, counts, /*with_grad=*/false);
+    const int64_t d = q1.size(1);
+    k1_keys = all.narrow(1, 0, d);  // [B, d]
+    k2_keys = all.narrow(1, d, d);  // [B, d]
+  }
+  BlockSpec spec;  // one direction, no labels
+  spec.reduction = options.reduction();
+  return (clip_block_loss(q1n, k2_keys, inv_t, torch::Tensor(), p, spec) +
+          clip_block_loss(q2n, k1_keys, inv_t, torch::Tensor(), p, spec)) *
+         (2.0 * T);
+}
+
+}  // namespace contrax::detail

@@ -1,0 +1,83 @@
+// The always-tiled entry points: tiled_clip_loss, tiled_nt_xent_loss and
+// tiled_moco_v3_loss (the InfoNCE-family front ends of infonce.h with the
+// tiled path forced), and tiled_info_nce, the InfoNCE core with arbitrary
+// positive and masked offsets, as a front end of the engine's tiled
+// one-directional block (see contrax/losses/tiled.h).
+#include "contrax/losses/tiled.h"
+
+#include "contrax/comm/collectives.h"
+#include "engine/engine.h"
+#include "losses/infonce.h"
+
+namespace contrax {
+
+torch::Tensor tiled_clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+                              const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options,
+                              const TiledOptions& tiled) {
+  return detail::clip_front("tiled_clip_loss", a, b, logit_scale, logit_bias, options, &tiled);
+}
+
+torch::Tensor tiled_nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options,
+                                 const TiledOptions& tiled) {
+  return detail::nt_xent_front("tiled_nt_xent_loss", z1, z2, options, &tiled);
+}
+
+torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
+                                 const torch::Tensor& k2, const MocoV3LossOptions& options, const TiledOptions& tiled) {
+  return detail::moco_v3_front("tiled_moco_v3_loss", q1, q2, k1, k2, options, &tiled);
+}
+
+torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
+                             const c10::optional<torch::Tensor>& bias, const InfoNceOptions& options) {
+  detail::NoAutocast no_autocast;
+  const char* caller = "tiled_info_nce";
+  detail::ArgChecker check(caller);
+  check.features(q, "q").features(k, "k");
+  if (check.error().empty()) {
+    check.require(q.size(1) == k.size(1), "arguments 'q' and 'k' must have the same width, but got ", q.size(1),
+                  " and ", k.size(1));
+    check.require(q.scalar_type() == k.scalar_type(), "arguments 'q' and 'k' must have the same dtype, but got ",
+                  q.scalar_type(), " and ", k.scalar_type());
+    check.require(options.positive_offset() >= 0 && options.positive_offset() + q.size(0) <= k.size(0),
+                  "argument 'positive_offset' must leave room for every row's positive: need 0 <= ",
+                  options.positive_offset(), " and ", options.positive_offset(), " + ", q.size(0),
+                  " <= k.size(0) = ", k.size(0));
+    check.require(options.masked_offset() < 0 || options.masked_offset() + q.size(0) <= k.size(0),
+                  "argument 'masked_offset' must leave room for every row's masked column: ",
+                  options.masked_offset(), " + ", q.size(0), " > k.size(0) = ", k.size(0));
+    check.require(options.masked_offset() < 0 || options.masked_offset() != options.positive_offset(),
+                  "argument 'masked_offset' must differ from 'positive_offset' (a row's positive cannot be masked)");
+  }
+  check.scalar(scale, "scale");
+  if (bias.has_value()) check.scalar(*bias, "bias");
+  detail::check_tile_options(check, options.tile_size(), options.tile_bytes());
+  const auto& comm = options.comm();
+  const bool ring = comm && comm->world_size() > 1;
+  std::vector<int64_t> counts;  // key rows of every rank
+  if (ring) {
+    counts = detail::exchange_row_counts(check.error().empty() ? k : torch::Tensor(), comm, caller, "k",
+                                         check.error());
+  } else {
+    check.throw_if_failed();
+    counts = {k.size(0)};
+  }
+  // The engine's one-directional block with per-row losses (kNone) over the
+  // key blocks: its layout counts key rows, so this rank's own block starts at
+  // column `offset`, and row i's designated positive is column offset + i once
+  // the offset is moved by positive_offset.
+  detail::Prologue p;
+  p.layout = detail::make_layout(caller, comm, counts);
+  p.dtype = detail::compute_dtype(q.scalar_type());
+  p.operand = detail::operand_dtype(q.scalar_type(), q.device());
+  p.tiled = true;
+  p.ring = ring;
+  p.walk = detail::make_walk(q, options.tile_size(), options.tile_bytes());
+  detail::BlockSpec spec;
+  spec.reduction = Reduction::kNone;
+  if (options.masked_offset() >= 0) spec.masked = p.layout.offset + options.masked_offset();
+  p.layout.offset += options.positive_offset();
+  return detail::clip_block_loss(q.to(p.operand), k.to(p.operand), scale.to(p.dtype),
+                                 bias.has_value() ? bias->to(p.dtype) : torch::Tensor(), p, spec);
+}
+
+}  // namespace contrax
