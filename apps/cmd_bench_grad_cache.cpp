@@ -30,7 +30,6 @@
 
 #include "cli.h"
 #include "contrax/losses/losses.h"
-#include "contrax/losses/tiled.h"
 #include "contrax/parallel/grad_cache.h"
 #include "contrax/util/memory.h"
 
@@ -129,9 +128,8 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
   for (auto& p : text->parameters()) params.push_back(p);
   params.push_back(logit_scale);
   auto loss_fn = [&](const torch::Tensor& fa, const torch::Tensor& fb) {
-    return loss_kind == "tiled" ? contrax::tiled_clip_loss(fa, fb, logit_scale)
-                                : contrax::clip_loss(fa, fb, logit_scale, {},
-                                                     contrax::ClipLossOptions().path(contrax::MemoryPath::kMaterialised));
+    const auto path = loss_kind == "tiled" ? contrax::MemoryPath::kTiled : contrax::MemoryPath::kMaterialised;
+    return contrax::clip_loss(fa, fb, logit_scale, {}, contrax::ClipLossOptions().path(path));
   };
   contrax::GradCache gc({contrax::GradCacheEncoder(image, chunk), contrax::GradCacheEncoder(text, chunk)},
                         [&](const std::vector<torch::Tensor>& r) { return loss_fn(r[0], r[1]); });

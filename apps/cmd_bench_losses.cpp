@@ -125,23 +125,68 @@ struct Measure {
   double scale_grad = 0;
 };
 
+// The modes of --modes, checked.
+std::vector<std::string> parse_modes(const std::string& modes_s, bool nt) {
+  std::vector<std::string> modes;
+  std::stringstream ss(modes_s);
+  std::string m;
+  while (std::getline(ss, m, ',')) {
+    TORCH_CHECK(m == "floor" || m == "floor_kept" || m == "contrax" || (!nt && (m == "global" || m == "allreduce")),
+                "flag '--modes' takes ", nt ? "floor, floor_kept, contrax" : "global, allreduce, contrax, floor, floor_kept",
+                "; got '", m, "'");
+    modes.push_back(m);
+  }
+  return modes;
+}
+
+// Rank 0's table rows, appended to `out_path`: the slowest rank's median time
+// (`tmax`), rank 0's bytes and memory (ranks are symmetric), the feature
+// gradient's deviation and the rank-averaged scale gradient (`sgt`) per mode.
+void append_rows(const std::string& out_path, const std::string& loss_name, int64_t W, int64_t batch,
+                 const std::vector<std::string>& modes, std::map<std::string, Measure>& res, const torch::Tensor& tmax,
+                 const torch::Tensor& sgt, std::map<std::string, double>& grad_err, bool on_gpu) {
+  std::ofstream out(out_path, std::ios::app);
+  const auto& base = res[modes.front()];
+  const double base_ms = tmax[0].item<double>();
+  int64_t ar_bwd = 0;
+  for (size_t i = 0; i < modes.size(); ++i)
+    if (modes[i] == "allreduce") ar_bwd = res[modes[i]].bwd_bytes;
+  auto mib = [](int64_t b) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << b / 1048576.0;
+    return os.str();
+  };
+  for (size_t i = 0; i < modes.size(); ++i) {
+    const auto& r = res[modes[i]];
+    std::ostringstream row;
+    const std::string label = modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce"
+                            : modes[i] == "floor"      ? "(f) old GEMM floor"
+                            : modes[i] == "floor_kept" ? "(f') old GEMM floor, buffer kept"
+                                                       : "(c) contrax";
+    row << "| " << loss_name << " | " << W << " | " << batch << " | " << label
+        << " | " << std::fixed << std::setprecision(1) << tmax[i].item<double>() << " | " << std::setprecision(2)
+        << tmax[i].item<double>() / base_ms << " | " << mib(r.fwd_bytes) << " | " << mib(r.bwd_bytes) << " | "
+        << (ar_bwd > 0 ? [&] { std::ostringstream o; o << std::fixed << std::setprecision(2) << static_cast<double>(r.bwd_bytes) / ar_bwd; return o.str(); }() : std::string("-"))
+        << " | " << (on_gpu ? std::string("n/a") : mib(r.peak)) << " | "
+        << (on_gpu ? std::string("n/a") : [&] {
+             std::ostringstream o;
+             o << std::fixed << std::setprecision(3) << static_cast<double>(r.peak) / base.peak;
+             return o.str();
+           }()) << " | "
+        << std::scientific << std::setprecision(1) << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
+        << (sgt[modes.size() - 1].item<double>() != 0 ? sgt[i].item<double>() / sgt[modes.size() - 1].item<double>() : 0.0)
+        << " |\n";
+    out << row.str();
+  }
+}
+
 int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t iters, const std::string& modes_s,
            const std::string& out_path, const std::string& loss_name) {
   const bool nt = loss_name == "nt_xent";
   TORCH_CHECK(nt || loss_name == "clip", "flag '--loss' takes clip or nt_xent; got '", loss_name, "'");
   contrax::MemoryTracker::install();
   const int64_t W = comm->world_size();
-  std::vector<std::string> modes;
-  {
-    std::stringstream ss(modes_s);
-    std::string m;
-    while (std::getline(ss, m, ',')) {
-      TORCH_CHECK(m == "floor" || m == "floor_kept" || m == "contrax" || (!nt && (m == "global" || m == "allreduce")),
-                  "flag '--modes' takes ", nt ? "floor, floor_kept, contrax" : "global, allreduce, contrax, floor, floor_kept",
-                  "; got '", m, "'");
-      modes.push_back(m);
-    }
-  }
+  const auto modes = parse_modes(modes_s, nt);
   auto gen = at::detail::createCPUGenerator(1000 + comm->rank());
   const torch::Device device = comm->device();
   auto a0 = F::normalize(torch::randn({batch, width}, gen), F::NormalizeFuncOptions().dim(1)).to(device);
@@ -208,39 +253,7 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
   comm->all_reduce_sum(sgt);
   sgt = sgt / static_cast<double>(W);
   if (comm->rank() == 0) {
-    std::ofstream out(out_path, std::ios::app);
-    const auto& base = res[modes.front()];
-    const double base_ms = tmax[0].item<double>();
-    int64_t ar_bwd = 0;
-    for (size_t i = 0; i < modes.size(); ++i)
-      if (modes[i] == "allreduce") ar_bwd = res[modes[i]].bwd_bytes;
-    auto mib = [](int64_t b) {
-      std::ostringstream os;
-      os << std::fixed << std::setprecision(1) << b / 1048576.0;
-      return os.str();
-    };
-    for (size_t i = 0; i < modes.size(); ++i) {
-      const auto& r = res[modes[i]];
-      std::ostringstream row;
-      const std::string label = modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce"
-                              : modes[i] == "floor"      ? "(f) old GEMM floor"
-                              : modes[i] == "floor_kept" ? "(f') old GEMM floor, buffer kept"
-                                                         : "(c) contrax";
-      row << "| " << loss_name << " | " << W << " | " << batch << " | " << label
-          << " | " << std::fixed << std::setprecision(1) << tmax[i].item<double>() << " | " << std::setprecision(2)
-          << tmax[i].item<double>() / base_ms << " | " << mib(r.fwd_bytes) << " | " << mib(r.bwd_bytes) << " | "
-          << (ar_bwd > 0 ? [&] { std::ostringstream o; o << std::fixed << std::setprecision(2) << static_cast<double>(r.bwd_bytes) / ar_bwd; return o.str(); }() : std::string("-"))
-          << " | " << (device.is_cuda() ? std::string("n/a") : mib(r.peak)) << " | "
-          << (device.is_cuda() ? std::string("n/a") : [&] {
-               std::ostringstream o;
-               o << std::fixed << std::setprecision(3) << static_cast<double>(r.peak) / base.peak;
-               return o.str();
-             }()) << " | "
-          << std::scientific << std::setprecision(1) << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
-          << (sgt[modes.size() - 1].item<double>() != 0 ? sgt[i].item<double>() / sgt[modes.size() - 1].item<double>() : 0.0)
-          << " |\n";
-      out << row.str();
-    }
+    append_rows(out_path, loss_name, W, batch, modes, res, tmax, sgt, grad_err, device.is_cuda());
   }
   return 0;
 }

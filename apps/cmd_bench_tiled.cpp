@@ -31,7 +31,6 @@
 #include "contrax/comm/communicator.h"
 #include "contrax/engine/workspace.h"
 #include "contrax/losses/losses.h"
-#include "contrax/losses/tiled.h"
 #include "contrax/util/memory.h"
 
 namespace {
@@ -95,19 +94,38 @@ std::vector<Run> measure_runs_alternating(const std::vector<std::function<Run()>
   return out;
 }
 
+// Warm-up: thread pools, BLAS buffers and the allocator's first pages.
+void warm_up(int64_t width, int64_t tile) {
+  auto x = torch::randn({512, width}, g_device).requires_grad_(true);
+  auto y = torch::randn({512, width}, g_device).requires_grad_(true);
+  auto ls = torch::tensor(0.0f, g_device).requires_grad_(true);
+  contrax::clip_loss(x, y, ls).backward();
+  contrax::clip_loss(x, y, ls, {},
+                     contrax::ClipLossOptions().path(contrax::MemoryPath::kTiled).tile_size(tile > 0 ? tile : 128))
+      .backward();
+}
+
+// The old algorithm's GEMMs alone (three per direction), timed.
+Run old_gemm_floor(const torch::Tensor& a, const torch::Tensor& b, int64_t directions) {
+  torch::NoGradGuard no_grad;
+  finish_device_work();
+  contrax::PeakScope scope;
+  auto t0 = Clock::now();
+  for (int64_t dir = 0; dir < directions; ++dir) {
+    auto logits = torch::mm(dir == 0 ? a : b, (dir == 0 ? b : a).t());  // [B, B]
+    auto ga = torch::mm(logits, b);                                     // [B, d]
+    auto gb = torch::mm(logits.t(), a);                                 // [B, d]
+  }
+  finish_device_work();
+  return {seconds_since(t0), scope.peak_above_start()};
+}
+
 int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile, int64_t max_materialised,
                int64_t iters, bool symmetric) {
   std::printf("| B | materialised time | materialised peak | tiled time | tiled peak | time ratio | memory ratio | "
               "old GEMM floor | materialised / floor | tiled / floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   double gflops = 0;  // measured rate of the three GEMMs, for extrapolation
-  {
-    // Warm-up: thread pools, BLAS buffers and the allocator's first pages.
-    auto x = torch::randn({512, width}, g_device).requires_grad_(true);
-    auto y = torch::randn({512, width}, g_device).requires_grad_(true);
-    auto ls = torch::tensor(0.0f, g_device).requires_grad_(true);
-    contrax::clip_loss(x, y, ls).backward();
-    contrax::tiled_clip_loss(x, y, ls, {}, {}, contrax::TiledOptions().tile_size(tile > 0 ? tile : 128)).backward();
-  }
+  warm_up(width, tile);
   for (int64_t B : batches) {
     contrax::release_loss_workspace();
     torch::manual_seed(0);
@@ -132,19 +150,7 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     double floor_s = 0;
     bool floor_measured = false;
     // The floor: the old algorithm's GEMMs alone, alternated with the contenders.
-    auto floor_run = [&]() -> Run {
-      torch::NoGradGuard no_grad;
-      finish_device_work();
-      contrax::PeakScope scope;
-      auto t0 = Clock::now();
-      for (int64_t dir = 0; dir < directions; ++dir) {
-        auto logits = torch::mm(dir == 0 ? a : b, (dir == 0 ? b : a).t());  // [B, B]
-        auto ga = torch::mm(logits, b);                                     // [B, d]
-        auto gb = torch::mm(logits.t(), a);                                 // [B, d]
-      }
-      finish_device_work();
-      return {seconds_since(t0), scope.peak_above_start()};
-    };
+    auto floor_run = [&] { return old_gemm_floor(a, b, directions); };
     auto run_of = [&](std::function<torch::Tensor()> loss) {
       return [&a, &b, loss] {
         Run r = measure(loss);
@@ -154,7 +160,8 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
       };
     };
     std::vector<std::function<Run()>> contenders = {run_of([&] {
-      return contrax::tiled_clip_loss(a, b, ls, {}, opts, contrax::TiledOptions().tile_size(tile));
+      return contrax::clip_loss(a, b, ls, {},
+                                contrax::ClipLossOptions(opts).path(contrax::MemoryPath::kTiled).tile_size(tile));
     })};
     // kMaterialised: clip_loss would otherwise route itself to the tiled path
     // above max_logits_bytes, and the baseline would measure the contender.
@@ -209,8 +216,9 @@ int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
       comm->barrier();
       comm->reset_stats();
       Run run = measure([&] {
-        return contrax::tiled_clip_loss(a, k, ls, {}, contrax::ClipLossOptions().comm(comm),
-                                        contrax::TiledOptions().tile_size(tile).ring(ring));
+        return contrax::clip_loss(
+            a, k, ls, {},
+            contrax::ClipLossOptions().comm(comm).path(contrax::MemoryPath::kTiled).tile_size(tile).ring(ring));
       });
       // Bytes of the data path only (the size exchange is a few integers).
       const auto stats = comm->stats();

@@ -81,6 +81,19 @@ void check_before_start(const std::string& device, const std::string& backend, i
   }
 }
 
+// Re-runs this command as `nproc` local workers; only rank 0 prints, without
+// prefixes so that --json output stays machine-readable.
+int run_as_workers(const std::vector<std::string>& args, int64_t nproc) {
+  std::vector<std::string> argv{contrax::self_executable(), "verify"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  contrax::LaunchOptions lo;
+  lo.nproc = nproc;
+  lo.prefix_output = false;
+  auto r = contrax::launch(argv, lo);
+  if (r.exit_code != 0) std::cerr << "contrax verify: " << r.message << "\n";
+  return r.exit_code;
+}
+
 int run_verify(const std::vector<std::string>& args) {
   namespace cli = contrax::cli;
   CLI::App app{"check every distributed loss and the gradient-cache step against the single-device reference",
@@ -121,18 +134,7 @@ int run_verify(const std::vector<std::string>& args) {
                    cli::kMaxProcsPerCore, " per core; --force allows more), but got ", nproc);
   const auto rows = cli::parse_int_list("--rows", rows_s, 0, int64_t{1} << 24);
   check_before_start(device, backend, nproc, rows, rows_s, width);
-  if (!contrax::in_launched_worker() && nproc > 1) {
-    // Re-run ourselves as the workers; only rank 0 prints, without prefixes so
-    // that --json output stays machine-readable.
-    std::vector<std::string> argv{contrax::self_executable(), "verify"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    contrax::LaunchOptions lo;
-    lo.nproc = nproc;
-    lo.prefix_output = false;
-    auto r = contrax::launch(argv, lo);
-    if (r.exit_code != 0) std::cerr << "contrax verify: " << r.message << "\n";
-    return r.exit_code;
-  }
+  if (!contrax::in_launched_worker() && nproc > 1) return run_as_workers(args, nproc);
 
   // Gloo by default: it carries CPU and CUDA tensors, and lets several ranks
   // share one GPU (the "auto" backend of a CUDA device would be NCCL). The

@@ -472,10 +472,7 @@ void run_distributed(const DistributedSetup& setup) {
       return clip.ptr()->forward(r[0], r[1]);
     };
     if (setup.path != LossPath::kMaterialised) {
-      const auto tiled = contrax::TiledOptions().tile_size(3).ring(setup.path == LossPath::kRing);
-      loss = [clip, tiled](const std::vector<torch::Tensor>& r) {
-        return contrax::tiled_clip_loss(r[0], r[1], clip->logit_scale, {}, clip->options, tiled);
-      };
+      clip->options.path(contrax::MemoryPath::kTiled).tile_size(3).ring(setup.path == LossPath::kRing);
     }
     GradCache gc({GradCacheEncoder(m.a, 2).data_parallel(dp_a), GradCacheEncoder(m.b, 3).data_parallel(dp_b)},
                  loss, GradCacheOptions().loss_data_parallel(dp_loss));

@@ -569,8 +569,9 @@ TEST(GroupedWarnings, ScaleInsteadOfItsLogWarnsOnce) {
 
 // One memory-path vocabulary for every loss: path(kAuto / kMaterialised /
 // kTiled) picks the path, tile_size is the tile side (0: from tile_bytes). The
-// old spelling tile_size(-1) still materialises, with one deprecation warning.
-TEST(MemoryPath, EveryPathGivesTheSameLossTheTiledHoldsLessAndTheOldSpellingWarns) {
+// old spelling tile_size(-1), past its release, is an error naming what
+// replaced it.
+TEST(MemoryPath, EveryPathGivesTheSameLossTheTiledHoldsLessAndTheOldSpellingIsNamed) {
   auto opt = torch::TensorOptions().dtype(torch::kDouble);
   const int64_t B = 96;
   auto a0 = torch::randn({B, 8}, opt), b0 = torch::randn({B, 8}, opt);
@@ -600,32 +601,21 @@ TEST(MemoryPath, EveryPathGivesTheSameLossTheTiledHoldsLessAndTheOldSpellingWarn
     EXPECT_LE((got.first - ref.first).abs().item<double>(), 1e-12);
     EXPECT_LE((got.second - ref.second).abs().max().item<double>(), 1e-12);
   }
-  WarningCapture capture;
-  for (int i = 0; i < 2; ++i) {
-    int64_t peak = 0;
-    const auto old = run(ClipLossOptions().tile_size(-1), &peak);
-    EXPECT_GE(peak, B * B * 8);  // still the materialised path
-    EXPECT_LE((old.first - ref.first).abs().item<double>(), 1e-12);
-  }
-  ASSERT_EQ(capture.messages.size(), 1u);
-  EXPECT_NE(capture.messages[0].find("clip_loss(): tile_size(-1) is deprecated and will be removed in the next "
-                                     "release; use path(contrax::MemoryPath::kMaterialised)"),
-            std::string::npos)
-      << capture.messages[0];
   auto a = torch::randn({4, 8}), b = torch::randn({4, 8}), s = torch::tensor(1.0);
   CONTRAX_EXPECT_ERROR(clip_loss(a, b, s, {}, ClipLossOptions().tile_size(-2)),
                        "clip_loss(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), "
                        "but got -2");
   CONTRAX_EXPECT_ERROR(clip_loss(a, b, s, {}, ClipLossOptions().tile_bytes(0)),
                        "clip_loss(): argument 'tile_bytes' must be positive, but got 0");
-  CONTRAX_EXPECT_ERROR(nt_xent_loss(a, b, NTXentLossOptions().path(MemoryPath::kTiled).tile_size(-1)),
-                       "nt_xent_loss(): 'tile_size' -1 (the deprecated spelling of path kMaterialised) contradicts "
-                       "path kTiled");
+  CONTRAX_EXPECT_ERROR(clip_loss(a, b, s, {}, ClipLossOptions().tile_size(-1)),
+                       "clip_loss(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes; "
+                       "the materialised path is path kMaterialised), but got -1");
   CONTRAX_EXPECT_ERROR(moco_v3_loss(a, b, a, b, MocoV3LossOptions().path(MemoryPath::kMaterialised).ring(true)),
                        "moco_v3_loss(): 'ring' needs the tiled path, but the path is materialised ('path' is "
                        "kMaterialised)");
-  CONTRAX_EXPECT_ERROR(grouped_loss(a, b, s, {}, GroupedLossOptions().tile_size(-1).ring(true)),
-                       "grouped_loss(): 'ring' needs the tiled path, but the path is materialised ('tile_size' is -1)");
+  CONTRAX_EXPECT_ERROR(grouped_loss(a, b, s, {}, GroupedLossOptions().path(MemoryPath::kMaterialised).ring(true)),
+                       "grouped_loss(): 'ring' needs the tiled path, but the path is materialised ('path' is "
+                       "kMaterialised)");
   // plan_loss routes as the losses do.
   EXPECT_EQ(plan_loss(PlanOptions().batch(64).path(MemoryPath::kTiled)).chosen, "tiled");
   EXPECT_EQ(plan_loss(PlanOptions().batch(16384).path(MemoryPath::kMaterialised)).chosen, "materialised");

@@ -259,7 +259,7 @@ TEST(PanelWalk, Bf16PanelsUnderTheCudaPolicy) {
   contrax::detail::set_reduced_operands_everywhere(false);
 }
 
-// SigLIP walks the same panels (tiles of every column of a block).
+// SigLIP's tiled path walks the same panels (tiles of every column of a block).
 TEST(PanelWalk, SigLipMatchesTheReference) {
   torch::manual_seed(4);
   const int64_t B = 600, d = 8;
@@ -269,8 +269,10 @@ TEST(PanelWalk, SigLipMatchesTheReference) {
       in, [&](const Tensors& x) { return contrax::reference::siglip_loss(x[0], x[1], x[2], x[3]); });
   CudaWalk on(budget_for(256, B, d), /*aten_passes=*/true);
   const int64_t steps = contrax::detail::steps_walked();
-  expect_close(loss_and_grads(in, [&](const Tensors& x) { return contrax::siglip_loss(x[0], x[1], x[2], x[3]); }),
-               want, "siglip");
+  const auto tiled = contrax::SigLipLossOptions().path(contrax::MemoryPath::kTiled);
+  expect_close(
+      loss_and_grads(in, [&](const Tensors& x) { return contrax::siglip_loss(x[0], x[1], x[2], x[3], tiled); }), want,
+      "siglip");
   EXPECT_EQ(contrax::detail::steps_walked() - steps, 6);
 }
 

@@ -8,12 +8,13 @@
 #include <mutex>
 
 #include "contrax/losses/siglip.h"
+#include "support/errors.h"
 #include "support/ranks.h"
-#include "support/strict_warnings.h"
 
 namespace {
 
 using contrax::CommunicatorPtr;
+using contrax::testing::expect_error;
 using contrax::testing::rel_err;
 using contrax::testing::run_ranks;
 using contrax::testing::shard;
@@ -48,7 +49,8 @@ Grads reference_grads(const torch::Tensor& a, const torch::Tensor& b, const torc
 // loss and scalar gradients, feature gradients divided by W and concatenated.
 Grads distributed_grads(int64_t W, const std::vector<int64_t>& counts, const torch::Tensor& a, const torch::Tensor& b,
                         const torch::Tensor& ls, const torch::Tensor& bias, int64_t chunk,
-                        contrax::RingTransport transport = contrax::RingTransport::kAuto) {
+                        contrax::RingTransport transport = contrax::RingTransport::kAuto,
+                        contrax::MemoryPath path = contrax::MemoryPath::kTiled, bool ring = true) {
   std::mutex m;
   std::vector<Grads> per(W);
   run_ranks(W, [&](const CommunicatorPtr& comm) {
@@ -56,7 +58,8 @@ Grads distributed_grads(int64_t W, const std::vector<int64_t>& counts, const tor
     auto x = shard(a, counts, r).clone().requires_grad_(true);
     auto y = shard(b, counts, r).clone().requires_grad_(true);
     auto s = ls.clone().requires_grad_(true), c = bias.clone().requires_grad_(true);
-    auto l = contrax::siglip_loss(x, y, s, c, contrax::SigLipLossOptions().comm(comm).tile_size(chunk));
+    auto l = contrax::siglip_loss(x, y, s, c,
+                                  contrax::SigLipLossOptions().comm(comm).path(path).tile_size(chunk).ring(ring));
     l.backward();
     std::lock_guard<std::mutex> lock(m);
     per[r] = {l.item<double>(), x.grad(), y.grad(), s.grad(), c.grad()};
@@ -85,8 +88,9 @@ void expect_same(const Grads& x, const Grads& ref, double tol = kTol) {
   EXPECT_LE(rel_err(x.dbias, ref.dbias), tol);
 }
 
-// SigLIP is always on the ring: both of its transports, send/receive pairs
-// (Gloo's default) and one all-to-all per step (NCCL's, run here over Gloo).
+// SigLIP on the ring with both of its transports, send/receive pairs (Gloo's
+// default) and one all-to-all per step (NCCL's, run here over Gloo); then
+// with gathered keys, tiled and materialised.
 class SigLipDistributed : public ::testing::TestWithParam<std::tuple<int64_t, contrax::RingTransport>> {};
 
 TEST_P(SigLipDistributed, MatchesSingleDevice) {
@@ -99,7 +103,13 @@ TEST_P(SigLipDistributed, MatchesSingleDevice) {
   torch::manual_seed(50 + W);
   auto a = randn({B, 6}), b = randn({B, 6});
   auto ls = torch::tensor(std::log(2.0), torch::kFloat64), bias = torch::tensor(-1.5, torch::kFloat64);
-  expect_same(distributed_grads(W, counts, a, b, ls, bias, chunks[W - 1], transport), reference_grads(a, b, ls, bias));
+  const auto ref = reference_grads(a, b, ls, bias);
+  expect_same(distributed_grads(W, counts, a, b, ls, bias, chunks[W - 1], transport), ref);
+  if (transport != contrax::RingTransport::kSendRecv) return;  // the transport is the ring's only
+  using contrax::MemoryPath;
+  expect_same(distributed_grads(W, counts, a, b, ls, bias, chunks[W - 1], transport, MemoryPath::kTiled, false), ref);
+  expect_same(distributed_grads(W, counts, a, b, ls, bias, 0, transport, MemoryPath::kMaterialised, false), ref);
+  expect_same(distributed_grads(W, counts, a, b, ls, bias, 0, transport, MemoryPath::kAuto, false), ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, SigLipDistributed,
@@ -172,21 +182,7 @@ TEST(SigLip, NoBiasAndNormaliseAndModule) {
 TEST(SigLip, DoubleBackwardIsAnError) {
   auto a = randn({3, 2}).requires_grad_(true), b = randn({3, 2});
   auto l = contrax::siglip_loss(a, b, torch::tensor(0.0, torch::kFloat64), torch::tensor(0.0, torch::kFloat64));
-  try {
-    torch::autograd::grad({l}, {a}, {}, true, true);
-    FAIL() << "expected an error";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("siglip_loss(): double backward"), std::string::npos) << e.what();
-  }
-}
-
-void expect_error(const std::function<void()>& fn, const std::string& text) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an error containing: " << text;
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-  }
+  CONTRAX_EXPECT_ERROR(torch::autograd::grad({l}, {a}, {}, true, true), "siglip_loss(): double backward");
 }
 
 TEST(SigLip, ArgumentErrors) {
@@ -207,18 +203,8 @@ TEST(SigLip, ArgumentErrors) {
                "siglip_loss(): argument 'tile_size' must be >= 0");
   expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_bytes(0)); },
                "siglip_loss(): argument 'tile_bytes' must be positive");
-  {
-    // The deprecated names set the same fields, and say so (once each).
-    contrax::testing::WarningCapture capture;
-    expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_size(-1)); },
-                 "siglip_loss(): argument 'tile_size' must be >= 0");
-    expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().chunk_bytes(0)); },
-                 "siglip_loss(): argument 'tile_bytes' must be positive");
-    std::string all;
-    for (const auto& m : capture.messages) all += m + "\n";
-    EXPECT_NE(all.find("SigLipLossOptions::chunk_size is deprecated"), std::string::npos) << all;
-    EXPECT_NE(all.find("SigLipLossOptions::chunk_bytes is deprecated"), std::string::npos) << all;
-  }
+  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().path(contrax::MemoryPath::kMaterialised).ring(true)); },
+               "siglip_loss(): 'ring' needs the tiled path, but the path is materialised");
   expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().max_logit_scale(-1)); },
                "siglip_loss(): argument 'max_logit_scale' must be positive");
   expect_error([&] { contrax::siglip_loss(torch::zeros({0, 2}, torch::kFloat64), torch::zeros({0, 2}, torch::kFloat64), ls); },

@@ -16,6 +16,7 @@
 namespace {
 
 constexpr int64_t kB = 2048, kD = 16, kTile = 128;
+constexpr auto kTiled = contrax::MemoryPath::kTiled;
 constexpr int64_t kLogitsBytes = kB * kB * 4;  // one [B x B] fp32 buffer: 16 MiB
 
 struct Inputs {
@@ -42,7 +43,7 @@ TEST(TiledMemory, ClipNeverAllocatesLogits) {
   torch::manual_seed(0);
   auto in = make_inputs(kB);
   const int64_t tiled = peak_of([&] {
-    contrax::tiled_clip_loss(in.a, in.b, in.ls, in.bias, {}, contrax::TiledOptions().tile_size(kTile)).backward();
+    contrax::clip_loss(in.a, in.b, in.ls, in.bias, contrax::ClipLossOptions().path(kTiled).tile_size(kTile)).backward();
   });
   const int64_t materialised = peak_of([&] { contrax::clip_loss(in.a, in.b, in.ls, in.bias).backward(); });
   std::cout << "[ memory ] B=" << kB << " d=" << kD << " tile=" << kTile << ": tiled peak " << tiled
@@ -58,16 +59,16 @@ TEST(TiledMemory, NTXentAndMocoNeverAllocateLogits) {
   auto in = make_inputs(kB);
   auto k1 = torch::randn({kB, kD}), k2 = torch::randn({kB, kD});
   const int64_t nt = peak_of([&] {
-    contrax::tiled_nt_xent_loss(in.a, in.b, {}, contrax::TiledOptions().tile_size(kTile)).backward();
+    contrax::nt_xent_loss(in.a, in.b, contrax::NTXentLossOptions().path(kTiled).tile_size(kTile)).backward();
   });
   EXPECT_LT(nt, kLogitsBytes / 8);
   const int64_t moco = peak_of([&] {
-    contrax::tiled_moco_v3_loss(in.a, in.b, k1, k2, {}, contrax::TiledOptions().tile_size(kTile)).backward();
+    contrax::moco_v3_loss(in.a, in.b, k1, k2, contrax::MocoV3LossOptions().path(kTiled).tile_size(kTile)).backward();
   });
   EXPECT_LT(moco, kLogitsBytes / 8);
   // The automatic tile follows its byte budget: 1 MiB -> 512 x 512 fp32 tiles.
   const int64_t automatic = peak_of([&] {
-    contrax::tiled_clip_loss(in.a, in.b, in.ls, {}, {}, contrax::TiledOptions().tile_bytes(1 << 20)).backward();
+    contrax::clip_loss(in.a, in.b, in.ls, {}, contrax::ClipLossOptions().path(kTiled).tile_bytes(1 << 20)).backward();
   });
   EXPECT_LT(automatic, kLogitsBytes / 4);
 }
@@ -76,7 +77,8 @@ TEST(TiledMemory, SigLipChunkedNeverAllocatesLogits) {
   torch::manual_seed(2);
   auto in = make_inputs(kB);
   const int64_t peak = peak_of([&] {
-    contrax::siglip_loss(in.a, in.b, in.ls, in.bias, contrax::SigLipLossOptions().tile_size(kTile)).backward();
+    contrax::siglip_loss(in.a, in.b, in.ls, in.bias, contrax::SigLipLossOptions().path(kTiled).tile_size(kTile))
+        .backward();
   });
   EXPECT_LT(peak, kLogitsBytes / 8);
 }
@@ -93,8 +95,8 @@ TEST(TiledMemory, RingNeverAllocatesLogits) {
   contrax::PeakScope scope;
   contrax::testing::run_ranks(W, [&](const contrax::CommunicatorPtr& comm) {
     auto& in = inputs[comm->rank()];
-    contrax::tiled_clip_loss(in.a, in.b, in.ls, {}, contrax::ClipLossOptions().comm(comm),
-                             contrax::TiledOptions().tile_size(kTile).ring(true))
+    contrax::clip_loss(in.a, in.b, in.ls, {},
+                       contrax::ClipLossOptions().comm(comm).path(kTiled).tile_size(kTile).ring(true))
         .backward();
     contrax::siglip_loss(in.a, in.b, in.ls, in.bias, contrax::SigLipLossOptions().comm(comm).tile_size(kTile))
         .backward();

@@ -104,11 +104,12 @@ def _worker(rank, world, rows):
                    lambda q, c, s, l, cl: grouped_rows_ref(q, c, s),
                    lambda q, c, s, l, cl, r: contrax.grouped_loss(q, c, s, reduction=r), reduction)
         for mode in ("mask_duplicates", "multi_positive"):
-            for tile in (-1, 2):
-                _check(rank, world, rows, f"grouped_{mode}_{tile}", 2,
+            for path, tile in (("materialised", 0), ("tiled", 2)):
+                _check(rank, world, rows, f"grouped_{mode}_{path}", 2,
                        lambda q, c, s, l, cl: grouped_rows_ref(q, c, s, None, l, cl, mode),
                        lambda q, c, s, l, cl, r: contrax.grouped_loss(
-                           q, c, s, labels=l, candidate_labels=cl, label_mode=mode, reduction=r, tile_size=tile),
+                           q, c, s, labels=l, candidate_labels=cl, label_mode=mode, reduction=r, path=path,
+                           tile_size=tile),
                        reduction)
             for symmetric in (True, False):
                 _check(rank, world, rows, f"clip_{mode}_{symmetric}", 1,

@@ -236,7 +236,8 @@ def _variants_worker(rank, world, rows):
 def test_memory_path_vocabulary():
     """Every loss takes path="auto" | "materialised" | "tiled" and tile_size (the
     tile side); all paths give the same value and gradients (fp64); the old
-    tile_size=-1 still materialises, with a deprecation warning."""
+    tile_size=-1, past its release, is an error naming path="materialised"'s
+    C++ spelling."""
     g = torch.Generator().manual_seed(5)
     a0 = torch.randn(40, 8, generator=g, dtype=F64)
     b0 = torch.randn(40, 8, generator=g, dtype=F64)
@@ -261,9 +262,9 @@ def test_memory_path_vocabulary():
         with pytest.raises(ValueError, match=name + r"\(\): argument 'path' must be 'auto', 'materialised' or "
                                                     r"'tiled', but got 'fast'"):
             fn(a0, b0, path="fast")
-    with pytest.warns(UserWarning, match=r"tile_size\(-1\) is deprecated"):
-        old = contrax.clip_loss(a0, b0, s, tile_size=-1)
-    torch.testing.assert_close(old, contrax.clip_loss(a0, b0, s, path="materialised"), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"clip_loss\(\): argument 'tile_size' must be >= 0 .*the materialised path "
+                                         r"is path kMaterialised\), but got -1"):
+        contrax.clip_loss(a0, b0, s, tile_size=-1)
 
 
 def test_kept_loss_workspace():

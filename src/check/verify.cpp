@@ -171,6 +171,53 @@ VerifyCase clip_labels_case(std::string name, bool symmetric, LabelMode mode, in
   return c;
 }
 
+// The InfoNCE family's memory-bounded paths: tiles that do not divide the
+// batch, and the ring; then the tiled and ring forms with a bias and in one
+// direction. `cases` holds the materialised ones (builtin_cases' order).
+void add_memory_path_cases(std::vector<VerifyCase>& cases) {
+  using V = std::vector<torch::Tensor>;
+  for (bool ring : {false, true}) {
+    const std::string suffix = ring ? "_ring" : "_tiled";
+    VerifyCase c = cases[0];  // clip
+    c.name = "clip" + suffix;
+    c.distributed = [ring](const V& x, const V& s, const CommunicatorPtr& comm) {
+      return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                       ClipLossOptions().normalize(true).comm(comm).tile_size(3).ring(ring));
+    };
+    cases.push_back(c);
+    VerifyCase n = cases[4];  // nt_xent
+    n.name = "nt_xent" + suffix;
+    n.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+      return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.2).comm(comm).tile_size(2).ring(ring));
+    };
+    cases.push_back(n);
+    VerifyCase m = cases[5];  // moco_v3
+    m.name = "moco_v3" + suffix;
+    m.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+      return moco_v3_loss(x[0], x[1], x[2], x[3],
+                          MocoV3LossOptions().temperature(0.2).comm(comm).tile_size(4).ring(ring));
+    };
+    cases.push_back(m);
+  }
+
+  // The engine's tiled and ring forms with a bias and in one direction.
+  {
+    VerifyCase c = cases[1];  // clip_bias
+    c.name = "clip_bias_tiled";
+    c.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
+      return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3));
+    };
+    cases.push_back(c);
+    VerifyCase i = cases[3];  // infonce
+    i.name = "infonce_ring";
+    i.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
+      return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                       ClipLossOptions().symmetric(false).comm(comm).tile_size(2).ring(true));
+    };
+    cases.push_back(i);
+  }
+}
+
 std::vector<VerifyCase> builtin_cases() {
   using V = std::vector<torch::Tensor>;
   std::vector<VerifyCase> cases;
@@ -216,57 +263,24 @@ std::vector<VerifyCase> builtin_cases() {
   moco.reference = [](const V& x, const V&) { return reference::moco_v3_loss(x[0], x[1], x[2], x[3], 0.2); };
   cases.push_back(moco);
 
-  // Memory-bounded paths: tiles that do not divide the batch, and the ring.
-  for (bool ring : {false, true}) {
-    const std::string suffix = ring ? "_ring" : "_tiled";
-    VerifyCase c = cases[0];  // clip
-    c.name = "clip" + suffix;
-    c.distributed = [ring](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], c10::nullopt,
-                       ClipLossOptions().normalize(true).comm(comm).tile_size(3).ring(ring));
-    };
-    cases.push_back(c);
-    VerifyCase n = nt;
-    n.name = "nt_xent" + suffix;
-    n.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
-      return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.2).comm(comm).tile_size(2).ring(ring));
-    };
-    cases.push_back(n);
-    VerifyCase m = moco;
-    m.name = "moco_v3" + suffix;
-    m.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
-      return moco_v3_loss(x[0], x[1], x[2], x[3],
-                          MocoV3LossOptions().temperature(0.2).comm(comm).tile_size(4).ring(ring));
-    };
-    cases.push_back(m);
-  }
+  add_memory_path_cases(cases);
 
-  // The engine's tiled and ring forms with a bias and in one direction.
-  {
-    VerifyCase c = cases[1];  // clip_bias
-    c.name = "clip_bias_tiled";
-    c.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3));
-    };
-    cases.push_back(c);
-    VerifyCase i = cases[3];  // infonce
-    i.name = "infonce_ring";
-    i.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], c10::nullopt,
-                       ClipLossOptions().symmetric(false).comm(comm).tile_size(2).ring(true));
-    };
-    cases.push_back(i);
+  // SigLIP on each memory path: materialised, tiled with gathered keys, the ring.
+  for (const auto path : {MemoryPath::kMaterialised, MemoryPath::kTiled}) {
+    for (bool ring : {false, true}) {
+      if (ring && path == MemoryPath::kMaterialised) continue;
+      VerifyCase sig;
+      sig.name = ring ? "siglip_ring" : path == MemoryPath::kTiled ? "siglip_tiled" : "siglip";
+      sig.num_features = 2;
+      sig.scalars = {std::log(10.0), -2.0};
+      sig.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
+        return siglip_loss(x[0], x[1], s[0], s[1],
+                           SigLipLossOptions().normalize(true).path(path).tile_size(2).ring(ring).comm(comm));
+      };
+      sig.reference = [](const V& x, const V& s) { return reference::siglip_loss(x[0], x[1], s[0], s[1], true); };
+      cases.push_back(sig);
+    }
   }
-
-  VerifyCase sig;
-  sig.name = "siglip";
-  sig.num_features = 2;
-  sig.scalars = {std::log(10.0), -2.0};
-  sig.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-    return siglip_loss(x[0], x[1], s[0], s[1], SigLipLossOptions().normalize(true).tile_size(2).comm(comm));
-  };
-  sig.reference = [](const V& x, const V& s) { return reference::siglip_loss(x[0], x[1], s[0], s[1], true); };
-  cases.push_back(sig);
 
   // Grouped candidates (hard negatives) and labels.
   cases.push_back(grouped_case("grouped_hard_negatives", 3, false, LabelMode::kMaskDuplicates, -1, false));
@@ -323,32 +337,74 @@ std::string verify_memory_problem(int64_t total_rows, int64_t width, const std::
                   format_bytes(static_cast<double>(avail)), "; use fewer rows or a smaller ", width_name);
 }
 
-VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, const VerifyOptions& o) {
-  auto comm = comm_in ? comm_in : Communicator::single();
-  const int64_t W = comm->world_size(), r = comm->rank();
-  auto rows = o.rows().empty() ? default_row_counts(W) : o.rows();
+namespace {
+
+// The global batch and this rank's share of it, after checking the options
+// that shape them (rows, width, device, dtype).
+struct Share {
+  std::vector<int64_t> rows;
+  int64_t total = 0, offset = 0;
+};
+
+Share checked_share(const VerifyOptions& o, int64_t W, int64_t r) {
+  Share sh;
+  sh.rows = o.rows().empty() ? default_row_counts(W) : o.rows();
+  const auto& rows = sh.rows;
   TORCH_CHECK(static_cast<int64_t>(rows.size()) == W, "verify(): option 'rows' must have one entry per rank (", W,
               "), but got ", rows.size());
-  int64_t B = 0, off = 0;
   for (int64_t s = 0; s < W; ++s) {
     TORCH_CHECK(rows[s] >= 0, "verify(): option 'rows' must be non-negative, but got ", rows[s], " for rank ", s);
-    if (s < r) off += rows[s];
-    B += rows[s];
+    if (s < r) sh.offset += rows[s];
+    sh.total += rows[s];
   }
-  TORCH_CHECK(B > 0, "verify(): option 'rows' must sum to a positive batch");
+  TORCH_CHECK(sh.total > 0, "verify(): option 'rows' must sum to a positive batch");
   TORCH_CHECK(o.width() > 0, "verify(): option 'width' must be positive, but got ", o.width());
-  const auto memory = verify_memory_problem(B, o.width(), "verify(): option 'rows'", "option 'width'");
+  const auto memory = verify_memory_problem(sh.total, o.width(), "verify(): option 'rows'", "option 'width'");
   TORCH_CHECK_VALUE(memory.empty(), memory);
   const torch::Device dev = o.device();
   const int64_t n_cuda = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
   TORCH_CHECK(dev.is_cpu() || (dev.is_cuda() && dev.index() < n_cuda && n_cuda > 0),
               "verify(): option 'device' must be the CPU or an available CUDA device, but got ", dev.str(),
               " (this process sees ", n_cuda, " CUDA device", n_cuda == 1 ? "" : "s", ")");
-
   const auto dt = o.dtype();
   TORCH_CHECK(dt == torch::kDouble || dt == torch::kFloat || dt == torch::kBFloat16 || dt == torch::kHalf,
               "verify(): option 'dtype' must be fp64, fp32, bf16 or fp16, but got ", dt);
+  return sh;
+}
 
+// Keeps the largest error and what it was of (NaN counts as infinite).
+void note(VerifyResult& res, double e, const std::string& what) {
+  if (std::isnan(e)) e = INFINITY;
+  if (res.worst.empty() || e > res.max_rel_err) {
+    res.max_rel_err = e;
+    res.worst = what;
+  }
+}
+
+torch::Tensor grad_of(const torch::Tensor& t) { return t.grad().defined() ? t.grad() : torch::zeros_like(t); }
+
+// Model parameters: this rank's gradients (`got`) against the reference's
+// (`want`); the worst rank counts (every rank learns every rank's errors, so
+// all report the same).
+void compare_parameters(VerifyResult& res, const std::vector<std::string>& names, const std::vector<torch::Tensor>& got,
+                        const std::vector<torch::Tensor>& want, const CommunicatorPtr& comm, const torch::Device& dev) {
+  if (names.empty()) return;
+  std::vector<double> errs;
+  for (size_t k = 0; k < names.size(); ++k) errs.push_back(rel(grad_of(got[k]), grad_of(want[k])));
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  auto worst_rank = std::get<0>(
+      gather_no_grad(torch::tensor(errs, f64).reshape({1, -1}).to(dev), comm, "verify").all.cpu().max(0));  // [P]
+  for (size_t k = 0; k < names.size(); ++k) note(res, worst_rank[k].item<double>(), "grad " + names[k]);
+}
+
+}  // namespace
+
+VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, const VerifyOptions& o) {
+  auto comm = comm_in ? comm_in : Communicator::single();
+  const int64_t W = comm->world_size(), r = comm->rank();
+  const auto share = checked_share(o, W, r);
+  const torch::Device dev = o.device();
+  const auto dt = o.dtype();
   // Same global inputs on every rank, rounded to the dtype under test (the
   // reference computes in fp64 on the rounded values).
   auto gen = at::detail::createCPUGenerator(o.seed());
@@ -357,7 +413,7 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   std::vector<torch::Tensor> global;
   for (int64_t k = 0; k < c.num_features; ++k) {
     const int64_t times = c.feature_widths.empty() ? 1 : c.feature_widths.at(k);
-    global.push_back(rounded(torch::randn({B, o.width() * times}, gen, f64)));
+    global.push_back(rounded(torch::randn({share.total, o.width() * times}, gen, f64)));
   }
   auto needs_grad = [&](int64_t k) { return c.feature_grad.empty() || c.feature_grad[k]; };
   torch::OrderedDict<std::string, torch::Tensor> params;
@@ -377,7 +433,7 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   // where to() returns the CPU tensor itself).
   std::vector<torch::Tensor> loc_x, loc_s;
   for (int64_t k = 0; k < c.num_features; ++k) {
-    loc_x.push_back(global[k].narrow(0, off, rows[r]).to(dev, dt).clone().requires_grad_(needs_grad(k)));
+    loc_x.push_back(global[k].narrow(0, share.offset, share.rows[r]).to(dev, dt).clone().requires_grad_(needs_grad(k)));
   }
   // The 0-dim parameters (logit scales, biases) stay fp64, as mixed-precision
   // training keeps its parameters in fp32; the losses take them as they are.
@@ -386,19 +442,8 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   auto loss = c.distributed(loc_x, loc_s, comm);
   if (loss.requires_grad()) loss.backward();
 
-  VerifyResult res;
-  res.loss = c.name;
-  res.world_size = W;
-  res.rows = rows;
+  VerifyResult res{c.name, W, share.rows};
   res.device = loss.device().str();
-  auto note = [&](double e, const std::string& what) {
-    if (std::isnan(e)) e = INFINITY;
-    if (res.worst.empty() || e > res.max_rel_err) {
-      res.max_rel_err = e;
-      res.worst = what;
-    }
-  };
-  auto grad_of = [](const torch::Tensor& t) { return t.grad().defined() ? t.grad() : torch::zeros_like(t); };
   // Scalars to average over ranks: the loss and every scalar gradient.
   std::vector<torch::Tensor> to_sum{loss.detach().reshape({1})};
   for (size_t k = 0; k < n_scalars; ++k) to_sum.push_back(grad_of(loc_s[k]).reshape({1}));
@@ -406,7 +451,7 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   comm->all_reduce_sum(packed, "verify");
   packed = packed.cpu() / static_cast<double>(W);
   res.loss_rel_err = rel(packed[0], ref_loss);
-  note(res.loss_rel_err, "loss");
+  note(res, res.loss_rel_err, "loss");
   for (size_t k = 0; k < n_scalars; ++k) {
     auto want = grad_of(ref_s[k]);
     double e = rel(packed[k + 1], want);
@@ -414,32 +459,21 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
     // under a softmax (shift-invariant). The reference then holds round-off
     // (~1e-17) and a relative error means nothing, so compare absolutely.
     if (want.abs().item<double>() < 1e-12) e = (packed[k + 1] - want).abs().item<double>();
-    note(e, "grad scalar " + std::to_string(k));
+    note(res, e, "grad scalar " + std::to_string(k));
   }
-  // Model parameters: this rank's gradients as they are; the worst rank
-  // counts (every rank learns every rank's errors, so all report the same).
-  if (!params.is_empty()) {
-    std::vector<double> errs;
-    for (size_t k = 0; k < params.size(); ++k) {
-      errs.push_back(rel(grad_of(loc_s[n_scalars + k]), grad_of(ref_s[n_scalars + k])));
-    }
-    auto worst_rank = std::get<0>(
-        gather_no_grad(torch::tensor(errs, f64).reshape({1, -1}).to(dev), comm, "verify").all.cpu().max(0));  // [P]
-    for (size_t k = 0; k < params.size(); ++k) {
-      note(worst_rank[k].item<double>(), "grad " + params.keys()[k]);
-    }
-  }
+  compare_parameters(res, params.keys(), {loc_s.begin() + n_scalars, loc_s.end()},
+                     {ref_s.begin() + n_scalars, ref_s.end()}, comm, dev);
   for (int64_t k = 0; k < c.num_features; ++k) {
     auto all = gather_no_grad(grad_of(loc_x[k]), comm, "verify").all.cpu() / static_cast<double>(W);
     if (!needs_grad(k)) {
-      note(all.abs().max().item<double>(), "grad of constant input " + std::to_string(k));
+      note(res, all.abs().max().item<double>(), "grad of constant input " + std::to_string(k));
       continue;
     }
-    note(rel(all, ref_x[k].grad()), "grad input " + std::to_string(k));
+    note(res, rel(all, ref_x[k].grad()), "grad input " + std::to_string(k));
   }
   // A loss that left the device means the case did not test it.
   if (loss.device() != dev && !(dev.is_cuda() && loss.is_cuda() && dev.index() < 0)) {
-    note(INFINITY, "loss on " + res.device + ", not " + dev.str());
+    note(res, INFINITY, "loss on " + res.device + ", not " + dev.str());
   }
   res.passed = res.max_rel_err <= o.tolerance();
   return res;

@@ -207,6 +207,21 @@ void ring_for_each_block(const CommunicatorPtr& comm, const std::vector<int64_t>
   }
 }
 
+namespace {
+
+// A packed ring message: the partial gradient's bytes, then the block's (if
+// any); and one part of a received one, back in its dtype and shape.
+torch::Tensor as_bytes(const torch::Tensor& partial, const torch::Tensor& block) {
+  auto bytes = [](const torch::Tensor& x) { return x.contiguous().view(-1).view(torch::kUInt8); };
+  return block.defined() ? torch::cat({bytes(partial), bytes(block)}, 0) : bytes(partial);
+}
+
+torch::Tensor from_bytes(const torch::Tensor& bytes, c10::ScalarType dtype, c10::IntArrayRef shape) {
+  return bytes.view(dtype).view(shape);
+}
+
+}  // namespace
+
 torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::vector<int64_t>& counts,
                                        const torch::Tensor& local,
                                        const std::function<torch::Tensor(int64_t, const torch::Tensor&)>& visit,
@@ -245,15 +260,12 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
       // for owner r-1-(t-1) = r-t, which is the block this rank visits now.
       recv_block_rows = send_block ? count(r - t - 1) : 0;
       recv_partial_rows = send_partial ? count(r - t) : 0;
-      std::vector<torch::Tensor> parts;
       if (packed) {
-        auto bytes = [](const torch::Tensor& x) { return x.contiguous().view(-1).view(torch::kUInt8); };
-        parts.push_back(bytes(partial));
-        if (send_block) parts.push_back(bytes(cur));
         const int64_t n =
             per_row * (recv_partial_rows * partial.element_size() + recv_block_rows * local.element_size());
-        pending = comm->ring_exchange_async(parts.size() == 1 ? parts[0] : torch::cat(parts, 0), {n}, 1, stat_name);
+        pending = comm->ring_exchange_async(as_bytes(partial, send_block ? cur : torch::Tensor()), {n}, 1, stat_name);
       } else {
+        std::vector<torch::Tensor> parts;
         if (send_block) parts.push_back(cur);
         if (send_partial) parts.push_back(partial);
         auto message = parts.size() == 1 ? parts[0] : torch::cat(parts, 0);
@@ -269,10 +281,9 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
     if (pending.valid() && packed) {
       auto bytes = pending.wait();
       const int64_t partial_bytes = bytes.numel() - per_row * recv_block_rows * local.element_size();
-      partial_in = bytes.narrow(0, 0, partial_bytes).view(partial.scalar_type()).view(rows_shape(recv_partial_rows));
-      received = bytes.narrow(0, partial_bytes, bytes.numel() - partial_bytes)
-                     .view(local.scalar_type())
-                     .view(rows_shape(recv_block_rows));
+      partial_in = from_bytes(bytes.narrow(0, 0, partial_bytes), partial.scalar_type(), rows_shape(recv_partial_rows));
+      received = from_bytes(bytes.narrow(0, partial_bytes, bytes.numel() - partial_bytes), local.scalar_type(),
+                            rows_shape(recv_block_rows));
     } else if (pending.valid()) {
       received = pending.wait();
       partial_in = received.narrow(0, recv_block_rows, recv_partial_rows);

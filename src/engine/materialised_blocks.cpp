@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 
 #include "engine/block.h"
 #include "engine/panels.h"
@@ -50,12 +51,45 @@ int64_t panel_rows(int64_t b, int64_t cols, const torch::Tensor& features) {
                            panels_on(features.device().type()) ? panel_budget(features.device()) : 0);
 }
 
+// Calls fn(r0, n) for the row panels [r0, r0 + n) of a [rows x cols] buffer
+// (panel_rows), counting each as a step of the walk.
+void for_each_panel(int64_t rows, int64_t cols, const torch::Tensor& features,
+                    const std::function<void(int64_t, int64_t)>& fn) {
+  const int64_t R = panel_rows(rows, cols, features);
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    count_steps(1);
+    fn(r0, std::min(R, rows - r0));
+  }
+}
+
 // Rows of a label sub-panel: its [R, cols] label structure stays near 1 MiB
 // on the CPU (in cache), near 64 MiB off it (a GPU pays a launch per
 // sub-panel: 1 MiB would mean thousands of tiny launches at GPU sizes).
 int64_t label_panel_rows(int64_t cols, const torch::Tensor& like) {
   const int64_t bytes = like.device().is_cpu() ? int64_t{1} << 20 : int64_t{64} << 20;
   return std::max<int64_t>(1, bytes / std::max<int64_t>(1, cols * like.element_size()));
+}
+
+// The rows [r0, r0 + n) of the buffer, holding S (or E when bounded: `fa`,
+// `fb` are the shift's factors, see ClipBlock::backward), made G / c in place;
+// multi-positive labels on sub-panels of `label_rows` rows.
+void panel_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& Sg, int64_t r0,
+                    const torch::Tensor& fa, const torch::Tensor& fb, int64_t label_rows) {
+  const int64_t n = Sg.size(0);
+  if (state.shift) {
+    scale_rows_plus_cols_(Sg, fa.narrow(0, r0, n), fb);
+    subtract_positives(state, w, Sg, r0, 0);
+    return;
+  }
+  for (int64_t l0 = 0; l0 < n; l0 += label_rows) {
+    auto Sc = Sg.narrow(0, l0, std::min(label_rows, n - l0));
+    torch::Tensor P;
+    if (state.multi()) {
+      auto scratch = Sc;  // multi-positive masks nothing: only P is wanted
+      P = apply_labels(state, scratch, r0 + l0, 0);
+    }
+    tile_gradient(state, rt, w, Sc, P, r0 + l0, 0);
+  }
 }
 
 class ClipBlock : public torch::autograd::Function<ClipBlock> {
@@ -97,11 +131,8 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     auto col_sum = bounded && state->spec.symmetric ? torch::zeros({N}, S.options()) : torch::Tensor();
     // GEMM panel by panel, each panel's statistics while it is in cache;
     // labels work on smaller sub-panels (their structure is a [R, N] temporary).
-    const int64_t R = panel_rows(b, N, q);
-    const int64_t Rl = state->labeled() ? label_panel_rows(N, S) : R;
-    for (int64_t r0 = 0; r0 < b; r0 += R) {
-      const int64_t n = std::min(R, b - r0);
-      count_steps(1);
+    const int64_t Rl = state->labeled() ? label_panel_rows(N, S) : std::max<int64_t>(b, 1);
+    for_each_panel(b, N, q, [&](int64_t r0, int64_t n) {
       auto Sg = S.narrow(0, r0, n);
       gemm_out(Sg, qs.narrow(0, r0, n), k_all.t());
       if (has_bias) Sg.add_(*bias);
@@ -115,7 +146,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
           st.add(Sc, P, r0 + l0, 0, /*whole_rows=*/true);
         }
       }
-    }
+    });
     if (bounded && state->spec.symmetric) st.lse_col = col_sum.log_().add_(M);  // this rank's column partials
     RowTerms rt;
     auto l = finish_forward(*state, st, designated, rt);
@@ -178,26 +209,10 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
       fa = shift_factors(*state->shift, rt.lse_row, w.row);
       fb = state->spec.symmetric ? shift_factors(*state->shift, rt.lse_col, w.col) : torch::zeros({N}, S.options());
     }
-    const int64_t R = panel_rows(b, N, q);
-    const int64_t Rl = state->multi() ? label_panel_rows(N, S) : R;
-    for (int64_t r0 = 0; r0 < b; r0 += R) {
-      const int64_t n = std::min(R, b - r0);
-      count_steps(1);
+    const int64_t Rl = state->multi() ? label_panel_rows(N, S) : std::max<int64_t>(b, 1);
+    for_each_panel(b, N, q, [&](int64_t r0, int64_t n) {
       auto Sg = S.narrow(0, r0, n);
-      if (state->shift) {
-        scale_rows_plus_cols_(Sg, fa.narrow(0, r0, n), fb);
-        subtract_positives(*state, w, Sg, r0, 0);
-      } else {
-        for (int64_t l0 = 0; l0 < n; l0 += Rl) {
-          auto Sc = Sg.narrow(0, l0, std::min(Rl, n - l0));
-          torch::Tensor P;
-          if (state->multi()) {
-            auto scratch = Sc;  // multi-positive masks nothing: only P is wanted
-            P = apply_labels(*state, scratch, r0 + l0, 0);
-          }
-          tile_gradient(*state, rt, w, Sc, P, r0 + l0, 0);
-        }
-      }
+      panel_gradient(*state, rt, w, Sg, r0, fa, fb, Rl);
       auto gk = Gk.narrow(0, r0, n);
       if (want_bias) g_sum.add_(Sg.sum());
       if (reduced) {
@@ -207,7 +222,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
       } else {
         gemm_out(gk, Sg, k_all);
       }
-    }
+    });
     torch::Tensor dk;
     if (want_dk) {
       dk = (reduced ? dk_acc : gemm(S.t(), q * (scale * w.c), S.scalar_type())).to(k_all.scalar_type());  // [N, d]
@@ -242,14 +257,11 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
     // every row, so one pass turns the panel into E = exp(S - 1/T) (no
     // underflow: 2/T is within the dtype's exponent range) and sums it; the
     // backward then needs no exponential at all (see there).
-    const int64_t R = panel_rows(b2, 2 * B, z);
     // The mask value as a tensor on S's device: index_put_ with a C++ scalar
     // makes a CPU tensor of it and copies that to the GPU, a blocking copy
     // (a host synchronisation) every panel.
     const auto minus_inf = torch::full({}, -kInf, S.options());
-    for (int64_t r0 = 0; r0 < b2; r0 += R) {
-      const int64_t n = std::min(R, b2 - r0);
-      count_steps(1);
+    for_each_panel(b2, 2 * B, z, [&](int64_t r0, int64_t n) {
       auto Sc = S.narrow(0, r0, n);
       gemm_out(Sc, zs.narrow(0, r0, n), z_all.t());
       const auto rows = idx[0].narrow(0, 0, n);
@@ -260,7 +272,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
       } else {
         lse.narrow(0, r0, n).copy_(tile_lse(Sc, /*rows=*/true, /*cols=*/false).row);
       }
-    }
+    });
     ctx->save_for_backward({z_all});
     ctx->saved_data["S"] = S;
     ctx->saved_data["lse"] = lse;
@@ -299,10 +311,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
       bc = shift_factors(*state->shift, lse_all, w.all);
     }
     auto dz = torch::empty({b2, d}, S.options());  // [2b, d]
-    const int64_t R = panel_rows(b2, S.size(1), z_all);
-    for (int64_t r0 = 0; r0 < b2; r0 += R) {
-      const int64_t n = std::min(R, b2 - r0);
-      count_steps(1);
+    for_each_panel(b2, S.size(1), z_all, [&](int64_t r0, int64_t n) {
       auto Sc = S.narrow(0, r0, n);
       if (state->shift) {
         scale_rows_plus_cols_(Sc, a.narrow(0, r0, n), bc);
@@ -314,7 +323,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
       Sc.index_put_({rows, pos}, Sc.index({rows, pos}) - minus.narrow(0, r0, n));
       auto out = dz.narrow(0, r0, n);
       gemm_out(out, Sc, z_all);
-    }
+    });
     return {dz.mul_(w.c).to(z_all.scalar_type()), torch::Tensor(), torch::Tensor()};
   }
 

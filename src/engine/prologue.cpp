@@ -5,8 +5,6 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
-#include <mutex>
-#include <set>
 
 #include "contrax/comm/collectives.h"
 
@@ -38,7 +36,7 @@ std::vector<int64_t> agree_on_rows(const char* caller, const torch::Tensor& coun
 
 bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_bytes, int64_t max_logits_bytes) {
   if (path == MemoryPath::kTiled || ring) return true;
-  if (path == MemoryPath::kMaterialised || tile_size == -1) return false;
+  if (path == MemoryPath::kMaterialised) return false;
   return tile_size > 0 || logits_bytes > max_logits_bytes;
 }
 
@@ -48,41 +46,17 @@ int64_t logits_blocks(const std::string& loss) {
   return 1;
 }
 
-namespace {
-
-// Whether `caller` warns now: once per process and loss, as TORCH_WARN_ONCE
-// does per call site.
-bool first_warning(const char* caller) {
-  static std::mutex mutex;
-  static std::set<std::string> warned;
-  std::lock_guard<std::mutex> lock(mutex);
-  return warned.insert(caller).second;
-}
-
-}  // namespace
-
 void check_memory_path(ArgChecker& check, const MemoryPathOptions& o) {
-  const bool materialised = o.path() == MemoryPath::kMaterialised || o.tile_size() == -1;
-  check.require(o.tile_size() >= -1,
-                "argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), but got ",
+  // -1 was the spelling of path kMaterialised until the release that
+  // deprecated it; the message says what replaced it.
+  check.require(o.tile_size() >= 0, "argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes",
+                o.tile_size() == -1 ? "; the materialised path is path kMaterialised" : "", "), but got ",
                 o.tile_size());
   check.require(o.tile_bytes() > 0, "argument 'tile_bytes' must be positive, but got ", o.tile_bytes());
   check.require(o.max_logits_bytes() > 0, "argument 'max_logits_bytes' must be positive, but got ",
                 o.max_logits_bytes());
-  check.require(o.tile_size() != -1 || o.path() != MemoryPath::kTiled,
-                "'tile_size' -1 (the deprecated spelling of path kMaterialised) contradicts path kTiled");
-  check.require(!o.ring() || !materialised, "'ring' needs the tiled path, but the path is materialised (",
-                o.tile_size() == -1 ? "'tile_size' is -1" : "'path' is kMaterialised", ")");
-  if (check.error().empty() && o.tile_size() == -1 && first_warning(check.caller())) {
-    TORCH_WARN(check.caller(),
-               "(): tile_size(-1) is deprecated and will be removed in the next release; use "
-               "path(contrax::MemoryPath::kMaterialised) (tile_size is the tile side on the tiled path)");
-  }
-}
-
-void check_tile_options(ArgChecker& check, int64_t tile_size, int64_t tile_bytes) {
-  check.require(tile_size >= 0, "argument 'tile_size' must be >= 0 (0 = automatic), but got ", tile_size);
-  check.require(tile_bytes > 0, "argument 'tile_bytes' must be positive, but got ", tile_bytes);
+  check.require(!o.ring() || o.path() != MemoryPath::kMaterialised,
+                "'ring' needs the tiled path, but the path is materialised ('path' is kMaterialised)");
 }
 
 Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts,

@@ -59,9 +59,9 @@ std::vector<int64_t> agree_on_rows(const char* caller, const torch::Tensor& coun
 
 /// The routing every loss and `plan_loss` share (MemoryPath in
 /// contrax/util/vocabulary.h): tiled for path kTiled or `ring`; materialised for
-/// kMaterialised or the deprecated tile_size -1; tiled for a positive
-/// tile_size; otherwise tiled when the largest rank's materialised logits
-/// (`logits_bytes`) would exceed `max_logits_bytes`.
+/// kMaterialised; tiled for a positive tile_size; otherwise tiled when the
+/// largest rank's materialised logits (`logits_bytes`) would exceed
+/// `max_logits_bytes`.
 bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_bytes, int64_t max_logits_bytes);
 
 /// How many [b x B] logits blocks the materialised path of `loss` holds per
@@ -70,12 +70,8 @@ bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_b
 int64_t logits_blocks(const std::string& loss);
 
 /// Checks the memory-path options into `check` (inconsistent ones are an
-/// argument error); warns once per caller about the deprecated tile_size -1.
+/// argument error).
 void check_memory_path(ArgChecker& check, const MemoryPathOptions& o);
-
-/// The tile options of the always-tiled entry points (TiledOptions, SigLIP,
-/// tiled_info_nce): `tile_size` >= 0 (0: from `tile_bytes`), `tile_bytes` > 0.
-void check_tile_options(ArgChecker& check, int64_t tile_size, int64_t tile_bytes);
 
 /// What the ranks decided from the agreed counts, identically on every rank.
 struct Prologue {

@@ -1,34 +1,13 @@
 // The InfoNCE-family front ends (see infonce.h).
 #include "losses/infonce.h"
 
-#include <algorithm>
-
 #include "engine/engine.h"
 
 namespace contrax::detail {
 
-namespace {
-
-// The memory path of a front end: the options' own, or the tiled entry
-// point's TiledOptions; either checked into `check`.
-MemoryPathOptions memory_path(ArgChecker& check, const MemoryPathOptions& own, const TiledOptions* forced) {
-  if (!forced) {
-    check_memory_path(check, own);
-    return own;
-  }
-  check_tile_options(check, forced->tile_size(), forced->tile_bytes());
-  return MemoryPathOptions()
-      .path(MemoryPath::kTiled)
-      .tile_size(std::max<int64_t>(forced->tile_size(), 0))
-      .tile_bytes(forced->tile_bytes())
-      .ring(forced->ring());
-}
-
-}  // namespace
-
 torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch::Tensor& b,
                          const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
-                         const ClipLossOptions& options, const TiledOptions* forced) {
+                         const ClipLossOptions& options) {
   NoAutocast no_autocast;
   ArgChecker check(caller);
   check.paired_features(a, "a", b, "b");
@@ -38,14 +17,14 @@ torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch
   if (check.error().empty()) check_labels(check, options.labels(), "labels", a.size(0), a.device());
   check.require(options.labels().defined() || options.label_mode() == LabelMode::kMultiPositive,
                 "argument 'label_mode' (kMaskDuplicates) needs 'labels'");
-  const auto memory = memory_path(check, options.memory(), forced);
+  check_memory_path(check, options.memory());
   if (check.error().empty()) warn_if_scale_not_log(logit_scale, options.max_logit_scale());
 
   const auto& comm = options.comm();
   auto counts = agree_on_rows(caller, options.symmetric() ? a : b, options.symmetric() ? "a" : "b", comm,
                               check.error());
   // One [b x B] buffer whichever the direction (see engine/engine.h).
-  const auto p = make_prologue(caller, comm, counts, a, memory, logits_blocks("clip"));
+  const auto p = make_prologue(caller, comm, counts, a, options.memory(), logits_blocks("clip"));
   auto a_n = prepare(a, p, options.normalize());  // [b, d]
   auto b_n = prepare(b, p, options.normalize());  // [b, d]
   auto scale = clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
@@ -67,17 +46,17 @@ torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch
 }
 
 torch::Tensor nt_xent_front(const char* caller, const torch::Tensor& z1, const torch::Tensor& z2,
-                            const NTXentLossOptions& options, const TiledOptions* forced) {
+                            const NTXentLossOptions& options) {
   NoAutocast no_autocast;
   ArgChecker check(caller);
   check.features(z1, "z1").features(z2, "z2");
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
   check.positive(options.temperature(), "temperature");
-  const auto memory = memory_path(check, options.memory(), forced);
+  check_memory_path(check, options.memory());
   const auto& comm = options.comm();
   auto counts = agree_on_rows(caller, z1, "z1", comm, check.error());
   // One [2b x 2B] buffer: four [b x B] blocks.
-  const auto p = make_prologue(caller, comm, counts, z1, memory, logits_blocks("nt_xent"));
+  const auto p = make_prologue(caller, comm, counts, z1, options.memory(), logits_blocks("nt_xent"));
   auto z1n = prepare(z1, p, options.normalize());  // [b, d]
   auto z2n = prepare(z2, p, options.normalize());  // [b, d]
   auto z = torch::cat({z1n, z2n}, 0);                    // [2b, d]
@@ -101,8 +80,7 @@ torch::Tensor nt_xent_front(const char* caller, const torch::Tensor& z1, const t
 }
 
 torch::Tensor moco_v3_front(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2,
-                            const torch::Tensor& k1, const torch::Tensor& k2, const MocoV3LossOptions& options,
-                            const TiledOptions* forced) {
+                            const torch::Tensor& k1, const torch::Tensor& k2, const MocoV3LossOptions& options) {
   NoAutocast no_autocast;
   ArgChecker check(caller);
   check.features(q1, "q1").features(q2, "q2").features(k1, "k1").features(k2, "k2");
@@ -110,12 +88,12 @@ torch::Tensor moco_v3_front(const char* caller, const torch::Tensor& q1, const t
     check.same_as(q2, "q2", q1, "q1").same_as(k1, "k1", q1, "q1").same_as(k2, "k2", q1, "q1");
   }
   check.positive(options.temperature(), "temperature");
-  const auto memory = memory_path(check, options.memory(), forced);
+  check_memory_path(check, options.memory());
   const auto& comm = options.comm();
   const double T = options.temperature();
   auto counts = agree_on_rows(caller, k1, "k1", comm, check.error());
   // Two [b x B] buffers: the two directions have different keys.
-  const auto p = make_prologue(caller, comm, counts, q1, memory, logits_blocks("moco_v3"));
+  const auto p = make_prologue(caller, comm, counts, q1, options.memory(), logits_blocks("moco_v3"));
   // Keys come from the momentum encoder: constants for this loss, so they are
   // gathered (or passed around the ring) without gradient.
   torch::Tensor k1n, k2n;

@@ -13,23 +13,21 @@
 #include <torch/torch.h>
 
 #include "contrax/losses/losses.h"
-#include "contrax/losses/tiled.h"
 
 namespace contrax::detail {
 
 // `caller` is the public function called (every error message names it);
-// `forced` the tiled entry point's TiledOptions (the tiled path whatever the
-// size), or null for the plain entry point (the options' memory path).
+// the options' memory path decides the path (the deprecated tiled entry
+// points pass theirs with path kTiled).
 
 torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch::Tensor& b,
                          const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
-                         const ClipLossOptions& options, const TiledOptions* forced);
+                         const ClipLossOptions& options);
 
 torch::Tensor nt_xent_front(const char* caller, const torch::Tensor& z1, const torch::Tensor& z2,
-                            const NTXentLossOptions& options, const TiledOptions* forced);
+                            const NTXentLossOptions& options);
 
 torch::Tensor moco_v3_front(const char* caller, const torch::Tensor& q1, const torch::Tensor& q2,
-                            const torch::Tensor& k1, const torch::Tensor& k2, const MocoV3LossOptions& options,
-                            const TiledOptions* forced);
+                            const torch::Tensor& k1, const torch::Tensor& k2, const MocoV3LossOptions& options);
 
 }  // namespace contrax::detail

@@ -12,16 +12,16 @@ namespace contrax {
 
 torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
                         const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options) {
-  return detail::clip_front("clip_loss", a, b, logit_scale, logit_bias, options, nullptr);
+  return detail::clip_front("clip_loss", a, b, logit_scale, logit_bias, options);
 }
 
 torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options) {
-  return detail::nt_xent_front("nt_xent_loss", z1, z2, options, nullptr);
+  return detail::nt_xent_front("nt_xent_loss", z1, z2, options);
 }
 
 torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
                            const torch::Tensor& k2, const MocoV3LossOptions& options) {
-  return detail::moco_v3_front("moco_v3_loss", q1, q2, k1, k2, options, nullptr);
+  return detail::moco_v3_front("moco_v3_loss", q1, q2, k1, k2, options);
 }
 
 // ---------------------------------------------------------------------------

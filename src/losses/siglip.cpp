@@ -1,9 +1,11 @@
-// SigLIP's pairwise sigmoid loss as one autograd function over ring-visited,
-// tiled key blocks (see contrax/losses/siglip.h), on the engine's walk (engine/tiles.h:
-// cache-sized tiles on the CPU, row panels on a GPU) and key blocks, and its
-// shared prologue (engine/prologue.h).
+// SigLIP's pairwise sigmoid loss as one autograd function over the key blocks
+// (gathered, or visited around the ring; see contrax/losses/siglip.h) and the
+// engine's walk of each (engine/tiles.h: cache-sized tiles on the CPU, row
+// panels on a GPU, one tile when materialised), after the engine's shared
+// prologue (engine/prologue.h).
 #include "contrax/losses/siglip.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/prologue.h"
@@ -15,19 +17,28 @@ namespace {
 
 struct SigLipState : torch::CustomClassHolder {
   detail::EngineLayout layout;  // null comm or world 1: b holds every row
-  detail::TileWalk walk;  // tiles (CPU) or panels (CUDA): engine/panels.h
-
-  detail::KeyBlocks key_blocks() const { return detail::KeyBlocks(layout.comm, layout.counts, layout.rank); }
+  detail::TileWalk walk;        // tiles (CPU) or panels (CUDA): engine/panels.h; one tile when materialised
+  bool ring = false;            // b is this rank's block, the others travel; else b holds every row
+  detail::KeyBlocks key_blocks() const {
+    if (ring) return detail::KeyBlocks(layout.comm, layout.counts, layout.rank);
+    return detail::KeyBlocks(nullptr, {layout.total}, layout.rank);
+  }
+  // Where row i's positive lies in a block: column i of this rank's own block
+  // on the ring, column offset + i of the gathered keys; -1 in another rank's.
+  int64_t positives(int64_t owner) const {
+    if (owner != layout.rank) return -1;
+    return ring ? 0 : layout.offset;
+  }
 };
 
 // y_ij = -z_ij x_ij for tile `t` of one block: x = as @ bt^T + bias, sign
-// flipped on the positives (i, i) when the block is this rank's own.
+// flipped on the positives (i, positive + i) when the block holds them.
 torch::Tensor signed_logits(const torch::Tensor& as /* [b, d] */, const torch::Tensor& block /* [n, d] */,
-                            const c10::optional<torch::Tensor>& bias, bool own, const detail::Tile& t) {
+                            const c10::optional<torch::Tensor>& bias, int64_t positive, const detail::Tile& t) {
   auto y = detail::gemm(as.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t(),
                         detail::compute_dtype(as.scalar_type()));  // [R, C]
   if (bias.has_value()) y.add_(*bias);
-  if (own) detail::tile_diagonal(y, t.r0, t.c0, 0).neg_();
+  if (positive >= 0) detail::tile_diagonal(y, t.r0, t.c0, positive).neg_();
   return y;
 }
 
@@ -43,7 +54,7 @@ class SigLip : public torch::autograd::Function<SigLip> {
     const auto blocks = state->key_blocks();
     blocks.for_each(b, [&](int64_t owner, int64_t, const torch::Tensor& block) {
       detail::for_each_tile(a.size(0), block.size(0), state->walk, [&](const detail::Tile& t) {
-        auto y = signed_logits(as, block, bias, owner == blocks.rank(), t);
+        auto y = signed_logits(as, block, bias, state->positives(owner), t);
         // softplus(y) = -log sigmoid(-y), exact for every y (torch's softplus
         // switches to the identity above a threshold).
         f.narrow(0, t.r0, t.rows).sub_(torch::log_sigmoid(y.neg_()).sum(1));
@@ -84,15 +95,15 @@ class SigLip : public torch::autograd::Function<SigLip> {
     auto h_rows = torch::zeros_like(g);                                // [b]: sum_j h_ij (bias only)
     const auto blocks = state->key_blocks();
     auto db = blocks.for_each_grad(b, want_db, [&](int64_t owner, int64_t, const torch::Tensor& block) {
-      const bool own = owner == blocks.rank();
+      const int64_t positive = state->positives(owner);
       torch::Tensor db_block =
           want_db ? torch::zeros(block.sizes(), detail::compute_options(block)) : torch::Tensor();  // [n, d]
       detail::for_each_tile(
           a.size(0), block.size(0), state->walk,
           [&](const detail::Tile& t) {
             auto bt = block.narrow(0, t.c0, t.cols);                          // [C, d]
-            auto h = signed_logits(as, block, bias, own, t).sigmoid_();       // [R, C]
-            if (own) detail::tile_diagonal(h, t.r0, t.c0, 0).neg_();          // times -z
+            auto h = signed_logits(as, block, bias, positive, t).sigmoid_();  // [R, C]
+            if (positive >= 0) detail::tile_diagonal(h, t.r0, t.c0, positive).neg_();  // times -z
             if (bias.has_value()) h_rows.narrow(0, t.r0, t.rows).add_(h.sum(1));
             auto hb = detail::scaled_operand(h, {}, bt.scalar_type());  // cast once for both GEMMs
             detail::gemm_add_(H_sum.narrow(0, t.r0, t.rows), hb, bt);
@@ -123,29 +134,34 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");
   check.require(options.max_logit_scale() > 0.0, "argument 'max_logit_scale' must be positive, but got ",
                 options.max_logit_scale());
-  detail::check_tile_options(check, options.tile_size(), options.tile_bytes());
-  const bool ok = check.error().empty();
-  namespace F = torch::nn::functional;
+  detail::check_memory_path(check, options.memory());
+  const auto& comm = options.comm();
+  auto counts = detail::agree_on_rows(caller, check.error().empty() ? b : torch::Tensor(), "b", comm, check.error());
+  // One [b x B] logits block when materialised.
+  const auto p = detail::make_prologue(caller, comm, counts, a, options.memory(), detail::logits_blocks("siglip"));
   // The engine's precision policy (engine/precision.h): normalised in the
   // compute dtype, gathered and multiplied in the operand dtype.
-  const auto dtype = ok ? detail::compute_dtype(a.scalar_type()) : c10::kFloat;
-  const auto operand = ok ? detail::operand_dtype(a.scalar_type(), a.device()) : c10::kFloat;
+  namespace F = torch::nn::functional;
   auto norm = [&](const torch::Tensor& x) {
-    if (!ok) return x;
-    return options.normalize() ? F::normalize(x.to(dtype), F::NormalizeFuncOptions().dim(1)).to(operand)
-                               : x.to(operand);
+    return options.normalize() ? F::normalize(x.to(p.dtype), F::NormalizeFuncOptions().dim(1)).to(p.operand)
+                               : x.to(p.operand);
   };
   auto a_n = norm(a), b_n = norm(b);
-  const auto& comm = options.comm();
-  auto counts = detail::agree_on_rows(caller, ok ? b_n : torch::Tensor(), "b", comm, check.error());
-
   auto state = c10::make_intrusive<SigLipState>();
-  state->layout = detail::make_layout(caller, comm, counts);
-  state->walk = detail::make_walk(a, options.tile_size(), options.tile_bytes());
+  state->layout = p.layout;
+  state->ring = p.ring;
+  state->walk = p.walk;
+  if (!p.tiled) {  // materialised: the whole block is one tile
+    state->walk.panels = false;
+    state->walk.tile = std::max<int64_t>({1, a.size(0), p.layout.total});
+  }
+  // Without the ring the b rows are gathered with their gradient (its
+  // backward reduce-scatters db to the owners).
+  auto keys = p.ring ? b_n : detail::gather_rows(b_n, comm, counts, /*with_grad=*/true);
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale());  // NaN stays NaN
   c10::optional<torch::Tensor> bias;
-  if (logit_bias.has_value()) bias = logit_bias->to(dtype);
-  auto rows = SigLip::apply(a_n, b_n, scale.to(dtype), bias, state);  // [b]
+  if (logit_bias.has_value()) bias = logit_bias->to(p.dtype);
+  auto rows = SigLip::apply(a_n, keys, scale.to(p.dtype), bias, state);  // [b]
   const auto& L = state->layout;
   return rows.sum() * (static_cast<double>(L.world) / static_cast<double>(L.total));
 }

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <mutex>
 #include <set>
+#include <utility>
 
 namespace contrax {
 
@@ -277,6 +278,45 @@ class Bf16Autocast {
 
 }  // namespace
 
+namespace {
+
+// Every DataParallel that takes part, once; the gradients it averages are
+// final only after the last backward that reaches its module.
+std::vector<DataParallel*> data_parallels_of(const std::vector<GradCacheEncoder>& encoders) {
+  std::vector<DataParallel*> dps;
+  for (const auto& enc : encoders) {
+    DataParallel* dp = enc.data_parallel().get();
+    if (dp && std::find(dps.begin(), dps.end(), dp) == dps.end()) dps.push_back(dp);
+  }
+  return dps;
+}
+
+void check_loss(const torch::Tensor& loss) {
+  TORCH_CHECK(loss.defined() && loss.numel() == 1, "GradCache: the loss must be a single value, but got shape ",
+              loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)"));
+  TORCH_CHECK(loss.requires_grad(), "GradCache: the loss does not depend on any representation (it does not "
+              "require grad)");
+}
+
+// The one armed backward of a step: the last chunks of the synchronising
+// encoders (`final_encoders`, their representations `roots`), each
+// DataParallel with a reducer told which of them reach its module.
+void armed_backward(const std::vector<GradCacheEncoder>& encoders, const std::vector<DataParallel*>& dps,
+                    const std::vector<size_t>& final_encoders, const std::vector<torch::Tensor>& roots,
+                    const std::vector<torch::Tensor>& root_grads) {
+  for (DataParallel* dp : dps) {
+    if (!dp->has_reducer()) continue;
+    std::vector<torch::Tensor> outputs;
+    for (size_t k = 0; k < final_encoders.size(); ++k) {
+      if (encoders[final_encoders[k]].data_parallel().get() == dp) outputs.push_back(roots[k]);
+    }
+    dp->prepare_for_backward(outputs);
+  }
+  torch::autograd::backward(roots, root_grads);
+}
+
+}  // namespace
+
 struct GradCache::Chunk {
   BatchInput input;
   RngState rng;
@@ -286,6 +326,64 @@ struct GradCache::Chunk {
 
 struct GradCache::Impl {
   std::vector<std::vector<Chunk>> chunks;  // per encoder
+
+  // Per encoder, a leaf holding the pass-1 representations of all its chunks
+  // (the chunks' own copies released: the leaf holds the only one).
+  std::vector<torch::Tensor> take_leaves() {
+    std::vector<torch::Tensor> leaves;
+    for (auto& enc_chunks : chunks) {
+      std::vector<torch::Tensor> parts;
+      for (auto& c : enc_chunks) parts.push_back(std::exchange(c.rep, torch::Tensor()));
+      torch::Tensor all = parts.size() == 1 ? parts[0] : torch::cat(parts);
+      parts.clear();
+      leaves.push_back(all.detach().requires_grad_(true));
+    }
+    return leaves;
+  }
+
+  // Per encoder and chunk, its rows of the leaf's gradient. A representation
+  // the loss ignores gets zero gradient (its encoder still runs pass 2 so that
+  // a DataParallel sees every parameter).
+  std::vector<std::vector<torch::Tensor>> chunk_grads(const std::vector<torch::Tensor>& leaves) const {
+    std::vector<std::vector<torch::Tensor>> grads(chunks.size());
+    for (size_t e = 0; e < chunks.size(); ++e) {
+      torch::Tensor g = leaves[e].grad().defined() ? leaves[e].grad() : torch::zeros_like(leaves[e]);
+      int64_t off = 0;
+      for (const auto& c : chunks[e]) {
+        grads[e].push_back(g.narrow(0, off, c.shape.at(0)));
+        off += c.shape.at(0);
+      }
+    }
+    return grads;
+  }
+
+  // The random state of every device the chunks ran on.
+  RngState capture(const std::vector<GradCacheEncoder>& encoders) const {
+    std::vector<c10::Device> devices;
+    for (size_t e = 0; e < chunks.size(); ++e) {
+      for (const auto& c : chunks[e]) {
+        const auto d = devices_of(c.input, &encoders[e]);
+        devices.insert(devices.end(), d.begin(), d.end());
+      }
+    }
+    return capture_rng(devices);
+  }
+  // The loss, once, on leaves holding the pass-1 representations; its value,
+  // and in `grads` its gradient per encoder and chunk.
+  torch::Tensor loss_and_grads(const RepresentationLossFn& loss_fn, const GradCacheOptions& options,
+                               std::vector<std::vector<torch::Tensor>>& grads) {
+    std::vector<torch::Tensor> leaves = take_leaves();
+    torch::AutoGradMode enable_grad(true);
+    if (options.loss_data_parallel() && options.loss_data_parallel()->will_sync()) {
+      options.loss_data_parallel()->prepare_for_backward({});
+    }
+    torch::Tensor loss = loss_fn(leaves);
+    check_loss(loss);
+    torch::Tensor to_backward = options.scale_loss() ? options.scale_loss()(loss) : loss;
+    to_backward.reshape({}).backward();
+    grads = chunk_grads(leaves);
+    return loss.detach().reshape({});
+  }
 };
 
 GradCache::GradCache(std::vector<GradCacheEncoder> encoders, RepresentationLossFn loss, GradCacheOptions options)
@@ -426,67 +524,17 @@ torch::Tensor GradCache::finish(const RepresentationLossFn& loss_fn) {
   }
   // Every DataParallel that takes part; the gradients it averages are final
   // only after the last backward that reaches its module.
-  std::vector<DataParallel*> dps;
-  for (const auto& enc : encoders_) {
-    DataParallel* dp = enc.data_parallel().get();
-    if (dp && std::find(dps.begin(), dps.end(), dp) == dps.end()) dps.push_back(dp);
-  }
+  const auto dps = data_parallels_of(encoders_);
   for (DataParallel* dp : dps) dp->sync_buffers();
 
   // ---- the loss, once, on leaves holding the pass-1 representations.
-  std::vector<torch::Tensor> leaves;
-  for (size_t e = 0; e < n_enc; ++e) {
-    std::vector<torch::Tensor> parts;
-    for (auto& c : impl_->chunks[e]) {
-      parts.push_back(c.rep);
-      c.rep = torch::Tensor();  // the leaf holds the only copy from here on
-    }
-    torch::Tensor all = parts.size() == 1 ? parts[0] : torch::cat(parts);
-    parts.clear();
-    leaves.push_back(all.detach().requires_grad_(true));
-  }
-  torch::Tensor loss_value;
-  std::vector<std::vector<torch::Tensor>> grads(n_enc);  // per encoder, per chunk
-  {
-    torch::AutoGradMode enable_grad(true);
-    if (options_.loss_data_parallel() && options_.loss_data_parallel()->will_sync()) {
-      options_.loss_data_parallel()->prepare_for_backward({});
-    }
-    torch::Tensor loss = loss_fn(leaves);
-    TORCH_CHECK(loss.defined() && loss.numel() == 1, "GradCache: the loss must be a single value, but got shape ",
-                loss.defined() ? c10::str(loss.sizes()) : std::string("(undefined)"));
-    TORCH_CHECK(loss.requires_grad(), "GradCache: the loss does not depend on any representation (it does not "
-                "require grad)");
-    loss_value = loss.detach().reshape({});
-    torch::Tensor to_backward = options_.scale_loss() ? options_.scale_loss()(loss) : loss;
-    to_backward.reshape({}).backward();
-    for (size_t e = 0; e < n_enc; ++e) {
-      // A representation the loss ignores gets zero gradient (its encoder
-      // still runs pass 2 so that a DataParallel sees every parameter).
-      torch::Tensor g = leaves[e].grad().defined() ? leaves[e].grad() : torch::zeros_like(leaves[e]);
-      int64_t off = 0;
-      for (const auto& c : impl_->chunks[e]) {
-        const int64_t n = c.shape.at(0);
-        grads[e].push_back(g.narrow(0, off, n));
-        off += n;
-      }
-    }
-  }
-  leaves.clear();
+  std::vector<std::vector<torch::Tensor>> grads;  // per encoder, per chunk
+  torch::Tensor loss_value = impl_->loss_and_grads(loss_fn, options_, grads);
 
   // Where the random state would be had each chunk run once: restored at the
   // end so that the steps after this one draw what they would have drawn.
   RngState after;
-  if (options_.replay_rng()) {
-    std::vector<c10::Device> devices;
-    for (size_t e = 0; e < impl_->chunks.size(); ++e) {
-      for (const auto& c : impl_->chunks[e]) {
-        const auto d = devices_of(c.input, &encoders_[e]);
-        devices.insert(devices.end(), d.begin(), d.end());
-      }
-    }
-    after = capture_rng(devices);
-  }
+  if (options_.replay_rng()) after = impl_->capture(encoders_);
 
   // ---- pass 2.
   torch::AutoGradMode enable_grad(true);
@@ -532,17 +580,7 @@ torch::Tensor GradCache::finish(const RepresentationLossFn& loss_fn) {
       root_grads.push_back(grads[e].back());
       final_encoders.push_back(e);
     }
-    if (!roots.empty()) {
-      for (DataParallel* dp : dps) {
-        if (!dp->has_reducer()) continue;
-        std::vector<torch::Tensor> outputs;
-        for (size_t k = 0; k < final_encoders.size(); ++k) {
-          if (encoders_[final_encoders[k]].data_parallel().get() == dp) outputs.push_back(roots[k]);
-        }
-        dp->prepare_for_backward(outputs);
-      }
-      torch::autograd::backward(roots, root_grads);
-    }
+    if (!roots.empty()) armed_backward(encoders_, dps, final_encoders, roots, root_grads);
   }
   if (options_.replay_rng()) restore_rng(after);
   return loss_value;

@@ -35,3 +35,12 @@ inline std::string error_of(const std::function<void()>& fn) {
     }                                                                                              \
     EXPECT_TRUE(contrax_threw_) << "expected an error containing: " << (substring);                \
   } while (0)
+
+namespace contrax::testing {
+
+/// Expects `fn` to throw a c10::Error whose message contains `text`.
+inline void expect_error(const std::function<void()>& fn, const std::string& text) {
+  CONTRAX_EXPECT_ERROR(fn(), text);
+}
+
+}  // namespace contrax::testing

@@ -1,13 +1,16 @@
-// SigLIP: the pairwise sigmoid loss, distributed around the ring and chunked.
+// SigLIP: the pairwise sigmoid loss, on every loss's memory paths.
 //
 // Every pair (i, j) of the global batch is an independent binary problem,
 // positive when i == j: loss = -(1/B) sum_i sum_j log sigmoid(z_ij (s a_i.b_j + bias)),
 // z_ij = +1 on the diagonal, -1 elsewhere, s = exp(logit_scale). No softmax
-// couples a row, so a rank needs no gathered keys at all: the b blocks travel
-// once around the ring (neighbour send/recv, overlapped with the chunk
-// computation), and in the backward travel again with their partial gradients
-// back to their owners. Logits exist only one `[chunk x chunk]` tile at a time,
-// so memory is O(b x chunk) and at most two remote blocks are held.
+// couples a row, so with `ring` a rank needs no gathered keys at all: the b
+// blocks travel once around the ring (neighbour send/recv, overlapped with the
+// tile computation), and in the backward travel again with their partial
+// gradients back to their owners. On the tiled path logits exist only one tile
+// at a time, so memory is O(b x tile) and, on the ring, at most two remote
+// blocks are held. Without `ring` the b rows are gathered once (their gradient
+// reduce-scattered back); the materialised path takes the whole [b x B] block
+// as one tile.
 //
 // Rank r returns L_r = -(W/B) sum_{i in r} sum_j log sigmoid(...), so averaging
 // gradients over ranks gives exactly the single-device loss on the concatenated
@@ -19,46 +22,23 @@
 #include <limits>
 
 #include "contrax/comm/communicator.h"
+#include "contrax/util/vocabulary.h"
 
 namespace contrax {
 
 /// Options for `siglip_loss`.
 ///
-/// Defaults: no clamp of the scale, no normalisation, square tiles of about
-/// 16 MiB of logits, world 1.
-struct SigLipLossOptions {
+/// Defaults: no clamp of the scale, no normalisation, world 1, and the memory
+/// path every loss has (MemoryPathOptions: automatic, materialised up to 256
+/// MiB of logits per rank, otherwise tiles of about 16 MiB; keys gathered, or
+/// travelling around the ring with `ring(true)`).
+struct SigLipLossOptions : detail::WithMemoryPath<SigLipLossOptions> {
   /// exp(logit_scale) is clamped to at most this (default: no clamp).
   TORCH_ARG(double, max_logit_scale) = std::numeric_limits<double>::infinity();
   /// L2-normalise both feature sets inside the loss.
   TORCH_ARG(bool, normalize) = false;
-  /// Rows and columns of one logits tile; 0 picks it from `tile_bytes`. The
-  /// same names as the other losses' tiled path (TiledOptions).
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// Budget of one logits tile when `tile_size` is 0 (at least 64 x 64 is used).
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
-  /// Process group; null means single device. With W > 1 the b blocks go
-  /// around the ring.
+  /// Process group; null means single device.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
-
- public:  // TORCH_ARG leaves the section private
-  /// Deprecated name of `tile_size` (kept for one release; warns once).
-  SigLipLossOptions& chunk_size(int64_t v) {
-    TORCH_WARN_ONCE("SigLipLossOptions::chunk_size is deprecated and will be removed in the next release; use "
-                    "tile_size (the name every loss uses)");
-    tile_size_ = v;
-    return *this;
-  }
-  /// Deprecated name of `tile_size()` (the getter).
-  int64_t chunk_size() const { return tile_size_; }
-  /// Deprecated name of `tile_bytes` (kept for one release; warns once).
-  SigLipLossOptions& chunk_bytes(int64_t v) {
-    TORCH_WARN_ONCE("SigLipLossOptions::chunk_bytes is deprecated and will be removed in the next release; use "
-                    "tile_bytes (the name every loss uses)");
-    tile_bytes_ = v;
-    return *this;
-  }
-  /// Deprecated name of `tile_bytes()` (the getter).
-  int64_t chunk_bytes() const { return tile_bytes_; }
 };
 
 /// SigLIP loss over the global batch.

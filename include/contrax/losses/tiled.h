@@ -11,7 +11,7 @@
 // scale gradient from them. Values and gradients equal the materialised path
 // up to floating-point reassociation.
 //
-// With `TiledOptions::ring` the keys are not gathered at all: each rank's key
+// With `ring` (MemoryPathOptions) the keys are not gathered at all: each rank's key
 // block travels once around the ring (send to rank+1, receive from rank-1,
 // overlapped with the tile computation of the block in hand), and in the
 // backward the key blocks travel again together with their partial gradients,
@@ -22,7 +22,9 @@
 // row's log-sum-exp), MoCo's keys have none; their blocks travel again alone.
 //
 // The per-rank weighting is the materialised losses' one, L_r = (W/B) sum l_i,
-// so routing `clip_loss` & co. here changes nothing for the caller.
+// so routing `clip_loss` & co. here changes nothing for the caller. Every loss
+// takes this path with `path(MemoryPath::kTiled)`; the always-tiled entry
+// points below are the same front ends with that path, kept one release.
 #pragma once
 
 #include <torch/torch.h>
@@ -32,39 +34,25 @@
 
 namespace contrax {
 
-/// How the tiled losses walk the logits.
-///
-/// Defaults: tiles chosen so that one `[tile x tile]` logits block takes about
-/// 16 MiB (2048 x 2048 in fp32), keys gathered (not ring).
-///
-///   auto loss = contrax::tiled_clip_loss(a, b, logit_scale, {},
-///       contrax::ClipLossOptions().comm(comm), contrax::TiledOptions().ring(true));
-struct TiledOptions {
-  /// Rows and columns of one logits tile; 0 picks it from `tile_bytes`.
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// Budget of one logits tile when `tile_size` is 0 (at least 64 x 64 is used).
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
-  /// Distributed only: pass key blocks around the ring instead of gathering
-  /// them (bytes 3(W-1) blocks instead of 2(W-1), memory 2 remote blocks
-  /// instead of W). Every rank must pass the same value.
-  TORCH_ARG(bool, ring) = false;
-};
+/// Deprecated (kept one release): the tiled entry points' options are the
+/// memory path every loss takes (same setters: tile_size, tile_bytes, ring).
+using TiledOptions [[deprecated("use MemoryPathOptions, or the loss's own options with path(MemoryPath::kTiled)")]] =
+    MemoryPathOptions;
 
 /// Options of the InfoNCE core `tiled_info_nce`.
 ///
 /// Defaults: positive of row i at key column i, nothing masked, automatic tile,
-/// no communicator (k holds every key).
-struct InfoNceOptions {
+/// no communicator (k holds every key). Its memory path is the tiled one:
+/// `tile_size` and `tile_bytes` size the tiles, `path` must not be
+/// kMaterialised, and with a communicator of W > 1 the key blocks always
+/// travel around the ring (`ring` is implied).
+struct InfoNceOptions : detail::WithMemoryPath<InfoNceOptions> {
   /// The positive of query row i is key column `positive_offset + i`. With a
   /// ring communicator the column is counted inside this rank's own key block.
   TORCH_ARG(int64_t, positive_offset) = 0;
   /// When >= 0, key column `masked_offset + i` is excluded from row i's softmax
   /// (NT-Xent's self-similarity); counted like `positive_offset`.
   TORCH_ARG(int64_t, masked_offset) = -1;
-  /// Side of a logits tile; 0 (default) chooses it from `tile_bytes`.
-  TORCH_ARG(int64_t, tile_size) = 0;
-  /// Budget of one logits tile when `tile_size` is 0.
-  TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
   /// Null or world 1: `k` holds every key. Otherwise `k` is this rank's key
   /// block and the blocks of all ranks are visited around the ring.
   TORCH_ARG(CommunicatorPtr, comm) = nullptr;
@@ -85,28 +73,22 @@ torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, con
                              const c10::optional<torch::Tensor>& bias = c10::nullopt,
                              const InfoNceOptions& options = {});
 
-/// `clip_loss` computed tile by tile (and, with `tiled.ring()`, with the keys
-/// travelling around the ring). Same arguments, options and value.
-///
-///   auto loss = contrax::tiled_clip_loss(img, txt, logit_scale, {},
-///       contrax::ClipLossOptions().comm(comm), contrax::TiledOptions().tile_size(1024));
-torch::Tensor tiled_clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-                              const c10::optional<torch::Tensor>& logit_bias = c10::nullopt,
-                              const ClipLossOptions& options = {}, const TiledOptions& tiled = {});
+/// Deprecated (kept one release): `clip_loss` with `path(MemoryPath::kTiled)`
+/// and the memory path `tiled` (its `path` is ignored). Same value and errors,
+/// which name tiled_clip_loss.
+[[deprecated("use clip_loss with ClipLossOptions().path(MemoryPath::kTiled)")]] torch::Tensor tiled_clip_loss(
+    const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
+    const c10::optional<torch::Tensor>& logit_bias = c10::nullopt, const ClipLossOptions& options = {},
+    const MemoryPathOptions& tiled = {});
 
-/// `nt_xent_loss` computed tile by tile; the self column is masked by index,
-/// never by a buffer.
-///
-///   auto loss = contrax::tiled_nt_xent_loss(p1, p2, contrax::NTXentLossOptions().comm(comm));
-torch::Tensor tiled_nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2,
-                                 const NTXentLossOptions& options = {}, const TiledOptions& tiled = {});
+/// Deprecated (kept one release): `nt_xent_loss` with `path(MemoryPath::kTiled)`.
+[[deprecated("use nt_xent_loss with NTXentLossOptions().path(MemoryPath::kTiled)")]] torch::Tensor
+tiled_nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options = {},
+                   const MemoryPathOptions& tiled = {});
 
-/// `moco_v3_loss` computed tile by tile; keys stay constants.
-///
-///   auto loss = contrax::tiled_moco_v3_loss(q1, q2, k1, k2,
-///       contrax::MocoV3LossOptions().temperature(0.2).comm(comm));
-torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
-                                 const torch::Tensor& k2, const MocoV3LossOptions& options = {},
-                                 const TiledOptions& tiled = {});
+/// Deprecated (kept one release): `moco_v3_loss` with `path(MemoryPath::kTiled)`.
+[[deprecated("use moco_v3_loss with MocoV3LossOptions().path(MemoryPath::kTiled)")]] torch::Tensor
+tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1, const torch::Tensor& k2,
+                   const MocoV3LossOptions& options = {}, const MemoryPathOptions& tiled = {});
 
 }  // namespace contrax

@@ -58,8 +58,6 @@ struct MemoryPathOptions {
   TORCH_ARG(MemoryPath, path) = MemoryPath::kAuto;
   /// Tiled path: side of a logits tile; 0 (default) chooses it from
   /// `tile_bytes`. A positive value with path kAuto selects the tiled path.
-  /// Deprecated: -1, the old spelling of path(MemoryPath::kMaterialised)
-  /// (still accepted for one release, with a warning).
   TORCH_ARG(int64_t, tile_size) = 0;
   /// Tiled path: budget of one logits tile when `tile_size` is 0.
   TORCH_ARG(int64_t, tile_bytes) = int64_t{16} << 20;
