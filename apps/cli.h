@@ -79,6 +79,12 @@ int parse(CLI::App& app, const std::vector<std::string>& args);
 /// errors too.
 int parse(CLI::App& app, const std::vector<std::string>& args, const std::function<CLI::App&(bool help)>& resolve);
 
+/// The flags of `from` added to `into` by name and arity, unbound and
+/// unchecked, where `into` has none of that name: what a command line is
+/// parsed into (parse with a resolve step) before the app that gives the
+/// flags their defaults and checks is known.
+void add_unbound_flags(const CLI::App& from, CLI::App& into);
+
 /// Integer flag in [lo, hi]; errors: "flag '--x' must be an integer, but got
 /// 'v'", "... must be >= lo, but got v", "... must be <= hi, but got v".
 CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, const std::string& help,

@@ -49,38 +49,6 @@ using cli::Json;
 // for restarts after a failure).
 constexpr const char* kStartEnv = "CONTRAX_TRAIN_START";
 
-// The live line of a training step: a bar, then where the run stands.
-std::string step_line(const ct::StepProgress& p) {
-  const double f = p.total_steps > 0 ? static_cast<double>(p.step) / static_cast<double>(p.total_steps) : 0.0;
-  std::ostringstream o;
-  const double loss = std::isnan(p.loss) ? std::fabs(p.loss) : p.loss;  // "nan", never "-nan"
-  o << "train " << cli::progress_bar(f, 24) << " " << std::setw(3) << static_cast<int>(f * 100) << "%  step "
-    << p.step << "/" << p.total_steps << "  epoch " << p.epoch << "/" << p.epochs << "  loss " << std::fixed
-    << std::setprecision(4) << loss << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
-    << "/s  ETA " << ct::format_duration(p.eta_s);
-  return o.str();
-}
-
-bool is_recipe(const std::string& name) {
-  const auto& names = cli::train_recipe_names();
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
-
-// The flags of `from` added to `into` by name and arity, unbound and
-// unchecked, where `into` has none of that name: what the command line is
-// parsed into (cli::parse with a resolve step) before the recipe that gives
-// the flags their defaults and checks is known.
-void add_unbound_flags(const CLI::App& from, CLI::App& into) {
-  for (const CLI::Option* o : from.get_options()) {
-    if (o->get_lnames().empty() || into.get_option_no_throw("--" + o->get_lnames()[0]) != nullptr) continue;
-    const std::string names = o->get_name(false, true);
-    CLI::Option* u = o->get_expected_max() == 0  // a flag
-                         ? into.add_flag(names)
-                         : into.add_option(names)->expected(o->get_expected_min(), o->get_expected_max());
-    u->configurable(o->get_configurable());
-  }
-}
-
 // The smallest temperature a dtype carries. Logits are cosines over T, so
 // they reach 1/T, and the backward's products and sums of squares (the
 // gradient's norm, AdamW's second moment) grow as (1/T)^4: that must stay
@@ -243,7 +211,7 @@ int TrainCommand::parse() {
   for (const char* name : {"simclr", "retrieval"}) {  // the image recipes share their flags
     CLI::App flags;
     add_flags(flags, *cli::make_train_recipe(name, "default"));
-    add_unbound_flags(flags, given);
+    cli::add_unbound_flags(flags, given);
   }
   const int st = cli::parse(given, command_, [&](bool help) -> CLI::App& { return resolve(given, word, help); });
   if (st >= 0) return st;
@@ -257,13 +225,13 @@ int TrainCommand::parse() {
 // another recipe is a usage error.
 CLI::App& TrainCommand::resolve(const CLI::App& given, const std::string& word, bool help) {
   // A word that names no recipe is a stray word, as before the recipes were words.
-  if (!help && !word.empty() && !is_recipe(word)) throw CLI::ExtrasError(given.get_name(), {word});
+  if (!help && !word.empty() && !cli::is_train_recipe(word)) throw CLI::ExtrasError(given.get_name(), {word});
   const auto value = [&](const char* flag, const std::string& otherwise) {
     const CLI::Option* o = given.get_option(flag);
     return o->count() > 0 ? o->as<std::string>() : otherwise;
   };
   const std::string flag = value("--recipe", "");
-  name_ = is_recipe(word) ? word : is_recipe(flag) ? flag : "simclr";
+  name_ = cli::is_train_recipe(word) ? word : cli::is_train_recipe(flag) ? flag : "simclr";
   recipe_ = cli::make_train_recipe(name_, value("--recipe-variant", "default"));
   name_flag_ = name_;
   seed_ = static_cast<int64_t>(recipe_->run().seed());
@@ -437,7 +405,9 @@ int TrainCommand::train() {
       .run_dir(run_dir_)
       .resume(resumed_)
       .log([this](const std::string& line) { console_->progress_line(line); })
-      .on_step([this](const ct::StepProgress& p) { console_->live().show(step_line(p), p.step == p.total_steps); })
+      .on_step([this](const ct::StepProgress& p) {
+        console_->live().show(cli::train_step_line(p), p.step == p.total_steps);
+      })
       .stop_requested([] {
         // The loop's first stop check: from here on a signal stops it at a
         // step boundary with a checkpoint; until now it ended the rank at

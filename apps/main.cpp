@@ -177,6 +177,17 @@ int parse(CLI::App& app, const std::vector<std::string>& args, const std::functi
   return -1;
 }
 
+void add_unbound_flags(const CLI::App& from, CLI::App& into) {
+  for (const CLI::Option* o : from.get_options()) {
+    if (o->get_lnames().empty() || into.get_option_no_throw("--" + o->get_lnames()[0]) != nullptr) continue;
+    const std::string names = o->get_name(false, true);
+    CLI::Option* u = o->get_expected_max() == 0  // a flag
+                         ? into.add_flag(names)
+                         : into.add_option(names)->expected(o->get_expected_min(), o->get_expected_max());
+    u->configurable(o->get_configurable());
+  }
+}
+
 CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, const std::string& help, int64_t lo,
                      int64_t hi) {
   const std::string flag = flag_of(name);

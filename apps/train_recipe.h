@@ -81,6 +81,9 @@ class TrainRecipe {
 /// The recipes in the order `--recipe` lists them.
 const std::vector<std::string>& train_recipe_names();
 
+/// Whether `name` is one of train_recipe_names().
+bool is_train_recipe(const std::string& name);
+
 /// The recipe `name` (one of train_recipe_names()), with the defaults of
 /// `variant` ("default" or "peer"; the image recipes only).
 std::unique_ptr<TrainRecipe> make_train_recipe(const std::string& name, const std::string& variant);
