@@ -3,9 +3,10 @@
 // the tool printed when the library still named its flags, and the exit
 // status each maps to. The library's errors are made by the library where
 // that is cheap (the run directory's refusals, a missing data file), else
-// built with the numbers a run gives. The end-to-end runs (a divergence, a
-// refused directory, a step that cannot fit) are in cli_train_test.cpp,
-// train_memory_estimate_test.cpp and user_errors_test.cpp.
+// built with the numbers a run gives; the data hints also end to end. The
+// other end-to-end runs (a divergence, a refused directory, a step that
+// cannot fit) are in cli_train_test.cpp, train_memory_estimate_test.cpp and
+// user_errors_test.cpp.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include <string>
 
 #include "cli.h"
+#include "support/cli.h"
 #include "contrax/train/common/run_dir.h"
 #include "contrax/train/image/idx.h"
 #include "support/processes.h"
@@ -84,6 +86,25 @@ TEST(TrainErrors, UnreadableDataEndsWithTheRecipesHint) {
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.message, "load_dataset(): file '/nonexistent/train-images-idx3-ubyte.gz' does not exist (nor without "
                        ".gz); the directory '/nonexistent' does not exist either (or pass --data DIR)");
+}
+
+// End to end: each recipe names its own flag for another data directory.
+TEST(TrainErrors, TheToolNamesEachRecipesDataFlag) {
+  const std::string d = contrax::testing::scratch_dir("train_errors_data");
+  auto r = contrax::testing::run_cli("train --nproc 1 --no-plot --data /nonexistent --run-dir " + d + "/image");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("contrax train: error: check_dataset_files(): file '/nonexistent/train-images-idx3-ubyte.gz' "
+                       "does not exist (nor without .gz); the directory '/nonexistent' does not exist either (install "
+                       "Fashion-MNIST with `apt-get install dataset-fashion-mnist`, or pass --data DIR with a directory "
+                       "holding MNIST-format IDX files)\n"),
+            std::string::npos)
+      << r.out;
+  r = contrax::testing::run_cli("train retrieval --nproc 1 --no-plot --wordnet /nonexistent --run-dir " + d + "/text");
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.out.find("contrax train: error: cannot read WordNet file /nonexistent/data.noun (install Debian's "
+                       "'wordnet-base' package: apt-get install wordnet-base; or pass --wordnet DIR)\n"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(TrainErrors, DivergenceNamesLrAndSkipNonfinite) {
