@@ -17,6 +17,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "cli.h"
 #include "support/cli.h"
@@ -91,20 +92,20 @@ TEST(TrainErrors, UnreadableDataEndsWithTheRecipesHint) {
 // End to end: each recipe names its own flag for another data directory.
 TEST(TrainErrors, TheToolNamesEachRecipesDataFlag) {
   const std::string d = contrax::testing::scratch_dir("train_errors_data");
-  auto r = contrax::testing::run_cli("train --nproc 1 --no-plot --data /nonexistent --run-dir " + d + "/image");
-  EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find("contrax train: error: check_dataset_files(): file '/nonexistent/train-images-idx3-ubyte.gz' "
-                       "does not exist (nor without .gz); the directory '/nonexistent' does not exist either (install "
-                       "Fashion-MNIST with `apt-get install dataset-fashion-mnist`, or pass --data DIR with a directory "
-                       "holding MNIST-format IDX files)\n"),
-            std::string::npos)
-      << r.out;
-  r = contrax::testing::run_cli("train retrieval --nproc 1 --no-plot --wordnet /nonexistent --run-dir " + d + "/text");
-  EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find("contrax train: error: cannot read WordNet file /nonexistent/data.noun (install Debian's "
-                       "'wordnet-base' package: apt-get install wordnet-base; or pass --wordnet DIR)\n"),
-            std::string::npos)
-      << r.out;
+  const std::pair<std::string, std::string> cases[] = {
+      {"train --data /nonexistent --run-dir " + d + "/image",
+       "check_dataset_files(): file '/nonexistent/train-images-idx3-ubyte.gz' does not exist (nor without .gz); the "
+       "directory '/nonexistent' does not exist either (install Fashion-MNIST with `apt-get install "
+       "dataset-fashion-mnist`, or pass --data DIR with a directory holding MNIST-format IDX files)"},
+      {"train retrieval --wordnet /nonexistent --run-dir " + d + "/text",
+       "cannot read WordNet file /nonexistent/data.noun (install Debian's 'wordnet-base' package: apt-get install "
+       "wordnet-base; or pass --wordnet DIR)"},
+  };
+  for (const auto& [args, message] : cases) {
+    const auto r = contrax::testing::run_cli(args + " --nproc 1 --no-plot");
+    EXPECT_EQ(r.status, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("contrax train: error: " + message + "\n"), std::string::npos) << args << "\n" << r.out;
+  }
 }
 
 TEST(TrainErrors, DivergenceNamesLrAndSkipNonfinite) {
