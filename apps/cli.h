@@ -70,6 +70,21 @@ void setup_app(CLI::App& app);
 /// request never starts anything even next to a bad value.
 int parse(CLI::App& app, const std::vector<std::string>& args);
 
+/// The same for a command whose flags depend on what its command line says
+/// (`contrax train`'s recipe): `app` knows every flag by name, unbound, and
+/// parses `args`, once; then `resolve(help)` returns the app whose flags are
+/// bound, with the values given applied (unless `help`: --help was given),
+/// and whose --help or --dump-config is printed. A help request wins over a
+/// mistake in `args`; `resolve`'s UsageError and CLI11 errors are usage
+/// errors too.
+int parse(CLI::App& app, const std::vector<std::string>& args, const std::function<CLI::App&(bool help)>& resolve);
+
+/// The flags of `from` added to `into` by name and arity, unbound and
+/// unchecked, where `into` has none of that name: what a command line is
+/// parsed into (parse with a resolve step) before the app that gives the
+/// flags their defaults and checks is known.
+void add_unbound_flags(const CLI::App& from, CLI::App& into);
+
 /// Integer flag in [lo, hi]; errors: "flag '--x' must be an integer, but got
 /// 'v'", "... must be >= lo, but got v", "... must be <= hi, but got v".
 CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, const std::string& help,

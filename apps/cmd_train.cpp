@@ -34,6 +34,7 @@
 #include "plot.h"
 #include "stop_signal.h"
 #include "train_console.h"
+#include "train_errors.h"
 #include "train_recipe.h"
 #include "train_threads.h"
 
@@ -47,55 +48,6 @@ using cli::Json;
 // workers it launches: "fresh", "resume" or "auto" (decide by the checkpoint,
 // for restarts after a failure).
 constexpr const char* kStartEnv = "CONTRAX_TRAIN_START";
-
-// The live line of a training step: a bar, then where the run stands.
-std::string step_line(const ct::StepProgress& p) {
-  const double f = p.total_steps > 0 ? static_cast<double>(p.step) / static_cast<double>(p.total_steps) : 0.0;
-  std::ostringstream o;
-  const double loss = std::isnan(p.loss) ? std::fabs(p.loss) : p.loss;  // "nan", never "-nan"
-  o << "train " << cli::progress_bar(f, 24) << " " << std::setw(3) << static_cast<int>(f * 100) << "%  step "
-    << p.step << "/" << p.total_steps << "  epoch " << p.epoch << "/" << p.epochs << "  loss " << std::fixed
-    << std::setprecision(4) << loss << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
-    << "/s  ETA " << ct::format_duration(p.eta_s);
-  return o.str();
-}
-
-// A bare `--resume` means "always"; CLI11 would otherwise take the next flag
-// as its value.
-std::vector<std::string> expand_bare_resume(std::vector<std::string> args) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--") break;
-    if (args[i] == "--resume" && (i + 1 == args.size() || args[i + 1].rfind("-", 0) == 0)) args[i] = "--resume=always";
-  }
-  return args;
-}
-
-bool is_recipe(const std::string& name) {
-  const auto& names = cli::train_recipe_names();
-  return std::find(names.begin(), names.end(), name) != names.end();
-}
-
-// The recipe, and the image recipes' variant, give every other flag its
-// default (what --help and --dump-config show), so they are known before
-// the flags are: from the recipe word that follows `train`, else from
-// --recipe / --recipe-variant on the command line or in the --config file,
-// read by CLI11 by the same rules as the full parse that follows (which
-// reports any mistake).
-std::unique_ptr<cli::TrainRecipe> choose_recipe(const std::vector<std::string>& args, std::string& recipe) {
-  CLI::App pre;
-  pre.allow_extras();
-  pre.set_help_flag();
-  pre.set_config("--config");
-  std::string flag, variant = "default";
-  pre.add_option("--recipe", flag);
-  pre.add_option("--recipe-variant", variant);
-  try {
-    pre.parse(std::vector<std::string>(args.rbegin(), args.rend()));
-  } catch (const CLI::Error&) {
-  }
-  if (recipe.empty()) recipe = is_recipe(flag) ? flag : "simclr";
-  return cli::make_train_recipe(recipe, variant);
-}
 
 // The smallest temperature a dtype carries. Logits are cosines over T, so
 // they reach 1/T, and the backward's products and sums of squares (the
@@ -112,15 +64,18 @@ double min_temperature(const std::string& dtype) {
 // options (the one place they are written), the others the tool's own.
 class TrainCommand {
  public:
-  explicit TrainCommand(const std::vector<std::string>& args) : command_(args), args_(expand_bare_resume(args)) {}
+  explicit TrainCommand(const std::vector<std::string>& args) : command_(args) {}
   /// -1 to go on, else the status to exit with (--help, a usage error).
   int parse();
   /// -1 when this process trains, else the exit status of its workers.
   int start();
   int train();
+  /// The tool's message for a typed error of the trainer library.
+  std::string message(const ct::TrainError& e) const { return cli::train_error_message(e, recipe_->data_hint()); }
 
  private:
-  void add_flags();
+  void add_flags(CLI::App& app, cli::TrainRecipe& recipe);
+  CLI::App& resolve(const CLI::App& given, const std::string& word, bool help);
   void check_flags();
   int launch_workers(const std::string& start) const;
   int64_t threads_per_process(int64_t world) const;
@@ -130,7 +85,7 @@ class TrainCommand {
   int report(const ct::RunResult& r, std::chrono::steady_clock::time_point wall0);
   std::string divergence_cause() const;
 
-  const std::vector<std::string> command_, args_;  // as given; with a bare --resume spelled out
+  const std::vector<std::string> command_;  // as given
   CLI::App app_{"train a recipe (SimCLR, MoCo v3, two-tower retrieval) over N processes, then evaluate", "train"};
   std::unique_ptr<cli::TrainRecipe> recipe_;
   std::string name_, name_flag_;  // the recipe's name; the --recipe flag's value
@@ -146,8 +101,9 @@ class TrainCommand {
   std::unique_ptr<cli::IntraOpThreads> threads_guard_;  // this rank's intra-op threads, started
 };
 
-void TrainCommand::add_flags() {
-  auto& app = app_;
+// The flags of a run of `recipe` (the shared ones, then the recipe's own),
+// their defaults the recipe's.
+void TrainCommand::add_flags(CLI::App& app, cli::TrainRecipe& recipe) {
   const int64_t cap = cli::max_procs();
   const std::string force_note = " (at most " + std::to_string(cap) + ", " + std::to_string(cli::kMaxProcsPerCore) +
                                  " per core, unless --force)";
@@ -163,7 +119,7 @@ void TrainCommand::add_flags() {
           },
           ""));
   cli::add_int(app, "--nproc", nproc_, "local processes (ignored under a launcher)" + force_note, 1);
-  ct::RunOptions& run = recipe_->run();
+  ct::RunOptions& run = recipe.run();
   cli::add_int(app, "--epochs", run.epochs(), "epochs over the training subset (unless --max-steps)", 1,
                int64_t{1} << 20);
   cli::add_int(app, "--max-steps", run.max_steps(),
@@ -181,7 +137,8 @@ void TrainCommand::add_flags() {
   cli::add_choice(app, "--resume", resume_,
                   "continue the run in --run-dir: --resume (a checkpoint must exist) or --resume auto (continue if "
                   "there is a checkpoint, else start)",
-                  {"never", "always", "auto"});
+                  {"never", "always", "auto"})
+      ->expected(0, 1);  // bare: "always" (resolve)
   app.add_flag("--overwrite", overwrite_, "replace an existing run in --run-dir");
   app.add_flag("--json", json_, "print the summary as one JSON object (progress goes to stderr)");
   cli::add_int(app, "--train-limit", tool_.train_limit, "train on the first N training examples (-1: all)", -1);
@@ -206,7 +163,7 @@ void TrainCommand::add_flags() {
   cli::add_int(app, "--max-restarts", max_restarts_,
                "restart all processes up to N times after a failure, resuming from the last checkpoint", 0, 1000);
   app.add_flag("--force", force_, "allow --nproc and --threads above " + std::to_string(cap));
-  recipe_->add_flags(app);
+  recipe.add_flags(app);
   app.footer("Recipes: contrax train [simclr|moco-v3|retrieval] FLAGS (or --recipe NAME); "
              "contrax train RECIPE --help shows that recipe's flags and defaults.");
 }
@@ -242,29 +199,66 @@ void TrainCommand::check_flags() {
   recipe_->check_flags();
 }
 
+// The command line is read once, by CLI11, into an app that knows every
+// recipe's flags by name; the recipe (the word after train, --recipe,
+// --recipe-variant, or the --config file) then gives the flags their
+// defaults and checks (resolve).
 int TrainCommand::parse() {
-  std::vector<std::string> args = args_;
-  if (!args.empty() && is_recipe(args[0])) {
-    name_ = args[0];
-    args.erase(args.begin());
+  CLI::App given{"", "train"};
+  cli::setup_app(given);
+  std::string word;
+  given.add_option("RECIPE", word, "the recipe")->configurable(false);
+  for (const char* name : {"simclr", "retrieval"}) {  // the image recipes share their flags
+    CLI::App flags;
+    add_flags(flags, *cli::make_train_recipe(name, "default"));
+    cli::add_unbound_flags(flags, given);
   }
-  recipe_ = choose_recipe(args, name_);
-  name_flag_ = name_;
-  seed_ = static_cast<int64_t>(recipe_->run().seed());
-  default_lr_ = recipe_->run().lr();
-  default_temperature_ = recipe_->temperature();
-  cli::setup_app(app_);
-  add_flags();
-  if (int st = cli::parse(app_, args); st >= 0) return st;
+  const int st = cli::parse(given, command_, [&](bool help) -> CLI::App& { return resolve(given, word, help); });
+  if (st >= 0) return st;
   check_flags();
   if (run_dir_.empty()) run_dir_ = "runs/" + name_;
   return -1;
 }
 
+// The recipe the command line chose, its flags bound to it, and every flag
+// given (or read from --config) applied to them with its checks: a flag of
+// another recipe is a usage error.
+CLI::App& TrainCommand::resolve(const CLI::App& given, const std::string& word, bool help) {
+  // A word that names no recipe is a stray word, as before the recipes were words.
+  if (!help && !word.empty() && !cli::is_train_recipe(word)) throw CLI::ExtrasError(given.get_name(), {word});
+  const auto value = [&](const char* flag, const std::string& otherwise) {
+    const CLI::Option* o = given.get_option(flag);
+    return o->count() > 0 ? o->as<std::string>() : otherwise;
+  };
+  const std::string flag = value("--recipe", "");
+  name_ = cli::is_train_recipe(word) ? word : cli::is_train_recipe(flag) ? flag : "simclr";
+  recipe_ = cli::make_train_recipe(name_, value("--recipe-variant", "default"));
+  name_flag_ = name_;
+  seed_ = static_cast<int64_t>(recipe_->run().seed());
+  default_lr_ = recipe_->run().lr();
+  default_temperature_ = recipe_->temperature();
+  cli::setup_app(app_);
+  add_flags(app_, *recipe_);
+  if (help) return app_;
+  for (const CLI::Option* o : given.get_options()) {
+    if (o->count() == 0 || o->get_lnames().empty() || !o->get_configurable() || o == given.get_config_ptr()) continue;
+    const std::string name = "--" + o->get_lnames()[0];
+    CLI::Option* mine = app_.get_option_no_throw(name);
+    cli::usage_check(mine != nullptr, "flag '", name, "' is not a flag of the ", name_, " recipe (contrax train ",
+                     name_, " --help lists its flags)");
+    std::vector<std::string> values = o->results();
+    // A bare --resume (its value is optional: CLI11 gives "") means always.
+    if (name == "--resume") std::replace(values.begin(), values.end(), std::string(), std::string("always"));
+    mine->add_result(values);
+    mine->run_callback();
+  }
+  return app_;
+}
+
 // Runs the workers of a multi-process run on this node.
 int TrainCommand::launch_workers(const std::string& start) const {
   std::vector<std::string> argv{contrax::self_executable(), "train"};
-  argv.insert(argv.end(), args_.begin(), args_.end());
+  argv.insert(argv.end(), command_.begin(), command_.end());
   contrax::LaunchOptions lo;
   lo.nproc = nproc_;
   lo.prefix_output = false;
@@ -329,11 +323,7 @@ int TrainCommand::start() {
   const bool outside_rank0 = !top && start_env == nullptr && env_rank != nullptr && std::string(env_rank) == "0";
   check_tasks(top);
   if (top || outside_rank0) {
-    try {
-      claim_ = dir.claim(mode, overwrite_);
-    } catch (const ct::RunDirRefused& e) {
-      throw cli::UsageError(e.what());
-    }
+    claim_ = dir.claim(mode, overwrite_);  // refusals: RunDirRefused, a usage error (run_train)
     resumed_ = claim_.resume;
     if (top && (nproc_ > 1 || max_restarts_ > 0)) {
       // One process under a restart policy still needs a launcher around it.
@@ -415,7 +405,9 @@ int TrainCommand::train() {
       .run_dir(run_dir_)
       .resume(resumed_)
       .log([this](const std::string& line) { console_->progress_line(line); })
-      .on_step([this](const ct::StepProgress& p) { console_->live().show(step_line(p), p.step == p.total_steps); })
+      .on_step([this](const ct::StepProgress& p) {
+        console_->live().show(cli::train_step_line(p), p.step == p.total_steps);
+      })
       .stop_requested([] {
         // The loop's first stop check: from here on a signal stops it at a
         // step boundary with a checkpoint; until now it ended the rank at
@@ -430,19 +422,26 @@ int TrainCommand::train() {
                            resumed_ ? " (resuming)" : "", "\n"));
   }
   ct::RunResult r;
+  // A peer that a signal ended first fails this rank's collective: the
+  // signal, not the error, is why the run ended. Otherwise train.log keeps
+  // why the run ended, in the words the console gets.
+  const auto ended = [this](const std::string& msg) {
+    if (cli::stop_signal() != 0) cli::end_by_signal(cli::stop_signal());
+    console_->log_only(c10::str("contrax train: error: ", msg, "\n"));
+  };
   try {
     r = recipe_->train(comm_);
+  } catch (const ct::Diverged& e) {
+    // The loop names the step; the flags that may have caused it are the tool's to name.
+    const std::string msg = message(e) + divergence_cause();
+    ended(msg);
+    cli::throw_train_error(e, msg);
+  } catch (const ct::TrainError& e) {
+    ended(message(e));
+    cli::throw_train_error(e, message(e));
   } catch (const c10::Error& e) {
-    // A peer that a signal ended first fails this rank's collective: the
-    // signal, not the error, is why the run ended.
-    if (cli::stop_signal() != 0) cli::end_by_signal(cli::stop_signal());
-    // The loop's divergence error names the step; the flags are the tool's to name.
-    const std::string msg = e.what_without_backtrace();
-    const std::string cause = msg.rfind("training diverged", 0) == 0 ? divergence_cause() : "";
-    // train.log keeps why the run ended.
-    console_->log_only(c10::str("contrax train: error: ", msg, cause, "\n"));
-    if (cause.empty()) throw;
-    TORCH_CHECK(false, msg, cause);
+    ended(e.what_without_backtrace());
+    throw;
   }
   console_->live().keep();  // the training's last state stays on the screen
   // Evaluation has nothing to save: a signal ends it at once.
@@ -581,8 +580,14 @@ int TrainCommand::report(const ct::RunResult& r, std::chrono::steady_clock::time
 int run_train(const std::vector<std::string>& args) {
   TrainCommand train(args);
   if (int st = train.parse(); st >= 0) return st;
-  if (int st = train.start(); st >= 0) return st;
-  return train.train();
+  try {
+    if (int st = train.start(); st >= 0) return st;
+    return train.train();
+  } catch (const ct::TrainError& e) {
+    // Before the loop (a refused run directory, unreadable data): the
+    // library's fact in the tool's words.
+    cli::throw_train_error(e, train.message(e));
+  }
 }
 
 contrax::cli::Command train_cmd("train",

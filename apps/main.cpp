@@ -141,20 +141,51 @@ int parse(CLI::App& app, const std::vector<std::string>& args) {
       return 0;
     }
   }
+  return parse(app, args, [&app](bool) -> CLI::App& { return app; });
+}
+
+int parse(CLI::App& app, const std::vector<std::string>& args, const std::function<CLI::App&(bool help)>& resolve) {
+  const auto usage_error = [&app](const CLI::ParseError& e) {
+    std::cerr << "contrax " << app.get_name() << ": error: " << e.what() << " (see contrax " << app.get_name()
+              << " --help)\n";
+    return 2;
+  };
+  // CLI11 reports --help after the whole command line, unless a mistake
+  // stops it first; either way the help is what was asked for.
+  bool help = false;
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --version
-    std::cerr << "contrax " << app.get_name() << ": error: " << e.what() << " (see contrax " << app.get_name()
-              << " --help)\n";
-    return 2;
+    help = app.get_help_ptr() != nullptr && app.get_help_ptr()->count() > 0;
+    if (!help && e.get_exit_code() == 0) return app.exit(e);  // --version
+    if (!help) return usage_error(e);
   }
-  if (app.count("--dump-config") > 0) {
-    std::cout << app.config_to_str(true, true);
-    return 0;
+  try {
+    CLI::App& bound = resolve(help);
+    if (help) {
+      std::cout << bound.help();
+      return 0;
+    }
+    if (app.count("--dump-config") > 0) {
+      std::cout << bound.config_to_str(true, true);
+      return 0;
+    }
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e);
   }
   return -1;
+}
+
+void add_unbound_flags(const CLI::App& from, CLI::App& into) {
+  for (const CLI::Option* o : from.get_options()) {
+    if (o->get_lnames().empty() || into.get_option_no_throw("--" + o->get_lnames()[0]) != nullptr) continue;
+    const std::string names = o->get_name(false, true);
+    CLI::Option* u = o->get_expected_max() == 0  // a flag
+                         ? into.add_flag(names)
+                         : into.add_option(names)->expected(o->get_expected_min(), o->get_expected_max());
+    u->configurable(o->get_configurable());
+  }
 }
 
 CLI::Option* add_int(CLI::App& app, const std::string& name, int64_t& value, const std::string& help, int64_t lo,

@@ -13,9 +13,14 @@
 #include <ostream>
 #include <string>
 
+#include "contrax/train/common/loop.h"
 #include "live_line.h"
 
 namespace contrax::cli {
+
+/// The live line of a training step: a bar, then where the run stands
+/// ("train [#####   ]  42%  step 5/12  epoch 1/1  loss 4.1234  900 img/s  ETA 3s").
+std::string train_step_line(const train::StepProgress& p);
 
 class TrainConsole {
  public:

@@ -22,6 +22,7 @@
 #include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
 #include "contrax/util/memory.h"
+#include "train_errors.h"
 #include "train_image.h"
 
 namespace contrax::cli {
@@ -114,6 +115,11 @@ class ImageRecipe : public TrainRecipe {
     return data_.size();
   }
 
+  std::string data_hint() const override {
+    return " (install Fashion-MNIST with `apt-get install dataset-fashion-mnist`, or pass --data DIR with a directory "
+           "holding MNIST-format IDX files)";
+  }
+
   // What the data set can make impossible, said in its terms (the flag
   // --data and the file) before an internal check of the trainer, the
   // memory estimate or the encoder fires: no training example, images too
@@ -159,11 +165,10 @@ class ImageRecipe : public TrainRecipe {
     const char* local = std::getenv("LOCAL_WORLD_SIZE");
     const auto device = comm->device();
     const int64_t here = device.is_cpu() ? std::clamp<int64_t>(local != nullptr ? std::atoll(local) : 1, 1, world) : 1;
-    const auto memory = ct::step_memory_problem(
-        ct::estimate_step_memory(o_, size[1], size[2], size[3], rows, world), rows, world, here,
-        contrax::available_device_memory_bytes(device),
-        device.is_cpu() ? "this machine (or its memory limit)" : "GPU " + device.str());
-    usage_check(memory.empty(), memory);
+    const auto need = ct::estimate_step_memory(o_, size[1], size[2], size[3], rows, world);
+    const auto fit = ct::step_memory_fit(need, rows, world, here, contrax::available_device_memory_bytes(device),
+                                         device.is_cpu() ? "this machine (or its memory limit)" : "GPU " + device.str());
+    usage_check(fit.fits, step_memory_message(fit));
     result_ = ct::train_contrastive(comm, data_, o_);
     return result_;
   }

@@ -56,6 +56,10 @@ class TrainRecipe {
   /// Loads the training data on every rank, before anything trains, and
   /// checks every file the run will read; returns the number of examples.
   virtual int64_t load(const TrainToolFlags& flags) = 0;
+  /// What ends the message of a data file that cannot be read
+  /// (TrainErrorKind::kDataUnreadable): how to install the data, and the flag
+  /// that names another directory.
+  virtual std::string data_hint() const = 0;
   /// The run's first line: what it trains on ("simclr on 60000 examples of
   /// DIR") and its global batch ("256, gradient cache chunks of 64").
   virtual std::string what() const = 0;
@@ -76,6 +80,9 @@ class TrainRecipe {
 
 /// The recipes in the order `--recipe` lists them.
 const std::vector<std::string>& train_recipe_names();
+
+/// Whether `name` is one of train_recipe_names().
+bool is_train_recipe(const std::string& name);
 
 /// The recipe `name` (one of train_recipe_names()), with the defaults of
 /// `variant` ("default" or "peer"; the image recipes only).

@@ -79,6 +79,10 @@ class RetrievalRecipe : public TrainRecipe {
     return static_cast<int64_t>(corpus_.train.size());
   }
 
+  std::string data_hint() const override {
+    return " (install Debian's 'wordnet-base' package: apt-get install wordnet-base; or pass --wordnet DIR)";
+  }
+
   std::string what() const override {
     return c10::str("retrieval (WordNet reverse dictionary) on ", corpus_.train.size(), " training synsets of ",
                     wordnet_dir_, " (", corpus_.heldout.size(), " held out)");

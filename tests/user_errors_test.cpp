@@ -20,9 +20,7 @@ using contrax::testing::run_cli;
 
 namespace {
 
-const std::string kTiny =
-    "train --nproc 1 --threads 1 --train-limit 256 --batch-size 64 --max-steps 3 --warmup-steps 1 --log-every 1 "
-    "--no-eval --no-verify --no-plot";
+const std::string kTiny = contrax::testing::kTinyTrain;
 
 void put_u32(std::string& s, uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xff));

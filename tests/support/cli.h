@@ -17,6 +17,13 @@ struct CliRun {
 /// captures what it writes to stdout (add `2>&1` for stderr too).
 CliRun run_shell(const std::string& cmd);
 
+/// `contrax train` for a few steps on a small subset, without the evaluation,
+/// the exactness check or the plot: a second or two on one core. The tests of
+/// train's flags add theirs after it.
+inline const std::string kTinyTrain =
+    "train --nproc 1 --threads 1 --train-limit 256 --batch-size 64 --max-steps 3 --warmup-steps 1 --log-every 1 "
+    "--no-eval --no-verify --no-plot";
+
 /// `contrax ARGS 2>&1` (ARGS is passed to the shell as it is).
 CliRun run_cli(const std::string& args);
 

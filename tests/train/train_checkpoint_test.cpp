@@ -459,7 +459,7 @@ TEST(Checkpoint, ResumeInAnotherDtypeIsRefusedByNameNotAHeapCorruption) {
     });
     EXPECT_NE(msg.find("Checkpoint::load(): module 'model' in '" + path + "' was saved in dtype Float but the model is " +
                        std::string(dtype == torch::kDouble ? "Double" : "Half") +
-                       " (resume with the dtype the run was started with, e.g. --dtype float)"),
+                       " (resume with the dtype the run was started with, Float)"),
               std::string::npos)
         << msg;
     EXPECT_TRUE(torch::equal(before, d->parameters()[0])) << "the model must be untouched";

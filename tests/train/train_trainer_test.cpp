@@ -302,8 +302,21 @@ TEST(TrainLoop, ARecipeIsAStepAndItsData) {
   try {
     train(ct::RunOptions(), 3, /*nan_at_step=*/2);
     FAIL() << "expected an error";
-  } catch (const c10::Error& e) {
+  } catch (const ct::Diverged& e) {
+    // Typed, with what a caller words in its own terms (the tool: its flags).
+    EXPECT_EQ(e.kind(), ct::TrainErrorKind::kDiverged);
+    EXPECT_EQ(e.step, 3);
+    EXPECT_EQ(e.total_steps, 8);
+    EXPECT_TRUE(std::isnan(e.loss));
+    EXPECT_FALSE(e.loss_finite);
+    EXPECT_EQ(e.skip_nonfinite, 0);
+    EXPECT_EQ(e.fact().rfind("training diverged at step 3/8: the loss is not finite (loss nan, lr ", 0), 0u)
+        << e.fact();
     EXPECT_NE(std::string(e.what()).find("training diverged at step 3/8: the loss is not finite"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("; lower the learning rate (lr) or allow skipping such steps "
+                                         "(skip_nonfinite)"),
+              std::string::npos)
         << e.what();
   }
 }

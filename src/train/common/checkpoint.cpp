@@ -18,7 +18,7 @@ namespace {
 // written by Checkpoint::save is reported as such, not as a missing module.
 constexpr const char* kFormatKey = "contrax_checkpoint_format";
 // Version 2 adds the floating dtype of every module ("module.<name>.dtype"),
-// so that a resume with another --dtype is refused by name before any tensor
+// so that a resume in another dtype is refused by name before any tensor
 // is copied. Version 1 files still load: their tensors carry their dtype and
 // check_module_matches compares it.
 constexpr int64_t kFormatVersion = 2;
@@ -315,8 +315,8 @@ void Checkpoint::load(const std::string& path) {
       const std::string want = module_dtype(*m.second);
       TORCH_CHECK(saved_dtype.toStringRef() == want, "Checkpoint::load(): module '", m.first, "' in '", path,
                   "' was saved in dtype ", saved_dtype.toStringRef(), " but the model is ", want,
-                  " (resume with the dtype the run was started with, e.g. --dtype ",
-                  saved_dtype.toStringRef() == "Double" ? "double" : "float", ")");
+                  " (resume with the dtype the run was started with, ",
+                  saved_dtype.toStringRef(), ")");
     }
     try {
       check_module_matches(*m.second, sub, "");

@@ -3,6 +3,8 @@
 // the non-finite guard, around a recipe's step.
 #include "contrax/train/common/loop.h"
 
+#include "contrax/train/common/errors.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -24,7 +26,7 @@ using Clock = std::chrono::steady_clock;
 // counters, the sampler's epoch arithmetic or ETA would overflow.
 constexpr int64_t kMaxTotalSteps = int64_t{1} << 40;
 
-// How --dtype spells the training dtype (stored in checkpoints).
+// How checkpoints record the training dtype.
 std::string dtype_name(torch::Dtype d) { return d == torch::kDouble ? "double" : "float"; }
 
 // The sum of every gradient entry of `params`, in fp64: finite exactly when no
@@ -191,9 +193,9 @@ void TrainLoop::check_resumable(const std::string& file) const {
   // Older checkpoints carry no dtype string; Checkpoint::load still refuses
   // a dtype change by comparing the tensors themselves.
   const std::string want_dtype = dtype_name(o.dtype());
-  TORCH_CHECK(saved.strings.count("dtype") == 0 || saved.strings["dtype"] == want_dtype, "checkpoint ", file,
-              " was written with --dtype ", saved.strings["dtype"], "; this run has --dtype ", want_dtype,
-              " (resume with the same flags)");
+  if (saved.strings.count("dtype") != 0 && saved.strings["dtype"] != want_dtype) {
+    throw CheckpointMismatch(file, "dtype", saved.strings["dtype"], want_dtype);
+  }
   // The world size is not checked: the model and AdamW's state are the same
   // on every rank, the data order and the augmentations are functions of the
   // global batch, seed, epoch and step (sampler.h, augment.h), and the loss
@@ -294,15 +296,8 @@ void TrainLoop::record(const Row& r, const Step& step) {
 // Every rank reaches this on the same numbers. No checkpoint is written: the
 // last one (if any) stays the last good state.
 void TrainLoop::diverged(const Row& r) const {
-  const int64_t skip = options_.skip_nonfinite();
-  TORCH_CHECK(false, "training diverged at step ", r.step + 1, "/", total_, ": the ",
-              std::isfinite(r.loss) ? "gradient" : "loss", " is not finite (loss ", plain_nan(r.loss), ", lr ", r.lr,
-              "); ",
-              skip > 0 ? "more than the allowed " + std::to_string(skip) + " non-finite steps (--skip-nonfinite); "
-                       : std::string(),
-              run_dir_.empty() ? std::string("nothing was saved")
-                               : "the last good checkpoint " + run_dir_.checkpoint() + " is kept (if one was written)",
-              "; lower --lr or allow skipping with --skip-nonfinite N");
+  throw Diverged(r.step + 1, total_, r.loss, r.lr, std::isfinite(r.loss), options_.skip_nonfinite(),
+                 run_dir_.empty() ? std::string() : run_dir_.checkpoint());
 }
 
 // A step's allocation failed on this rank (its peers fail in their next
@@ -310,13 +305,8 @@ void TrainLoop::diverged(const Row& r) const {
 // checkpoint is written: the last one, if any, is the last good state.
 void TrainLoop::out_of_memory(const Row& r, const std::string& what) const {
   const int64_t rows = sampler_.global_batch_rows(r.pos.step), world = comm_->world_size();
-  std::string first_line = what.substr(0, what.find('\n'));
-  TORCH_CHECK(false, "step ", r.step + 1, "/", total_, " ran out of memory on rank ", comm_->rank(), " (", rows,
-              " rows in the global batch, up to ", (rows + world - 1) / world, " per rank): ", first_line,
-              "; use a smaller --batch-size, or a gradient cache (--chunk-size N keeps the activations of N rows at a ",
-              "time); ",
-              run_dir_.empty() ? std::string("nothing was saved")
-                               : "the last good checkpoint " + run_dir_.checkpoint() + " is kept (if one was written)");
+  throw OutOfMemory(r.step + 1, total_, comm_->rank(), rows, (rows + world - 1) / world,
+                    what.substr(0, what.find('\n')), run_dir_.empty() ? std::string() : run_dir_.checkpoint());
 }
 
 RunResult TrainLoop::run(const Step& step) {
@@ -400,9 +390,12 @@ void TrainLoop::finish(RunResult& result, int64_t step, int64_t examples, double
                 " but its checkpoint could not be written either: ", e.what_without_backtrace());
   }
   comm_->barrier();  // the checkpoint is on disk before any rank moves on
-  TORCH_CHECK(write_error_.empty(), write_error_, "; the run stopped at step ", step, "/", total_,
-              run_dir_.empty() ? std::string() : " with checkpoint " + run_dir_.checkpoint(),
-              " (free space, then --resume)");
+  if (!write_error_.empty()) {
+    throw TrainError(TrainErrorKind::kRecordLost,
+                     c10::str(write_error_, "; the run stopped at step ", step, "/", total_,
+                              run_dir_.empty() ? std::string() : " with checkpoint " + run_dir_.checkpoint()),
+                     " (free space, then resume the run)");
+  }
 }
 
 }  // namespace train

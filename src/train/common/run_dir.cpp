@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "contrax/train/common/checkpoint.h"
+#include "contrax/train/common/errors.h"
 
 namespace fs = std::filesystem;
 
@@ -65,9 +66,10 @@ RunDir::Lock::Lock(const RunDir& dir) {
     ::close(fd_);
     fd_ = -1;
     TORCH_CHECK(err == EWOULDBLOCK, "cannot lock ", path, ": ", std::strerror(err));
-    throw RunDirRefused(c10::str("run directory '", dir.path(), "' is in use by another run",
-                                 holder.empty() ? std::string() : " (pid " + holder + ")",
-                                 "; wait for it to finish or choose another --run-dir"));
+    throw RunDirRefused(TrainErrorKind::kRunDirInUse, dir.path(), holder,
+                        c10::str("run directory '", dir.path(), "' is in use by another run",
+                                 holder.empty() ? std::string() : " (pid " + holder + ")"),
+                        "; wait for it to finish or choose another run directory");
   }
   // The holder's pid, for the message above (the lock itself is the flock).
   const std::string pid = std::to_string(::getpid()) + "\n";
@@ -86,13 +88,15 @@ bool RunDir::resumes(ResumeMode mode) const {
 
 RunDir::Claim RunDir::claim(ResumeMode mode, bool overwrite) const {
   if (overwrite && mode != ResumeMode::kNever) {
-    throw RunDirRefused("flags '--overwrite' and '--resume' exclude each other (--overwrite starts the run again)");
+    throw RunDirRefused(TrainErrorKind::kOverwriteAndResume, path_, "", "overwriting and resuming exclude each other",
+                        " (overwriting starts the run again)");
   }
-  // Before the directory is created: a mistyped --run-dir with --resume must
+  // Before the directory is created: a mistyped path asked to resume must
   // not leave a new empty directory behind.
   if (mode == ResumeMode::kAlways && !has_checkpoint()) {
-    throw RunDirRefused(c10::str("flag '--resume': no checkpoint ", checkpoint(),
-                                 " to resume from (--resume auto starts fresh when there is none)"));
+    throw RunDirRefused(TrainErrorKind::kNothingToResume, path_, checkpoint(),
+                        c10::str("no checkpoint ", checkpoint(), " to resume from"),
+                        " (ResumeMode::kAuto starts fresh when there is none)");
   }
   create();
   Claim c;
@@ -106,10 +110,11 @@ RunDir::Claim RunDir::claim(ResumeMode mode, bool overwrite) const {
     if (fs::exists(file(f), ec)) present += (present.empty() ? "" : ", ") + std::string(f);
   }
   if (!present.empty() && mode == ResumeMode::kNever && !overwrite) {
-    throw RunDirRefused(c10::str("run directory '", path_, "' already holds a run (", present,
-                                 "); continue it with --resume (or --resume auto), or replace it with --overwrite"));
+    throw RunDirRefused(TrainErrorKind::kRunExists, path_, present,
+                        c10::str("run directory '", path_, "' already holds a run (", present, ")"),
+                        "; continue it (ResumeMode::kAlways or kAuto), or replace it (overwrite)");
   }
-  // Fresh: --overwrite, or --resume auto after a run that never reached its
+  // Fresh: overwriting, or ResumeMode::kAuto after a run that never reached its
   // first checkpoint. Only the run's own files go.
   for (const auto& f : run_files()) {
     std::error_code ec;

@@ -15,21 +15,42 @@ std::string to_string(const StepMemory& m) {
   return "activations " + b(m.activations) + ", loss " + b(m.loss) + ", model " + b(m.model) + ", input " + b(m.batch);
 }
 
-std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
-                                int64_t available, const std::string& where) {
-  const double per_process = static_cast<double>(need.total()), all = per_process * std::max<int64_t>(processes, 1);
-  if (need.total() <= 0 || available <= 0 || all <= static_cast<double>(available)) return {};
+std::string StepMemoryFit::shortfall() const {
+  return c10::str("needs about ", format_bytes(static_cast<double>(need.total())), " per process for a training step (",
+                  to_string(need), "), but ", where, " allows ", format_bytes(static_cast<double>(available)),
+                  processes > 1 ? c10::str(" for its ", processes, " processes") : std::string());
+}
+
+StepMemoryFit step_memory_fit(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
+                              int64_t available, const std::string& where) {
+  StepMemoryFit fit;
+  fit.need = need;
+  fit.global_rows = global_rows;
+  fit.rows_per_process = (global_rows + world - 1) / world;
+  fit.processes = std::max<int64_t>(processes, 1);
+  fit.available = available;
+  fit.where = where;
+  const double all = static_cast<double>(need.total()) * static_cast<double>(fit.processes);
+  if (need.total() <= 0 || available <= 0 || all <= static_cast<double>(available)) return fit;
+  fit.fits = false;
   // What to change: whatever holds the most.
   const int64_t input = need.activations + need.batch;
-  std::string advice = "try --chunk-size N (a gradient cache: the activations of N rows at a time) or a smaller "
-                       "--batch-size";
-  if (need.loss > input && need.loss >= need.model) advice = "try a smaller --batch-size";
-  if (need.model > input && need.model > need.loss) advice = "try a smaller model (--encoder-channels)";
-  return c10::str("flag '--batch-size' (", global_rows, " rows, up to ", (global_rows + world - 1) / world,
-                  " per process) needs about ", format_bytes(per_process), " per process for a training step (",
-                  to_string(need), "), but ", where, " allows ",
-                  format_bytes(static_cast<double>(available)),
-                  processes > 1 ? c10::str(" for its ", processes, " processes") : std::string(), "; ", advice);
+  fit.shrink = StepMemoryShrink::kActivations;
+  if (need.loss > input && need.loss >= need.model) fit.shrink = StepMemoryShrink::kBatch;
+  if (need.model > input && need.model > need.loss) fit.shrink = StepMemoryShrink::kModel;
+  return fit;
+}
+
+std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
+                                int64_t available, const std::string& where) {
+  const auto fit = step_memory_fit(need, global_rows, world, processes, available, where);
+  if (fit.fits) return {};
+  using S = StepMemoryShrink;
+  const char* advice = fit.shrink == S::kModel   ? "try a smaller model"
+                       : fit.shrink == S::kBatch ? "try a smaller batch size"
+                                                 : "try a gradient cache (chunk size) or a smaller batch size";
+  return c10::str("a global batch of ", global_rows, " rows (up to ", fit.rows_per_process, " per process) ",
+                  fit.shortfall(), "; ", advice);
 }
 
 }  // namespace train

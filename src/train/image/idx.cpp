@@ -2,6 +2,8 @@
 // name the file and say what is wrong and how to get a good copy.
 #include "contrax/train/image/idx.h"
 
+#include "contrax/train/common/errors.h"
+
 #include <zlib.h>
 
 #include <sys/stat.h>
@@ -19,8 +21,16 @@ namespace train {
 namespace {
 
 const char* const kInstallHint =
-    " (install Fashion-MNIST with `apt-get install dataset-fashion-mnist`, or pass "
-    "--data DIR with a directory holding MNIST-format IDX files)";
+    " (install Fashion-MNIST with `apt-get install dataset-fashion-mnist`, or use a directory holding "
+    "MNIST-format IDX files)";
+
+// A data file that cannot be used, as a typed error (kDataUnreadable): its
+// fact without the hint, so that a caller can say in its own terms how to
+// point the recipe at other data.
+template <typename... Args>
+void check_data(bool ok, const Args&... fact) {
+  if (!ok) throw TrainError(TrainErrorKind::kDataUnreadable, c10::str(fact...), kInstallHint);
+}
 
 bool file_exists(const std::string& path) {
   struct stat st {};
@@ -80,8 +90,8 @@ class IdxFile {
  public:
   IdxFile(std::string path, const char* caller) : path_(std::move(path)), caller_(caller) {
     const std::string why = unreadable_reason(path_);
-    TORCH_CHECK(why.empty(), caller_, "(): file '", path_, "' ", why,
-                why == "does not exist" ? kInstallHint : "");
+    check_data(why != "does not exist", caller_, "(): file '", path_, "' ", why);
+    TORCH_CHECK(why.empty(), caller_, "(): file '", path_, "' ", why);
     file_.reset(gzopen(path_.c_str(), "rb"));
     TORCH_CHECK(file_ != nullptr, caller_, "(): cannot open file '", path_, "': ", std::strerror(errno));
     gzbuffer(file_.get(), 1 << 20);
@@ -99,8 +109,7 @@ class IdxFile {
       if (got < 0) {
         int err = 0;
         const char* msg = gzerror(file_.get(), &err);
-        TORCH_CHECK(err == Z_BUF_ERROR, caller_, "(): file '", path_, "' is corrupt (zlib: ", msg, ")",
-                    kInstallHint);
+        check_data(err == Z_BUF_ERROR, caller_, "(): file '", path_, "' is corrupt (zlib: ", msg, ")");
         break;
       }
       if (got == 0) break;
@@ -113,22 +122,22 @@ class IdxFile {
   uint32_t read_u32(const char* what) {
     std::array<unsigned char, 4> b{};
     const int64_t got = read(b.data(), 4);
-    TORCH_CHECK(got == 4, caller_, "(): file '", path_, "' is truncated: expected 4 bytes of ", what,
-                " in the header, got ", got, kInstallHint);
+    check_data(got == 4, caller_, "(): file '", path_, "' is truncated: expected 4 bytes of ", what,
+                " in the header, got ", got);
     return (uint32_t(b[0]) << 24) | (uint32_t(b[1]) << 16) | (uint32_t(b[2]) << 8) | uint32_t(b[3]);
   }
 
   void check_magic(uint32_t expected, const char* kind) {
     const uint32_t magic = read_u32("magic number");
-    TORCH_CHECK(magic == expected, caller_, "(): file '", path_, "' is not an IDX ", kind,
-                " file: magic number is 0x", hex(magic), ", expected 0x", hex(expected), kInstallHint);
+    check_data(magic == expected, caller_, "(): file '", path_, "' is not an IDX ", kind,
+                " file: magic number is 0x", hex(magic), ", expected 0x", hex(expected));
   }
 
   // Reads exactly `n` bytes of `what` or fails naming expected and actual sizes.
   void read_payload(void* dst, int64_t n, const char* what) {
     const int64_t got = read(dst, n);
-    TORCH_CHECK(got == n, caller_, "(): file '", path_, "' is truncated: expected ", n, " bytes of ",
-                what, ", got ", got, kInstallHint);
+    check_data(got == n, caller_, "(): file '", path_, "' is truncated: expected ", n, " bytes of ",
+                what, ", got ", got);
   }
 
   const std::string& path() const { return path_; }
@@ -142,18 +151,17 @@ class IdxFile {
     const int64_t size = file_size_of(path_);
     if (!compressed) {
       const int64_t have = std::max<int64_t>(0, size - header_bytes);
-      TORCH_CHECK(bytes <= have, caller_, "(): file '", path_, "' is truncated: expected ", bytes, " bytes of ",
+      check_data(bytes <= have, caller_, "(): file '", path_, "' is truncated: expected ", bytes, " bytes of ",
                   payload, ", got ", have,
                   bytes > (int64_t{1} << 32) ? " (the header announces " + what + ", " +
                                                    human_bytes(static_cast<double>(bytes)) + ": is it corrupt?)"
-                                             : std::string(),
-                  kInstallHint);
+                                             : std::string());
       return;
     }
     const int64_t most = max_payload_bytes(size, true);
-    TORCH_CHECK(bytes <= most, caller_, "(): file '", path_, "' has a corrupt header: it announces ", what, " (",
+    check_data(bytes <= most, caller_, "(): file '", path_, "' has a corrupt header: it announces ", what, " (",
                 human_bytes(static_cast<double>(bytes)), "), but a gzip file of ", size, " bytes holds at most ",
-                human_bytes(static_cast<double>(most)), kInstallHint);
+                human_bytes(static_cast<double>(most)));
   }
 
  private:
@@ -187,8 +195,8 @@ ImageHeader read_image_header(IdxFile& f, const std::string& path, const char* c
   h.count = f.read_u32("image count");
   h.rows = f.read_u32("row count");
   h.cols = f.read_u32("column count");
-  TORCH_CHECK(h.rows > 0 && h.cols > 0 && h.rows <= 4096 && h.cols <= 4096, caller, "(): file '", path,
-              "' has invalid image dimensions ", h.rows, "x", h.cols, " (expected 1..4096 each)", kInstallHint);
+  check_data(h.rows > 0 && h.cols > 0 && h.rows <= 4096 && h.cols <= 4096, caller, "(): file '", path,
+              "' has invalid image dimensions ", h.rows, "x", h.cols, " (expected 1..4096 each)");
   return h;
 }
 
@@ -235,8 +243,8 @@ void check_readable(const std::string& dir, const std::string& path, const char*
   if (why == "does not exist") {
     struct stat st {};
     const bool no_dir = ::stat(dir.c_str(), &st) != 0;
-    TORCH_CHECK(false, caller, "(): file '", path, "' does not exist (nor without .gz)",
-                no_dir ? "; the directory '" + dir + "' does not exist either" : std::string(), kInstallHint);
+    check_data(false, caller, "(): file '", path, "' does not exist (nor without .gz)",
+               no_dir ? "; the directory '" + dir + "' does not exist either" : std::string());
   }
   TORCH_CHECK(why.empty(), caller, "(): file '", path, "' ", why);
 }
@@ -258,8 +266,8 @@ void check_dataset_files(const std::string& dir, const std::vector<std::string>&
     fl.check_magic(kIdxLabelsMagic, "label");
     const int64_t labels = fl.read_u32("label count");
     fl.check_payload_fits(labels, std::to_string(labels) + " labels", "labels", 8);
-    TORCH_CHECK(h.count == labels, "check_dataset_files(): '", images_path, "' holds ", h.count, " images but '",
-                labels_path, "' holds ", labels, " labels", kInstallHint);
+    check_data(h.count == labels, "check_dataset_files(): '", images_path, "' holds ", h.count, " images but '",
+                labels_path, "' holds ", labels, " labels");
   }
 }
 
@@ -305,8 +313,8 @@ Dataset load_dataset(const std::string& dir, const std::string& split, int64_t l
   int64_t image_count = 0, label_count = 0;
   auto images = read_images(images_path, limit, &image_count);
   auto labels = read_labels(labels_path, limit, &label_count);
-  TORCH_CHECK(image_count == label_count, "load_dataset(): '", images_path, "' holds ", image_count,
-              " images but '", labels_path, "' holds ", label_count, " labels", kInstallHint);
+  check_data(image_count == label_count, "load_dataset(): '", images_path, "' holds ", image_count,
+              " images but '", labels_path, "' holds ", label_count, " labels");
   return Dataset{images.unsqueeze(1), labels};
 }
 

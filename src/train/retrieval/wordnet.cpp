@@ -2,6 +2,8 @@
 // ids, hashed features, hard-negative pools) and the hard-negative draws.
 #include "contrax/train/retrieval/wordnet.h"
 
+#include "contrax/train/common/errors.h"
+
 #include <algorithm>
 #include <cctype>
 #include <fstream>
@@ -152,8 +154,13 @@ std::vector<Synset> load_wordnet(const std::string& dir) {
   for (int f = 0; f < 4; ++f) {
     const std::string path = dir + "/" + kDataFiles[f];
     std::ifstream in(path, std::ios::binary);
-    TORCH_CHECK(in.good(), "cannot read WordNet file ", path,
-                " (install Debian's 'wordnet-base' package: apt-get install wordnet-base; or pass --wordnet DIR)");
+    if (!in.good()) {
+      // Typed (kDataUnreadable), so that a caller can say how it points the
+      // recipe at another directory.
+      throw TrainError(TrainErrorKind::kDataUnreadable, "cannot read WordNet file " + path,
+                       " (install Debian's 'wordnet-base' package: apt-get install wordnet-base; or use the "
+                       "directory of WordNet's data files)");
+    }
     std::stringstream ss;
     ss << in.rdbuf();
     auto part = parse_wordnet_data(ss.str(), f, path);

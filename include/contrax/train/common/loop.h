@@ -108,7 +108,7 @@ struct RunOptions {
   TORCH_ARG(bool, resume) = false;
   /// Progress line on rank 0 every this many steps (0: never).
   TORCH_ARG(int64_t, log_every) = 10;
-  /// Progress lines go to stderr instead of stdout (keeps --json clean).
+  /// Progress lines go to stderr instead of stdout (keeps a caller's JSON on stdout clean).
   TORCH_ARG(bool, progress_to_stderr) = false;
   /// Set: rank 0's progress lines go here instead (the tool copies them to
   /// the console and RUN_DIR/train.log).

@@ -18,26 +18,20 @@
 #pragma once
 
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "contrax/train/common/errors.h"
 
 namespace contrax {
 namespace train {
 
 /// How a run starts in its directory: fresh, from the checkpoint, or from the
-/// checkpoint when there is one (`--resume never|always|auto`).
+/// checkpoint when there is one.
 enum class ResumeMode { kNever, kAlways, kAuto };
 
 /// "never", "always" or "auto" (anything else reads as "never").
 ResumeMode resume_mode(const std::string& name);
-
-/// A start the directory refuses because of what was asked (an existing run
-/// neither resumed nor overwritten, a resume without a checkpoint, a directory
-/// in use by another run): the tool reports it as a usage error.
-struct RunDirRefused : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 /// A run directory (an empty path: none, nothing is written).
 ///

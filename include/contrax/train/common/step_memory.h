@@ -1,7 +1,7 @@
 // The host memory of one training step, per rank, by what holds it: what a
 // recipe estimates before it allocates (image/memory_estimate.h), so that
-// `contrax train` can refuse a run that cannot fit, naming the flags that
-// shrink it, instead of failing in the allocator at its first step.
+// a caller (`contrax train`) can refuse a run that cannot fit, saying what
+// to shrink, instead of failing in the allocator at its first step.
 #pragma once
 
 #include <cstdint>
@@ -31,19 +31,57 @@ struct StepMemory {
 /// "activations 1.2 GiB, loss 64 MiB, model 9.4 MiB, input 3.1 MiB".
 std::string to_string(const StepMemory& memory);
 
-/// Empty when `processes` steps of `need` each (this node's processes of a
-/// run with `global_rows` rows per step over `world` ranks) fit in
-/// `available` bytes of `where` ("this machine (or its memory limit)", or a
-/// GPU: "GPU cuda:1", each process's own), or when either is unknown (0);
-/// otherwise why not, naming the flag that shrinks what holds the most:
+/// What a step that does not fit should shrink first: what holds the most.
+enum class StepMemoryShrink {
+  kNothing,      ///< the step fits, or its size or the memory available is unknown
+  kActivations,  ///< the inputs and activations: a gradient cache (a recipe's chunk size) or a smaller batch
+  kBatch,        ///< the loss's buffers: a smaller batch
+  kModel,        ///< the model and its training state: a smaller model
+};
+
+/// Whether `processes` steps fit in the memory they share, and if not, by how
+/// much and what to shrink (step_memory_fit). A caller words the refusal in
+/// its own terms: the `contrax train` tool names its flags.
+struct StepMemoryFit {
+  /// False when the step is known not to fit.
+  bool fits = true;
+  /// What to shrink first (kNothing when it fits).
+  StepMemoryShrink shrink = StepMemoryShrink::kNothing;
+  /// One step's memory per process.
+  StepMemory need;
+  /// Rows in the largest global batch.
+  int64_t global_rows = 0;
+  /// The most rows one process has.
+  int64_t rows_per_process = 0;
+  /// The processes that share `available`.
+  int64_t processes = 1;
+  /// Bytes the processes share.
+  int64_t available = 0;
+  /// Where: "this machine (or its memory limit)", "GPU cuda:1".
+  std::string where;
+
+  /// "needs about 21 GiB per process for a training step (activations ...),
+  /// but this machine (or its memory limit) allows 15 GiB for its 2 processes".
+  std::string shortfall() const;
+};
+
+/// Whether `processes` steps of `need` each (this node's processes of a run
+/// with `global_rows` rows per step over `world` ranks) fit in `available`
+/// bytes of `where` ("this machine (or its memory limit)", or a GPU: "GPU
+/// cuda:1", each process's own). Fits when either is unknown (0).
 ///
-///   "flag '--batch-size' (60000 rows, up to 30000 per process) needs about
-///   21 GiB per process for a training step (activations ..., loss ...), but
-///   this machine (or its memory limit) allows 15 GiB for its 2 processes;
-///   try --chunk-size N (a gradient cache: the activations of N rows at a
-///   time) or a smaller --batch-size"
-std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
-                                int64_t available, const std::string& where = "this machine (or its memory limit)");
+///   auto fit = contrax::train::step_memory_fit(need, 60000, 2, 2, contrax::available_memory_bytes());
+///   if (!fit.fits && fit.shrink == contrax::train::StepMemoryShrink::kActivations) ...;
+StepMemoryFit step_memory_fit(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
+                              int64_t available, const std::string& where = "this machine (or its memory limit)");
+
+/// Empty when the step fits (step_memory_fit), else why not in the library's
+/// terms: "a global batch of 60000 rows (up to 30000 per process) needs about
+/// ...; try a gradient cache (chunk size) or a smaller batch size". Kept for
+/// one release: use step_memory_fit.
+[[deprecated("use step_memory_fit()")]] std::string step_memory_problem(
+    const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes, int64_t available,
+    const std::string& where = "this machine (or its memory limit)");
 
 }  // namespace train
 }  // namespace contrax

@@ -65,7 +65,7 @@ struct TrainOptions {
 
 /// The recipe of `contrax train` before its current default, which the torch
 /// peer (simclr_torch_ddp.py, see docs/benchmarks.md) implements and
-/// `--recipe-variant peer` selects: every field written out so that it stays
+/// the tool's peer variant of the recipe selects: every field written out so that it stays
 /// fixed when the defaults change. Encoder 32-64-128 with strides 2-2-1 (a
 /// 15-pixel receptive field), crop scale (0.2, 1), temperature 0.2, AdamW lr
 /// 2e-3, weight decay 1e-4, 20 warm-up steps, 8 epochs at global batch 256.
