@@ -321,22 +321,6 @@ TEST(TrainLoop, ARecipeIsAStepAndItsData) {
   }
 }
 
-// The flat spellings of the run options, kept for one release, set and read
-// the nested ones.
-TEST(Trainer, DeprecatedFlatRunOptionsForwardToRun) {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  auto o = ct::TrainOptions().epochs(2).run_dir("runs/x").temperature(0.5).progress_to_stderr(true);
-  EXPECT_EQ(o.run().epochs(), 2);
-  EXPECT_EQ(o.run().run_dir(), "runs/x");
-  EXPECT_TRUE(o.run().progress_to_stderr());
-  EXPECT_EQ(o.run().batch_size(), 256) << "the recipe's other defaults stay";
-  o.lr() = 0.25;
-  EXPECT_EQ(o.run().lr(), 0.25);
-  EXPECT_EQ(o.epochs(), 2);
-#pragma GCC diagnostic pop
-}
-
 TEST(Trainer, ErrorsNameTheOption) {
   auto data = synthetic(30);
   auto o = small_options("simclr");

@@ -70,6 +70,15 @@ struct MemoryPathOptions {
 
 namespace detail {
 
+/// A setter and a getter of the nested memory option set's field `name`, as
+/// TORCH_ARG declares an option's (one pair per field of MemoryPathOptions).
+#define CONTRAX_MEMORY_PATH_ARG(T, name)                       \
+  Options& name(T v) {                                         \
+    memory_.name(v);                                           \
+    return self();                                             \
+  }                                                            \
+  T name() const noexcept { return memory_.name(); }
+
 /// The nested `memory()` option set of a loss's options, with the shorthands
 /// `path()`, `tile_size()`, `tile_bytes()`, `max_logits_bytes()` and `ring()`
 /// that read and set its fields (`ClipLossOptions().ring(true)` is
@@ -87,46 +96,23 @@ class WithMemoryPath {
   /// The nested memory option set, to change in place.
   MemoryPathOptions& memory() noexcept { return memory_; }
 
-  /// Sets `memory().path()`.
-  Options& path(MemoryPath v) {
-    memory_.path(v);
-    return self();
-  }
-  /// `memory().path()`.
-  MemoryPath path() const noexcept { return memory_.path(); }
-  /// Sets `memory().tile_size()`.
-  Options& tile_size(int64_t v) {
-    memory_.tile_size(v);
-    return self();
-  }
-  /// `memory().tile_size()`.
-  int64_t tile_size() const noexcept { return memory_.tile_size(); }
-  /// Sets `memory().tile_bytes()`.
-  Options& tile_bytes(int64_t v) {
-    memory_.tile_bytes(v);
-    return self();
-  }
-  /// `memory().tile_bytes()`.
-  int64_t tile_bytes() const noexcept { return memory_.tile_bytes(); }
-  /// Sets `memory().max_logits_bytes()`.
-  Options& max_logits_bytes(int64_t v) {
-    memory_.max_logits_bytes(v);
-    return self();
-  }
-  /// `memory().max_logits_bytes()`.
-  int64_t max_logits_bytes() const noexcept { return memory_.max_logits_bytes(); }
-  /// Sets `memory().ring()`.
-  Options& ring(bool v) {
-    memory_.ring(v);
-    return self();
-  }
-  /// `memory().ring()`.
-  bool ring() const noexcept { return memory_.ring(); }
+  /// `memory().path()`: its setter and getter.
+  CONTRAX_MEMORY_PATH_ARG(MemoryPath, path)
+  /// `memory().tile_size()`: its setter and getter.
+  CONTRAX_MEMORY_PATH_ARG(int64_t, tile_size)
+  /// `memory().tile_bytes()`: its setter and getter.
+  CONTRAX_MEMORY_PATH_ARG(int64_t, tile_bytes)
+  /// `memory().max_logits_bytes()`: its setter and getter.
+  CONTRAX_MEMORY_PATH_ARG(int64_t, max_logits_bytes)
+  /// `memory().ring()`: its setter and getter.
+  CONTRAX_MEMORY_PATH_ARG(bool, ring)
 
  private:
   Options& self() { return static_cast<Options&>(*this); }
   MemoryPathOptions memory_;
 };
+
+#undef CONTRAX_MEMORY_PATH_ARG
 
 }  // namespace detail
 

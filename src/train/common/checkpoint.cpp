@@ -209,6 +209,16 @@ std::string module_dtype(torch::nn::Module& m) {
   return found.empty() ? "none" : found;
 }
 
+// The device of the first registered module that has parameters (none: the
+// archive's own).
+c10::optional<torch::Device> device_of(const std::vector<std::pair<std::string, torch::nn::Module*>>& modules) {
+  for (const auto& m : modules) {
+    const auto params = m.second->parameters();
+    if (!params.empty()) return params.front().device();
+  }
+  return c10::nullopt;
+}
+
 }  // namespace
 
 Checkpoint& Checkpoint::module(const std::string& name, torch::nn::Module& m) {
@@ -285,17 +295,9 @@ void Checkpoint::load(const std::string& path) {
   // Tensors are read onto the device of the registered model: a checkpoint
   // that rank 0 wrote from cuda:0 must land on each rank's own GPU, since
   // Module::load adopts the loaded tensors themselves.
-  c10::optional<torch::Device> device;
-  for (const auto& m : modules_) {
-    const auto params = m.second->parameters();
-    if (!params.empty()) {
-      device = params.front().device();
-      break;
-    }
-  }
   torch::serialize::InputArchive ar;
   try {
-    ar.load_from(path, device);
+    ar.load_from(path, device_of(modules_));
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "Checkpoint::load(): '", path, "' is not a readable checkpoint (truncated or corrupt; ",
                 st.st_size, " bytes): ", archive_error(e));

@@ -124,35 +124,6 @@ struct RunOptions {
   TORCH_ARG(std::function<bool()>, stop_requested) = nullptr;
 };
 
-/// The run options' flat spellings on a recipe's options
-/// (`TrainOptions().epochs(2)`), kept for one release: use `run()` instead
-/// (`TrainOptions().run(RunOptions(o.run()).epochs(2))`, `o.run().epochs(2)`).
-#define CONTRAX_DEPRECATED_RUN_OPTION(T, name)                                                    \
- public:                                                                                          \
-  [[deprecated("use run()." #name "()")]] auto name(const T& v)->decltype(*this) {                \
-    run_.name(v);                                                                                 \
-    return *this;                                                                                 \
-  }                                                                                               \
-  [[deprecated("use run()." #name "()")]] const T& name() const noexcept { return run_.name(); } \
-  [[deprecated("use run()." #name "()")]] T& name() noexcept { return run_.name(); }
-#define CONTRAX_DEPRECATED_RUN_OPTIONS                                                        \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, epochs)                                              \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, max_steps)                                           \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, stop_at_step)                                        \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, batch_size)                                          \
-  CONTRAX_DEPRECATED_RUN_OPTION(double, lr)                                                   \
-  CONTRAX_DEPRECATED_RUN_OPTION(double, weight_decay)                                         \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, warmup_steps)                                        \
-  CONTRAX_DEPRECATED_RUN_OPTION(uint64_t, seed)                                               \
-  CONTRAX_DEPRECATED_RUN_OPTION(torch::Dtype, dtype)                                          \
-  CONTRAX_DEPRECATED_RUN_OPTION(std::string, run_dir)                                         \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, checkpoint_every)                                    \
-  CONTRAX_DEPRECATED_RUN_OPTION(bool, resume)                                                 \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, log_every)                                           \
-  CONTRAX_DEPRECATED_RUN_OPTION(std::function<void(const std::string&)>, log)                 \
-  CONTRAX_DEPRECATED_RUN_OPTION(int64_t, skip_nonfinite)                                      \
-  CONTRAX_DEPRECATED_RUN_OPTION(std::function<bool()>, stop_requested)
-
 /// What a run returns (identical on every rank except where noted); each
 /// recipe's result extends it with its trained model.
 struct RunResult {

@@ -58,9 +58,6 @@ struct TrainOptions {
   /// `AugmentOptions`' defaults except crops of 50-100% of the image (measured
   /// a little better than 20-100% with a grid-pooled encoder on 28x28 images).
   TORCH_ARG(AugmentOptions, augment) = AugmentOptions().scale_min(0.5);
-
-  CONTRAX_DEPRECATED_RUN_OPTIONS
-  CONTRAX_DEPRECATED_RUN_OPTION(bool, progress_to_stderr)
 };
 
 /// The recipe of `contrax train` before its current default, which the torch

@@ -48,8 +48,6 @@ struct RetrievalOptions {
   TORCH_ARG(BagTowerOptions, query_tower) = BagTowerOptions().embed_dim(128);
   /// Options of the passage tower.
   TORCH_ARG(BagTowerOptions, passage_tower) = BagTowerOptions().embed_dim(128);
-
-  CONTRAX_DEPRECATED_RUN_OPTIONS
 };
 
 /// What a run returns: the loop's result (its examples_per_s counts queries)
