@@ -229,7 +229,7 @@ def _variants_worker(rank, world, rows):
                                                                 ring=ring),
                4, grad_features=[True, True, False, False])
     _check(rank, world, rows, "siglip", lambda a, b, s, t: siglip_ref(a, b, s, t),
-           lambda a, b, s, t: contrax.siglip_loss(a, b, s, t, chunk_size=2), 2, [1.2, -2.0])
+           lambda a, b, s, t: contrax.siglip_loss(a, b, s, t, tile_size=2), 2, [1.2, -2.0])
 
 
 
@@ -310,7 +310,7 @@ def test_autocast_changes_no_loss_or_gradient(name, device):
         "nt_xent": lambda x: contrax.nt_xent_loss(x[0], x[1]),
         "moco_v3": lambda x: contrax.moco_v3_loss(x[0], x[1], x[2], x[3]),
         "grouped": lambda x: contrax.grouped_loss(x[0], x[4], x[5], x[6]),
-        "siglip": lambda x: contrax.siglip_loss(x[0], x[1], x[5], x[6], chunk_size=3),
+        "siglip": lambda x: contrax.siglip_loss(x[0], x[1], x[5], x[6], tile_size=3),
     }[name]
     runs = []
     for fwd_inside in (False, True):
