@@ -17,6 +17,7 @@ the functions flag with a one-time warning (see ``contrax.clip_loss``).
 import inspect
 import math
 import sys
+import textwrap
 import warnings
 from typing import Any, Dict, Optional
 
@@ -50,7 +51,7 @@ class _LossModule(torch.nn.Module):
     """A loss's Module: the loss's options (its parameters that are not
     tensors, from its table in contrax/_signatures.py) are the constructor's
     keyword arguments after the subclass's own, its attributes, what every
-    forward passes on, and what ``print(module)`` shows."""
+    forward passes on, what ``print(module)`` shows and the docstring lists."""
 
     _loss: _signatures.Loss
 
@@ -65,10 +66,13 @@ class _LossModule(torch.nn.Module):
             def __init__(self, **options):
                 parent(self, **options)
             cls.__init__ = __init__
+        options = _signatures.options(cls._loss)
+        cls.__doc__ = inspect.cleandoc(cls.__doc__) + "\n\n" + textwrap.fill(
+            "Options, as in ``contrax.%s``: %s." % (loss, ", ".join(p.name for p in options)), 79)
         own = [p for p in inspect.signature(cls.__init__).parameters.values() if p.kind != p.VAR_KEYWORD]
         cls.__init__.__signature__ = inspect.Signature(own + [
             inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default,
-                              annotation=_signatures.annotation(p)) for p in _signatures.options(cls._loss)])
+                              annotation=_signatures.annotation(p)) for p in options])
 
     def __init__(self, options: Dict[str, Any]):
         super().__init__()
@@ -111,9 +115,8 @@ class ClipLoss(_LossModule, loss="clip_loss"):
         learn_scale: False keeps the scale fixed (a buffer, not a parameter).
         init_bias: if given, a learnable logit bias with this initial value.
         tiled: ``path="tiled"`` (no labels, mean reduction).
-        symmetric, max_logit_scale, normalize, label_mode, reduction, path,
-            tile_size, ring, group: as in ``contrax.clip_loss``; labels are
-            passed to ``forward``.
+
+    Labels are passed to ``forward``.
     """
 
     def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,
@@ -151,7 +154,7 @@ class _TemperatureLoss(_LossModule):
 
 
 class NTXentLoss(_TemperatureLoss, loss="nt_xent_loss"):
-    """Module form of ``contrax.nt_xent_loss`` (SimCLR). Args as there."""
+    """Module form of ``contrax.nt_xent_loss`` (SimCLR)."""
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         """NT-Xent of the two views' projections ``z1``, ``z2`` (``[b_r, d]``)."""
@@ -159,7 +162,7 @@ class NTXentLoss(_TemperatureLoss, loss="nt_xent_loss"):
 
 
 class MoCoV3Loss(_TemperatureLoss, loss="moco_v3_loss"):
-    """Module form of ``contrax.moco_v3_loss``. Args as there."""
+    """Module form of ``contrax.moco_v3_loss``."""
 
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
         """MoCo v3's symmetrised loss of queries ``q1``, ``q2`` and keys ``k1``, ``k2``."""
@@ -172,9 +175,8 @@ class SigLIPLoss(_LossModule, loss="siglip_loss"):
     Args:
         init_scale: initial ``exp(logit_scale)`` (SigLIP: 10).
         init_bias: initial bias (SigLIP: -10); None for no bias.
-        max_logit_scale, normalize, path, tile_size, ring, group: as in
-            ``contrax.siglip_loss`` (``chunk_size``: the deprecated name of
-            ``tile_size``).
+
+    ``chunk_size`` is the deprecated name of ``tile_size``.
     """
 
     def __init__(self, *, init_scale: float = 10.0, init_bias: Optional[float] = -10.0, **options):
@@ -204,8 +206,8 @@ class GroupedLoss(_LossModule, loss="grouped_loss"):
             ``logit_scale`` holds its log.
         learn_scale: False keeps the scale fixed (a buffer).
         init_bias: if given, a learnable logit bias with this initial value.
-        label_mode, reduction, max_logit_scale, normalize, path, tile_size, ring,
-            group: as in ``contrax.grouped_loss``; labels are passed to ``forward``.
+
+    Labels are passed to ``forward``.
     """
 
     def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,

@@ -87,6 +87,7 @@ def test_module_takes_the_tables_options(loss):
     stubbed = {a.arg: ast.unparse(a.annotation) for a in init.args.kwonlyargs}
     assert {p.name: stubbed.get(p.name) for p in options} == \
         {p.name: ast.unparse(ast.parse(table.annotation(p), mode="eval")) for p in options}
+    assert all(p.name in cls.__doc__.split("Options, as in")[1] for p in options)
     m = cls()
     assert {p.name: getattr(m, p.name) for p in options} == {p.name: p.default for p in options}
     shown = repr(m)
