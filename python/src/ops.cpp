@@ -368,11 +368,8 @@ struct SigLipArgs {
 
   // inputs: a, b, logit_scale, logit_bias
   LossOf loss(const char* op) const {
-    auto o = contrax::SigLipLossOptions()
-                 .max_logit_scale(max_logit_scale)
-                 .normalize(normalize)
-                 .tile_size(memory.tile_size)
-                 .comm(group_named(memory.group, op));
+    auto o = contrax::SigLipLossOptions().max_logit_scale(max_logit_scale).normalize(normalize);
+    memory.place(o, op);
     return [o](const Inputs& in) { return contrax::siglip_loss(in[0], in[1], in[2], optional_of(in[3]), o); };
   }
 };
