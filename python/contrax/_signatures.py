@@ -90,8 +90,7 @@ LOSSES = {loss.name: loss for loss in (
                        "B]`` logits while they take at most 256 MiB per rank, else tiled), ``\"materialised\"`` "
                        "or ``\"tiled\"`` (memory ``O(b x tile)``, same value and gradients)."),
         _TILE._replace(doc="tiled path: the tile side (0: about 16 MiB per tile); a positive value with "
-                       "``path=\"auto\"`` selects tiles. -1 is the deprecated spelling of "
-                       "``path=\"materialised\"`` (warns)."),
+                       "``path=\"auto\"`` selects tiles."),
         _RING._replace(doc="tiled path (implied): key blocks travel around the ring."),
         _GROUP._replace(doc="``torch.distributed`` ProcessGroup (default: the default group if initialised, "
                         "else single device)."),
