@@ -25,7 +25,7 @@ over a batch larger than activation memory allows, with the exact big-batch
 gradients: see its docstring.
 """
 import atexit
-from typing import List, Optional, Tuple, Union
+from typing import List, Tuple, Union
 
 import torch
 
@@ -60,7 +60,7 @@ class _Local:
 LOCAL = _Local()
 # (Defined before the modules below import it.)
 
-from . import _contrax  # noqa: E402
+from . import _contrax, _signatures  # noqa: E402
 from . import _ops  # noqa: E402  (the operators' fake kernels and autograd, for torch.compile)
 from .grad_cache import GradCache, GradCacheEncoder
 from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
@@ -168,152 +168,59 @@ def release_loss_workspace() -> None:
 atexit.register(_contrax.clear_cache)
 
 
-def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
-              logit_bias: Optional[torch.Tensor] = None, *, symmetric: bool = True,
-              max_logit_scale: float = 100.0, normalize: bool = False,
-              labels: Optional[torch.Tensor] = None, label_mode: str = "multi_positive",
-              reduction: str = "mean", path: str = "auto", tile_size: int = 0, ring: bool = False,
-              group=None) -> torch.Tensor:
-    """CLIP / InfoNCE loss over the global batch.
+def _loss(name: str):
+    """The public function of loss ``name``, from its table (contrax/_signatures.py):
+    eagerly the binding's function (one fused autograd function per loss) with
+    the group's communicator; while ``torch.compile`` traces, the operator
+    (contrax/_ops.py) with the group's name. Both take the table's order."""
+    loss = _signatures.LOSSES[name]
+    casts = [_signatures.cast(p) for p in loss.params]
+    names = [p.name for p in loss.params]
+    at = names.index("group")
+    eager, op = getattr(_contrax, name), getattr(torch.ops.contrax, name)
 
-    Args:
-        a, b: ``[b_r, d]`` paired features on this rank (row i of ``a`` matches
-            row i of ``b``); ranks may hold different ``b_r`` (even 0).
-        logit_scale: 0-dim tensor, the *log* of the scale (CLIP's learnable
-            parameter); logits are ``a @ b_all.T * min(exp(logit_scale), max_logit_scale)``.
-        logit_bias: optional 0-dim bias added to every logit.
-        symmetric: ``(CE(a->b) + CE(b->a)) / 2`` if True, else ``CE(a->b)`` (InfoNCE).
-        max_logit_scale: clamp of ``exp(logit_scale)``.
-        normalize: L2-normalise ``a`` and ``b`` inside the loss.
-        labels: optional int64 ``[b_r]``, this rank's rows' labels (gathered
-            inside). Rows with equal labels are positives of each other
-            (``label_mode="multi_positive"``: ``l_i = lse_i - mean of the
-            positives' logits``) or removed from each other's softmax
-            (``"mask_duplicates"``: false-negative masking).
-        label_mode: ``"multi_positive"`` or ``"mask_duplicates"``.
-        reduction: ``"mean"`` (``L_r = (W/B) sum_{i in r} l_i``), ``"sum"``
-            (``W sum_{i in r} l_i``) or ``"none"`` (the ``[b_r]`` per-row losses,
-            each the exact global-batch loss of that row; every rank must run
-            backward, which all-gathers the upstream gradients when symmetric).
-        path: memory path, as every loss spells it: ``"auto"`` (default:
-            materialise the ``[b x B]`` logits while they take at most 256 MiB
-            per rank, else tiled), ``"materialised"`` or ``"tiled"`` (memory
-            ``O(b x tile)``, same value and gradients).
-        tile_size: tiled path: the tile side (0: about 16 MiB per tile); a
-            positive value with ``path="auto"`` selects tiles. -1 is the
-            deprecated spelling of ``path="materialised"`` (warns).
-        ring: tiled path (implied): key blocks travel around the ring.
-        group: ``torch.distributed`` ProcessGroup (default: the default group
-            if initialised, else single device).
+    def impl(*values, **renamed):
+        if renamed:
+            values = list(values)
+            for k, v in _signatures.renamed(loss, name, renamed, stacklevel=3).items():
+                values[names.index(k)] = v
+        values = [v if c is None else c(v) for c, v in zip(casts, values)]
+        if torch.compiler.is_compiling():
+            values[at] = _ops.group_name(values[at])
+            return op(*values)
+        values[at] = _comm(values[at])
+        return eager(*values)
 
-    Returns:
-        0-dim tensor ``L_r = (W/B) * sum of this rank's per-row losses`` (see
-        ``reduction``); differentiable in ``a``, ``b``, ``logit_scale`` and
-        ``logit_bias``.
-
-    Raises:
-        ValueError: bad argument (on every rank; the others name the failing rank).
-        RuntimeError: a collective failed (e.g. a peer died).
-    """
-    if torch.compiler.is_compiling():
-        return _ops.clip_loss(a, b, logit_scale, logit_bias, labels, symmetric, max_logit_scale, normalize,
-                              label_mode, reduction, path, tile_size, ring, group)
-    return _contrax.clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
-                              normalize, _comm(group), labels, label_mode, reduction, path, int(tile_size),
-                              bool(ring))
+    return _signatures.function(loss, impl, __name__)
 
 
-def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: torch.Tensor,
-                 logit_bias: Optional[torch.Tensor] = None, *, labels: Optional[torch.Tensor] = None,
-                 candidate_labels: Optional[torch.Tensor] = None, label_mode: str = "mask_duplicates",
-                 reduction: str = "mean", max_logit_scale: float = 100.0, normalize: bool = False,
-                 path: str = "auto", tile_size: int = 0, ring: bool = False, group=None) -> torch.Tensor:
-    """DPR/Tevatron-style retrieval loss with hard negatives over the global batch.
-
-    Args:
-        queries: ``[b_r, d]``.
-        candidates: ``[b_r * g, d]``, grouped per query: rows ``i*g .. i*g+g-1``
-            belong to query i, its positive first, then ``g-1`` hard negatives.
-            ``g`` must be the same on every rank (a rank may hold 0 queries).
-            Every candidate of every rank is a negative of every other query.
-        logit_scale: 0-dim, the *log* of the scale (as in ``clip_loss``).
-        logit_bias: optional 0-dim bias.
-        labels: optional int64 ``[b_r]``, the id of each query's positive.
-        candidate_labels: optional int64 ``[b_r * g]``, the id of each candidate
-            (required with ``labels`` when ``g > 1``).
-        label_mode: ``"mask_duplicates"`` (default: a candidate carrying the
-            query's id, other than its own positive, leaves the softmax) or
-            ``"multi_positive"`` (it counts as another positive).
-        reduction: ``"mean"`` over the global number of queries, ``"sum"`` or
-            ``"none"`` (see ``clip_loss``).
-        path, tile_size, ring: the memory path (see ``clip_loss``); with
-            ``ring`` the candidate blocks travel around the ring.
-        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
-
-    Returns:
-        ``l_i = lse_i - S_{i, pos(i)}`` reduced as ``reduction`` says;
-        differentiable in ``queries``, ``candidates``, ``logit_scale`` and ``logit_bias``.
-    """
-    if torch.compiler.is_compiling():
-        return _ops.grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels, label_mode,
-                                 reduction, max_logit_scale, normalize, path, tile_size, ring, group)
-    return _contrax.grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels,
-                                 label_mode, reduction, float(max_logit_scale), normalize, int(tile_size),
-                                 bool(ring), _comm(group), path)
+clip_loss = _loss("clip_loss")
+grouped_loss = _loss("grouped_loss")
+nt_xent_loss = _loss("nt_xent_loss")
+moco_v3_loss = _loss("moco_v3_loss")
+siglip_loss = _loss("siglip_loss")
 
 
-def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1,
-                 normalize: bool = True, reduction: str = "mean", path: str = "auto", tile_size: int = 0,
-                 ring: bool = False, group=None) -> torch.Tensor:
-    """SimCLR's NT-Xent loss over the global batch of ``2B`` views.
+def _tiled(name: str):
+    """The always-tiled entry point ``name`` (``_signatures.TILED``): its loss
+    with ``path="tiled"``, its errors naming it."""
+    tiled = _signatures.TILED[name]
+    loss, names = globals()[name[len("tiled_"):]], [p.name for p in tiled.params]
 
-    For view-1 row i the logits are ``[z1_i . z2_all | z1_i . z1_all] / T`` with
-    its own column in the second block masked out (likewise for view 2); the
-    loss is the mean over all ``2B`` rows, per-rank weighted as in ``clip_loss``.
+    def impl(*values):
+        try:
+            return loss(**dict(zip(names, values)), path="tiled")
+        except ValueError as e:
+            if str(e).startswith(loss.__name__ + "("):
+                raise ValueError("tiled_" + str(e)) from None
+            raise
 
-    Args:
-        z1, z2: ``[b_r, d]`` projections of the two views of the same images.
-        temperature: softmax temperature, > 0.
-        normalize: L2-normalise inside the loss (cosine similarity).
-        reduction: ``"mean"``, ``"sum"`` or ``"none"`` (``[b_r]``) over the
-            ``B`` examples (an example's loss is the mean of its two views').
-        path, tile_size, ring: the memory path (see ``clip_loss``).
-        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
-
-    Returns:
-        0-dim tensor, differentiable in ``z1`` and ``z2``.
-    """
-    if torch.compiler.is_compiling():
-        return _ops.nt_xent_loss(z1, z2, temperature, normalize, reduction, path, tile_size, ring, group)
-    return _contrax.nt_xent_loss(z1, z2, float(temperature), normalize, _comm(group), reduction, path,
-                                 int(tile_size), bool(ring))
+    return _signatures.function(tiled, impl, __name__)
 
 
-def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
-                 temperature: float = 1.0, normalize: bool = True, reduction: str = "mean",
-                 path: str = "auto", tile_size: int = 0, ring: bool = False, group=None) -> torch.Tensor:
-    """MoCo v3's symmetrised loss ``ctr(q1, k2) + ctr(q2, k1)``.
-
-    ``ctr(q, k) = CE(q @ k_all.T / T, positives) * 2T``; the keys (momentum
-    encoder outputs) are gathered without gradient.
-
-    Args:
-        q1, q2: ``[b_r, d]`` queries (with gradient).
-        k1, k2: ``[b_r, d]`` keys (treated as constants).
-        temperature: softmax temperature (MoCo v3 ViT uses 0.2).
-        normalize: L2-normalise queries and keys inside the loss.
-        reduction: ``"mean"``, ``"sum"`` or ``"none"`` over the ``B`` examples
-            (an example's loss is ``2T (l(q1_i, k2) + l(q2_i, k1))``).
-        path, tile_size, ring: the memory path (see ``clip_loss``).
-        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
-
-    Returns:
-        0-dim tensor (``[b_r]`` with ``"none"``), differentiable in ``q1`` and ``q2``.
-    """
-    if torch.compiler.is_compiling():
-        return _ops.moco_v3_loss(q1, q2, k1, k2, temperature, normalize, reduction, path, tile_size, ring, group)
-    return _contrax.moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, _comm(group), reduction, path,
-                                 int(tile_size), bool(ring))
+tiled_clip_loss = _tiled("tiled_clip_loss")
+tiled_nt_xent_loss = _tiled("tiled_nt_xent_loss")
+tiled_moco_v3_loss = _tiled("tiled_moco_v3_loss")
 
 
 def gather_with_grad(x: torch.Tensor, group=None, *, return_counts: bool = False
@@ -350,88 +257,6 @@ def gather_no_grad(x: torch.Tensor, group=None, *, return_counts: bool = False
     """
     all_rows, counts, offset = _contrax.gather(x, False, _comm(group))
     return (all_rows, counts, offset) if return_counts else all_rows
-
-
-# ---- memory-bounded variants: tiled / ring, SigLIP ---------------------------
-
-def tiled_clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
-                    logit_bias: Optional[torch.Tensor] = None, *, symmetric: bool = True,
-                    max_logit_scale: float = 100.0, normalize: bool = False, tile_size: int = 0,
-                    ring: bool = False, group=None) -> torch.Tensor:
-    """``clip_loss`` computed tile by tile, with the same value and gradients.
-
-    Row-wise log-sum-exp accumulated over column tiles (online softmax); the
-    backward recomputes each tile, so memory is ``O(b_r x tile)`` instead of
-    ``O(b_r x B)``.
-
-    Args:
-        a, b, logit_scale, logit_bias, symmetric, max_logit_scale, normalize:
-            as in ``clip_loss``.
-        tile_size: rows/columns per tile (> 0), or 0 for about 16 MiB of
-            logits per tile.
-        ring: pass the key blocks around the ring of ranks (neighbour
-            exchange, overlapped with the tile compute) instead of gathering
-            them; every rank must pass the same value.
-        group: ``torch.distributed`` ProcessGroup or None (see ``clip_loss``).
-
-    Returns:
-        0-dim tensor ``L_r``, as ``clip_loss``.
-    """
-    if torch.compiler.is_compiling():
-        return _ops.clip_loss(a, b, logit_scale, logit_bias, None, symmetric, max_logit_scale, normalize,
-                              "multi_positive", "mean", "tiled", tile_size, ring, group)
-    return _contrax.tiled_clip_loss(a, b, logit_scale, logit_bias, symmetric, float(max_logit_scale),
-                                    normalize, int(tile_size), bool(ring), _comm(group))
-
-
-def tiled_nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = 0.1,
-                       normalize: bool = True, tile_size: int = 0, ring: bool = False,
-                       group=None) -> torch.Tensor:
-    """``nt_xent_loss`` computed tile by tile (optionally around the ring); see ``tiled_clip_loss``."""
-    if torch.compiler.is_compiling():
-        return _ops.nt_xent_loss(z1, z2, temperature, normalize, "mean", "tiled", tile_size, ring, group)
-    return _contrax.tiled_nt_xent_loss(z1, z2, float(temperature), normalize, int(tile_size), bool(ring),
-                                       _comm(group))
-
-
-def tiled_moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
-                       temperature: float = 1.0, normalize: bool = True, tile_size: int = 0,
-                       ring: bool = False, group=None) -> torch.Tensor:
-    """``moco_v3_loss`` computed tile by tile (optionally around the ring); see ``tiled_clip_loss``."""
-    if torch.compiler.is_compiling():
-        return _ops.moco_v3_loss(q1, q2, k1, k2, temperature, normalize, "mean", "tiled", tile_size, ring, group)
-    return _contrax.tiled_moco_v3_loss(q1, q2, k1, k2, float(temperature), normalize, int(tile_size),
-                                       bool(ring), _comm(group))
-
-
-def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
-                logit_bias: Optional[torch.Tensor] = None, *, max_logit_scale: float = float("inf"),
-                normalize: bool = False, chunk_size: int = 0, group=None) -> torch.Tensor:
-    """SigLIP's pairwise sigmoid loss over the global batch.
-
-    ``loss = -(1/B) sum_i sum_j log sigmoid(z_ij (exp(logit_scale) a_i.b_j + bias))``
-    with ``z_ij = +1`` on the diagonal and ``-1`` elsewhere. The ``b`` blocks
-    travel around the ring of ranks (no gather); logits exist one
-    ``[chunk x chunk]`` tile at a time (``chunk_size`` 0: about 16 MiB).
-    Per-rank weighting as in ``clip_loss``.
-
-    Args:
-        a, b: ``[b_r, d]`` paired features.
-        logit_scale: 0-dim log scale (SigLIP initialises it to log 10).
-        logit_bias: optional 0-dim bias (SigLIP: -10).
-        max_logit_scale: clamp of ``exp(logit_scale)`` (default none).
-        normalize: L2-normalise ``a`` and ``b`` inside the loss.
-        chunk_size: rows/columns per logits tile (> 0), or 0 for about 16 MiB.
-        group: ``torch.distributed`` ProcessGroup or None.
-
-    Returns:
-        0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale``
-        and ``logit_bias``.
-    """
-    if torch.compiler.is_compiling():
-        return _ops.siglip_loss(a, b, logit_scale, logit_bias, max_logit_scale, normalize, chunk_size, group)
-    return _contrax.siglip_loss(a, b, logit_scale, logit_bias, float(max_logit_scale), normalize,
-                                int(chunk_size), _comm(group))
 
 
 def grad_cache_inject(rep: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:

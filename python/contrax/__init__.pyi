@@ -28,69 +28,47 @@ def set_keep_loss_workspace(keep: bool) -> None: ...
 def loss_workspace_bytes() -> int: ...
 def release_loss_workspace() -> None: ...
 
-def clip_loss(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    logit_scale: torch.Tensor,
-    logit_bias: Optional[torch.Tensor] = ...,
-    *,
-    symmetric: bool = ...,
-    max_logit_scale: float = ...,
-    normalize: bool = ...,
-    labels: Optional[torch.Tensor] = ...,
-    label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
-    reduction: Literal["mean", "sum", "none"] = ...,
-    path: Literal["auto", "materialised", "tiled"] = ...,
-    tile_size: int = ...,
-    ring: bool = ...,
-    group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
+# The losses and the always-tiled entry points, as python/contrax/_signatures.py declares
+# them (`python -m contrax._signatures` prints this block; python/tests/test_signatures.py
+# checks it).
+def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor, logit_bias: Optional[torch.Tensor] = ...,
+    *, symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
+    labels: Optional[torch.Tensor] = ..., label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+    tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
-def grouped_loss(
-    queries: torch.Tensor,
-    candidates: torch.Tensor,
-    logit_scale: torch.Tensor,
-    logit_bias: Optional[torch.Tensor] = ...,
-    *,
-    labels: Optional[torch.Tensor] = ...,
-    candidate_labels: Optional[torch.Tensor] = ...,
-    label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
-    reduction: Literal["mean", "sum", "none"] = ...,
-    max_logit_scale: float = ...,
-    normalize: bool = ...,
-    path: Literal["auto", "materialised", "tiled"] = ...,
-    tile_size: int = ...,
-    ring: bool = ...,
-    group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
+def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: torch.Tensor,
+    logit_bias: Optional[torch.Tensor] = ..., *, labels: Optional[torch.Tensor] = ...,
+    candidate_labels: Optional[torch.Tensor] = ..., label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,
+    path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
+    group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
-def nt_xent_loss(
-    z1: torch.Tensor,
-    z2: torch.Tensor,
-    *,
-    temperature: float = ...,
-    normalize: bool = ...,
-    reduction: Literal["mean", "sum", "none"] = ...,
-    path: Literal["auto", "materialised", "tiled"] = ...,
-    tile_size: int = ...,
-    ring: bool = ...,
-    group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
+def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = ..., normalize: bool = ...,
+    reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+    tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
-def moco_v3_loss(
-    q1: torch.Tensor,
-    q2: torch.Tensor,
-    k1: torch.Tensor,
-    k2: torch.Tensor,
-    *,
-    temperature: float = ...,
-    normalize: bool = ...,
-    reduction: Literal["mean", "sum", "none"] = ...,
-    path: Literal["auto", "materialised", "tiled"] = ...,
-    tile_size: int = ...,
-    ring: bool = ...,
-    group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
+def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
+    temperature: float = ..., normalize: bool = ..., reduction: Literal["mean", "sum", "none"] = ...,
+    path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
+    group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
+
+def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
+    logit_bias: Optional[torch.Tensor] = ..., *, max_logit_scale: float = ..., normalize: bool = ...,
+    path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
+    group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
+
+def tiled_clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
+    logit_bias: Optional[torch.Tensor] = ..., *, symmetric: bool = ..., max_logit_scale: float = ...,
+    normalize: bool = ..., tile_size: int = ..., ring: bool = ...,
+    group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
+
+def tiled_nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = ..., normalize: bool = ...,
+    tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
+
+def tiled_moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
+    temperature: float = ..., normalize: bool = ..., tile_size: int = ..., ring: bool = ...,
+    group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 @overload
 def gather_with_grad(x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
@@ -108,26 +86,6 @@ def gather_no_grad(x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
 def grad_cache_inject(rep: torch.Tensor, grad: torch.Tensor) -> torch.Tensor: ...
 def momentum_schedule(base: float, step: int, total_steps: int) -> float: ...
 def momentum_update(target: torch.nn.Module, online: torch.nn.Module, momentum: float) -> None: ...
-
-# Memory-bounded variants (tiled / ring) and SigLIP.
-def tiled_clip_loss(
-    a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor, logit_bias: Optional[torch.Tensor] = ...,
-    *, symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ..., tile_size: int = ...,
-    ring: bool = ..., group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
-def tiled_nt_xent_loss(
-    z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = ..., normalize: bool = ...,
-    tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
-def tiled_moco_v3_loss(
-    q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *, temperature: float = ...,
-    normalize: bool = ..., tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
-def siglip_loss(
-    a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor, logit_bias: Optional[torch.Tensor] = ...,
-    *, max_logit_scale: float = ..., normalize: bool = ..., chunk_size: int = ...,
-    group: Optional[ProcessGroup] = ...,
-) -> torch.Tensor: ...
 
 # Gradient cache (contrax/grad_cache.py).
 class GradCacheEncoder:
@@ -172,71 +130,59 @@ class GradCache:
     def cached_rows(self, encoder: Union[int, str]) -> int: ...
     def clear(self) -> None: ...
 
+# The loss Modules: their options are the loss's (contrax/_signatures.py; test_signatures.py checks these).
 class ClipLoss(torch.nn.Module):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     symmetric: bool
     max_logit_scale: float
     normalize: bool
+    label_mode: str
+    reduction: str
+    path: str
     tiled: bool
     tile_size: int
     ring: bool
-    def __init__(
-        self,
-        *,
-        init_scale: float = ...,
-        learn_scale: bool = ...,
-        init_bias: Optional[float] = ...,
-        symmetric: bool = ...,
-        max_logit_scale: float = ...,
-        normalize: bool = ...,
-        label_mode: str = ...,
-        reduction: str = ...,
-        tiled: bool = ...,
-        tile_size: int = ...,
-        ring: bool = ...,
-        group: Any = ...,
-    ) -> None: ...
+    def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
+                 tiled: bool = ..., symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
+                 label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+                 reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+                 tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def scale(self) -> torch.Tensor: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
-    def extra_repr(self) -> str: ...
 
-class NTXentLoss(torch.nn.Module):
+class _TemperatureLoss(torch.nn.Module):
     temperature: float
     normalize: bool
-    def __init__(
-        self, *, temperature: float = ..., normalize: bool = ..., reduction: str = ..., group: Any = ...
-    ) -> None: ...
+    reduction: str
+    path: str
+    tile_size: int
+    ring: bool
+
+class NTXentLoss(_TemperatureLoss):
+    def __init__(self, *, temperature: float = ..., normalize: bool = ...,
+                 reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+                 tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor: ...
-    def extra_repr(self) -> str: ...
 
-class MoCoV3Loss(torch.nn.Module):
-    temperature: float
-    normalize: bool
-    def __init__(
-        self, *, temperature: float = ..., normalize: bool = ..., reduction: str = ..., group: Any = ...
-    ) -> None: ...
+class MoCoV3Loss(_TemperatureLoss):
+    def __init__(self, *, temperature: float = ..., normalize: bool = ...,
+                 reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+                 tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
-    def extra_repr(self) -> str: ...
 
 class SigLIPLoss(torch.nn.Module):
     logit_scale: torch.nn.Parameter
     logit_bias: Optional[torch.nn.Parameter]
     max_logit_scale: float
     normalize: bool
-    chunk_size: int
-    def __init__(
-        self,
-        *,
-        init_scale: float = ...,
-        init_bias: Optional[float] = ...,
-        max_logit_scale: float = ...,
-        normalize: bool = ...,
-        chunk_size: int = ...,
-        group: Any = ...,
-    ) -> None: ...
+    path: str
+    tile_size: int
+    ring: bool
+    def __init__(self, *, init_scale: float = ..., init_bias: Optional[float] = ..., max_logit_scale: float = ...,
+                 normalize: bool = ..., path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ...,
+                 ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
-    def extra_repr(self) -> str: ...
 
 class GroupedLoss(torch.nn.Module):
     logit_scale: torch.Tensor
@@ -245,27 +191,13 @@ class GroupedLoss(torch.nn.Module):
     reduction: str
     max_logit_scale: float
     normalize: bool
+    path: str
     tile_size: int
     ring: bool
-    def __init__(
-        self,
-        *,
-        init_scale: float = ...,
-        learn_scale: bool = ...,
-        init_bias: Optional[float] = ...,
-        label_mode: str = ...,
-        reduction: str = ...,
-        max_logit_scale: float = ...,
-        normalize: bool = ...,
-        tile_size: int = ...,
-        ring: bool = ...,
-        group: Any = ...,
-    ) -> None: ...
-    def forward(
-        self,
-        queries: torch.Tensor,
-        candidates: torch.Tensor,
-        labels: Optional[torch.Tensor] = ...,
-        candidate_labels: Optional[torch.Tensor] = ...,
-    ) -> torch.Tensor: ...
-    def extra_repr(self) -> str: ...
+    def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
+                 label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
+                 reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,
+                 path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
+                 group: Optional[ProcessGroup] = ...) -> None: ...
+    def forward(self, queries: torch.Tensor, candidates: torch.Tensor, labels: Optional[torch.Tensor] = ...,
+                candidate_labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...

@@ -1,7 +1,7 @@
 """The fake kernels and autograd formulas of the ``contrax`` PyTorch operators
-(``torch.ops.contrax.*``, defined with their kernels in python/src/ops.cpp),
-and the calls that ``contrax``'s functions make while ``torch.compile``
-traces them.
+(``torch.ops.contrax.*``, whose kernels are in python/src/ops.cpp), the
+losses' schemas (from their table, contrax/_signatures.py), and the calls
+that ``contrax``'s functions make while ``torch.compile`` traces them.
 
 ``torch.compile`` cannot look into a pybind function: called on fake tensors
 it would need their data. The operators give it what it needs instead: the
@@ -23,10 +23,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from . import LOCAL, _contrax
+from . import LOCAL, _contrax, _signatures
 
-__all__ = ["group_name", "clip_loss", "grouped_loss", "nt_xent_loss", "moco_v3_loss", "siglip_loss",
-           "gather_with_grad", "grad_cache_inject"]
+__all__ = ["group_name", "gather_with_grad", "grad_cache_inject"]
 
 _world_of_name = {"": 1}
 
@@ -70,71 +69,47 @@ def _grad_like(grad: torch.Tensor, x: Optional[torch.Tensor]) -> torch.Tensor:
     return grad.new_empty(()) if x is None else torch.empty_like(x)
 
 
-def _register_loss(name: str, n_tensors: int, n_grad: int, reduction_at: Optional[int]):
-    """Fake kernels and autograd of ``contrax::<name>`` and ``<name>_backward``.
-
-    The first ``n_tensors`` arguments are tensors (optional ones may be None),
-    the first ``n_grad`` of them differentiable; the rest are options, passed
-    on unchanged; ``reduction_at`` is the index of the ``reduction`` argument
-    (None: always 0-dim).
-    """
-    op = getattr(torch.ops.contrax, name)
-    backward_op = getattr(torch.ops.contrax, name + "_backward")
+def _register_loss(loss: _signatures.Loss) -> None:
+    """Schemas, fake kernels and autograd of ``contrax::<loss>`` and ``<loss>_backward``,
+    from the loss's table: its tensors (optional ones may be None) are saved
+    for the backward, which returns the gradients of ``loss.grad``; the options
+    are passed on unchanged. A loss is 0-dim, or ``[b]`` with ``reduction="none"``."""
+    _library.define(_signatures.schema(loss))
+    _library.define(_signatures.schema(loss, backward=True))
+    names = [p.name for p in loss.params]
+    tensors = [i for i, p in enumerate(loss.params) if p.type.startswith("Tensor")]
+    grads = [names.index(g) for g in loss.grad]
+    reduction_at = names.index("reduction") if "reduction" in names else None
+    backward_op = getattr(torch.ops.contrax, loss.name + "_backward")
 
     def fake(*args):
         return _loss_like(args[0], args[reduction_at] if reduction_at is not None else "mean")
 
     def fake_backward(grad, *args):
-        return tuple(_grad_like(grad, x) for x in args[:n_grad])
+        return tuple(_grad_like(grad, args[i]) for i in grads)
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:n_tensors])
-        ctx.options = inputs[n_tensors:]
+        ctx.save_for_backward(*(inputs[i] for i in tensors))
+        ctx.options = [None if i in tensors else x for i, x in enumerate(inputs)]
 
     def backward(ctx, grad):
-        saved = ctx.saved_tensors
-        grads = backward_op(grad, *saved, *ctx.options)
-        grads = [g if x is not None else None for g, x in zip(grads, saved)]
-        return (*grads, *([None] * (n_tensors - n_grad + len(ctx.options))))
+        inputs = list(ctx.options)
+        for i, x in zip(tensors, ctx.saved_tensors):
+            inputs[i] = x
+        out = [None] * len(inputs)
+        for i, g in zip(grads, backward_op(grad, *inputs)):
+            out[i] = g if inputs[i] is not None else None
+        return tuple(out)
 
-    torch.library.register_fake(f"contrax::{name}")(fake)
-    torch.library.register_fake(f"contrax::{name}_backward")(fake_backward)
-    torch.library.register_autograd(f"contrax::{name}", backward, setup_context=setup_context)
-    return op
-
-
-_clip = _register_loss("clip_loss", 5, 4, reduction_at=9)
-_grouped = _register_loss("grouped_loss", 6, 4, reduction_at=7)
-_nt_xent = _register_loss("nt_xent_loss", 2, 2, reduction_at=4)
-_moco = _register_loss("moco_v3_loss", 4, 2, reduction_at=6)
-_siglip = _register_loss("siglip_loss", 4, 4, reduction_at=None)
+    torch.library.register_fake(f"contrax::{loss.name}")(fake)
+    torch.library.register_fake(f"contrax::{loss.name}_backward")(fake_backward)
+    torch.library.register_autograd(f"contrax::{loss.name}", backward, setup_context=setup_context)
 
 
-def clip_loss(a, b, logit_scale, logit_bias, labels, symmetric, max_logit_scale, normalize, label_mode, reduction,
-              path, tile_size, ring, group):
-    return _clip(a, b, logit_scale, logit_bias, labels, bool(symmetric), float(max_logit_scale), bool(normalize),
-                 label_mode, reduction, path, int(tile_size), bool(ring), group_name(group))
-
-
-def grouped_loss(queries, candidates, logit_scale, logit_bias, labels, candidate_labels, label_mode, reduction,
-                 max_logit_scale, normalize, path, tile_size, ring, group):
-    return _grouped(queries, candidates, logit_scale, logit_bias, labels, candidate_labels, label_mode, reduction,
-                    float(max_logit_scale), bool(normalize), path, int(tile_size), bool(ring), group_name(group))
-
-
-def nt_xent_loss(z1, z2, temperature, normalize, reduction, path, tile_size, ring, group):
-    return _nt_xent(z1, z2, float(temperature), bool(normalize), reduction, path, int(tile_size), bool(ring),
-                    group_name(group))
-
-
-def moco_v3_loss(q1, q2, k1, k2, temperature, normalize, reduction, path, tile_size, ring, group):
-    return _moco(q1, q2, k1, k2, float(temperature), bool(normalize), reduction, path, int(tile_size), bool(ring),
-                 group_name(group))
-
-
-def siglip_loss(a, b, logit_scale, logit_bias, max_logit_scale, normalize, tile_size, group):
-    return _siglip(a, b, logit_scale, logit_bias, float(max_logit_scale), bool(normalize), int(tile_size),
-                   group_name(group))
+# The losses' schemas live as long as the module (a Library's definitions go with it).
+_library = torch.library.Library("contrax", "FRAGMENT")
+for _loss in _signatures.LOSSES.values():
+    _register_loss(_loss)
 
 
 # ---- gather with gradient ------------------------------------------------------------

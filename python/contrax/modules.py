@@ -14,10 +14,16 @@ as in CLIP. The functional forms take that logarithm; open_clip and Inf-CL
 pass the exponentiated value instead, the commonest porting mistake, which
 the functions flag with a one-time warning (see ``contrax.clip_loss``).
 """
+import inspect
 import math
-from typing import Optional
+import sys
+import textwrap
+import warnings
+from typing import Any, Dict, Optional
 
 import torch
+
+from . import _signatures
 
 __all__ = ["ClipLoss", "NTXentLoss", "MoCoV3Loss", "SigLIPLoss", "GroupedLoss"]
 
@@ -41,7 +47,66 @@ def _register_scale_and_bias(module: torch.nn.Module, init_scale: float, learn_s
     module.logit_bias = None if init_bias is None else torch.nn.Parameter(torch.tensor(float(init_bias)))
 
 
-class ClipLoss(torch.nn.Module):
+class _LossModule(torch.nn.Module):
+    """A loss's Module: the loss's options (its parameters that are not
+    tensors, from its table in contrax/_signatures.py) are the constructor's
+    keyword arguments after the subclass's own, its attributes, what every
+    forward passes on, what ``print(module)`` shows and the docstring lists."""
+
+    _loss: _signatures.Loss
+
+    def __init_subclass__(cls, loss: Optional[str] = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if loss is None:  # a base of several losses' Modules
+            return
+        cls._loss = _signatures.LOSSES[loss]
+        if "__init__" not in vars(cls):  # its own function, to carry its own signature
+            parent = cls.__init__
+
+            def __init__(self, **options):
+                parent(self, **options)
+            cls.__init__ = __init__
+        options = _signatures.options(cls._loss)
+        cls.__doc__ = inspect.cleandoc(cls.__doc__) + "\n\n" + textwrap.fill(
+            "Options, as in ``contrax.%s``: %s." % (loss, ", ".join(p.name for p in options)), 79)
+        own = [p for p in inspect.signature(cls.__init__).parameters.values() if p.kind != p.VAR_KEYWORD]
+        cls.__init__.__signature__ = inspect.Signature(own + [
+            inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default,
+                              annotation=_signatures.annotation(p)) for p in options])
+
+    def __init__(self, options: Dict[str, Any]):
+        super().__init__()
+        what, loss = type(self).__name__, self._loss
+        options.update(_signatures.renamed(loss, what, {k: options.pop(k) for k in set(options) & set(loss.renamed)},
+                                           stacklevel=3))
+        params = _signatures.options(loss)
+        unknown = set(options) - {p.name for p in params}
+        if unknown:
+            raise TypeError(f"{what}() got an unexpected keyword argument '{sorted(unknown)[0]}'")
+        for p in params:
+            value = options.get(p.name, p.default)
+            cast = _signatures.cast(p)
+            setattr(self, p.name, value if cast is None else cast(value))
+
+    def _options(self) -> Dict[str, Any]:
+        return {p.name: getattr(self, p.name) for p in _signatures.options(self._loss)}
+
+    def _call(self, *tensors, **more):
+        """The loss of ``tensors`` with this Module's options (``more`` replaces some)."""
+        return getattr(sys.modules[__package__], self._loss.name)(*tensors, **{**self._options(), **more})
+
+    def _scale_repr(self) -> str:
+        """The scale and bias, where the Module owns them."""
+        if not hasattr(self, "logit_scale"):
+            return ""
+        return f"scale={self.logit_scale.detach().exp().item():.4g}, bias={self.logit_bias is not None}, "
+
+    def extra_repr(self) -> str:
+        """The options shown by ``print(module)`` (all but the group)."""
+        return self._scale_repr() + ", ".join(f"{k}={v!r}" for k, v in self._options().items() if k != "group")
+
+
+class ClipLoss(_LossModule, loss="clip_loss"):
     """Module form of ``contrax.clip_loss`` that owns the learnable scale.
 
     Args:
@@ -49,30 +114,19 @@ class ClipLoss(torch.nn.Module):
             the parameter ``logit_scale`` holds its log.
         learn_scale: False keeps the scale fixed (a buffer, not a parameter).
         init_bias: if given, a learnable logit bias with this initial value.
-        symmetric, max_logit_scale, normalize, label_mode, reduction, group:
-            as in ``contrax.clip_loss``; labels are passed to ``forward``.
-        tiled, tile_size, ring: use ``contrax.tiled_clip_loss`` (same value and
-            gradients, memory ``O(b_r x tile)``; no labels, mean reduction).
+        tiled: ``path="tiled"`` (no labels, mean reduction).
+
+    Labels are passed to ``forward``.
     """
 
     def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,
-                 init_bias: Optional[float] = None, symmetric: bool = True, max_logit_scale: float = 100.0,
-                 normalize: bool = False, label_mode: str = "multi_positive", reduction: str = "mean",
-                 tiled: bool = False, tile_size: int = 0, ring: bool = False, group=None):
-        super().__init__()
+                 init_bias: Optional[float] = None, tiled: bool = False, **options):
+        super().__init__(options)
         _register_scale_and_bias(self, init_scale, learn_scale, init_bias, "ClipLoss")
-        self.symmetric = bool(symmetric)
-        self.max_logit_scale = float(max_logit_scale)
-        self.normalize = bool(normalize)
-        self.label_mode = str(label_mode)
-        self.reduction = str(reduction)
         self.tiled = bool(tiled)
         if self.tiled and self.reduction != "mean":
             raise ValueError(f"ClipLoss(): argument 'reduction' must be \"mean\" with tiled=True, "
-                             f"but got {reduction!r}")
-        self.tile_size = int(tile_size)
-        self.ring = bool(ring)
-        self.group = group
+                             f"but got {self.reduction!r}")
 
     def scale(self) -> torch.Tensor:
         """The scale the logits are multiplied by: ``min(exp(logit_scale), max_logit_scale)``."""
@@ -81,107 +135,68 @@ class ClipLoss(torch.nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The loss of paired rows ``a``, ``b`` (``[b_r, d]``) with this Module's scale and bias;
         ``labels`` (int64 ``[b_r]``, optional) as in ``contrax.clip_loss``."""
-        from . import clip_loss, tiled_clip_loss
-        scale = self.logit_scale.to(a.dtype)
+        if self.tiled and labels is not None:
+            raise ValueError("ClipLoss.forward(): argument 'labels' is not supported with tiled=True "
+                             "(use contrax.grouped_loss with tile_size for labelled tiled losses)")
         bias = None if self.logit_bias is None else self.logit_bias.to(a.dtype)
-        if self.tiled:
-            if labels is not None:
-                raise ValueError("ClipLoss.forward(): argument 'labels' is not supported with tiled=True "
-                                 "(use contrax.grouped_loss with tile_size for labelled tiled losses)")
-            return tiled_clip_loss(a, b, scale, bias, symmetric=self.symmetric,
-                                   max_logit_scale=self.max_logit_scale, normalize=self.normalize,
-                                   tile_size=self.tile_size, ring=self.ring, group=self.group)
-        return clip_loss(a, b, scale, bias, symmetric=self.symmetric, max_logit_scale=self.max_logit_scale,
-                         normalize=self.normalize, labels=labels, label_mode=self.label_mode,
-                         reduction=self.reduction, group=self.group)
-
-    def extra_repr(self) -> str:
-        """The options shown by ``print(module)``."""
-        return (f"scale={self.scale().item():.4g}, symmetric={self.symmetric}, "
-                f"max_logit_scale={self.max_logit_scale}, bias={self.logit_bias is not None}")
+        return self._call(a, b, self.logit_scale.to(a.dtype), bias, labels=labels,
+                          **({"path": "tiled"} if self.tiled else {}))
 
 
-class NTXentLoss(torch.nn.Module):
-    """Module form of ``contrax.nt_xent_loss`` (SimCLR). Args as there."""
+class _TemperatureLoss(_LossModule):
+    """The Modules of NT-Xent and MoCo v3: their options, the temperature > 0."""
 
-    def __init__(self, *, temperature: float = 0.1, normalize: bool = True, reduction: str = "mean",
-                 group=None):
-        super().__init__()
-        if not (math.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"NTXentLoss(): argument 'temperature' must be > 0, but got {temperature!r}")
-        self.temperature = float(temperature)
-        self.normalize = bool(normalize)
-        self.reduction = str(reduction)
-        self.group = group
+    def __init__(self, **options):
+        super().__init__(options)
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"{type(self).__name__}(): argument 'temperature' must be > 0, "
+                             f"but got {self.temperature!r}")
+
+
+class NTXentLoss(_TemperatureLoss, loss="nt_xent_loss"):
+    """Module form of ``contrax.nt_xent_loss`` (SimCLR)."""
 
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         """NT-Xent of the two views' projections ``z1``, ``z2`` (``[b_r, d]``)."""
-        from . import nt_xent_loss
-        return nt_xent_loss(z1, z2, temperature=self.temperature, normalize=self.normalize,
-                            reduction=self.reduction, group=self.group)
-
-    def extra_repr(self) -> str:
-        """The options shown by ``print(module)``."""
-        return f"temperature={self.temperature}, normalize={self.normalize}"
+        return self._call(z1, z2)
 
 
-class MoCoV3Loss(torch.nn.Module):
-    """Module form of ``contrax.moco_v3_loss``. Args as there."""
-
-    def __init__(self, *, temperature: float = 1.0, normalize: bool = True, reduction: str = "mean",
-                 group=None):
-        super().__init__()
-        if not (math.isfinite(temperature) and temperature > 0):
-            raise ValueError(f"MoCoV3Loss(): argument 'temperature' must be > 0, but got {temperature!r}")
-        self.temperature = float(temperature)
-        self.normalize = bool(normalize)
-        self.reduction = str(reduction)
-        self.group = group
+class MoCoV3Loss(_TemperatureLoss, loss="moco_v3_loss"):
+    """Module form of ``contrax.moco_v3_loss``."""
 
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
         """MoCo v3's symmetrised loss of queries ``q1``, ``q2`` and keys ``k1``, ``k2``."""
-        from . import moco_v3_loss
-        return moco_v3_loss(q1, q2, k1, k2, temperature=self.temperature, normalize=self.normalize,
-                            reduction=self.reduction, group=self.group)
-
-    def extra_repr(self) -> str:
-        """The options shown by ``print(module)``."""
-        return f"temperature={self.temperature}, normalize={self.normalize}"
+        return self._call(q1, q2, k1, k2)
 
 
-class SigLIPLoss(torch.nn.Module):
+class SigLIPLoss(_LossModule, loss="siglip_loss"):
     """Module form of ``contrax.siglip_loss`` that owns the scale and the bias.
 
     Args:
         init_scale: initial ``exp(logit_scale)`` (SigLIP: 10).
         init_bias: initial bias (SigLIP: -10); None for no bias.
-        max_logit_scale, normalize, chunk_size, group: as in ``contrax.siglip_loss``.
+
+    ``chunk_size`` is the deprecated name of ``tile_size``.
     """
 
-    def __init__(self, *, init_scale: float = 10.0, init_bias: Optional[float] = -10.0,
-                 max_logit_scale: float = float("inf"), normalize: bool = False, chunk_size: int = 0,
-                 group=None):
-        super().__init__()
+    def __init__(self, *, init_scale: float = 10.0, init_bias: Optional[float] = -10.0, **options):
+        super().__init__(options)
         _register_scale_and_bias(self, init_scale, True, init_bias, "SigLIPLoss")
-        self.max_logit_scale = float(max_logit_scale)
-        self.normalize = bool(normalize)
-        self.chunk_size = int(chunk_size)
-        self.group = group
+
+    @property
+    def chunk_size(self) -> int:
+        """Deprecated name of ``tile_size``."""
+        warnings.warn("SigLIPLoss.chunk_size is deprecated and will be removed in the next release; use tile_size",
+                      DeprecationWarning, stacklevel=2)
+        return self.tile_size
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """The sigmoid loss of paired rows ``a``, ``b`` with this Module's scale and bias."""
-        from . import siglip_loss
         bias = None if self.logit_bias is None else self.logit_bias.to(a.dtype)
-        return siglip_loss(a, b, self.logit_scale.to(a.dtype), bias, max_logit_scale=self.max_logit_scale,
-                           normalize=self.normalize, chunk_size=self.chunk_size, group=self.group)
-
-    def extra_repr(self) -> str:
-        """The options shown by ``print(module)``."""
-        return (f"scale={self.logit_scale.detach().exp().item():.4g}, "
-                f"bias={None if self.logit_bias is None else round(self.logit_bias.item(), 4)}")
+        return self._call(a, b, self.logit_scale.to(a.dtype), bias)
 
 
-class GroupedLoss(torch.nn.Module):
+class GroupedLoss(_LossModule, loss="grouped_loss"):
     """Module form of ``contrax.grouped_loss`` (queries against grouped candidates:
     each query's positive and hard negatives, every rank's candidates negatives of
     every query) that owns the learnable scale.
@@ -191,36 +206,19 @@ class GroupedLoss(torch.nn.Module):
             ``logit_scale`` holds its log.
         learn_scale: False keeps the scale fixed (a buffer).
         init_bias: if given, a learnable logit bias with this initial value.
-        label_mode, reduction, max_logit_scale, normalize, tile_size, ring, group:
-            as in ``contrax.grouped_loss``; labels are passed to ``forward``.
+
+    Labels are passed to ``forward``.
     """
 
     def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,
-                 init_bias: Optional[float] = None, label_mode: str = "mask_duplicates", reduction: str = "mean",
-                 max_logit_scale: float = 100.0, normalize: bool = False, tile_size: int = 0, ring: bool = False,
-                 group=None):
-        super().__init__()
+                 init_bias: Optional[float] = None, **options):
+        super().__init__(options)
         _register_scale_and_bias(self, init_scale, learn_scale, init_bias, "GroupedLoss")
-        self.label_mode = str(label_mode)
-        self.reduction = str(reduction)
-        self.max_logit_scale = float(max_logit_scale)
-        self.normalize = bool(normalize)
-        self.tile_size = int(tile_size)
-        self.ring = bool(ring)
-        self.group = group
 
     def forward(self, queries: torch.Tensor, candidates: torch.Tensor, labels: Optional[torch.Tensor] = None,
                 candidate_labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The loss of ``queries`` (``[b_r, d]``) against ``candidates`` (``[b_r * g, d]``, per query its
         positive then ``g - 1`` hard negatives); optional int64 ids as in ``contrax.grouped_loss``."""
-        from . import grouped_loss
         bias = None if self.logit_bias is None else self.logit_bias.to(queries.dtype)
-        return grouped_loss(queries, candidates, self.logit_scale.to(queries.dtype), bias, labels=labels,
-                            candidate_labels=candidate_labels, label_mode=self.label_mode,
-                            reduction=self.reduction, max_logit_scale=self.max_logit_scale,
-                            normalize=self.normalize, tile_size=self.tile_size, ring=self.ring, group=self.group)
-
-    def extra_repr(self) -> str:
-        """The options shown by ``print(module)``."""
-        return (f"scale={self.logit_scale.detach().exp().item():.4g}, label_mode={self.label_mode}, "
-                f"reduction={self.reduction}, bias={self.logit_bias is not None}")
+        return self._call(queries, candidates, self.logit_scale.to(queries.dtype), bias, labels=labels,
+                          candidate_labels=candidate_labels)

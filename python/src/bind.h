@@ -19,7 +19,6 @@ namespace py = pybind11;
 
 void bind_losses(py::module& m);        // contrax/losses/losses.h
 void bind_grouped(py::module& m);       // contrax/losses/grouped.h
-void bind_tiled(py::module& m);         // contrax/losses/tiled.h
 void bind_siglip(py::module& m);        // contrax/losses/siglip.h
 void bind_collectives(py::module& m);   // contrax/comm/collectives.h
 void bind_workspace(py::module& m);     // contrax/engine/workspace.h

@@ -1,5 +1,5 @@
-// contrax/losses/siglip.h in Python: siglip_loss, the sigmoid pairwise loss (its
-// `chunk_size` is the library's tile_size).
+// contrax/losses/siglip.h in Python: siglip_loss, the sigmoid pairwise loss
+// (arguments in the order of its table, python/contrax/_signatures.py).
 #include <torch/extension.h>
 
 #include "bind.h"
@@ -12,14 +12,15 @@ void bind_siglip(py::module& m) {
   m.def(
       "siglip_loss",
       [](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-         c10::optional<torch::Tensor> logit_bias, double max_logit_scale, bool normalize, int64_t chunk_size,
-         const CommunicatorPtr& comm) {
+         c10::optional<torch::Tensor> logit_bias, double max_logit_scale, bool normalize, const std::string& path,
+         int64_t tile_size, bool ring, const CommunicatorPtr& comm) {
+        auto o = SigLipLossOptions().max_logit_scale(max_logit_scale).normalize(normalize).comm(comm);
+        set_memory_path(o, path, tile_size, ring, "siglip_loss");
         py::gil_scoped_release nogil;
-        return siglip_loss(
-            a, b, logit_scale, logit_bias,
-            SigLipLossOptions().max_logit_scale(max_logit_scale).normalize(normalize).tile_size(chunk_size).comm(comm));
+        return siglip_loss(a, b, logit_scale, logit_bias, o);
       },
-      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a, "normalize"_a, "chunk_size"_a, "comm"_a);
+      "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a, "normalize"_a, "path"_a, "tile_size"_a,
+      "ring"_a, "comm"_a);
 }
 
 }  // namespace contrax::python

@@ -68,7 +68,6 @@ PYBIND11_MODULE(_contrax, m) {
   forward_warnings();
   contrax::python::bind_losses(m);
   contrax::python::bind_grouped(m);
-  contrax::python::bind_tiled(m);
   contrax::python::bind_siglip(m);
   contrax::python::bind_collectives(m);
   contrax::python::bind_workspace(m);

@@ -4,9 +4,11 @@
 // of breaking the graph at an opaque pybind call.
 //
 // Each loss is two operators: `contrax::<loss>` computes the value and
-// `contrax::<loss>_backward` the gradients. Their fake (meta) kernels and the
-// autograd formula that joins them are registered from Python
-// (contrax/_ops.py: torch.library.register_fake / register_autograd), where
+// `contrax::<loss>_backward` the gradients. Their schemas (derived from the
+// table of each loss's parameters, contrax/_signatures.py, whose order the
+// kernels below follow), fake (meta) kernels and the autograd formula that
+// joins them are registered from Python (contrax/_ops.py:
+// torch.library's define, register_fake and register_autograd), where
 // the shapes are plain: a loss is 0-dim (or [b] with reduction "none"), its
 // gradients have the shapes of its inputs, and a gather's row count is an
 // unbacked size. Neither kernel ever sees a fake tensor, and neither passes
@@ -193,8 +195,8 @@ torch::Tensor tensor_of(const c10::optional<torch::Tensor>& t) { return t.has_va
 
 // ---- the losses -------------------------------------------------------------------
 
-// The memory path and the process group, which every tiled-capable loss takes
-// as its schema's last four arguments.
+// The memory path and the process group, which every loss takes as its
+// schema's last four arguments.
 struct MemoryArgs {
   std::string path;
   int64_t tile_size;
@@ -233,8 +235,8 @@ struct ClipArgs {
 };
 
 torch::Tensor clip_loss_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-                           const c10::optional<torch::Tensor>& logit_bias, const c10::optional<torch::Tensor>& labels,
-                           bool symmetric, double max_logit_scale, bool normalize, std::string label_mode,
+                           const c10::optional<torch::Tensor>& logit_bias, bool symmetric, double max_logit_scale,
+                           bool normalize, const c10::optional<torch::Tensor>& labels, std::string label_mode,
                            std::string reduction, std::string path, int64_t tile_size, bool ring, std::string group) {
   ClipArgs args{symmetric, max_logit_scale, normalize, label_mode, reduction, {path, tile_size, ring, group}};
   return loss_value(args.loss("clip_loss"), {a, b, logit_scale, tensor_of(logit_bias), tensor_of(labels)});
@@ -242,8 +244,8 @@ torch::Tensor clip_loss_op(const torch::Tensor& a, const torch::Tensor& b, const
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> clip_loss_backward_op(
     const torch::Tensor& grad, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-    const c10::optional<torch::Tensor>& logit_bias, const c10::optional<torch::Tensor>& labels, bool symmetric,
-    double max_logit_scale, bool normalize, std::string label_mode, std::string reduction, std::string path,
+    const c10::optional<torch::Tensor>& logit_bias, bool symmetric, double max_logit_scale, bool normalize,
+    const c10::optional<torch::Tensor>& labels, std::string label_mode, std::string reduction, std::string path,
     int64_t tile_size, bool ring, std::string group) {
   ClipArgs args{symmetric, max_logit_scale, normalize, label_mode, reduction, {path, tile_size, ring, group}};
   auto g = loss_backward(grad, args.loss("clip_loss_backward"),
@@ -362,32 +364,28 @@ std::tuple<torch::Tensor, torch::Tensor> moco_v3_loss_backward_op(
 struct SigLipArgs {
   double max_logit_scale;
   bool normalize;
-  int64_t tile_size;
-  std::string group;
+  MemoryArgs memory;
 
   // inputs: a, b, logit_scale, logit_bias
   LossOf loss(const char* op) const {
-    auto o = contrax::SigLipLossOptions()
-                 .max_logit_scale(max_logit_scale)
-                 .normalize(normalize)
-                 .tile_size(tile_size)
-                 .comm(group_named(group, op));
+    auto o = contrax::SigLipLossOptions().max_logit_scale(max_logit_scale).normalize(normalize);
+    memory.place(o, op);
     return [o](const Inputs& in) { return contrax::siglip_loss(in[0], in[1], in[2], optional_of(in[3]), o); };
   }
 };
 
 torch::Tensor siglip_loss_op(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
                              const c10::optional<torch::Tensor>& logit_bias, double max_logit_scale, bool normalize,
-                             int64_t tile_size, std::string group) {
-  SigLipArgs args{max_logit_scale, normalize, tile_size, group};
+                             std::string path, int64_t tile_size, bool ring, std::string group) {
+  SigLipArgs args{max_logit_scale, normalize, {path, tile_size, ring, group}};
   return loss_value(args.loss("siglip_loss"), {a, b, logit_scale, tensor_of(logit_bias)});
 }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor> siglip_loss_backward_op(
     const torch::Tensor& grad, const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-    const c10::optional<torch::Tensor>& logit_bias, double max_logit_scale, bool normalize, int64_t tile_size,
-    std::string group) {
-  SigLipArgs args{max_logit_scale, normalize, tile_size, group};
+    const c10::optional<torch::Tensor>& logit_bias, double max_logit_scale, bool normalize, std::string path,
+    int64_t tile_size, bool ring, std::string group) {
+  SigLipArgs args{max_logit_scale, normalize, {path, tile_size, ring, group}};
   auto g = loss_backward(grad, args.loss("siglip_loss_backward"), {a, b, logit_scale, tensor_of(logit_bias)}, 4);
   return {g[0], g[1], g[2], g[3]};
 }
@@ -444,33 +442,10 @@ torch::Tensor grad_cache_inject_op(const torch::Tensor& rep, const torch::Tensor
 
 }  // namespace
 
+// The losses' schemas are defined from their table (contrax/_signatures.py,
+// by contrax/_ops.py); the dispatcher checks the kernels below against them.
 TORCH_LIBRARY(contrax, m) {
   m.set_python_module("contrax._ops");
-  m.def("clip_loss(Tensor a, Tensor b, Tensor logit_scale, Tensor? logit_bias, Tensor? labels, bool symmetric, "
-        "float max_logit_scale, bool normalize, str label_mode, str reduction, str path, int tile_size, bool ring, "
-        "str group) -> Tensor");
-  m.def("clip_loss_backward(Tensor grad, Tensor a, Tensor b, Tensor logit_scale, Tensor? logit_bias, "
-        "Tensor? labels, bool symmetric, float max_logit_scale, bool normalize, str label_mode, str reduction, "
-        "str path, int tile_size, bool ring, str group) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("grouped_loss(Tensor queries, Tensor candidates, Tensor logit_scale, Tensor? logit_bias, Tensor? labels, "
-        "Tensor? candidate_labels, str label_mode, str reduction, float max_logit_scale, bool normalize, str path, "
-        "int tile_size, bool ring, str group) -> Tensor");
-  m.def("grouped_loss_backward(Tensor grad, Tensor queries, Tensor candidates, Tensor logit_scale, "
-        "Tensor? logit_bias, Tensor? labels, Tensor? candidate_labels, str label_mode, str reduction, "
-        "float max_logit_scale, bool normalize, str path, int tile_size, bool ring, str group) "
-        "-> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("nt_xent_loss(Tensor z1, Tensor z2, float temperature, bool normalize, str reduction, str path, "
-        "int tile_size, bool ring, str group) -> Tensor");
-  m.def("nt_xent_loss_backward(Tensor grad, Tensor z1, Tensor z2, float temperature, bool normalize, "
-        "str reduction, str path, int tile_size, bool ring, str group) -> (Tensor, Tensor)");
-  m.def("moco_v3_loss(Tensor q1, Tensor q2, Tensor k1, Tensor k2, float temperature, bool normalize, "
-        "str reduction, str path, int tile_size, bool ring, str group) -> Tensor");
-  m.def("moco_v3_loss_backward(Tensor grad, Tensor q1, Tensor q2, Tensor k1, Tensor k2, float temperature, "
-        "bool normalize, str reduction, str path, int tile_size, bool ring, str group) -> (Tensor, Tensor)");
-  m.def("siglip_loss(Tensor a, Tensor b, Tensor logit_scale, Tensor? logit_bias, float max_logit_scale, "
-        "bool normalize, int tile_size, str group) -> Tensor");
-  m.def("siglip_loss_backward(Tensor grad, Tensor a, Tensor b, Tensor logit_scale, Tensor? logit_bias, "
-        "float max_logit_scale, bool normalize, int tile_size, str group) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("gather_with_grad(Tensor x, str group, bool equal_rows) -> (Tensor, Tensor)");
   m.def("gather_with_grad_backward(Tensor grad, Tensor counts, SymInt rows, str group) -> Tensor");
   m.def("grad_cache_inject(Tensor rep, Tensor grad) -> Tensor");

@@ -29,7 +29,7 @@ LOSSES = {
     "nt_xent_tiled": lambda x: contrax.nt_xent_loss(x[0], x[1], path="tiled", tile_size=64),
     "moco_v3": lambda x: contrax.moco_v3_loss(x[0], x[1], x[2], x[3]),
     "grouped": lambda x: contrax.grouped_loss(x[0], x[4], x[5], x[6]),
-    "siglip": lambda x: contrax.siglip_loss(x[0], x[1], x[5], x[6], chunk_size=64),
+    "siglip": lambda x: contrax.siglip_loss(x[0], x[1], x[5], x[6], tile_size=64),
 }
 
 

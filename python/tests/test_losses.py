@@ -228,8 +228,10 @@ def _variants_worker(rank, world, rows):
                lambda q1, q2, k1, k2: contrax.tiled_moco_v3_loss(q1, q2, k1, k2, temperature=0.2, tile_size=2,
                                                                 ring=ring),
                4, grad_features=[True, True, False, False])
-    _check(rank, world, rows, "siglip", lambda a, b, s, t: siglip_ref(a, b, s, t),
-           lambda a, b, s, t: contrax.siglip_loss(a, b, s, t, chunk_size=2), 2, [1.2, -2.0])
+    for kw in ({"tile_size": 2}, {"path": "materialised"}, {"path": "tiled", "tile_size": 2},
+               {"tile_size": 2, "ring": True}):
+        _check(rank, world, rows, f"siglip {kw}", lambda a, b, s, t: siglip_ref(a, b, s, t),
+               lambda a, b, s, t: contrax.siglip_loss(a, b, s, t, **kw), 2, [1.2, -2.0])
 
 
 
@@ -247,6 +249,7 @@ def test_memory_path_vocabulary():
         "grouped_loss": lambda a, b, **kw: contrax.grouped_loss(a, b, s, **kw),
         "nt_xent_loss": lambda a, b, **kw: contrax.nt_xent_loss(a, b, **kw),
         "moco_v3_loss": lambda a, b, **kw: contrax.moco_v3_loss(a, b, b, a, **kw),
+        "siglip_loss": lambda a, b, **kw: contrax.siglip_loss(a, b, s, **kw),
     }
     for name, fn in calls.items():
         results = []
@@ -310,7 +313,7 @@ def test_autocast_changes_no_loss_or_gradient(name, device):
         "nt_xent": lambda x: contrax.nt_xent_loss(x[0], x[1]),
         "moco_v3": lambda x: contrax.moco_v3_loss(x[0], x[1], x[2], x[3]),
         "grouped": lambda x: contrax.grouped_loss(x[0], x[4], x[5], x[6]),
-        "siglip": lambda x: contrax.siglip_loss(x[0], x[1], x[5], x[6], chunk_size=3),
+        "siglip": lambda x: contrax.siglip_loss(x[0], x[1], x[5], x[6], tile_size=3),
     }[name]
     runs = []
     for fwd_inside in (False, True):

@@ -156,7 +156,7 @@ class SigLipLoss(torch.nn.Module):
         group = open_clip_group(self.rank, self.world_size, self.group, where)
         loss = siglip_loss(image_features, text_features, _log_scale(logit_scale, image_features, where),
                            optional_scalar(logit_bias, image_features, "logit_bias", where),
-                           chunk_size=self.tile_size, group=group)
+                           ring=True, tile_size=self.tile_size, group=group)  # its text blocks go around the ring
         return {"contrastive_loss": loss} if output_dict else loss
 
 

@@ -38,7 +38,7 @@ def losses(group):
         cx_open_clip.ClipLoss()
     return {
         "clip_loss": lambda m, a, b: contrax.clip_loss(a, b, m.logit_scale, m.logit_bias, group=group),
-        "siglip_loss": lambda m, a, b: contrax.siglip_loss(a, b, m.logit_scale, m.logit_bias, chunk_size=2,
+        "siglip_loss": lambda m, a, b: contrax.siglip_loss(a, b, m.logit_scale, m.logit_bias, tile_size=2,
                                                            group=group),
         "nt_xent_loss ring": lambda m, a, b: contrax.nt_xent_loss(a, b, ring=True, tile_size=2, group=group),
         # uneven rows: an unbacked row count (capture_dynamic_output_shape_ops, set below)

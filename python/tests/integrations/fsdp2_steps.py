@@ -57,7 +57,7 @@ def steps(group):
 
     def siglip(m, x, y):
         s, b = m["scale"]()
-        return contrax.siglip_loss(m["img"](x), m["txt"](y), s, b, normalize=True, chunk_size=4, group=group)
+        return contrax.siglip_loss(m["img"](x), m["txt"](y), s, b, normalize=True, tile_size=4, group=group)
 
     def nt_xent_tiled(m, x, y):
         return contrax.nt_xent_loss(m["img"](x), m["txt"](y), temperature=0.2, path="tiled", tile_size=4,

@@ -43,9 +43,9 @@ def test_operators_pass_opcheck():
     s, bias = torch.tensor(1.2, dtype=F64, requires_grad=True), torch.tensor(-0.3, dtype=F64, requires_grad=True)
     labels = torch.tensor([0, 1, 0, 2, 3, 1])
     ops = torch.ops.contrax
-    _opcheck(ops.clip_loss.default, (a, b, s, bias, None, True, 100.0, True, "multi_positive", "mean", "auto",
+    _opcheck(ops.clip_loss.default, (a, b, s, bias, True, 100.0, True, None, "multi_positive", "mean", "auto",
                                      0, False, ""))
-    _opcheck(ops.clip_loss.default, (a, b, s, None, labels, False, 100.0, False, "mask_duplicates", "none",
+    _opcheck(ops.clip_loss.default, (a, b, s, None, False, 100.0, False, labels, "mask_duplicates", "none",
                                      "tiled", 2, False, ""))
     cands = _leaf(12, 4, seed=3)
     _opcheck(ops.grouped_loss.default, (a, cands, s, None, labels, torch.arange(12) % 5, "mask_duplicates",
@@ -53,7 +53,7 @@ def test_operators_pass_opcheck():
     _opcheck(ops.nt_xent_loss.default, (a, b, 0.2, True, "sum", "materialised", 0, False, ""))
     _opcheck(ops.moco_v3_loss.default, (a, b, _leaf(6, 4, seed=4), _leaf(6, 4, seed=5), 0.2, True, "mean",
                                         "auto", 0, False, ""))
-    _opcheck(ops.siglip_loss.default, (a, b, s, bias, 1e9, False, 4, ""))
+    _opcheck(ops.siglip_loss.default, (a, b, s, bias, 1e9, False, "auto", 4, False, ""))
     _opcheck(ops.gather_with_grad.default, (a, "", True))
     _opcheck(ops.gather_with_grad.default, (a, "", False))
     _opcheck(ops.grad_cache_inject.default, (a, torch.randn(6, 4, dtype=F64)))
@@ -63,7 +63,7 @@ def test_operator_errors():
     a = torch.zeros(3, 2, dtype=F64)
     with pytest.raises(RuntimeError, match=r"contrax::clip_loss\(\): argument 'reduction' must be one of 'mean', "
                                            r"'sum', 'none', but got 'avg'"):
-        torch.ops.contrax.clip_loss(a, a, torch.tensor(0.0, dtype=F64), None, None, True, 100.0, False,
+        torch.ops.contrax.clip_loss(a, a, torch.tensor(0.0, dtype=F64), None, True, 100.0, False, None,
                                     "multi_positive", "avg", "auto", 0, False, "")
     with pytest.raises(RuntimeError, match=r"contrax::nt_xent_loss\(\): argument 'group': process group 'nope' is "
                                            r"not registered with contrax"):
@@ -104,7 +104,7 @@ def _losses():
         "clip_loss labels": lambda m, a, b: contrax.clip_loss(
             a, b, m.logit_scale, labels=torch.arange(a.shape[0]) % 3, label_mode="mask_duplicates"),
         "tiled_clip_loss": lambda m, a, b: contrax.tiled_clip_loss(a, b, m.logit_scale, tile_size=3),
-        "siglip_loss": lambda m, a, b: contrax.siglip_loss(a, b, m.logit_scale, m.logit_bias, chunk_size=3),
+        "siglip_loss": lambda m, a, b: contrax.siglip_loss(a, b, m.logit_scale, m.logit_bias, tile_size=3),
         "nt_xent_loss": lambda m, a, b: contrax.nt_xent_loss(a, b, temperature=0.2),
         "moco_v3_loss": lambda m, a, b: contrax.moco_v3_loss(a, b, b.detach(), a.detach(), temperature=0.2),
         "grouped_loss": lambda m, a, b: contrax.grouped_loss(a, torch.cat([b, a.flip(0)], 1).reshape(-1, 8),

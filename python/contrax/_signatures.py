@@ -1,0 +1,302 @@
+"""The one declaration of each loss's parameters in Python.
+
+``LOSSES`` lists every loss's parameters in order (name, schema type,
+default, doc line), and everything else is derived from it: the public
+functions of ``contrax`` (signature and docstring), the ``torch.library``
+schemas of their operators (``contrax/_ops.py``), the ``nn.Module`` wrappers'
+constructor options (``contrax/modules.py``) and the type stub's loss
+functions (``python -m contrax._signatures`` prints them;
+python/tests/test_signatures.py fails when ``__init__.pyi`` or any face
+disagrees). The C++ side takes the arguments in the same order: the
+binding's functions (python/src/bind_*.cpp) and the operators' kernels
+(python/src/ops.cpp; the dispatcher checks their types against the schema).
+Adding a parameter is an edit here and one in C++.
+"""
+import inspect
+import textwrap
+import warnings
+from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+
+REQUIRED = inspect.Parameter.empty
+
+
+class Param(NamedTuple):
+    """One parameter: ``type`` is its schema type (``Tensor``, ``Tensor?``,
+    ``bool``, ``float``, ``int``, ``str``, or ``group``: a ProcessGroup in
+    Python, its name in a schema); ``doc`` is empty when the next parameter's
+    line documents both (``a, b: ...``); ``words`` are the strings a ``str``
+    takes."""
+    name: str
+    type: str
+    default: Any = REQUIRED
+    doc: str = ""
+    words: Tuple[str, ...] = ()
+
+
+class Loss(NamedTuple):
+    """One loss: its parameters, the first ``positional`` of which may be
+    passed by position; ``grad``, the tensors it is differentiable in;
+    ``renamed``, old keyword names still accepted for one release."""
+    name: str
+    summary: str
+    positional: int
+    params: Tuple[Param, ...]
+    grad: Tuple[str, ...]
+    returns: str
+    renamed: Dict[str, str] = {}
+    raises: Tuple[str, ...] = ()
+
+
+_MODES = ("multi_positive", "mask_duplicates")
+_REDUCTIONS = ("mean", "sum", "none")
+_BIAS = Param("logit_bias", "Tensor?", None, "optional 0-dim bias added to every logit.")
+_PATH = Param("path", "str", "auto", words=("auto", "materialised", "tiled"))
+_TILE = Param("tile_size", "int", 0)
+_RING = Param("ring", "bool", False, "the memory path (see ``clip_loss``).")
+_GROUP = Param("group", "group", None, "``torch.distributed`` ProcessGroup or None (see ``clip_loss``).")
+_MAX_SCALE = Param("max_logit_scale", "float", 100.0, "clamp of ``exp(logit_scale)``.")
+
+
+def _temperature_loss(name, tensors, default_t, summary, tensor_docs, t_doc, reduction_doc, returns, grad):
+    """NT-Xent and MoCo v3: tensors, then temperature, normalize, reduction and the memory path."""
+    params = tuple(Param(t, "Tensor", doc=tensor_docs.get(t, "")) for t in tensors)
+    params += (Param("temperature", "float", default_t, t_doc),
+               Param("normalize", "bool", True, "L2-normalise inside the loss."),
+               Param("reduction", "str", "mean", reduction_doc, _REDUCTIONS), _PATH, _TILE, _RING, _GROUP)
+    return Loss(name, summary, len(tensors), params, grad, returns)
+
+
+LOSSES = {loss.name: loss for loss in (
+    Loss("clip_loss", "CLIP / InfoNCE loss over the global batch.", 4, (
+        Param("a", "Tensor"),
+        Param("b", "Tensor", doc="``[b_r, d]`` paired features on this rank (row i of ``a`` matches row i of "
+              "``b``); ranks may hold different ``b_r`` (even 0)."),
+        Param("logit_scale", "Tensor", doc="0-dim tensor, the *log* of the scale (CLIP's learnable parameter); "
+              "logits are ``a @ b_all.T * min(exp(logit_scale), max_logit_scale)``."),
+        _BIAS,
+        Param("symmetric", "bool", True, "``(CE(a->b) + CE(b->a)) / 2`` if True, else ``CE(a->b)`` (InfoNCE)."),
+        _MAX_SCALE,
+        Param("normalize", "bool", False, "L2-normalise ``a`` and ``b`` inside the loss."),
+        Param("labels", "Tensor?", None, "optional int64 ``[b_r]``, this rank's rows' labels (gathered inside). "
+              "Rows with equal labels are positives of each other (``label_mode=\"multi_positive\"``: ``l_i = "
+              "lse_i - mean of the positives' logits``) or removed from each other's softmax "
+              "(``\"mask_duplicates\"``: false-negative masking)."),
+        Param("label_mode", "str", "multi_positive", "``\"multi_positive\"`` or ``\"mask_duplicates\"``.", _MODES),
+        Param("reduction", "str", "mean", "``\"mean\"`` (``L_r = (W/B) sum_{i in r} l_i``), ``\"sum\"`` (``W "
+              "sum_{i in r} l_i``) or ``\"none\"`` (the ``[b_r]`` per-row losses, each the exact global-batch "
+              "loss of that row; every rank must run backward, which all-gathers the upstream gradients when "
+              "symmetric).", _REDUCTIONS),
+        _PATH._replace(doc="memory path, as every loss spells it: ``\"auto\"`` (default: materialise the ``[b x "
+                       "B]`` logits while they take at most 256 MiB per rank, else tiled), ``\"materialised\"`` "
+                       "or ``\"tiled\"`` (memory ``O(b x tile)``, same value and gradients)."),
+        _TILE._replace(doc="tiled path: the tile side (0: about 16 MiB per tile); a positive value with "
+                       "``path=\"auto\"`` selects tiles."),
+        _RING._replace(doc="tiled path (implied): key blocks travel around the ring."),
+        _GROUP._replace(doc="``torch.distributed`` ProcessGroup (default: the default group if initialised, "
+                        "else single device)."),
+    ), ("a", "b", "logit_scale", "logit_bias"),
+        "0-dim tensor ``L_r = (W/B) * sum of this rank's per-row losses`` (see ``reduction``); differentiable in "
+        "``a``, ``b``, ``logit_scale`` and ``logit_bias``.", {},
+        ("ValueError: bad argument (on every rank; the others name the failing rank).",
+         "RuntimeError: a collective failed (e.g. a peer died).")),
+    Loss("grouped_loss", "DPR/Tevatron-style retrieval loss with hard negatives over the global batch.", 4, (
+        Param("queries", "Tensor", doc="``[b_r, d]``."),
+        Param("candidates", "Tensor", doc="``[b_r * g, d]``, grouped per query: rows ``i*g .. i*g+g-1`` belong to "
+              "query i, its positive first, then ``g-1`` hard negatives. ``g`` must be the same on every rank (a "
+              "rank may hold 0 queries). Every candidate of every rank is a negative of every other query."),
+        Param("logit_scale", "Tensor", doc="0-dim, the *log* of the scale (as in ``clip_loss``)."),
+        _BIAS._replace(doc="optional 0-dim bias."),
+        Param("labels", "Tensor?", None, "optional int64 ``[b_r]``, the id of each query's positive."),
+        Param("candidate_labels", "Tensor?", None, "optional int64 ``[b_r * g]``, the id of each candidate "
+              "(required with ``labels`` when ``g > 1``)."),
+        Param("label_mode", "str", "mask_duplicates", "``\"mask_duplicates\"`` (default: a candidate carrying the "
+              "query's id, other than its own positive, leaves the softmax) or ``\"multi_positive\"`` (it counts "
+              "as another positive).", _MODES),
+        Param("reduction", "str", "mean", "``\"mean\"`` over the global number of queries, ``\"sum\"`` or "
+              "``\"none\"`` (see ``clip_loss``).", _REDUCTIONS),
+        _MAX_SCALE._replace(doc="clamp of ``exp(logit_scale)`` (as in ``clip_loss``)."),
+        Param("normalize", "bool", False, "L2-normalise ``queries`` and ``candidates`` inside the loss."),
+        _PATH, _TILE, _RING._replace(doc="the memory path (see ``clip_loss``); with ``ring`` the candidate blocks "
+                                     "travel around the ring."),
+        _GROUP,
+    ), ("queries", "candidates", "logit_scale", "logit_bias"),
+        "``l_i = lse_i - S_{i, pos(i)}`` reduced as ``reduction`` says; differentiable in ``queries``, "
+        "``candidates``, ``logit_scale`` and ``logit_bias``."),
+    _temperature_loss(
+        "nt_xent_loss", ("z1", "z2"), 0.1,
+        "SimCLR's NT-Xent loss over the global batch of ``2B`` views.\n\nFor view-1 row i the logits are ``[z1_i "
+        ". z2_all | z1_i . z1_all] / T`` with\nits own column in the second block masked out (likewise for view "
+        "2); the\nloss is the mean over all ``2B`` rows, per-rank weighted as in ``clip_loss``.",
+        {"z2": "``[b_r, d]`` projections of the two views of the same images."},
+        "softmax temperature, > 0.",
+        "``\"mean\"``, ``\"sum\"`` or ``\"none\"`` (``[b_r]``) over the ``B`` examples (an example's loss is the "
+        "mean of its two views').",
+        "0-dim tensor, differentiable in ``z1`` and ``z2``.", ("z1", "z2")),
+    _temperature_loss(
+        "moco_v3_loss", ("q1", "q2", "k1", "k2"), 1.0,
+        "MoCo v3's symmetrised loss ``ctr(q1, k2) + ctr(q2, k1)``.\n\n``ctr(q, k) = CE(q @ k_all.T / T, "
+        "positives) * 2T``; the keys (momentum\nencoder outputs) are gathered without gradient.",
+        {"q2": "``[b_r, d]`` queries (with gradient).", "k2": "``[b_r, d]`` keys (treated as constants)."},
+        "softmax temperature (MoCo v3 ViT uses 0.2).",
+        "``\"mean\"``, ``\"sum\"`` or ``\"none\"`` over the ``B`` examples (an example's loss is ``2T (l(q1_i, "
+        "k2) + l(q2_i, k1))``).",
+        "0-dim tensor (``[b_r]`` with ``\"none\"``), differentiable in ``q1`` and ``q2``.", ("q1", "q2")),
+    Loss("siglip_loss", "SigLIP's pairwise sigmoid loss over the global batch.\n\n``loss = -(1/B) sum_i sum_j "
+         "log sigmoid(z_ij (exp(logit_scale) a_i.b_j + bias))``\nwith ``z_ij = +1`` on the diagonal and ``-1`` "
+         "elsewhere. No softmax couples a\nrow, so no logits need to be held beyond one tile. Per-rank weighting "
+         "as in\n``clip_loss``.", 4, (
+             Param("a", "Tensor"), Param("b", "Tensor", doc="``[b_r, d]`` paired features."),
+             Param("logit_scale", "Tensor", doc="0-dim log scale (SigLIP initialises it to log 10)."),
+             _BIAS._replace(doc="optional 0-dim bias (SigLIP: -10)."),
+             _MAX_SCALE._replace(default=float("inf"), doc="clamp of ``exp(logit_scale)`` (default none)."),
+             Param("normalize", "bool", False, "L2-normalise ``a`` and ``b`` inside the loss."),
+             _PATH, _TILE, _RING._replace(doc="the memory path (see ``clip_loss``; ``chunk_size`` is the "
+                                          "deprecated name of ``tile_size``)."),
+             _GROUP,
+         ), ("a", "b", "logit_scale", "logit_bias"),
+         "0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale`` and ``logit_bias``.",
+         {"chunk_size": "tile_size"}),
+)}
+
+
+def _tiled(loss: Loss, drop: Tuple[str, ...], summary: str) -> Loss:
+    """``tiled_<loss>``: the loss on the tiled path, without the parameters ``drop`` (nor ``path``)."""
+    return loss._replace(name="tiled_" + loss.name, summary=summary, renamed={},
+                         params=tuple(p for p in loss.params if p.name not in drop + ("path",)),
+                         returns="0-dim tensor ``L_r``, as ``%s``." % loss.name)
+
+
+#: The always-tiled entry points: the losses with ``path="tiled"``, labels
+#: unsupported and the mean reduction.
+TILED = {loss.name: loss for loss in (
+    _tiled(LOSSES["clip_loss"], ("labels", "label_mode", "reduction"),
+           "``clip_loss`` computed tile by tile, with the same value and gradients.\n\nRow-wise log-sum-exp "
+           "accumulated over column tiles (online softmax); the\nbackward recomputes each tile, so memory is "
+           "``O(b_r x tile)`` instead of\n``O(b_r x B)``: ``clip_loss(..., path=\"tiled\")``."),
+    _tiled(LOSSES["nt_xent_loss"], ("reduction",), "``nt_xent_loss`` computed tile by tile (optionally around the "
+           "ring); see ``tiled_clip_loss``."),
+    _tiled(LOSSES["moco_v3_loss"], ("reduction",), "``moco_v3_loss`` computed tile by tile (optionally around the "
+           "ring); see ``tiled_clip_loss``."),
+)}
+
+_ANNOTATIONS = {"Tensor": "torch.Tensor", "Tensor?": "Optional[torch.Tensor]", "group": "Optional[ProcessGroup]"}
+
+
+def annotation(p: Param) -> str:
+    """The parameter's Python annotation, as the stub writes it."""
+    if p.words:
+        return "Literal[%s]" % ", ".join('"%s"' % w for w in p.words)
+    return _ANNOTATIONS.get(p.type, p.type)
+
+
+_CASTS = {"bool": bool, "float": float, "int": int, "str": str}
+
+
+def cast(p: Param) -> Optional[Callable[[Any], Any]]:
+    """What a value of ``p`` is converted with before it reaches C++ (None: passed as it is)."""
+    return _CASTS.get(p.type)
+
+
+def renamed(loss: Loss, what: str, old: Dict[str, Any], stacklevel: int) -> Dict[str, Any]:
+    """The keyword arguments ``old``, passed to ``what`` by deprecated names,
+    under their new names (warns; a name the loss never had is a TypeError)."""
+    for name in old:
+        if name not in loss.renamed:
+            raise TypeError("%s() got an unexpected keyword argument '%s'" % (what, name))
+        warnings.warn("%s(): argument '%s' is deprecated and will be removed in the next release; use '%s' (the "
+                      "name every loss uses)" % (what, name, loss.renamed[name]), DeprecationWarning,
+                      stacklevel=stacklevel + 1)
+    return {loss.renamed[name]: value for name, value in old.items()}
+
+
+def options(loss: Loss) -> Tuple[Param, ...]:
+    """The parameters that are not tensors: what a loss's Module holds."""
+    return tuple(p for p in loss.params if not p.type.startswith("Tensor"))
+
+
+def signature(loss: Loss) -> inspect.Signature:
+    """The public function's signature (annotations as strings)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return inspect.Signature([inspect.Parameter(p.name, kinds[i >= loss.positional], default=p.default,
+                                                annotation=annotation(p)) for i, p in enumerate(loss.params)],
+                             return_annotation="torch.Tensor")
+
+
+def docstring(loss: Loss) -> str:
+    """The public function's docstring: the summary, one ``Args`` line per
+    documented run of parameters, and ``Returns``."""
+    def entry(text):
+        return textwrap.fill(text, 79, initial_indent="    ", subsequent_indent="        ")
+
+    lines, names = [loss.summary, "", "Args:"], []
+    for p in loss.params:
+        names.append(p.name)
+        if p.doc:
+            lines.append(entry("%s: %s" % (", ".join(names), p.doc)))
+            names = []
+    lines += ["", "Returns:", textwrap.fill(loss.returns, 79, initial_indent="    ", subsequent_indent="    ")]
+    if loss.raises:
+        lines += ["", "Raises:", *map(entry, loss.raises)]
+    return "\n".join(lines)
+
+
+def schema(loss: Loss, backward: bool = False) -> str:
+    """The operator's schema; ``<loss>_backward`` takes the upstream gradient
+    first and returns the gradients of ``loss.grad``."""
+    args = ", ".join("%s %s" % ("str" if p.type == "group" else p.type, p.name) for p in loss.params)
+    if backward:
+        return "%s_backward(Tensor grad, %s) -> (%s)" % (loss.name, args, ", ".join(["Tensor"] * len(loss.grad)))
+    return "%s(%s) -> Tensor" % (loss.name, args)
+
+
+class _Default:
+    """A default in generated source: the name under which it is looked up."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return "_defaults[%r]" % self.name
+
+
+def function(loss: Loss, impl: Callable[..., Any], module: str) -> Callable[..., Any]:
+    """A plain Python function with the loss's signature and docstring that
+    returns ``impl(*arguments in the table's order, **renamed ones)``. It is
+    generated as source (as ``collections.namedtuple`` does) so that calling
+    it costs what any function call costs and ``torch.compile`` traces it."""
+    sig = signature(loss)
+    params = [p.replace(default=_Default(p.name)) if p.default is not REQUIRED else p
+              for p in sig.parameters.values()]
+    if loss.renamed:
+        params.append(inspect.Parameter("renamed", inspect.Parameter.VAR_KEYWORD))
+    names = ", ".join(p.name for p in loss.params) + (", **renamed" if loss.renamed else "")
+    source = "def %s%s:\n    return _impl(%s)\n" % (loss.name, sig.replace(parameters=params), names)
+    namespace = {"_impl": impl, "_defaults": {p.name: p.default for p in loss.params}, "__name__": module}
+    exec(source, namespace)
+    fn = namespace[loss.name]
+    fn.__doc__ = docstring(loss)
+    fn.__signature__ = sig  # without the renamed ones
+    return fn
+
+
+def stub(loss: Loss) -> str:
+    """The loss's declaration in ``__init__.pyi``."""
+    params = ["%s: %s%s" % (p.name, annotation(p), "" if p.default is REQUIRED else " = ...") for p in loss.params]
+    params.insert(loss.positional, "*")
+    lines, line = [], "def %s(" % loss.name
+    for i, part in enumerate(params):
+        part += ", " if i + 1 < len(params) else ") -> torch.Tensor: ..."
+        if len(line) + len(part.rstrip()) > 116:
+            lines.append(line.rstrip())
+            line = "    "
+        line += part
+    return "\n".join(lines + [line])
+
+
+def stubs() -> str:
+    """The block of ``__init__.pyi`` that declares the losses and the always-tiled entry points."""
+    return "\n\n".join(stub(loss) for loss in (*LOSSES.values(), *TILED.values()))
+
+
+if __name__ == "__main__":
+    print(stubs())

@@ -1,0 +1,123 @@
+"""Every face of a loss agrees with its one declaration (contrax/_signatures.py):
+the public function (its code's parameters, signature and docstring), the
+binding's function (python/src/bind_*.cpp), the operators' schemas, the type
+stub and the nn.Module's constructor; and the deprecated ``chunk_size`` still
+works, with a warning naming ``tile_size``."""
+import ast
+import inspect
+import os
+import re
+
+import pytest
+import torch
+
+import contrax
+from contrax import _signatures as table
+
+LOSSES = list(table.LOSSES.values())
+FUNCTIONS = LOSSES + list(table.TILED.values())
+MODULES = {"clip_loss": contrax.ClipLoss, "grouped_loss": contrax.GroupedLoss, "nt_xent_loss": contrax.NTXentLoss,
+           "moco_v3_loss": contrax.MoCoV3Loss, "siglip_loss": contrax.SigLIPLoss}
+SCHEMA_TYPES = {"Tensor": "Tensor", "Tensor?": "Optional[Tensor]", "bool": "bool", "float": "float", "int": "int",
+                "str": "str", "group": "str"}
+
+
+def _names(loss):
+    return [p.name for p in loss.params]
+
+
+@pytest.mark.parametrize("loss", FUNCTIONS, ids=lambda x: x.name)
+def test_function_has_the_tables_parameters(loss):
+    fn = getattr(contrax, loss.name)
+    code = fn.__code__
+    assert list(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]) == _names(loss)
+    assert code.co_argcount == loss.positional
+    defaults = {**dict(zip(code.co_varnames[code.co_argcount - len(fn.__defaults__ or ()):code.co_argcount],
+                           fn.__defaults__ or ())), **(fn.__kwdefaults__ or {})}
+    assert defaults == {p.name: p.default for p in loss.params if p.default is not table.REQUIRED}
+    assert inspect.signature(fn) == table.signature(loss)
+    args = fn.__doc__.split("Args:")[1].split("Returns:")[0]
+    assert re.findall(r"^    (\w+(?:, \w+)*):", args, re.M) and \
+        [n for line in re.findall(r"^    (\w+(?:, \w+)*):", args, re.M) for n in line.split(", ")] == _names(loss)
+    with pytest.raises(TypeError):  # the options are keyword-only
+        fn(*([None] * (loss.positional + 1)))
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=lambda x: x.name)
+def test_binding_takes_the_tables_order(loss):
+    # pybind11's docstring opens with the function's signature.
+    first = getattr(contrax._contrax, loss.name).__doc__.strip().splitlines()[0]
+    got = re.findall(r"(\w+): ", first[first.index("(") + 1:])
+    assert got == ["comm" if n == "group" else n for n in _names(loss)]
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=lambda x: x.name)
+def test_operator_schemas_follow_the_table(loss):
+    want = [(p.name, SCHEMA_TYPES[p.type]) for p in loss.params]
+    forward = getattr(torch.ops.contrax, loss.name).default._schema
+    assert [(a.name, str(a.type)) for a in forward.arguments] == want
+    assert all(not a.has_default_value() for a in forward.arguments)
+    assert len(forward.returns) == 1
+    backward = getattr(torch.ops.contrax, loss.name + "_backward").default._schema
+    assert [(a.name, str(a.type)) for a in backward.arguments] == [("grad", "Tensor")] + want
+    assert len(backward.returns) == len(loss.grad)
+
+
+def _stub_text():
+    return open(os.path.join(os.path.dirname(contrax.__file__), "__init__.pyi")).read()
+
+
+def _stub():
+    return {n.name: n for n in ast.parse(_stub_text()).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def test_stub_holds_the_generated_block():
+    # `python -m contrax._signatures` prints what __init__.pyi must hold.
+    assert table.stubs() in _stub_text()
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=lambda x: x.name)
+def test_module_takes_the_tables_options(loss):
+    cls = MODULES[loss.name]
+    options = table.options(loss)
+    params = list(inspect.signature(cls.__init__).parameters.values())[-len(options):]
+    assert [(p.name, p.kind, p.default) for p in params] == \
+        [(p.name, inspect.Parameter.KEYWORD_ONLY, p.default) for p in options]
+    init = next(n for n in _stub()[cls.__name__].body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    stubbed = {a.arg: ast.unparse(a.annotation) for a in init.args.kwonlyargs}
+    assert {p.name: stubbed.get(p.name) for p in options} == \
+        {p.name: ast.unparse(ast.parse(table.annotation(p), mode="eval")) for p in options}
+    assert all(p.name in cls.__doc__.split("Options, as in")[1] for p in options)
+    m = cls()
+    assert {p.name: getattr(m, p.name) for p in options} == {p.name: p.default for p in options}
+    shown = repr(m)
+    assert all(f"{p.name}={p.default!r}" in shown for p in options if p.name != "group")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tile_sise'"):
+        cls(tile_sise=2)
+
+
+def test_module_passes_its_options_on():
+    g = torch.Generator().manual_seed(5)
+    z1, z2 = torch.randn(7, 4, generator=g, dtype=torch.float64), torch.randn(7, 4, generator=g, dtype=torch.float64)
+    m = contrax.NTXentLoss(temperature=0.4, reduction="none", path="tiled", tile_size=3)
+    assert torch.equal(m(z1, z2), contrax.nt_xent_loss(z1, z2, temperature=0.4, reduction="none", path="tiled",
+                                                       tile_size=3))
+    assert "tile_size=3" in repr(m) and "path='tiled'" in repr(m)
+
+
+def test_chunk_size_is_the_deprecated_name_of_tile_size():
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(6, 4, generator=g, dtype=torch.float64)
+    s, t = torch.tensor(1.1, dtype=torch.float64), torch.tensor(-2.0, dtype=torch.float64)
+    want = contrax.siglip_loss(a, b, s, t, tile_size=2)
+    with pytest.warns(DeprecationWarning, match=r"siglip_loss\(\): argument 'chunk_size' is deprecated .*use "
+                                                r"'tile_size'"):
+        assert torch.equal(contrax.siglip_loss(a, b, s, t, chunk_size=2), want)
+    with pytest.raises(TypeError, match=r"siglip_loss\(\) got an unexpected keyword argument 'chunk_sise'"):
+        contrax.siglip_loss(a, b, s, t, chunk_sise=2)
+    with pytest.warns(DeprecationWarning, match=r"SigLIPLoss\(\): argument 'chunk_size' is deprecated .*use "
+                                                r"'tile_size'"):
+        m = contrax.SigLIPLoss(chunk_size=2)
+    assert m.tile_size == 2
+    with pytest.warns(DeprecationWarning, match="SigLIPLoss.chunk_size is deprecated"):
+        assert m.chunk_size == 2
