@@ -273,6 +273,9 @@ TEST(PanelWalk, SigLipMatchesTheReference) {
   expect_close(
       loss_and_grads(in, [&](const Tensors& x) { return contrax::siglip_loss(x[0], x[1], x[2], x[3], tiled); }), want,
       "siglip");
+  // The budget holds 256-row panels of all 600 columns: ceil(600 / 256) = 3
+  // panels of the one gathered key block (W = 1), walked once by the forward
+  // and once by the backward's recomputation: 6 steps.
   EXPECT_EQ(contrax::detail::steps_walked() - steps, 6);
 }
 
