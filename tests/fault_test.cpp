@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "contrax/launch/launcher.h"
 #include "contrax/train/common/checkpoint.h"
 #include "contrax/train/image/trainer.h"
 #include "support/cli.h"
@@ -174,7 +175,9 @@ int rank_of(pid_t pid) {
   return -1;
 }
 
-int free_port(int k) { return 33000 + (::getpid() * 11 + k * 97) % 3000; }
+// A port nobody holds now, asked of the kernel (a port picked by hand from
+// the ephemeral range can be any connection's local port at that moment).
+int free_port() { return static_cast<int>(contrax::find_free_port()); }
 
 void report(const std::string& what, const Done& d) {
   std::cout << "FAULT " << what << ": " << (d.exited ? "exit " : "SIGNAL ") << d.status << " after " << d.seconds
@@ -299,7 +302,7 @@ TEST(Fault, UnwritableRunDirectoryIsNamedBeforeAnyWorkerStarts) {
 TEST(Fault, StoreOfASingleNodeRunListensOnLoopbackOnly) {
   REQUIRE_DATA();
   TempDir t;
-  const int port = free_port(1);
+  const int port = free_port();
   const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
   auto r0 = spawn(env + cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 30 --run-dir " + t.path + "/run"),
                   t.path + "/r0.txt");
@@ -343,7 +346,7 @@ TEST(Fault, StoreOfASingleNodeRunListensOnLoopbackOnly) {
 TEST(Fault, MissingPeerIsReportedWithinTheTimeout) {
   REQUIRE_DATA();
   TempDir t;
-  const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port(2)) + " ";
+  const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " ";
   auto d = run(env + cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 6 --run-dir " + t.path + "/run"),
                t.path);
   report("rank 1 never starts, --timeout 6", d);
@@ -357,7 +360,7 @@ TEST(Fault, MissingPeerIsReportedWithinTheTimeout) {
 TEST(Fault, WorldSizeMismatchIsNamed) {
   REQUIRE_DATA();
   TempDir t;
-  const std::string port = std::to_string(free_port(3));
+  const std::string port = std::to_string(free_port());
   auto a = spawn("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
                      cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 60 --run-dir " + t.path + "/run"),
                  t.path + "/a.txt");
@@ -433,7 +436,7 @@ TEST(Fault, StoppedPeerIsReportedWithinTimeoutPlusSeconds) {
 TEST(Fault, SlurmVariablesStartATwoProcessRun) {
   REQUIRE_DATA();
   TempDir t;
-  const int job = 100 + free_port(4) % 800;
+  const int job = 100 + free_port() % 800;
   std::vector<Proc> ps;
   for (int r = 0; r < 2; ++r) {
     const std::string env = "SLURM_NTASKS=2 SLURM_PROCID=" + std::to_string(r) + " SLURM_LOCALID=" +
@@ -494,17 +497,22 @@ TEST(Fault, MissingTestSplitIsFoundBeforeTraining) {
 namespace {
 
 // Holds 127.0.0.1:port with a listening socket (a port in use).
+// A port this process listens on, of the kernel's choosing.
 struct BusyPort {
-  explicit BusyPort(int port) {
+  BusyPort() {
     fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_port = 0;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0;
+    socklen_t size = sizeof a;
+    ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd, 1) == 0 &&
+         ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size) == 0;
+    port = ntohs(a.sin_port);
   }
   ~BusyPort() { ::close(fd); }
   int fd = -1;
+  int port = 0;
   bool ok = false;
 };
 
@@ -566,7 +574,7 @@ TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
     }
     EXPECT_EQ(train.output.find("error"), std::string::npos) << train.output;
     // A rank started by hand (a scheduler, torchrun) whose peer never comes.
-    const std::string env = "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port(20 + k)) + " ";
+    const std::string env = "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " ";
     auto rank = terminate_after(env + cli("train " + kFast + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "h"),
                                 t.path + "/rank" + std::to_string(k) + ".txt", delay);
     report("a hand-started rank 1 without rank 0" + tag, rank);
@@ -576,9 +584,9 @@ TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
     if (delay >= 2.0) EXPECT_FALSE(rank.output.empty()) << "main() has long begun: the line must be there";
     // `contrax launch` when MASTER_PORT is in use: rank 0 says so at once,
     // and the launcher ends rank 1 (waiting for rank 0's store) at once.
-    const int port = free_port(40 + k);
-    BusyPort busy(port);
-    ASSERT_TRUE(busy.ok) << "cannot hold port " << port;
+    BusyPort busy;
+    ASSERT_TRUE(busy.ok) << "cannot hold a port";
+    const int port = busy.port;
     auto launch = terminate_after(cli("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli +
                                       " train " + kFast + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "l"),
                                   t.path + "/launch" + std::to_string(k) + ".txt", delay);
@@ -606,9 +614,9 @@ TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
 TEST(Fault, PortInUseEndsTheLaunchAtOnce) {
   REQUIRE_DATA();
   TempDir t;
-  const int port = free_port(60);
-  BusyPort busy(port);
-  ASSERT_TRUE(busy.ok) << "cannot hold port " << port;
+  BusyPort busy;
+  ASSERT_TRUE(busy.ok) << "cannot hold a port";
+  const int port = busy.port;
   auto d = run(cli("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli + " train " + kFast +
                    " --nproc 1 --max-steps 3 --run-dir " + t.path + "/run"),
                t.path, std::chrono::seconds(90));

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "contrax/launch/launcher.h"
 #include "support/cli.h"
 #include "support/processes.h"
 
@@ -28,8 +29,6 @@ const std::string kCli = CONTRAX_CLI_PATH;
 // Small and quick: one thread per process, no evaluation.
 const std::string kFast =
     "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --no-plot --log-every 1 --threads 1";
-
-int free_port(int k) { return 36000 + (::getpid() * 13 + k * 101) % 3000; }
 
 // The launcher's worker whose RANK is `rank` (from /proc), or -1.
 pid_t worker_of(pid_t launcher, int rank) {
@@ -111,7 +110,7 @@ TEST(PeerExit, RankZerosOwnErrorIsNotCalledACrashOnRankOne) {
 TEST(PeerExit, LoneRankOneFailsWithinTheTimeoutSayingHowLongItWaited) {
   CONTRAX_REQUIRE_FASHION_MNIST();
   contrax::testing::TempDir t("contrax_peer_exit");
-  const std::string env = "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port(1));
+  const std::string env = "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(contrax::find_free_port());
   const auto r = contrax::testing::run_shell(env + " " + kCli + " train " + kFast + " --max-steps 5 --timeout 5 " +
                                              "--run-dir " + t.path + "/run 2>&1");
   std::cout << "FAULT lone rank 1, --timeout 5: exit " << r.status << " after " << r.seconds << " s\n";

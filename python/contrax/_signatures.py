@@ -270,10 +270,15 @@ def function(loss: Loss, impl: Callable[..., Any], module: str) -> Callable[...,
     if loss.renamed:
         params.append(inspect.Parameter("renamed", inspect.Parameter.VAR_KEYWORD))
     names = ", ".join(p.name for p in loss.params) + (", **renamed" if loss.renamed else "")
-    source = "def %s%s:\n    return _impl(%s)\n" % (loss.name, sig.replace(parameters=params), names)
-    namespace = {"_impl": impl, "_defaults": {p.name: p.default for p in loss.params}, "__name__": module}
+    # ``_impl`` is a closure variable, not a global of the generated source:
+    # torch 2.6's Dynamo guards a global of an inlined function by looking it
+    # up as an attribute of the module named by ``__name__`` (``contrax._impl``,
+    # which does not exist), so a global here broke every compiled step there.
+    source = "def _make(_impl, _defaults):\n    def %s%s:\n        return _impl(%s)\n    return %s\n" % (
+        loss.name, sig.replace(parameters=params), names, loss.name)
+    namespace = {"__name__": module}
     exec(source, namespace)
-    fn = namespace[loss.name]
+    fn = namespace["_make"](impl, {p.name: p.default for p in loss.params})
     fn.__doc__ = docstring(loss)
     fn.__signature__ = sig  # without the renamed ones
     return fn
