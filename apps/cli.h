@@ -100,6 +100,11 @@ CLI::Option* add_double(CLI::App& app, const std::string& name, double& value, c
 CLI::Option* add_choice(CLI::App& app, const std::string& name, std::string& value, const std::string& help,
                         const std::vector<std::string>& choices);
 
+/// `--device`, cpu or cuda; `help` says what runs where.
+inline CLI::Option* add_device(CLI::App& app, std::string& value, const std::string& help) {
+  return add_choice(app, "--device", value, help, {"cpu", "cuda"});
+}
+
 /// Comma-separated integers ("1024,4096"), each in [lo, hi]; the option keeps
 /// the text (so --dump-config writes it back) and `parse_int_list` reads it.
 std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& text, int64_t lo, int64_t hi);

@@ -273,9 +273,8 @@ int run_bench(const std::vector<std::string>& args) {
   app.add_option("--modes", modes, "which of global, allreduce, contrax, floor, floor_kept");
   app.add_option("--out", out, "append the table rows to this file (default: stdout)");
   app.add_option("--loss", loss_name, "clip (symmetric) or nt_xent");
-  cli::add_choice(app, "--device", device,
-                  "where each rank computes: cpu, or cuda (rank r on GPU LOCAL_RANK mod #GPUs, one GPU per rank, NCCL)",
-                  {"cpu", "cuda"});
+  cli::add_device(app, device,
+                  "where each rank computes: cpu, or cuda (rank r on GPU LOCAL_RANK mod #GPUs, one GPU per rank, NCCL)");
   if (int st = cli::parse(app, args); st >= 0) return st;
   const auto nprocs = cli::parse_int_list("--nproc", nprocs_s, 1, cli::max_procs());
   const auto batches = cli::parse_int_list("--batch", batches_s, 1, int64_t{1} << 30);

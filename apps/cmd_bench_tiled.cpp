@@ -260,10 +260,9 @@ int run_bench_tiled(const std::vector<std::string>& args) {
   cli::add_int(app, "--iters", iters, "timed runs per path and batch, alternated; the median is reported", 1, 100000);
   app.add_flag("--ring", ring, "distributed: ring against gather + reduce-scatter (run under contrax launch)");
   app.add_flag("--symmetric", symmetric, "single process: symmetric CLIP (floor: the old six GEMMs)");
-  cli::add_choice(app, "--device", device,
+  cli::add_device(app, device,
                   "where it computes: cpu, or cuda (GPU 0; with --ring under contrax launch, rank r on GPU LOCAL_RANK "
-                  "mod #GPUs, NCCL between them)",
-                  {"cpu", "cuda"});
+                  "mod #GPUs, NCCL between them)");
   if (int st = cli::parse(app, args); st >= 0) return st;
   cli::check_cuda_device(device, 1);
   if (device == "cuda") g_device = torch::Device(torch::kCUDA, 0);

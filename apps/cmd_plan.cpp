@@ -44,10 +44,9 @@ int run_plan(const std::vector<std::string>& args) {
   cli::add_int(app, "--world", world, "number of ranks W", 1, int64_t{1} << 20);
   cli::add_choice(app, "--dtype", dtype, "feature dtype", {"float", "double", "half", "bf16"});
   std::string device = "cpu";
-  cli::add_choice(app, "--device", device,
+  cli::add_device(app, device,
                   "where the features live (the model only, no GPU needed): on cuda, half and bf16 features are "
-                  "gathered and multiplied in their own dtype",
-                  {"cpu", "cuda"});
+                  "gathered and multiplied in their own dtype");
   std::string path = "auto";
   cli::add_choice(app, "--path", path, "the losses' memory path", {"auto", "materialised", "tiled"});
   cli::add_int(app, "--tile-size", tile,

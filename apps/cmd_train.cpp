@@ -146,10 +146,9 @@ void TrainCommand::add_flags(CLI::App& app, cli::TrainRecipe& recipe) {
                "evaluate with the first N train (kNN memory bank) and N test examples (-1: all)", -1);
   cli::add_int(app, "--threads", threads_, "intra-op threads per process (0: cores / processes)" + force_note, 0);
   cli::add_choice(app, "--dtype", dtype_, "float or double (exactness tests)", {"float", "double"});
-  cli::add_choice(app, "--device", device_,
+  cli::add_device(app, device_,
                   "where each process trains: cpu, or cuda (the image recipes: process r on GPU LOCAL_RANK mod "
-                  "#GPUs, one GPU per process, NCCL between them; augmentation on the CPU into pinned memory)",
-                  {"cpu", "cuda"});
+                  "#GPUs, one GPU per process, NCCL between them; augmentation on the CPU into pinned memory)");
   cli::add_int(app, "--log-every", run.log_every(), "progress line every N steps (0: none)", 0, cli::kMaxSteps);
   cli::add_int(app, "--stop-at-step", run.stop_at_step(), ">= 0: stop with a checkpoint at this step (tests)", -1,
                cli::kMaxSteps);

@@ -111,10 +111,9 @@ int run_verify(const std::vector<std::string>& args) {
   cli::add_int(app, "--seed", seed, "seed of the random inputs", 0);
   app.add_option("--rows", rows_s, "rows per rank, comma-separated (default: uneven, one empty rank)");
   app.add_option("--case", cases, "comma-separated cases to run (default: all)");
-  cli::add_choice(app, "--device", device,
+  cli::add_device(app, device,
                   "where each rank computes: cpu, or cuda (rank r on GPU r mod #GPUs; Gloo between the ranks, which "
-                  "carries CUDA tensors through host memory, since NCCL refuses two ranks on one GPU)",
-                  {"cpu", "cuda"});
+                  "carries CUDA tensors through host memory, since NCCL refuses two ranks on one GPU)");
   std::string backend = "gloo";
   cli::add_choice(app, "--backend", backend,
                   "process group between the ranks: gloo (CPU or CUDA tensors, any number of ranks per GPU) or nccl "

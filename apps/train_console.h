@@ -13,6 +13,8 @@
 #include <ostream>
 #include <string>
 
+#include <c10/macros/Macros.h>
+
 #include "contrax/train/common/loop.h"
 #include "live_line.h"
 
@@ -26,8 +28,7 @@ class TrainConsole {
  public:
   explicit TrainConsole(bool to_stderr) : to_stderr_(to_stderr), live_(to_stderr ? stderr : stdout) {}
   ~TrainConsole();
-  TrainConsole(const TrainConsole&) = delete;
-  TrainConsole& operator=(const TrainConsole&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(TrainConsole);
   /// Copies what follows to `path`, appended to (a resumed run) or replacing it.
   void open_log(const std::string& path, bool append);
   /// Progress and headers: stdout, or stderr under --json.

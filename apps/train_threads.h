@@ -66,8 +66,7 @@ class IntraOpThreads {
  public:
   IntraOpThreads(int64_t threads, const std::string& who);
   ~IntraOpThreads();
-  IntraOpThreads(const IntraOpThreads&) = delete;
-  IntraOpThreads& operator=(const IntraOpThreads&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(IntraOpThreads);
 };
 
 /// While it lives, a std::terminate with the tasks limit used up (c10d's
@@ -77,8 +76,7 @@ class ThreadStartScope {
  public:
   explicit ThreadStartScope(const std::string& who);
   ~ThreadStartScope();
-  ThreadStartScope(const ThreadStartScope&) = delete;
-  ThreadStartScope& operator=(const ThreadStartScope&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(ThreadStartScope);
 };
 
 /// "rank R" from RANK or SLURM_PROCID, else "this process".

@@ -14,14 +14,15 @@
 // full. Internal to src/comm/, not installed.
 #pragma once
 
+#include <c10/macros/Macros.h>
+
 namespace contrax::detail {
 
 class QuietC10dLog {
  public:
   QuietC10dLog();
   ~QuietC10dLog();
-  QuietC10dLog(const QuietC10dLog&) = delete;
-  QuietC10dLog& operator=(const QuietC10dLog&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(QuietC10dLog);
 
  private:
   bool active_;

@@ -35,8 +35,7 @@ class GradientReducer {
   GradientReducer(Communicator& comm, const std::vector<torch::Tensor>& params,
                   std::unordered_map<size_t, std::string> names, const ReducerOptions& options);
   ~GradientReducer();
-  GradientReducer(const GradientReducer&) = delete;
-  GradientReducer& operator=(const GradientReducer&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(GradientReducer);
 
   /// Re-buckets once, after the first synchronised backward recorded the
   /// order in which gradients became ready; true when it did.

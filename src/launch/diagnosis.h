@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/macros/Macros.h>
+
 #include "contrax/launch/launcher.h"
 #include "launch/worker.h"
 
@@ -44,8 +46,7 @@ class ErrorFileDir {
  public:
   ErrorFileDir();
   ~ErrorFileDir();
-  ErrorFileDir(const ErrorFileDir&) = delete;
-  ErrorFileDir& operator=(const ErrorFileDir&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(ErrorFileDir);
   /// The record of `rank` ("" without a directory: blame falls back to the
   /// order of exits); remembered, so that clear() removes it.
   std::string file(int64_t rank);

@@ -13,6 +13,8 @@
 
 #include <array>
 
+#include <c10/macros/Macros.h>
+
 namespace contrax::detail {
 
 class SignalPipe {
@@ -22,8 +24,7 @@ class SignalPipe {
 
   SignalPipe() = default;
   ~SignalPipe() { restore(); }
-  SignalPipe(const SignalPipe&) = delete;
-  SignalPipe& operator=(const SignalPipe&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(SignalPipe);
 
   /// Creates the pipe and takes the signals over (SIGPIPE ignored meanwhile).
   void install();

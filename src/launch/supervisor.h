@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/macros/Macros.h>
+
 #include "contrax/launch/launcher.h"
 #include "launch/output.h"
 #include "launch/signals.h"
@@ -24,8 +26,7 @@ class Supervisor {
   /// Takes the signals over (one launch at a time per process).
   explicit Supervisor(const LaunchOptions& options);
   ~Supervisor();
-  Supervisor(const Supervisor&) = delete;
-  Supervisor& operator=(const Supervisor&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(Supervisor);
 
   /// Starts one worker; returns the errno of a failed exec, 0 on success.
   int start(const std::vector<std::string>& argv, int64_t rank, const std::vector<std::string>& env,

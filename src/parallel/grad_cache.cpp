@@ -266,8 +266,7 @@ class Bf16Autocast {
     at::autocast::set_autocast_enabled(type_, prev_enabled_);
     at::autocast::set_autocast_dtype(type_, prev_dtype_);
   }
-  Bf16Autocast(const Bf16Autocast&) = delete;
-  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(Bf16Autocast);
 
  private:
   bool on_;

@@ -25,8 +25,7 @@ class OpCounter {
  public:
   OpCounter();
   ~OpCounter();
-  OpCounter(const OpCounter&) = delete;
-  OpCounter& operator=(const OpCounter&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(OpCounter);
 
   /// Leaf operators that launch work (see above).
   int64_t launches() const;

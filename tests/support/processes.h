@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/macros/Macros.h>
+
 namespace contrax::testing {
 
 /// A shell command started in its own process group, output in `out`.
@@ -29,8 +31,7 @@ int wait_for(const Proc& p, std::chrono::seconds limit);
 struct TempDir {
   explicit TempDir(const std::string& prefix = "contrax_test");
   ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(TempDir);
   std::string path;
 };
 
@@ -58,8 +59,7 @@ class TwoNodes {
  public:
   TwoNodes();
   ~TwoNodes();
-  TwoNodes(const TwoNodes&) = delete;
-  TwoNodes& operator=(const TwoNodes&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(TwoNodes);
   const std::string& skip_reason() const { return reason_; }
   const std::string& ns(int i) const { return ns_[i]; }
   const std::string& veth(int i) const { return veth_[i]; }

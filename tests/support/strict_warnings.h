@@ -25,8 +25,7 @@ class WarningCapture : public c10::WarningHandler {
     c10::WarningUtils::set_warning_handler(this);
   }
   ~WarningCapture() override { c10::WarningUtils::set_warning_handler(previous_); }
-  WarningCapture(const WarningCapture&) = delete;
-  WarningCapture& operator=(const WarningCapture&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(WarningCapture);
   void process(const c10::Warning& w) override { messages.push_back(w.msg()); }
   std::vector<std::string> messages;
 

@@ -164,8 +164,7 @@ class Communicator {
   static std::shared_ptr<Communicator> single();
 
   ~Communicator();
-  Communicator(const Communicator&) = delete;
-  Communicator& operator=(const Communicator&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(Communicator);
 
   /// This process's rank, in [0, world_size()).
   int64_t rank() const;

@@ -107,8 +107,7 @@ class DataParallel {
       : DataParallel(std::static_pointer_cast<torch::nn::Module>(module.ptr()), std::move(comm),
                      std::move(options)) {}
   ~DataParallel();
-  DataParallel(const DataParallel&) = delete;
-  DataParallel& operator=(const DataParallel&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(DataParallel);
 
   /// Runs `fn()` (the wrapped module's forward) as DDP's forward: buffers
   /// are broadcast from rank 0 first and, if gradients will be synchronised
@@ -151,8 +150,7 @@ class DataParallel {
     ~NoSyncGuard();
     /// Takes over `other`'s scope; `other` then closes nothing.
     NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    C10_DISABLE_COPY_AND_ASSIGN(NoSyncGuard);
     NoSyncGuard& operator=(NoSyncGuard&&) = delete;
 
    private:

@@ -10,8 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 namespace {
 
 // Written first and checked first: a zip archive that opens but was not
@@ -397,5 +396,4 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   write_atomically(path, "write_file_atomically()", bytes);
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

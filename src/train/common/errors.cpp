@@ -7,8 +7,7 @@
 #include <cmath>
 #include <utility>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 TrainError::TrainError(TrainErrorKind kind, std::string fact, const std::string& advice)
     : c10::Error(c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, fact + advice),
@@ -68,5 +67,4 @@ RunDirRefused::RunDirRefused(TrainErrorKind kind, std::string path, std::string 
                              const std::string& advice)
     : TrainError(kind, std::move(fact), advice), path(std::move(path)), detail(std::move(detail)) {}
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -15,8 +15,7 @@
 #include <new>
 #include <sstream>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 namespace {
 
@@ -398,5 +397,4 @@ void TrainLoop::finish(RunResult& result, int64_t step, int64_t examples, double
   }
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -16,8 +16,7 @@
 
 #include "contrax/train/common/checkpoint.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 namespace {
 
@@ -127,5 +126,4 @@ void MetricsWriter::write(const StepMetrics& m) {
               " not recorded; the run stops rather than lose them silently)");
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -18,8 +18,7 @@
 
 namespace fs = std::filesystem;
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 ResumeMode resume_mode(const std::string& s) {
   if (s == "always") return ResumeMode::kAlways;
@@ -128,5 +127,4 @@ std::string checkpoint_path(const std::string& run_dir) { return RunDir(run_dir)
 
 std::string metrics_path(const std::string& run_dir) { return RunDir(run_dir).metrics(); }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -4,8 +4,7 @@
 
 #include <random>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 namespace {
 
 // Uniform integer in [0, bound) without modulo bias (rejection on the top
@@ -115,5 +114,4 @@ SamplerPosition ShardedSampler::next(const SamplerPosition& pos) const {
                                           : SamplerPosition{pos.epoch + 1, 0};
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

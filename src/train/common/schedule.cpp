@@ -3,8 +3,7 @@
 
 #include <cmath>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 double warmup_cosine_lr(int64_t step, const WarmupCosineOptions& o) {
   TORCH_CHECK(step >= 0, "warmup_cosine_lr(): argument 'step' must be >= 0, but got ", step);
@@ -27,5 +26,4 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -7,8 +7,7 @@
 #include "c10/util/StringUtil.h"
 #include "contrax/util/memory.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 std::string to_string(const StepMemory& m) {
   const auto b = [](int64_t n) { return format_bytes(static_cast<double>(n)); };
@@ -53,5 +52,4 @@ std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int
                   fit.shortfall(), "; ", advice);
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -9,8 +9,7 @@
 
 #include "contrax/train/common/sampler.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 namespace {
 
 // Uniform double in [0, 1) from the top 53 bits of the generator's next word.
@@ -201,5 +200,4 @@ torch::Tensor augment(const torch::Tensor& images_in, const torch::Tensor& indic
   return ((x - o.mean()) / o.std()).contiguous();
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -12,8 +12,7 @@
 
 #include "contrax/train/image/augment.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -352,5 +351,4 @@ EvalResult evaluate_random_init(const EncoderOptions& encoder_options, uint64_t 
   return evaluate_encoder(encoder, train, test, options);
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

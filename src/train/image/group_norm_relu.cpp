@@ -37,8 +37,7 @@
 #include <cmath>
 #include <vector>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -304,5 +303,4 @@ torch::Tensor group_norm_relu(const torch::Tensor& x, const torch::Tensor& weigh
   return GroupNormReLUFunction::apply(x, weight, bias, groups, eps);
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

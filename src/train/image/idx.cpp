@@ -16,8 +16,7 @@
 #include <memory>
 #include <sstream>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 namespace {
 
 const char* const kInstallHint =
@@ -318,5 +317,4 @@ Dataset load_dataset(const std::string& dir, const std::string& split, int64_t l
   return Dataset{images.unsqueeze(1), labels};
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -27,8 +27,7 @@
 
 #include "contrax/check/plan.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 namespace {
 
@@ -106,5 +105,4 @@ StepMemory estimate_step_memory(const TrainOptions& o, int64_t channels, int64_t
   return m;
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

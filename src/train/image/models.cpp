@@ -5,8 +5,7 @@
 #include "contrax/losses/losses.h"
 #include "util/env.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 EncoderImpl::EncoderImpl(EncoderOptions options_) : options(std::move(options_)) {
   const auto& ch = options.channels();
@@ -194,5 +193,4 @@ int64_t count_parameters(const std::vector<torch::Tensor>& parameters) {
   return n;
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -11,8 +11,7 @@
 #include "contrax/parallel/grad_cache.h"
 #include "contrax/train/image/augment.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 namespace {
 
@@ -196,5 +195,4 @@ TrainOptions peer_recipe() {
                    .contrast(0.4).blur_prob(0.0).noise_prob(0.0));
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

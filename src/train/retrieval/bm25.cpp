@@ -6,8 +6,7 @@
 
 #include "contrax/train/retrieval/wordnet.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 Bm25::Bm25(const std::vector<std::vector<std::string>>& docs, const Bm25Options& o) : options_(o) {
   TORCH_CHECK(o.k1() >= 0 && o.b() >= 0 && o.b() <= 1, "Bm25: k1 must be >= 0 and b in [0, 1], but got k1 ", o.k1(),
@@ -63,5 +62,4 @@ std::vector<std::string> char_ngram_terms(const std::string& text, int64_t min_n
   return out;
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

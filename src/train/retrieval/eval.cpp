@@ -5,8 +5,7 @@
 #include <algorithm>
 #include <unordered_map>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 RetrievalMetrics retrieval_metrics(const torch::Tensor& scores_in, const torch::Tensor& target_in) {
   TORCH_CHECK(scores_in.dim() == 2, "retrieval_metrics(): argument 'scores' must be [queries, passages], but got shape ",
@@ -102,5 +101,4 @@ RetrievalMetrics evaluate_bm25(const RetrievalCorpus& c, const RetrievalEvalSet&
   return retrieval_metrics(bm25.score_matrix(queries), set.target);
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -1,8 +1,7 @@
 // The retrieval towers (see towers.h).
 #include "contrax/train/retrieval/towers.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 namespace F = torch::nn::functional;
 
@@ -40,5 +39,4 @@ LogitScaleImpl::LogitScaleImpl(double init_log_scale) {
   value = register_parameter("value", torch::full({}, init_log_scale, torch::kFloat));
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -14,8 +14,7 @@
 #include "contrax/parallel/data_parallel.h"
 #include "contrax/parallel/grad_cache.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 namespace {
 
@@ -158,5 +157,4 @@ RetrievalTrainResult train_retrieval(const CommunicatorPtr& comm_in, const Retri
   return result;
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -10,8 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 namespace {
 
@@ -353,5 +352,4 @@ std::vector<int64_t> sample_hard_negatives(const RetrievalCorpus& c, const std::
   return out;
 }
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

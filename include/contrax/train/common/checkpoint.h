@@ -20,8 +20,7 @@
 #include <string>
 #include <vector>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// A set of named things to save or restore, plus scalar state.
 ///
@@ -101,5 +100,4 @@ int64_t remove_stale_temporaries(const std::string& path);
 ///   contrax::train::write_file_atomically(dir + "/summary.json", json);
 void write_file_atomically(const std::string& path, const std::string& bytes);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -22,8 +22,7 @@
 #include <cstdint>
 #include <string>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// What kind of problem a TrainError reports.
 enum class TrainErrorKind {
@@ -152,5 +151,4 @@ class RunDirRefused : public TrainError {
   std::string detail;
 };
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

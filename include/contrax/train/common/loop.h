@@ -51,8 +51,7 @@
 #include "contrax/train/common/sampler.h"
 #include "contrax/train/common/schedule.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Where a run stands after a step: what a live display shows (rank 0, every
 /// step, through `RunOptions::on_step`).
@@ -228,8 +227,7 @@ class TrainLoop {
   /// `resume` checks and loads the checkpoint into the model's modules: a
   /// recipe wraps them in DataParallel afterwards.
   TrainLoop(CommunicatorPtr comm, const RunOptions& options, LoopModel model);
-  TrainLoop(const TrainLoop&) = delete;
-  TrainLoop& operator=(const TrainLoop&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(TrainLoop);
   ~TrainLoop();
 
   /// Runs from the start step to the end of the schedule or a stop, then
@@ -266,5 +264,4 @@ class TrainLoop {
   std::string write_error_;  // the first failed write of the record, if any
 };
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -13,8 +13,9 @@
 #include <string>
 #include <vector>
 
-namespace contrax {
-namespace train {
+#include <c10/macros/Macros.h>
+
+namespace contrax::train {
 
 /// One training step as logged.
 struct StepMetrics {
@@ -55,8 +56,7 @@ class MetricsWriter {
   /// rest: the resumed run writes the steps after its checkpoint again.
   MetricsWriter(const std::string& path, int64_t keep_through_step);
   ~MetricsWriter();
-  MetricsWriter(const MetricsWriter&) = delete;
-  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  C10_DISABLE_COPY_AND_ASSIGN(MetricsWriter);
   /// Writes and flushes one line; throws "cannot write PATH: CAUSE" on failure.
   void write(const StepMetrics& m);
 
@@ -65,5 +65,4 @@ class MetricsWriter {
   int fd_ = -1;
 };
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

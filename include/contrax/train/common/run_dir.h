@@ -21,10 +21,11 @@
 #include <string>
 #include <vector>
 
+#include <c10/macros/Macros.h>
+
 #include "contrax/train/common/errors.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// How a run starts in its directory: fresh, from the checkpoint, or from the
 /// checkpoint when there is one.
@@ -87,8 +88,7 @@ class RunDir {
     /// RunDirRefused naming the holder's pid.
     explicit Lock(const RunDir& dir);
     ~Lock();
-    Lock(const Lock&) = delete;
-    Lock& operator=(const Lock&) = delete;
+    C10_DISABLE_COPY_AND_ASSIGN(Lock);
 
    private:
     int fd_ = -1;
@@ -124,5 +124,4 @@ std::string checkpoint_path(const std::string& run_dir);
 /// Path of the metrics file in a run directory: `RunDir(run_dir).metrics()`.
 std::string metrics_path(const std::string& run_dir);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -19,8 +19,7 @@
 #include <mutex>
 #include <vector>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Options for `ShardedSampler`. Defaults: global batch 256, one rank, seed 0,
 /// shuffled.
@@ -123,5 +122,4 @@ class ShardedSampler {
   mutable torch::Tensor cached_perm_;
 };
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

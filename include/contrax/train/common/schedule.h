@@ -8,8 +8,7 @@
 
 #include <cstdint>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Options for `warmup_cosine_lr`. Defaults: base 1e-3, no warm-up, decay to 0.
 struct WarmupCosineOptions {
@@ -37,5 +36,4 @@ double warmup_cosine_lr(int64_t step, const WarmupCosineOptions& options);
 ///   contrax::train::set_learning_rate(adam, contrax::train::warmup_cosine_lr(step, o));
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -7,8 +7,7 @@
 #include <cstdint>
 #include <string>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// The peak bytes of one rank during a training step, by what holds them:
 /// `model`, the parameters, their gradients, DataParallel's gradient buckets
@@ -83,5 +82,4 @@ StepMemoryFit step_memory_fit(const StepMemory& need, int64_t global_rows, int64
     const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes, int64_t available,
     const std::string& where = "this machine (or its memory limit)");
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

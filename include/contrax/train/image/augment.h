@@ -20,8 +20,7 @@
 
 #include <cstdint>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Fashion-MNIST's pixel mean and standard deviation (of x / 255, train split).
 constexpr double kFashionMnistMean = 0.2860;
@@ -100,5 +99,4 @@ torch::Tensor augment(const torch::Tensor& images, const torch::Tensor& indices,
 torch::Tensor normalize_images(const torch::Tensor& images, double mean = kFashionMnistMean,
                                double std = kFashionMnistStd, torch::Dtype dtype = torch::kFloat);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

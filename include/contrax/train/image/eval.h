@@ -29,8 +29,7 @@
 #include "contrax/train/image/idx.h"
 #include "contrax/train/image/models.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Embeds normalised images with a frozen model, without gradient, in batches,
 /// in eval mode (restored afterwards). `images`: [N, 1, H, W] uint8; `fn` maps
@@ -186,5 +185,4 @@ EvalResult evaluate_raw_pixels(const Dataset& train, const Dataset& test, const 
 EvalResult evaluate_random_init(const EncoderOptions& encoder_options, uint64_t seed, const Dataset& train,
                                 const Dataset& test, const EvalOptions& options = {});
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -7,8 +7,7 @@
 
 #include <cstdint>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// relu(group_norm(x, groups, weight, bias, eps)) as one autograd function on
 /// the CPU (float or double), computed per example in the channels-last layout
@@ -20,5 +19,4 @@ namespace train {
 torch::Tensor group_norm_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                               int64_t groups, double eps = 1e-5);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -14,8 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Magic number of an IDX file of unsigned bytes with 3 dimensions (images).
 constexpr uint32_t kIdxImagesMagic = 0x00000803;
@@ -82,5 +81,4 @@ Dataset load_dataset(const std::string& dir = kDefaultDataDir, const std::string
 void check_dataset_files(const std::string& dir = kDefaultDataDir,
                          const std::vector<std::string>& splits = {"train", "test"});
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

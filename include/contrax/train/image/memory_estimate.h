@@ -10,8 +10,7 @@
 #include "contrax/train/common/step_memory.h"
 #include "contrax/train/image/trainer.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Estimates a step of `options` on images of `channels` x `height` x
 /// `width` when the largest global batch has `global_rows` rows over `world`
@@ -23,5 +22,4 @@ namespace train {
 StepMemory estimate_step_memory(const TrainOptions& options, int64_t channels, int64_t height, int64_t width,
                                 int64_t global_rows, int64_t world);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

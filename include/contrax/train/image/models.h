@@ -19,8 +19,7 @@
 
 #include "contrax/train/image/group_norm_relu.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Options for `Encoder`. Defaults: channels 32-64-128 with strides 2-2-1
 /// (28x28 -> 14x14 -> 7x7 -> 7x7), one conv per stage, GroupNorm with 8 groups,
@@ -219,5 +218,4 @@ TORCH_MODULE(MocoV3Model);
 /// Number of elements over `parameters`.
 int64_t count_parameters(const std::vector<torch::Tensor>& parameters);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -27,8 +27,7 @@
 #include "contrax/train/image/idx.h"
 #include "contrax/train/image/models.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Options of `train_contrastive`. The defaults are the recipe of the default
 /// `contrax train` run (its flags take their defaults from here): SimCLR, 10
@@ -94,5 +93,4 @@ TrainResult train_contrastive(const CommunicatorPtr& comm, const Dataset& data, 
 /// Steps per run: `total_steps(options.run(), dataset_size)` (common/loop.h).
 int64_t total_steps(const TrainOptions& options, int64_t dataset_size);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

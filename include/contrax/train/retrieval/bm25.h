@@ -10,8 +10,7 @@
 #include <utility>
 #include <vector>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Okapi BM25 over bags of terms.
 ///   score(q, d) = sum over DISTINCT terms t of q: idf(t) * tf(t,d) (k1 + 1) / (tf(t,d) + k1 (1 - b + b |d| / avgdl))
@@ -50,5 +49,4 @@ class Bm25 {
 /// word marked "<word>": the terms of the character-gram BM25 variant.
 std::vector<std::string> char_ngram_terms(const std::string& text, int64_t min_n = 3, int64_t max_n = 5);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -13,8 +13,7 @@
 #include "contrax/train/retrieval/towers.h"
 #include "contrax/train/retrieval/wordnet.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// recall@1, recall@10 and MRR of a ranking task.
 struct RetrievalMetrics {
@@ -64,5 +63,4 @@ RetrievalMetrics evaluate_towers(BagTower query_tower, BagTower passage_tower, c
 RetrievalMetrics evaluate_bm25(const RetrievalCorpus& corpus, const RetrievalEvalSet& set, const std::string& terms,
                                const Bm25Options& options = {});
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -8,8 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// A hashed feature bag encoder: the mean of the features' embeddings,
 /// layer-normalised (h), then z = skip(h) + fc2(GELU(fc1(h))), L2-normalised.
@@ -64,5 +63,4 @@ class LogitScaleImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LogitScale);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -22,8 +22,7 @@
 #include "contrax/train/retrieval/towers.h"
 #include "contrax/train/retrieval/wordnet.h"
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Options of `train_retrieval`; the defaults are the default
 /// `contrax train retrieval` run.
@@ -78,5 +77,4 @@ RetrievalTrainResult train_retrieval(const CommunicatorPtr& comm, const Retrieva
 /// Steps of the run: `total_steps(options.run(), train_size)` (common/loop.h).
 int64_t retrieval_total_steps(const RetrievalOptions& options, int64_t train_size);
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

@@ -33,8 +33,7 @@
 
 #include "contrax/train/common/sampler.h"  // splitmix64
 
-namespace contrax {
-namespace train {
+namespace contrax::train {
 
 /// Debian's location of the WordNet database files.
 constexpr const char* kDefaultWordNetDir = "/usr/share/wordnet";
@@ -168,5 +167,4 @@ std::vector<int64_t> sample_hard_negatives(const RetrievalCorpus& corpus, const 
                                            uint64_t seed, int64_t epoch);
 
 
-}  // namespace train
-}  // namespace contrax
+}  // namespace contrax::train

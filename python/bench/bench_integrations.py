@@ -10,7 +10,7 @@ of a rank over its steps (ru_maxrss minus the RSS before the first step),
 each (library, loss) in a process of its own so the high-water marks do not
 mix.
 
-    python python/benchmarks/bench_integrations.py [--world 2] [--repeats 10] [--out results.json]
+    python python/bench/bench_integrations.py [--world 2] [--repeats 10] [--out results.json]
 
 (needs PYTHONPATH=<build>/python and the peers of requirements/test.txt).
 """
