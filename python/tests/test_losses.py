@@ -255,8 +255,9 @@ def test_memory_path_vocabulary():
     }
     for name, fn in calls.items():
         results = []
+        # "materialized" is accepted as an alias, which the error does not list.
         for kw in ({"path": "materialised"}, {"path": "tiled", "tile_size": 8}, {"path": "auto"},
-                   {"tile_size": 16}):
+                   {"tile_size": 16}, {"path": "materialized"}):
             a = a0.clone().requires_grad_(True)
             loss = fn(a, b0, **kw)
             loss.backward()
