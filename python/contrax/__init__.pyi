@@ -134,18 +134,20 @@ class GradCache:
     def clear(self) -> None: ...
 
 # The loss Modules: their options are the loss's (contrax/_signatures.py; test_signatures.py checks these).
-class ClipLoss(torch.nn.Module):
+class _LossModule(torch.nn.Module):
+    normalize: bool
+    path: str
+    tile_size: int
+    ring: bool
+
+class ClipLoss(_LossModule):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     symmetric: bool
     max_logit_scale: float
-    normalize: bool
     label_mode: str
     reduction: str
-    path: str
     tiled: bool
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
                  tiled: bool = ..., symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
                  label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
@@ -154,13 +156,9 @@ class ClipLoss(torch.nn.Module):
     def scale(self) -> torch.Tensor: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 
-class _TemperatureLoss(torch.nn.Module):
+class _TemperatureLoss(_LossModule):
     temperature: float
-    normalize: bool
     reduction: str
-    path: str
-    tile_size: int
-    ring: bool
 
 class NTXentLoss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
@@ -174,29 +172,21 @@ class MoCoV3Loss(_TemperatureLoss):
                  tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
 
-class SigLIPLoss(torch.nn.Module):
+class SigLIPLoss(_LossModule):
     logit_scale: torch.nn.Parameter
     logit_bias: Optional[torch.nn.Parameter]
     max_logit_scale: float
-    normalize: bool
-    path: str
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., init_bias: Optional[float] = ..., max_logit_scale: float = ...,
                  normalize: bool = ..., path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ...,
                  ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
 
-class GroupedLoss(torch.nn.Module):
+class GroupedLoss(_LossModule):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     label_mode: str
     reduction: str
     max_logit_scale: float
-    normalize: bool
-    path: str
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
                  label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
                  reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,
