@@ -73,7 +73,7 @@ def worker(rank, world, init_file, impl, opts, queue):
         if impl == "python":
             return naive_clip_loss(x, y, s)
         if opts.path == "ring":
-            return contrax.tiled_clip_loss(x, y, s, ring=True)
+            return contrax.clip_loss(x, y, s, path="tiled", ring=True)
         return contrax.clip_loss(x, y, s, **path)
 
     autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if opts.autocast

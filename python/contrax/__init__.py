@@ -25,6 +25,7 @@ over a batch larger than activation memory allows, with the exact big-batch
 gradients: see its docstring.
 """
 import atexit
+import warnings
 from typing import List, Tuple, Union
 
 import torch
@@ -202,12 +203,15 @@ siglip_loss = _loss("siglip_loss")
 
 
 def _tiled(name: str):
-    """The always-tiled entry point ``name`` (``_signatures.TILED``): its loss
-    with ``path="tiled"``, its errors naming it."""
+    """The always-tiled entry point ``name`` (``_signatures.TILED``), deprecated
+    for one release: it warns, naming its replacement, and returns its loss with
+    ``path="tiled"``, its errors naming it."""
     tiled = _signatures.TILED[name]
     loss, names = globals()[name[len("tiled_"):]], [p.name for p in tiled.params]
+    message = _signatures.deprecation(tiled)
 
     def impl(*values):
+        warnings.warn(message, DeprecationWarning, stacklevel=3)
         try:
             return loss(**dict(zip(names, values)), path="tiled")
         except ValueError as e:

@@ -1,9 +1,10 @@
 # Type stub for the contrax package (Python binding of the Contrax C++ library).
-from typing import Any, Callable, Dict, List, Literal, Optional, Sequence, Tuple, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Optional, Protocol, Sequence, Tuple, Union, overload
 
 import torch
 from torch.distributed import ProcessGroup
 from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import deprecated
 
 __version__: str
 
@@ -28,7 +29,7 @@ def set_keep_loss_workspace(keep: bool) -> None: ...
 def loss_workspace_bytes() -> int: ...
 def release_loss_workspace() -> None: ...
 
-# The losses and the always-tiled entry points, as python/contrax/_signatures.py declares
+# The losses and the deprecated always-tiled entry points, as python/contrax/_signatures.py declares
 # them (`python -m contrax._signatures` prints this block; python/tests/test_signatures.py
 # checks it).
 def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor, logit_bias: Optional[torch.Tensor] = ...,
@@ -58,30 +59,32 @@ def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
     path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
+@deprecated("contrax.tiled_clip_loss is deprecated; use contrax.clip_loss(..., path='tiled')")
 def tiled_clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
     logit_bias: Optional[torch.Tensor] = ..., *, symmetric: bool = ..., max_logit_scale: float = ...,
     normalize: bool = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
+@deprecated("contrax.tiled_nt_xent_loss is deprecated; use contrax.nt_xent_loss(..., path='tiled')")
 def tiled_nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = ..., normalize: bool = ...,
     tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
+@deprecated("contrax.tiled_moco_v3_loss is deprecated; use contrax.moco_v3_loss(..., path='tiled')")
 def tiled_moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
     temperature: float = ..., normalize: bool = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
-@overload
-def gather_with_grad(x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
-                     return_counts: Literal[False] = ...) -> torch.Tensor: ...
-@overload
-def gather_with_grad(x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
-                     return_counts: Literal[True]) -> Tuple[torch.Tensor, List[int], int]: ...
-@overload
-def gather_no_grad(x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
-                   return_counts: Literal[False] = ...) -> torch.Tensor: ...
-@overload
-def gather_no_grad(x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
-                   return_counts: Literal[True]) -> Tuple[torch.Tensor, List[int], int]: ...
+class _Gather(Protocol):
+    """gather_with_grad and gather_no_grad: the rows, or with return_counts (all, counts, offset)."""
+    @overload
+    def __call__(self, x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
+                 return_counts: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def __call__(self, x: torch.Tensor, group: Optional[ProcessGroup] = ..., *,
+                 return_counts: Literal[True]) -> Tuple[torch.Tensor, List[int], int]: ...
+
+gather_with_grad: _Gather
+gather_no_grad: _Gather
 
 def grad_cache_inject(rep: torch.Tensor, grad: torch.Tensor) -> torch.Tensor: ...
 def momentum_schedule(base: float, step: int, total_steps: int) -> float: ...
@@ -131,18 +134,20 @@ class GradCache:
     def clear(self) -> None: ...
 
 # The loss Modules: their options are the loss's (contrax/_signatures.py; test_signatures.py checks these).
-class ClipLoss(torch.nn.Module):
+class _LossModule(torch.nn.Module):
+    normalize: bool
+    path: str
+    tile_size: int
+    ring: bool
+
+class ClipLoss(_LossModule):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     symmetric: bool
     max_logit_scale: float
-    normalize: bool
     label_mode: str
     reduction: str
-    path: str
     tiled: bool
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
                  tiled: bool = ..., symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
                  label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
@@ -151,13 +156,9 @@ class ClipLoss(torch.nn.Module):
     def scale(self) -> torch.Tensor: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 
-class _TemperatureLoss(torch.nn.Module):
+class _TemperatureLoss(_LossModule):
     temperature: float
-    normalize: bool
     reduction: str
-    path: str
-    tile_size: int
-    ring: bool
 
 class NTXentLoss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
@@ -171,29 +172,21 @@ class MoCoV3Loss(_TemperatureLoss):
                  tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
 
-class SigLIPLoss(torch.nn.Module):
+class SigLIPLoss(_LossModule):
     logit_scale: torch.nn.Parameter
     logit_bias: Optional[torch.nn.Parameter]
     max_logit_scale: float
-    normalize: bool
-    path: str
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., init_bias: Optional[float] = ..., max_logit_scale: float = ...,
                  normalize: bool = ..., path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ...,
                  ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
 
-class GroupedLoss(torch.nn.Module):
+class GroupedLoss(_LossModule):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     label_mode: str
     reduction: str
     max_logit_scale: float
-    normalize: bool
-    path: str
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
                  label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
                  reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,

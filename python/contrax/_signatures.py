@@ -159,25 +159,27 @@ LOSSES = {loss.name: loss for loss in (
 )}
 
 
-def _tiled(loss: Loss, drop: Tuple[str, ...], summary: str) -> Loss:
+def _tiled(loss: Loss, drop: Tuple[str, ...]) -> Loss:
     """``tiled_<loss>``: the loss on the tiled path, without the parameters ``drop`` (nor ``path``)."""
-    return loss._replace(name="tiled_" + loss.name, summary=summary, renamed={},
+    return loss._replace(name="tiled_" + loss.name, renamed={},
+                         summary="Deprecated: ``%s(..., path=\"tiled\")``, which it calls.\n\nIt warns (a "
+                                 "DeprecationWarning) and goes in the next release." % loss.name,
                          params=tuple(p for p in loss.params if p.name not in drop + ("path",)),
                          returns="0-dim tensor ``L_r``, as ``%s``." % loss.name)
 
 
-#: The always-tiled entry points: the losses with ``path="tiled"``, labels
-#: unsupported and the mean reduction.
+#: The always-tiled entry points, deprecated for one release: the losses with
+#: ``path="tiled"``, labels unsupported and the mean reduction.
 TILED = {loss.name: loss for loss in (
-    _tiled(LOSSES["clip_loss"], ("labels", "label_mode", "reduction"),
-           "``clip_loss`` computed tile by tile, with the same value and gradients.\n\nRow-wise log-sum-exp "
-           "accumulated over column tiles (online softmax); the\nbackward recomputes each tile, so memory is "
-           "``O(b_r x tile)`` instead of\n``O(b_r x B)``: ``clip_loss(..., path=\"tiled\")``."),
-    _tiled(LOSSES["nt_xent_loss"], ("reduction",), "``nt_xent_loss`` computed tile by tile (optionally around the "
-           "ring); see ``tiled_clip_loss``."),
-    _tiled(LOSSES["moco_v3_loss"], ("reduction",), "``moco_v3_loss`` computed tile by tile (optionally around the "
-           "ring); see ``tiled_clip_loss``."),
+    _tiled(LOSSES["clip_loss"], ("labels", "label_mode", "reduction")),
+    _tiled(LOSSES["nt_xent_loss"], ("reduction",)),
+    _tiled(LOSSES["moco_v3_loss"], ("reduction",)),
 )}
+
+def deprecation(tiled: Loss) -> str:
+    """The warning an always-tiled entry point gives (the stub's ``@deprecated`` says the same)."""
+    return "contrax.%s is deprecated; use contrax.%s(..., path='tiled')" % (tiled.name, tiled.name[len("tiled_"):])
+
 
 _ANNOTATIONS = {"Tensor": "torch.Tensor", "Tensor?": "Optional[torch.Tensor]", "group": "Optional[ProcessGroup]"}
 
@@ -288,7 +290,7 @@ def stub(loss: Loss) -> str:
     """The loss's declaration in ``__init__.pyi``."""
     params = ["%s: %s%s" % (p.name, annotation(p), "" if p.default is REQUIRED else " = ...") for p in loss.params]
     params.insert(loss.positional, "*")
-    lines, line = [], "def %s(" % loss.name
+    lines, line = ['@deprecated("%s")' % deprecation(loss)] if loss.name in TILED else [], "def %s(" % loss.name
     for i, part in enumerate(params):
         part += ", " if i + 1 < len(params) else ") -> torch.Tensor: ..."
         if len(line) + len(part.rstrip()) > 116:

@@ -405,9 +405,7 @@ class GradCache:
             The loss, detached and unscaled (0-dim).
         """
         where = "GradCache.finish()"
-        loss_fn = loss_fn if loss_fn is not None else self.loss_fn
         try:
-            self._check_finish(loss_fn, where)
             loss_value, grads = self._loss_grads(loss_fn, where)
             # Where the generators would be had each chunk run once (the loss
             # included): restored after pass 2, so later steps draw what they
@@ -445,9 +443,7 @@ class GradCache:
             The loss value as a new leaf whose backward runs pass 2.
         """
         where = "GradCache.finish_deferred()"
-        loss_fn = loss_fn if loss_fn is not None else self.loss_fn
         try:
-            self._check_finish(loss_fn, where)
             loss_value, grads = self._loss_grads(loss_fn, where)
             chunks = self._chunks
             self._chunks = [[] for _ in self.encoders]
@@ -478,7 +474,12 @@ class GradCache:
     def _rng_devices(chunks):
         return sorted({d for per in chunks for c in per for d in c.rng[1]})
 
-    def _check_finish(self, loss_fn, where):
+    def _loss_grads(self, loss_fn, where):
+        """The loss (``loss_fn``, else the constructor's) over the cached
+        representations and its one backward, once every encoder has cached
+        something: (detached loss value, per encoder the cached gradient split
+        by chunk)."""
+        loss_fn = loss_fn if loss_fn is not None else self.loss_fn
         if loss_fn is None:
             raise ValueError(f"{where}: argument 'loss_fn' is required: none was given here or to GradCache()")
         if not callable(loss_fn):
@@ -487,10 +488,6 @@ class GradCache:
             if not chunks:
                 raise ValueError(f"{where}: {self._label(e)} has cached nothing; call cache() for every "
                                  f"encoder before {where.split('.', 1)[1]} (an empty rank caches a 0-row input)")
-
-    def _loss_grads(self, loss_fn, where):
-        """The loss over the cached representations and its one backward:
-        (detached loss value, per encoder the cached gradient split by chunk)."""
         leaves = []
         for chunks in self._chunks:
             parts = [c.rep for c in chunks]

@@ -95,6 +95,10 @@ class _LossModule(torch.nn.Module):
         """The loss of ``tensors`` with this Module's options (``more`` replaces some)."""
         return getattr(sys.modules[__package__], self._loss.name)(*tensors, **{**self._options(), **more})
 
+    def _scale_and_bias(self, like: torch.Tensor):
+        """The scale's log and the bias the Module owns, in ``like``'s dtype."""
+        return self.logit_scale.to(like.dtype), None if self.logit_bias is None else self.logit_bias.to(like.dtype)
+
     def _scale_repr(self) -> str:
         """The scale and bias, where the Module owns them."""
         if not hasattr(self, "logit_scale"):
@@ -138,9 +142,7 @@ class ClipLoss(_LossModule, loss="clip_loss"):
         if self.tiled and labels is not None:
             raise ValueError("ClipLoss.forward(): argument 'labels' is not supported with tiled=True "
                              "(use contrax.grouped_loss with tile_size for labelled tiled losses)")
-        bias = None if self.logit_bias is None else self.logit_bias.to(a.dtype)
-        return self._call(a, b, self.logit_scale.to(a.dtype), bias, labels=labels,
-                          **({"path": "tiled"} if self.tiled else {}))
+        return self._call(a, b, *self._scale_and_bias(a), labels=labels, **({"path": "tiled"} if self.tiled else {}))
 
 
 class _TemperatureLoss(_LossModule):
@@ -192,8 +194,7 @@ class SigLIPLoss(_LossModule, loss="siglip_loss"):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """The sigmoid loss of paired rows ``a``, ``b`` with this Module's scale and bias."""
-        bias = None if self.logit_bias is None else self.logit_bias.to(a.dtype)
-        return self._call(a, b, self.logit_scale.to(a.dtype), bias)
+        return self._call(a, b, *self._scale_and_bias(a))
 
 
 class GroupedLoss(_LossModule, loss="grouped_loss"):
@@ -219,6 +220,5 @@ class GroupedLoss(_LossModule, loss="grouped_loss"):
                 candidate_labels: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The loss of ``queries`` (``[b_r, d]``) against ``candidates`` (``[b_r * g, d]``, per query its
         positive then ``g - 1`` hard negatives); optional int64 ids as in ``contrax.grouped_loss``."""
-        bias = None if self.logit_bias is None else self.logit_bias.to(queries.dtype)
-        return self._call(queries, candidates, self.logit_scale.to(queries.dtype), bias, labels=labels,
+        return self._call(queries, candidates, *self._scale_and_bias(queries), labels=labels,
                           candidate_labels=candidate_labels)

@@ -64,6 +64,24 @@ void drop_without_gil(std::vector<CommunicatorPtr>& dropped) {
   dropped.clear();
 }
 
+// f(cache, dropped) under the cache's mutex; then what it dropped is freed
+// without the GIL.
+template <typename F>
+auto with_cache(F f) {
+  auto& c = cache();
+  std::vector<CommunicatorPtr> dropped;
+  std::unique_lock<std::mutex> lock(c.mutex);
+  auto result = f(c, dropped);
+  lock.unlock();
+  drop_without_gil(dropped);
+  return result;
+}
+
+CommunicatorPtr single_locked(CommCache& c) {
+  if (!c.single) c.single = Communicator::single();
+  return c.single;
+}
+
 PGPtr to_group(const py::handle& group) {
   try {
     return py::cast<PGPtr>(group);
@@ -75,20 +93,14 @@ PGPtr to_group(const py::handle& group) {
 }
 
 CommunicatorPtr comm_for_locked(CommCache& c, const py::object& group, double timeout_s,
-                                         std::vector<CommunicatorPtr>& dropped) {
-  if (group.is_none()) {
-    if (!c.single) c.single = Communicator::single();
-    return c.single;
-  }
+                                std::vector<CommunicatorPtr>& dropped) {
+  if (group.is_none()) return single_locked(c);
   PGPtr pg = to_group(group);
   purge_locked(c, dropped);
   auto it = c.by_group.find(pg.get());
   if (it != c.by_group.end()) return it->second;
-  if (pg->getSize() == 1) {
-    // A group of one rank: the plain single-device losses (no group is kept).
-    if (!c.single) c.single = Communicator::single();
-    return c.single;
-  }
+  // A group of one rank: the plain single-device losses (no group is kept).
+  if (pg->getSize() == 1) return single_locked(c);
   auto ms = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
   auto comm = contrax::detail::wrap_process_group(pg, ms);
   c.by_group.emplace(pg.get(), comm);
@@ -96,15 +108,9 @@ CommunicatorPtr comm_for_locked(CommCache& c, const py::object& group, double ti
 }
 
 CommunicatorPtr comm_for(const py::object& group, double timeout_s) {
-  auto& c = cache();
-  std::vector<CommunicatorPtr> dropped;
-  CommunicatorPtr comm;
-  {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    comm = comm_for_locked(c, group, timeout_s, dropped);
-  }
-  drop_without_gil(dropped);
-  return comm;
+  return with_cache([&](CommCache& c, std::vector<CommunicatorPtr>& dropped) {
+    return comm_for_locked(c, group, timeout_s, dropped);
+  });
 }
 
 py::dict stats_dict(const CommStats& s) {
@@ -137,27 +143,18 @@ void bind_communicator(py::module& m) {
   m.def(
       "clear_cache",
       [] {
-        auto& c = cache();
-        std::vector<CommunicatorPtr> dropped;
-        {
-          std::lock_guard<std::mutex> lock(c.mutex);
+        with_cache([](CommCache& c, std::vector<CommunicatorPtr>& dropped) {
           for (auto& kv : c.by_group) dropped.push_back(std::move(kv.second));
           c.by_group.clear();
-        }
-        drop_without_gil(dropped);
+          return true;
+        });
       },
       "Drops every cached communicator (and its reference to the process group).");
   m.def("_cache_size", [] {
-    auto& c = cache();
-    std::vector<CommunicatorPtr> dropped;
-    size_t n = 0;
-    {
-      std::lock_guard<std::mutex> lock(c.mutex);
+    return with_cache([](CommCache& c, std::vector<CommunicatorPtr>& dropped) {
       purge_locked(c, dropped);
-      n = c.by_group.size();
-    }
-    drop_without_gil(dropped);
-    return n;
+      return c.by_group.size();
+    });
   });
 }
 

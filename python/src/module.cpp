@@ -60,17 +60,13 @@ void forward_warnings() {
 
 }  // namespace
 
-void bind_ops(pybind11::module_& m);  // python/src/ops.cpp: the torch.library operators (torch.compile)
-
 PYBIND11_MODULE(_contrax, m) {
   m.doc() = "C++ core of the contrax Python binding (use the `contrax` package, not this module).";
   translate_errors();
   forward_warnings();
   contrax::python::bind_losses(m);
-  contrax::python::bind_grouped(m);
-  contrax::python::bind_siglip(m);
   contrax::python::bind_collectives(m);
   contrax::python::bind_workspace(m);
   contrax::python::bind_communicator(m);
-  bind_ops(m);
+  contrax::python::bind_ops(m);
 }

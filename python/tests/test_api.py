@@ -16,7 +16,11 @@ def _stub():
     return names
 
 
-def _stub_params(fn_node):
+def _stub_params(fn_node, stub=None):
+    if isinstance(fn_node, ast.AnnAssign):  # `f: _Protocol`: its __call__'s parameters but self
+        call = [n for n in stub[fn_node.annotation.id].body if isinstance(n, ast.FunctionDef) and n.name == "__call__"]
+        assert call and len({tuple(_stub_params(n)) for n in call}) == 1
+        return _stub_params(call[0])[1:]
     a = fn_node.args
     star = [a.vararg] if a.vararg else []
     starstar = [a.kwarg] if a.kwarg else []
@@ -42,4 +46,4 @@ def test_docstrings_and_stub():
                 assert _stub_params(methods[attr]) == params, (name, attr)
         elif callable(obj):
             params = list(inspect.signature(obj).parameters)
-            assert _stub_params(stub[name]) == params, name
+            assert _stub_params(stub[name], stub) == params, name

@@ -7,7 +7,7 @@ list/dict/custom inputs, structured outputs, tied encoders, loss scaling,
 bf16 autocast. W = 1, 2, 4 Gloo processes with uneven batches (an empty rank
 at W = 4): DDP encoders with a per-example deterministic dropout against one
 single-process full-batch step, the loss from the binding (clip_loss, and
-tiled_clip_loss around the ring), gradients all-reduced exactly once per step.
+clip_loss tiled around the ring), gradients all-reduced exactly once per step.
 Every argument error message.
 """
 import copy
@@ -471,14 +471,15 @@ def _ddp_two_towers(rank, world, rows, steps=2, lr=0.1):
 
 def _ddp_tied_ring(rank, world, rows, steps=2):
     """One tower DDP for both views (tied encoders, different chunk sizes),
-    the loss tiled_clip_loss around the ring."""
+    the loss clip_loss on the tiled path around the ring."""
     tower_calls, scale_calls = _plain_step_calls()
     torch.manual_seed(3)
     ref_tower, ref_scale = HashDropoutTower(6, salt=5).double(), LogitScale()
     (tower, tower_count), (scale, scale_count) = _counted_ddp(copy.deepcopy(ref_tower)), \
         _counted_ddp(copy.deepcopy(ref_scale))
     gc = GradCache([GradCacheEncoder(tower, 2), GradCacheEncoder(tower, 3)],
-                   lambda z1, z2: contrax.tiled_clip_loss(z1, z2, scale(), normalize=True, tile_size=2, ring=True))
+                   lambda z1, z2: contrax.clip_loss(z1, z2, scale(), normalize=True, path="tiled", tile_size=2,
+                                                                    ring=True))
     off, n = offsets(rows, rank)
     for step in range(steps):
         x, _, ids = _global_batch(step, rows)

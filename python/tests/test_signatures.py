@@ -1,8 +1,10 @@
 """Every face of a loss agrees with its one declaration (contrax/_signatures.py):
 the public function (its code's parameters, signature and docstring), the
-binding's function (python/src/bind_*.cpp), the operators' schemas, the type
-stub and the nn.Module's constructor; and the deprecated ``chunk_size`` still
-works, with a warning naming ``tile_size``."""
+binding's function (python/src/bind_losses.cpp), the C++ options' defaults,
+the operators' schemas, the type stub and the nn.Module's constructor; the
+deprecated ``chunk_size`` still works, with a warning naming ``tile_size``, and
+the deprecated ``tiled_*`` functions still work, with a warning naming their
+replacement."""
 import ast
 import inspect
 import os
@@ -53,6 +55,43 @@ def test_binding_takes_the_tables_order(loss):
     first = getattr(contrax._contrax, loss.name).__doc__.strip().splitlines()[0]
     got = re.findall(r"(\w+): ", first[first.index("(") + 1:])
     assert got == ["comm" if n == "group" else n for n in _names(loss)]
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=lambda x: x.name)
+def test_defaults_are_the_cpp_options_defaults(loss):
+    # The binding reports each loss's default-constructed C++ options
+    # (include/contrax/losses/*.h) in the table's words: every option the
+    # table gives a default but the group (None: the default group, which
+    # C++ spells as no communicator), with its value and its type.
+    cpp = contrax._contrax._option_defaults()
+    assert sorted(cpp) == sorted(table.LOSSES)
+    want = {p.name: p.default for p in table.options(loss) if p.type != "group"}
+    assert cpp[loss.name] == want
+    assert {k: type(v) for k, v in cpp[loss.name].items()} == {k: type(v) for k, v in want.items()}
+
+
+@pytest.mark.parametrize("tiled", list(table.TILED.values()), ids=lambda x: x.name)
+def test_tiled_functions_are_deprecated_and_call_the_tiled_loss(tiled):
+    loss = getattr(contrax, tiled.name[len("tiled_"):])
+
+    def inputs():
+        g = torch.Generator().manual_seed(7)
+        return [torch.randn(() if p.name.startswith("logit_") else (6, 4), generator=g, dtype=torch.float64,
+                            requires_grad=True) for p in tiled.params[:tiled.positional]]
+
+    want_in, got_in = inputs(), inputs()
+    want = loss(*want_in, tile_size=2, ring=True, path="tiled")
+    message = f"contrax.{tiled.name} is deprecated; use contrax.{loss.__name__}(..., path='tiled')"
+    with pytest.warns(DeprecationWarning, match=re.escape(message)) as record:
+        got = getattr(contrax, tiled.name)(*got_in, tile_size=2, ring=True)
+    assert [w.filename for w in record] == [__file__]  # one warning, pointing at the caller
+    assert torch.equal(got, want)
+    got.backward()
+    want.backward()
+    for g, w in zip(got_in, want_in):
+        assert (g.grad is None and w.grad is None) or torch.equal(g.grad, w.grad)
+    assert any(g.grad is not None for g in got_in)
+    assert tiled.summary.startswith("Deprecated") and f'@deprecated("{message}")' in _stub_text()
 
 
 @pytest.mark.parametrize("loss", LOSSES, ids=lambda x: x.name)

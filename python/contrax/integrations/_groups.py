@@ -1,5 +1,5 @@
-"""Which ranks a drop-in loss spans, from its library's own arguments, and the
-value it reports.
+"""Which ranks a drop-in loss spans, from its library's own arguments, the
+value it reports, and the Contrax keyword arguments the drop-ins share.
 
 The peer libraries say "distributed" in their own words (open_clip's
 ``rank``/``world_size``, lightly's ``gather_distributed``, sentence-transformers'
@@ -92,3 +92,9 @@ def scalar_tensor(value, like: torch.Tensor, arg: str, where: str) -> torch.Tens
 
 def optional_scalar(value, like: torch.Tensor, arg: str, where: str) -> Optional[torch.Tensor]:
     return None if value is None else scalar_tensor(value, like, arg, where)
+
+
+def set_memory_path(loss, path: str, tile_size: int, ring: bool, group) -> None:
+    """Sets a drop-in's Contrax keyword arguments: the memory path of its loss
+    (``path``, ``tile_size``, ``ring``) and the ``group`` it spans."""
+    loss.path, loss.tile_size, loss.ring, loss.group = str(path), int(tile_size), bool(ring), group

@@ -42,7 +42,7 @@ from typing import Optional
 import torch
 
 from .. import clip_loss, siglip_loss
-from ._groups import mean_over_ranks, open_clip_group, optional_scalar, scalar_tensor
+from ._groups import mean_over_ranks, open_clip_group, optional_scalar, scalar_tensor, set_memory_path
 
 __all__ = ["ClipLoss", "SigLipLoss", "create_loss"]
 
@@ -60,7 +60,31 @@ def _log_scale(logit_scale, like: torch.Tensor, where: str) -> torch.Tensor:
     return scalar_tensor(logit_scale, like, "logit_scale", where).log()
 
 
-class ClipLoss(torch.nn.Module):
+class _OpenClipLoss(torch.nn.Module):
+    """What both losses share: open_clip's ``cache_labels``, ``rank`` and
+    ``world_size``, Contrax's ``group``, and ``forward`` as open_clip calls it,
+    which turns open_clip's scale and bias into Contrax's arguments and
+    returns ``_loss``'s value (as ``{"contrastive_loss": loss}`` when
+    ``output_dict``)."""
+
+    def __init__(self, cache_labels: bool, rank: int, world_size: int):
+        super().__init__()
+        self.cache_labels = bool(cache_labels)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+
+    def forward(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
+                logit_bias=None, output_dict: bool = False):
+        """The loss of paired ``[b_r, d]`` features, ``logits = logit_scale *
+        image @ text_all.T + logit_bias`` (see the class)."""
+        where = type(self).__name__ + ".forward()"
+        group = open_clip_group(self.rank, self.world_size, self.group, where)
+        loss = self._loss(image_features, text_features, _log_scale(logit_scale, image_features, where),
+                          optional_scalar(logit_bias, image_features, "logit_bias", where), group)
+        return {"contrastive_loss": loss} if output_dict else loss
+
+
+class ClipLoss(_OpenClipLoss):
     """open_clip's ``ClipLoss`` with exact distributed gradients.
 
     Arguments of open_clip:
@@ -79,45 +103,29 @@ class ClipLoss(torch.nn.Module):
         group: the ``torch.distributed`` ProcessGroup to span instead of the default one.
 
     ``forward(image_features, text_features, logit_scale, logit_bias=None,
-    output_dict=False)`` as open_clip: ``{"contrastive_loss": loss}`` when
-    ``output_dict``, else the loss.
+    output_dict=False)`` as open_clip: the symmetric CLIP loss,
+    ``{"contrastive_loss": loss}`` when ``output_dict``, else the loss.
     """
 
     def __init__(self, local_loss: bool = False, gather_with_grad: bool = False, cache_labels: bool = False,
                  rank: int = 0, world_size: int = 1, use_horovod: bool = False, *, path: str = "auto",
                  tile_size: int = 0, ring: bool = False, group=None):
-        super().__init__()
+        super().__init__(cache_labels, rank, world_size)
         if use_horovod:
             raise ValueError("ClipLoss(): argument 'use_horovod' must be False: Contrax runs on "
                              "torch.distributed process groups, not Horovod")
         self.local_loss = bool(local_loss)
         self.gather_with_grad = bool(gather_with_grad)
-        self.cache_labels = bool(cache_labels)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
         self.use_horovod = False
-        self.path = str(path)
-        self.tile_size = int(tile_size)
-        self.ring = bool(ring)
-        self.group = group
+        set_memory_path(self, path, tile_size, ring, group)
 
-    def forward(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
-                logit_bias=None, output_dict: bool = False):
-        """The symmetric CLIP loss of paired ``[b_r, d]`` features, ``logits =
-        logit_scale * image @ text_all.T + logit_bias``."""
-        where = "ClipLoss.forward()"
-        group = open_clip_group(self.rank, self.world_size, self.group, where)
-        log_scale = _log_scale(logit_scale, image_features, where)
-        loss = clip_loss(image_features, text_features, log_scale,
-                         optional_scalar(logit_bias, image_features, "logit_bias", where),
-                         max_logit_scale=_no_clamp(log_scale), path=self.path, tile_size=self.tile_size, ring=self.ring,
-                         group=group)
-        if not self.local_loss:
-            loss = mean_over_ranks(loss, group)
-        return {"contrastive_loss": loss} if output_dict else loss
+    def _loss(self, image, text, log_scale, bias, group):
+        loss = clip_loss(image, text, log_scale, bias, max_logit_scale=_no_clamp(log_scale), path=self.path,
+                         tile_size=self.tile_size, ring=self.ring, group=group)
+        return loss if self.local_loss else mean_over_ranks(loss, group)
 
 
-class SigLipLoss(torch.nn.Module):
+class SigLipLoss(_OpenClipLoss):
     """open_clip's ``SigLipLoss`` (sigmoid loss, SigLIP) computed by Contrax.
 
     Arguments of open_clip:
@@ -131,33 +139,25 @@ class SigLipLoss(torch.nn.Module):
         group: as in ``ClipLoss``.
 
     ``forward(image_features, text_features, logit_scale, logit_bias=None,
-    output_dict=False)``: the value is this rank's share, as open_clip's.
+    output_dict=False)``: ``-(1/b) sum_i sum_j log sigmoid(z_ij (logit_scale *
+    image_i . text_j + logit_bias))`` over this rank's images against every
+    rank's texts (``b`` = this rank's rows when batches are even; ``W/B`` in
+    general), this rank's share, as open_clip's.
     """
 
     def __init__(self, cache_labels: bool = False, rank: int = 0, world_size: int = 1,
                  dist_impl: Optional[str] = None, *, tile_size: int = 0, group=None):
-        super().__init__()
+        super().__init__(cache_labels, rank, world_size)
         self.dist_impl = dist_impl or "bidir"
         if self.dist_impl not in ("bidir", "shift", "reduce", "gather"):
             raise ValueError("SigLipLoss(): argument 'dist_impl' must be 'bidir', 'shift', 'reduce', 'gather' or "
                              f"None, but got {dist_impl!r}")
-        self.cache_labels = bool(cache_labels)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
         self.tile_size = int(tile_size)
         self.group = group
 
-    def forward(self, image_features: torch.Tensor, text_features: torch.Tensor, logit_scale,
-                logit_bias=None, output_dict: bool = False):
-        """``-(1/b) sum_i sum_j log sigmoid(z_ij (logit_scale * image_i . text_j + logit_bias))``
-        over this rank's images against every rank's texts (``b`` = this rank's
-        rows when batches are even; ``W/B`` in general)."""
-        where = "SigLipLoss.forward()"
-        group = open_clip_group(self.rank, self.world_size, self.group, where)
-        loss = siglip_loss(image_features, text_features, _log_scale(logit_scale, image_features, where),
-                           optional_scalar(logit_bias, image_features, "logit_bias", where),
-                           ring=True, tile_size=self.tile_size, group=group)  # its text blocks go around the ring
-        return {"contrastive_loss": loss} if output_dict else loss
+    def _loss(self, image, text, log_scale, bias, group):
+        # Its text blocks go around the ring.
+        return siglip_loss(image, text, log_scale, bias, ring=True, tile_size=self.tile_size, group=group)
 
 
 def create_loss(args):

@@ -54,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import grouped_loss
 from ..grad_cache import GradCache, GradCacheEncoder
-from ._groups import distributed_group
+from ._groups import distributed_group, set_memory_path
 
 __all__ = ["MultipleNegativesRankingLoss", "CachedMultipleNegativesRankingLoss"]
 
@@ -143,10 +143,7 @@ class _GroupedRanking:
         self.hardness_mode = hardness_mode
         self.hardness_strength = float(hardness_strength)
         self.mask_duplicates = bool(mask_duplicates)
-        self.path = str(path)
-        self.tile_size = int(tile_size)
-        self.ring = bool(ring)
-        self.group = group
+        set_memory_path(self, path, tile_size, ring, group)
 
     def _ids(self, features):
         if not self.mask_duplicates:

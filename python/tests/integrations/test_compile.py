@@ -61,8 +61,8 @@ def test_operators_pass_opcheck():
 
 def test_operator_errors():
     a = torch.zeros(3, 2, dtype=F64)
-    with pytest.raises(RuntimeError, match=r"contrax::clip_loss\(\): argument 'reduction' must be one of 'mean', "
-                                           r"'sum', 'none', but got 'avg'"):
+    with pytest.raises(RuntimeError, match=r"contrax::clip_loss\(\): argument 'reduction' must be 'mean', 'sum' "
+                                           r"or 'none', but got 'avg'"):
         torch.ops.contrax.clip_loss(a, a, torch.tensor(0.0, dtype=F64), None, True, 100.0, False, None,
                                     "multi_positive", "avg", "auto", 0, False, "")
     with pytest.raises(RuntimeError, match=r"contrax::nt_xent_loss\(\): argument 'group': process group 'nope' is "
@@ -103,7 +103,7 @@ def _losses():
         "clip_loss": lambda m, a, b: contrax.clip_loss(a, b, m.logit_scale, m.logit_bias),
         "clip_loss labels": lambda m, a, b: contrax.clip_loss(
             a, b, m.logit_scale, labels=torch.arange(a.shape[0]) % 3, label_mode="mask_duplicates"),
-        "tiled_clip_loss": lambda m, a, b: contrax.tiled_clip_loss(a, b, m.logit_scale, tile_size=3),
+        "clip_loss tiled": lambda m, a, b: contrax.clip_loss(a, b, m.logit_scale, path="tiled", tile_size=3),
         "siglip_loss": lambda m, a, b: contrax.siglip_loss(a, b, m.logit_scale, m.logit_bias, tile_size=3),
         "nt_xent_loss": lambda m, a, b: contrax.nt_xent_loss(a, b, temperature=0.2),
         "moco_v3_loss": lambda m, a, b: contrax.moco_v3_loss(a, b, b.detach(), a.detach(), temperature=0.2),
