@@ -21,42 +21,40 @@ void expect_flag_error(const std::string& args, const std::string& message) {
 
 }  // namespace
 
-TEST(BenchCli, TiledFlagErrors) {
-  expect_flag_error("bench-tiled --width 0", "flag '--width' must be >= 1, but got 0");
-  expect_flag_error("bench-tiled --tile -1", "flag '--tile' must be >= 0, but got -1");
-  expect_flag_error("bench-tiled --threads -2", "flag '--threads' must be >= 0, but got -2");
-  expect_flag_error("bench-tiled --iters 0", "flag '--iters' must be >= 1, but got 0");
-  expect_flag_error("bench-tiled --batches 64,0", "flag '--batches': every entry must be in [1, 1073741824], but got 0");
-  expect_flag_error("bench-tiled --batches ,", "flag '--batches' needs at least one batch size");
-  expect_flag_error("bench-tiled --device tpu", "flag '--device' must be cpu or cuda, but got 'tpu'");
-  if (!torch::cuda::is_available()) {
-    expect_flag_error("bench-tiled --device cuda --batches 64", "flag '--device' is 'cuda', but ");
-  } else {
-    // Where a GPU is (tools/gpu_check.sh runs the suite there): a small run on it.
-    auto r = run_cli("bench-tiled --device cuda --batches 256 --max-materialised 256");
-    EXPECT_EQ(r.status, 0) << r.out;
-    EXPECT_NE(r.out.find("fp32 on cuda"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("| 256 |"), std::string::npos) << r.out;
+// The flags bench-tiled and bench-losses share, refused alike by both (each
+// command with the sizes a run on the GPU would take).
+TEST(BenchCli, SharedFlagErrors) {
+  for (const std::string cmd : {"bench-tiled --batches 64", "bench-losses --nproc 2 --batch 8"}) {
+    expect_flag_error(cmd + " --width 0", "flag '--width' must be >= 1, but got 0");
+    expect_flag_error(cmd + " --iters 0", "flag '--iters' must be >= 1, but got 0");
+    expect_flag_error(cmd + " --device tpu", "flag '--device' must be cpu or cuda, but got 'tpu'");
+    // Refused before any process starts; where a GPU is, the tests below run on it.
+    if (!torch::cuda::is_available()) expect_flag_error(cmd + " --device cuda", "flag '--device' is 'cuda', but ");
   }
 }
 
+TEST(BenchCli, TiledFlagErrors) {
+  expect_flag_error("bench-tiled --tile -1", "flag '--tile' must be >= 0, but got -1");
+  expect_flag_error("bench-tiled --threads -2", "flag '--threads' must be >= 0, but got -2");
+  expect_flag_error("bench-tiled --batches 64,0", "flag '--batches': every entry must be in [1, 1073741824], but got 0");
+  expect_flag_error("bench-tiled --batches ,", "flag '--batches' needs at least one batch size");
+  // Where a GPU is (tools/gpu_check.sh runs the suite there): a small run on it.
+  if (!torch::cuda::is_available()) return;
+  auto r = run_cli("bench-tiled --device cuda --batches 256 --max-materialised 256");
+  EXPECT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("fp32 on cuda"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("| 256 |"), std::string::npos) << r.out;
+}
+
 TEST(BenchCli, LossesFlagErrors) {
-  expect_flag_error("bench-losses --width 0", "flag '--width' must be >= 1, but got 0");
-  expect_flag_error("bench-losses --iters 0", "flag '--iters' must be >= 1, but got 0");
   expect_flag_error("bench-losses --nproc , --batch 8", "flags '--nproc' and '--batch' must not be empty");
   expect_flag_error("bench-losses --nproc 100000", "flag '--nproc': every entry must be in [1, ");
   expect_flag_error("bench-losses stray", "not expected: stray");
-  expect_flag_error("bench-losses --device tpu", "flag '--device' must be cpu or cuda, but got 'tpu'");
-  if (!torch::cuda::is_available()) {
-    // Refused before any process starts; where a GPU is, tools/gpu_check.sh runs it.
-    expect_flag_error("bench-losses --device cuda --nproc 2 --batch 8", "flag '--device' is 'cuda', but ");
-  } else {
-    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    expect_flag_error("bench-losses --device cuda --batch 8 --nproc " + std::to_string(gpus + 1),
-                      "flag '--device' is 'cuda' (each rank on its own GPU, NCCL between them), which needs one GPU "
-                      "per rank, but --nproc is " +
-                          std::to_string(gpus + 1));
-  }
+  if (!torch::cuda::is_available()) return;
+  const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+  expect_flag_error("bench-losses --device cuda --batch 8 --nproc " + std::to_string(gpus + 1),
+                    "flag '--device' is 'cuda' (each rank on its own GPU, NCCL between them), which needs one GPU "
+                    "per rank, but --nproc is " + std::to_string(gpus + 1));
 }
 
 TEST(BenchCli, GradCacheFlagErrors) {

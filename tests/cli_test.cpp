@@ -240,9 +240,7 @@ TEST(Cli, PlotDrawsCurvesAndSaysWhatIsMissing) {
   const std::string png = read_file(d + "/curves.png");
   ASSERT_GT(png.size(), 1000u);
   EXPECT_EQ(png.substr(1, 3), "PNG");
-  auto none = run_cli("plot " + d + "/nothing");
-  EXPECT_EQ(none.status, 1) << none.out;
-  EXPECT_NE(none.out.find("cannot read " + d + "/nothing/metrics.jsonl"), std::string::npos) << none.out;
+  expect_exit(run_cli("plot " + d + "/nothing"), 1, "cannot read " + d + "/nothing/metrics.jsonl");
   // Without matplotlib (a python path whose matplotlib import fails).
   const std::string fake = scratch_dir("nompl");
   fs::create_directories(fake + "/matplotlib");
@@ -299,8 +297,7 @@ TEST(Cli, VerifyFailsWhenToleranceIsImpossible) {
   // fp32 cannot meet 1e-12 against the fp64 reference: the exit status must
   // say so. (A negative --tol is refused by name: user_errors_test.)
   auto r = run_cli("verify --nproc 1 --dtype fp32 --tol 1e-12 --case clip");
-  EXPECT_EQ(r.status, 1) << r.out;
-  EXPECT_NE(r.out.find("MISMATCH"), std::string::npos) << r.out;
+  expect_exit(r, 1, "MISMATCH");
   r = run_cli("verify --nproc 1 --case nope");
   EXPECT_NE(r.out.find("verify(): unknown case 'nope'; known cases: clip"), std::string::npos) << r.out;
 }
@@ -316,12 +313,8 @@ TEST(Cli, LaunchTakesTorchrunsFlagNames) {
     EXPECT_NE(r.out.find("r1/2/127.0.0.1\n"), std::string::npos) << flags << "\n" << r.out;
   }
   // Without '--' the first word that is not a flag starts the program.
-  auto r = run_cli_stdout("launch --nproc 1 --no-prefix sh -c 'echo plain$RANK'");
-  EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("plain0"), std::string::npos) << r.out;
-  auto bogus = run_cli("launch --nproc 1 --bogus 1 -- true");
-  EXPECT_EQ(bogus.status, 2) << bogus.out;
-  EXPECT_NE(bogus.out.find("unknown flag '--bogus'"), std::string::npos) << bogus.out;
+  expect_exit(run_cli_stdout("launch --nproc 1 --no-prefix sh -c 'echo plain$RANK'"), 0, "plain0");
+  expect_exit(run_cli("launch --nproc 1 --bogus 1 -- true"), 2, "unknown flag '--bogus'");
   // --log-dir and --max-restarts are accepted (their behaviour: launcher_test).
   auto help = run_cli("launch --help");
   for (const char* flag : {"--log-dir", "--max-restarts", "--nproc-per-node", "--standalone"}) {
@@ -353,43 +346,29 @@ TEST(Cli, VerifyOnCudaRunsThereOrSaysWhyNot) {
   EXPECT_NE(r.out.find("; use --device cpu"), std::string::npos) << r.out;
   // The CPU, named or by default, runs; the table says where.
   auto cpu = run_cli("verify --nproc 1 --device cpu --case clip");
-  EXPECT_EQ(cpu.status, 0) << cpu.out;
-  EXPECT_NE(cpu.out.find("fp64 on cpu"), std::string::npos) << cpu.out;
+  expect_exit(cpu, 0, "fp64 on cpu");
   // A reduced dtype: rounded inputs for both, the dtype's tolerance, and a
   // verdict that does not claim equality.
   auto bf16 = run_cli("verify --nproc 3 --dtype bf16 --case clip_ring,nt_xent_tiled,siglip");
-  EXPECT_EQ(bf16.status, 0) << bf16.out;
-  EXPECT_NE(bf16.out.find("bf16 on cpu, tolerance 0.1"), std::string::npos) << bf16.out;
+  expect_exit(bf16, 0, "bf16 on cpu, tolerance 0.1");
   EXPECT_NE(bf16.out.find("all distributed gradients are within bf16's tolerance of the single-device fp64 ones"),
             std::string::npos)
       << bf16.out;
-  auto fp8 = run_cli("verify --nproc 1 --dtype fp8");
-  EXPECT_EQ(fp8.status, 2) << fp8.out;
-  EXPECT_NE(fp8.out.find("flag '--dtype' must be fp64, fp32, bf16 or fp16, but got 'fp8'"), std::string::npos)
-      << fp8.out;
-  auto bad = run_cli("verify --nproc 1 --device tpu");
-  EXPECT_EQ(bad.status, 2) << bad.out;
-  EXPECT_NE(bad.out.find("flag '--device' must be cpu or cuda, but got 'tpu'"), std::string::npos) << bad.out;
+  expect_exit(run_cli("verify --nproc 1 --dtype fp8"), 2,
+              "flag '--dtype' must be fp64, fp32, bf16 or fp16, but got 'fp8'");
+  expect_exit(run_cli("verify --nproc 1 --device tpu"), 2, "flag '--device' must be cpu or cuda, but got 'tpu'");
 }
 
 TEST(Cli, VerifyOverNcclNeedsCudaAndAGpuPerRank) {
-  auto cpu = run_cli("verify --nproc 2 --backend nccl");
-  EXPECT_EQ(cpu.status, 2) << cpu.out;
-  EXPECT_NE(cpu.out.find("contrax verify: error: flag '--backend' is 'nccl', which moves CUDA tensors only; use "
-                         "--device cuda, or --backend gloo"),
-            std::string::npos)
-      << cpu.out;
-  auto bad = run_cli("verify --nproc 1 --backend mpi");
-  EXPECT_EQ(bad.status, 2) << bad.out;
-  EXPECT_NE(bad.out.find("flag '--backend' must be gloo or nccl, but got 'mpi'"), std::string::npos) << bad.out;
+  expect_exit(run_cli("verify --nproc 2 --backend nccl"), 2,
+              "contrax verify: error: flag '--backend' is 'nccl', which moves CUDA tensors only; use "
+              "--device cuda, or --backend gloo");
+  expect_exit(run_cli("verify --nproc 1 --backend mpi"), 2, "flag '--backend' must be gloo or nccl, but got 'mpi'");
   if (!torch::cuda::is_available()) return;  // --device cuda is refused first (VerifyOnCudaRunsThereOrSaysWhyNot)
   const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
-  auto many = run_cli("verify --device cuda --backend nccl --nproc " + std::to_string(gpus + 1));
-  EXPECT_EQ(many.status, 2) << many.out;
-  EXPECT_NE(many.out.find("flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is " +
-                          std::to_string(gpus + 1)),
-            std::string::npos)
-      << many.out;
+  expect_exit(run_cli("verify --device cuda --backend nccl --nproc " + std::to_string(gpus + 1)), 2,
+              "flag '--backend' is 'nccl', which needs one GPU per rank, but --nproc is " +
+              std::to_string(gpus + 1));
   auto one = run_cli_stdout("verify --device cuda --backend nccl --nproc " + std::to_string(gpus) + " --json");
   EXPECT_EQ(one.status, 0) << one.out;
   EXPECT_EQ(one.out.find("\"passed\": false"), std::string::npos) << one.out;

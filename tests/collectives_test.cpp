@@ -11,10 +11,7 @@
 #include "support/ranks.h"
 
 using namespace contrax;
-using contrax::testing::rel_err;
-using contrax::testing::run_ranks;
-using contrax::testing::run_ranks_collect_errors;
-using contrax::testing::shard;
+using namespace contrax::testing;
 
 namespace {
 std::vector<std::vector<int64_t>> count_patterns(int64_t W) {

@@ -15,6 +15,7 @@
 #include "contrax/losses/losses.h"
 #include "contrax/parallel/data_parallel.h"
 #include "support/errors.h"
+#include "support/hashed_dropout.h"
 #include "support/ranks.h"
 
 namespace {
@@ -22,19 +23,7 @@ namespace {
 using contrax::CommunicatorPtr;
 using contrax::DataParallel;
 using contrax::DataParallelOptions;
-using contrax::testing::rel_err;
-using contrax::testing::run_ranks;
-using contrax::testing::run_ranks_collect_errors;
-using contrax::testing::shard;
-
-// Dropout whose mask is a fixed function of (example id, feature, salt): any
-// partition of the batch over ranks sees the masks of the full batch, and no
-// generator is shared between the rank threads.
-torch::Tensor hashed_dropout(const torch::Tensor& h, const torch::Tensor& ids, double p, double salt) {
-  auto j = torch::arange(h.size(1), h.options());
-  auto u = torch::frac(torch::sin(ids.unsqueeze(1) * 12.9898 + j.unsqueeze(0) * 78.233 + salt) * 43758.5453).abs();
-  return h * (u >= p).to(h.scalar_type()) / (1.0 - p);
-}
+using namespace contrax::testing;
 
 // Two towers and a learnable logit scale: what a CLIP model is, in small.
 struct TwoTowerImpl : torch::nn::Cloneable<TwoTowerImpl> {

@@ -179,9 +179,28 @@ int rank_of(pid_t pid) {
 // the ephemeral range can be any connection's local port at that moment).
 int free_port() { return static_cast<int>(contrax::find_free_port()); }
 
+// `contrax train` with kFast, ARGS and --run-dir RD, which must succeed: the
+// run a fault test builds on.
+::testing::AssertionResult trains(const std::string& dir, const std::string& args, const std::string& rd) {
+  auto d = run(cli("train " + kFast + " " + args + " --run-dir " + rd), dir);
+  if (d.exited && d.status == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << d.output;
+}
+
 void report(const std::string& what, const Done& d) {
   std::cout << "FAULT " << what << ": " << (d.exited ? "exit " : "SIGNAL ") << d.status << " after " << d.seconds
             << " s\n";
+}
+
+// A run directory below a regular file (mkdir fails with ENOTDIR), and the
+// run that `d` refused it in, naming it and the cause.
+std::string unwritable_run_dir(const TempDir& t) {
+  std::ofstream(t.path + "/file") << "not a directory";
+  return t.path + "/file/run";
+}
+void expect_unwritable(const Done& d, const std::string& rd) {
+  EXPECT_TRUE(d.exited && d.status == 1) << d.output;
+  EXPECT_NE(d.output.find("cannot create run directory '" + rd + "': Not a directory"), std::string::npos) << d.output;
 }
 
 }  // namespace
@@ -191,8 +210,7 @@ TEST(Fault, ResumeWithAnotherDtypeIsRefusedAndTheCheckpointKept) {
   REQUIRE_DATA();
   TempDir t;
   const std::string rd = t.path + "/run";
-  auto first = run(cli("train " + kFast + " --nproc 2 --max-steps 4 --stop-at-step 2 --run-dir " + rd), t.path);
-  ASSERT_TRUE(first.exited && first.status == 0) << first.output;
+  ASSERT_TRUE(trains(t.path, "--nproc 2 --max-steps 4 --stop-at-step 2", rd));
   ASSERT_EQ(checkpoint_step(rd), 2);
   const auto before = file_size(ct::checkpoint_path(rd));
   for (const std::string dtype : {"double"}) {
@@ -210,9 +228,7 @@ TEST(Fault, ResumeWithAnotherDtypeIsRefusedAndTheCheckpointKept) {
   EXPECT_EQ(checkpoint_step(rd), 2);
   // And the reverse direction.
   const std::string rd2 = t.path + "/run2";
-  auto dbl = run(cli("train " + kFast + " --nproc 1 --max-steps 4 --stop-at-step 1 --dtype double --run-dir " + rd2),
-                 t.path);
-  ASSERT_TRUE(dbl.exited && dbl.status == 0) << dbl.output;
+  ASSERT_TRUE(trains(t.path, "--nproc 1 --max-steps 4 --stop-at-step 1 --dtype double", rd2));
   auto d = run(cli("train " + kFast + " --nproc 1 --max-steps 4 --resume --run-dir " + rd2), t.path);
   report("resume double checkpoint with --dtype float", d);
   EXPECT_TRUE(d.exited && d.status == 1) << d.output;
@@ -227,8 +243,7 @@ TEST(Fault, FullDiskDuringCheckpointIsAClearErrorAndThePreviousOneStaysLoadable)
   TempDir t;
   // The size of one checkpoint of this model, measured on a normal disk.
   const std::string probe = t.path + "/probe";
-  auto p = run(cli("train " + kFast + " --nproc 1 --max-steps 2 --run-dir " + probe), t.path);
-  ASSERT_TRUE(p.exited && p.status == 0) << p.output;
+  ASSERT_TRUE(trains(t.path, "--nproc 1 --max-steps 2", probe));
   const int64_t ckpt = file_size(ct::checkpoint_path(probe));
   ASSERT_GT(ckpt, 0);
   // Room for one checkpoint and the metrics, not for the second one's
@@ -267,18 +282,15 @@ TEST(Fault, FullDiskDuringCheckpointIsAClearErrorAndThePreviousOneStaysLoadable)
 TEST(Fault, LauncherBlamesTheRankThatFailedFirst) {
   REQUIRE_DATA();
   TempDir t;
-  std::ofstream(t.path + "/file") << "not a directory";
-  const std::string rd = t.path + "/file/run";  // mkdir fails with ENOTDIR on rank 0 only
+  const std::string rd = unwritable_run_dir(t);  // mkdir fails on rank 0 only
   // Under an outside launcher rank 0 prepares the run directory, so it fails
   // for a reason of its own while rank 1 waits for it and then loses it.
   for (int attempt = 0; attempt < 2; ++attempt) {
     auto d = run(cli("launch --nproc 2 -- " + cli("train " + kFast + " --max-steps 4 --timeout 20 --run-dir " + rd)),
                  t.path);
     report("unwritable run directory on rank 0 (attempt " + std::to_string(attempt) + ")", d);
-    EXPECT_TRUE(d.exited && d.status == 1) << d.output;
+    expect_unwritable(d, rd);
     EXPECT_NE(d.output.find("rank 0 exited with status 1: "), std::string::npos) << d.output;
-    EXPECT_NE(d.output.find("cannot create run directory '" + rd + "': Not a directory"), std::string::npos)
-        << d.output;
     EXPECT_EQ(d.output.find("rank 1 exited"), std::string::npos) << d.output;
   }
 }
@@ -288,13 +300,10 @@ TEST(Fault, LauncherBlamesTheRankThatFailedFirst) {
 TEST(Fault, UnwritableRunDirectoryIsNamedBeforeAnyWorkerStarts) {
   REQUIRE_DATA();
   TempDir t;
-  std::ofstream(t.path + "/file") << "not a directory";
-  const std::string rd = t.path + "/file/run";
+  const std::string rd = unwritable_run_dir(t);
   auto d = run(cli("train " + kFast + " --nproc 2 --max-steps 4 --timeout 20 --run-dir " + rd), t.path);
   report("unwritable run directory, train --nproc 2", d);
-  EXPECT_TRUE(d.exited && d.status == 1) << d.output;
-  EXPECT_NE(d.output.find("cannot create run directory '" + rd + "': Not a directory"), std::string::npos)
-      << d.output;
+  expect_unwritable(d, rd);
   EXPECT_EQ(d.output.find("rank "), std::string::npos) << d.output;
 }
 
@@ -459,8 +468,7 @@ TEST(Fault, StaleCheckpointTemporariesAreRemovedAtStart) {
   REQUIRE_DATA();
   TempDir t;
   const std::string rd = t.path + "/run";
-  auto first = run(cli("train " + kFast + " --nproc 1 --max-steps 4 --stop-at-step 2 --run-dir " + rd), t.path);
-  ASSERT_TRUE(first.exited && first.status == 0) << first.output;
+  ASSERT_TRUE(trains(t.path, "--nproc 1 --max-steps 4 --stop-at-step 2", rd));
   // What a writer killed mid-write leaves (pid 999999999 does not run).
   std::ofstream(rd + "/checkpoint.pt.tmp.999999999") << "partial";
   std::ofstream(rd + "/metrics.jsonl.tmp.999999999") << "partial";

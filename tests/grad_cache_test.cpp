@@ -35,6 +35,7 @@
 #include "contrax/parallel/data_parallel.h"
 #include "contrax/parallel/grad_cache.h"
 #include "support/errors.h"
+#include "support/hashed_dropout.h"
 #include "support/ranks.h"
 
 namespace {
@@ -45,19 +46,10 @@ using contrax::DataParallel;
 using contrax::GradCache;
 using contrax::GradCacheEncoder;
 using contrax::GradCacheOptions;
+using contrax::testing::hashed_dropout;
 using contrax::testing::rel_err;
 using contrax::testing::run_ranks;
 using contrax::testing::shard;
-
-torch::Tensor hashed_dropout(const torch::Tensor& h, const torch::Tensor& ids, double p, double salt) {
-  // The hash runs in fp64 whatever h's dtype (bf16 under autocast would
-  // change the mask).
-  auto j = torch::arange(h.size(1), torch::kDouble);
-  auto u = torch::frac(torch::sin(ids.to(torch::kDouble).unsqueeze(1) * 12.9898 + j.unsqueeze(0) * 78.233 + salt) *
-                       43758.5453)
-               .abs();
-  return h * ((u >= p).to(h.scalar_type()) / (1.0 - p));
-}
 
 // MLP encoder. forward(list {x, ids}) and forward(named {"x", "id"}) use the
 // per-example dropout; forward(tensor) uses torch's dropout (global RNG).
@@ -170,15 +162,24 @@ std::vector<BatchInput> list_inputs(const Batch& b, bool tied = false) {
           std::vector<torch::Tensor>{tied ? b.x * 0.5 : b.y, b.ids + 0.25}};
 }
 
+// One test's starting models and batch, and the ordinary full-batch step on a
+// copy of the models: the loss and gradients the gradient cache must match.
+struct FullBatch {
+  FullBatch(int64_t B, int64_t model_seed, int64_t batch_seed, bool tied = false)
+      : B(B), init(make_models(model_seed, tied)), batch(make_batch(B, batch_seed)), ref(copy_of(init, tied)),
+        want_loss(full_batch_step(ref, batch, tied)), want(ref.grads()) {}
+  int64_t B;
+  Models init;
+  Batch batch;
+  Models ref;
+  torch::Tensor want_loss;
+  std::vector<torch::Tensor> want;
+};
+
 // ---- single process
 
 TEST(GradCache, MatchesFullBatchForManyChunkSizes) {
-  const int64_t B = 11;
-  auto init = make_models(1);
-  auto batch = make_batch(B, 3);
-  auto ref = copy_of(init);
-  auto want_loss = full_batch_step(ref, batch);
-  auto want = ref.grads();
+  const auto [B, init, batch, ref, want_loss, want] = FullBatch(11, 1, 3);
   // Chunk sizes that divide B, that do not, 1, B and more than B; the two
   // encoders with different chunk sizes.
   for (auto [ca, cb] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {3, 4}, {4, 3}, {5, 11}, {11, 2}, {16, 7}}) {
@@ -191,12 +192,7 @@ TEST(GradCache, MatchesFullBatchForManyChunkSizes) {
 }
 
 TEST(GradCache, TiedEncodersAndNamedInputs) {
-  const int64_t B = 9;
-  auto init = make_models(2, /*tied=*/true);
-  auto batch = make_batch(B, 4);
-  auto ref = copy_of(init, true);
-  full_batch_step(ref, batch, true);
-  auto want = ref.grads();
+  const auto [B, init, batch, ref, want_loss, want] = FullBatch(9, 2, 4, /*tied=*/true);
   auto m = copy_of(init, true);
   ASSERT_EQ(m.a.ptr(), m.b.ptr());
   auto gc = make_cache(m, 2, 4);
@@ -265,11 +261,7 @@ TEST(GradCache, ReplaysRandomStateForDropout) {
 // The functional form: sub-batches arrive one at a time (named inputs,
 // encoders by name), the step is finished once.
 TEST(GradCache, FunctionalFormWithNamedInputs) {
-  const int64_t B = 12;
-  auto init = make_models(10);
-  auto batch = make_batch(B, 11);
-  auto ref = copy_of(init);
-  auto want_loss = full_batch_step(ref, batch);
+  const auto [B, init, batch, ref, want_loss, want] = FullBatch(12, 10, 11);
   auto m = copy_of(init);
   auto gc = make_cache(m, 2, 3);
   using Named = std::map<std::string, torch::Tensor>;
@@ -285,18 +277,14 @@ TEST(GradCache, FunctionalFormWithNamedInputs) {
   EXPECT_EQ(gc.cached_rows(0), B);
   auto loss = gc.finish();
   EXPECT_LE(rel_err(loss, want_loss), 1e-12);
-  expect_match(m.grads(), ref.grads(), 1e-10, "functional");
+  expect_match(m.grads(), want, 1e-10, "functional");
   EXPECT_EQ(gc.cached_rows(0), 0);
 }
 
 // A 0-row input is one empty chunk (what an empty rank runs): cache() returns
 // [0, d] rows, and the chunk changes nothing in the step's gradients.
 TEST(GradCache, ZeroRowInputIsOneEmptyChunk) {
-  const int64_t B = 6;
-  auto init = make_models(17);
-  auto batch = make_batch(B, 18);
-  auto ref = copy_of(init);
-  auto want_loss = full_batch_step(ref, batch);
+  const auto [B, init, batch, ref, want_loss, want] = FullBatch(6, 17, 18);
   auto m = copy_of(init);
   auto gc = make_cache(m, 4, 4);
   auto rep = gc.cache("a", std::vector<torch::Tensor>{batch.x.narrow(0, 0, 0), batch.ids.narrow(0, 0, 0)});
@@ -306,17 +294,13 @@ TEST(GradCache, ZeroRowInputIsOneEmptyChunk) {
   gc.cache("a", inputs[0]);
   gc.cache("b", inputs[1]);
   EXPECT_LE(rel_err(gc.finish(), want_loss), 1e-12);
-  expect_match(m.grads(), ref.grads(), 1e-10, "with an empty chunk");
+  expect_match(m.grads(), want, 1e-10, "with an empty chunk");
 }
 
 // Callable encoders with structured output and a representation getter, a
 // user split function, and the loss-scale hook.
 TEST(GradCacheCallables, GetRepSplitAndLossScale) {
-  const int64_t B = 7;
-  auto init = make_models(12);
-  auto batch = make_batch(B, 13);
-  auto ref = copy_of(init);
-  auto want_loss = full_batch_step(ref, batch);
+  const auto [B, init, batch, ref, want_loss, want] = FullBatch(7, 12, 13);
   auto m = copy_of(init);
   auto a = m.a, b = m.b;
   GradCacheEncoder ea([a](const BatchInput& x) -> c10::IValue {
@@ -337,7 +321,6 @@ TEST(GradCacheCallables, GetRepSplitAndLossScale) {
   EXPECT_EQ(split_calls, 1);
   EXPECT_LE(rel_err(loss, want_loss), 1e-12);  // returned unscaled
   auto got = m.grads();
-  auto want = ref.grads();
   for (auto& g : got) g.div_(8.0);
   expect_match(got, want, 1e-10, "callables");
 }

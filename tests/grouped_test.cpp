@@ -275,6 +275,15 @@ TEST(Grouped, LabelsChangeTheLoss) {
   }
 }
 
+// `o` on a finite-difference case's path: materialised (tile < 0) or the
+// automatic path with that tile size; reduced by `red`.
+template <typename Options>
+Options on_path(Options o, int64_t tile, Reduction red) {
+  return o.path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
+      .tile_size(std::max<int64_t>(tile, 0))
+      .reduction(red);
+}
+
 TEST(Grouped, FiniteDifferences) {
   auto gen = at::detail::createCPUGenerator(9);
   auto q = torch::randn({4, 3}, gen, torch::kDouble).requires_grad_(true);
@@ -287,44 +296,24 @@ TEST(Grouped, FiniteDifferences) {
   for (int64_t tile : {-1, 3}) {
     for (auto red : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
       for (auto mode : {LabelMode::kMaskDuplicates, LabelMode::kMultiPositive}) {
-        auto go = GroupedLossOptions()
-                      .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
-                      .tile_size(std::max<int64_t>(tile, 0))
-                      .reduction(red)
-                      .labels(labels)
-                      .candidate_labels(cand)
-                      .label_mode(mode);
+        auto go = on_path(GroupedLossOptions(), tile, red).labels(labels).candidate_labels(cand).label_mode(mode);
         EXPECT_LE(finite_difference_error([&](const V& x) { return grouped_loss(x[0], x[1], x[2], x[3], go); },
                                           {q, k, s, bias}),
                   1e-7)
             << "grouped tile " << tile;
         for (bool sym : {true, false}) {
-          auto co = ClipLossOptions()
-                        .symmetric(sym)
-                        .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
-                        .tile_size(std::max<int64_t>(tile, 0))
-                        .reduction(red)
-                        .labels(labels)
-                        .label_mode(mode);
+          auto co = on_path(ClipLossOptions().symmetric(sym), tile, red).labels(labels).label_mode(mode);
           EXPECT_LE(finite_difference_error([&](const V& x) { return clip_loss(x[0], x[1], x[2], x[3], co); },
                                             {q, b2, s, bias}),
                     1e-7)
               << "clip tile " << tile << " symmetric " << sym;
         }
       }
-      auto go = GroupedLossOptions()
-                    .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
-                    .tile_size(std::max<int64_t>(tile, 0))
-                    .reduction(red)
-                    .normalize(true);
+      auto go = on_path(GroupedLossOptions(), tile, red).normalize(true);
       EXPECT_LE(finite_difference_error([&](const V& x) { return grouped_loss(x[0], x[1], x[2], x[3], go); },
                                         {q, k, s, bias}),
                 1e-7);
-      auto mo = MocoV3LossOptions()
-                    .temperature(0.5)
-                    .path(tile < 0 ? MemoryPath::kMaterialised : MemoryPath::kAuto)
-                    .tile_size(std::max<int64_t>(tile, 0))
-                    .reduction(red);
+      auto mo = on_path(MocoV3LossOptions().temperature(0.5), tile, red);
       EXPECT_LE(finite_difference_error([&](const V& x) { return moco_v3_loss(x[0], x[1], x[2], x[3], mo); },
                                         {q, b2, k.narrow(0, 0, 4).detach(), k.narrow(0, 4, 4).detach()}),
                 1e-7);

@@ -77,6 +77,18 @@ class CaptureOutput {
   int saved_[2] = {-1, -1};
 };
 
+// What a launch returned, and what it wrote to stdout and stderr.
+struct Launched {
+  contrax::LaunchResult r;
+  std::string out, err;
+};
+Launched launch_captured(const std::vector<std::string>& argv, const contrax::LaunchOptions& o) {
+  CaptureOutput cap;
+  auto r = contrax::launch(argv, o);
+  cap.stop();
+  return {r, cap.out, cap.err};
+}
+
 /// Sets an environment variable for the scope, then puts back what was there.
 class ScopedEnv {
  public:
@@ -187,9 +199,7 @@ contrax::LaunchOptions options(int64_t nproc, milliseconds grace = milliseconds(
 TEST(Launcher, EveryRankSeesItsEnvironmentUnderItsPrefix) {
   // Inherited launcher variables must be replaced, not duplicated.
   ScopedEnv rank("RANK", "99"), world("WORLD_SIZE", "77");
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "ok"}, options(4));
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "ok"}, options(4));
   EXPECT_EQ(r.exit_code, 0) << r.message;
   EXPECT_EQ(r.failed_rank, -1);
   EXPECT_EQ(r.message, "");
@@ -200,11 +210,11 @@ TEST(Launcher, EveryRankSeesItsEnvironmentUnderItsPrefix) {
                           std::to_string(k) +
                           " WORLD_SIZE=4 LOCAL_WORLD_SIZE=4 GROUP_RANK=0 MASTER_ADDR=127\\.0\\.0\\.1 MASTER_PORT=(\\d+)\n");
     std::smatch m;
-    ASSERT_TRUE(std::regex_search(cap.out, m, line)) << "rank " << k << " missing in:\n" << cap.out;
+    ASSERT_TRUE(std::regex_search(out, m, line)) << "rank " << k << " missing in:\n" << out;
     ports.insert(m[1]);
-    EXPECT_NE(cap.err.find("[rank " + std::to_string(k) + "] stderr of rank " + std::to_string(k) + "\n"),
+    EXPECT_NE(err.find("[rank " + std::to_string(k) + "] stderr of rank " + std::to_string(k) + "\n"),
               std::string::npos)
-        << cap.err;
+        << err;
   }
   ASSERT_EQ(ports.size(), 1u) << "ranks disagree on MASTER_PORT";
   EXPECT_GT(std::stoi(*ports.begin()), 0);
@@ -216,43 +226,35 @@ TEST(Launcher, MultiNodeRanksFollowNodeRank) {
   o.node_rank = 1;
   o.master_port = 29555;
   o.master_addr = "10.1.2.3";  // not contacted: the worker only prints it
-  CaptureOutput cap;
   // sh starts in a millisecond; the probe loads LibTorch, as every program
   // linked to contrax does.
-  contrax::LaunchResult r = contrax::launch(
+  auto [r, out, err] = launch_captured(
       {"sh", "-c", "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT"}, o);
-  cap.stop();
   EXPECT_EQ(r.exit_code, 0) << r.message;
-  EXPECT_NE(cap.out.find("[rank 2] 2 0 4 2 1 10.1.2.3 29555\n"), std::string::npos) << cap.out;
-  EXPECT_NE(cap.out.find("[rank 3] 3 1 4 2 1 10.1.2.3 29555\n"), std::string::npos) << cap.out;
+  EXPECT_NE(out.find("[rank 2] 2 0 4 2 1 10.1.2.3 29555\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 3] 3 1 4 2 1 10.1.2.3 29555\n"), std::string::npos) << out;
 }
 
 TEST(Launcher, ForwardsLinesAndFlushesPartialLastLine) {
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({"sh", "-c", "printf 'a\\nb'; printf 'c\\n' >&2"}, options(1));
-  cap.stop();
+  auto [r, out, err] = launch_captured({"sh", "-c", "printf 'a\\nb'; printf 'c\\n' >&2"}, options(1));
   EXPECT_EQ(r.exit_code, 0) << r.message;
-  EXPECT_EQ(cap.out, "[rank 0] a\n[rank 0] b\n");
-  EXPECT_EQ(cap.err, "[rank 0] c\n");
+  EXPECT_EQ(out, "[rank 0] a\n[rank 0] b\n");
+  EXPECT_EQ(err, "[rank 0] c\n");
 }
 
 TEST(Launcher, NoPrefixPassesOutputThrough) {
   contrax::LaunchOptions o = options(1);
   o.prefix_output = false;
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({"sh", "-c", "printf 'a\\nb'"}, o);
-  cap.stop();
+  auto [r, out, err] = launch_captured({"sh", "-c", "printf 'a\\nb'"}, o);
   EXPECT_EQ(r.exit_code, 0) << r.message;
-  EXPECT_EQ(cap.out, "a\nb");
+  EXPECT_EQ(out, "a\nb");
 }
 
 // ---- failures ----------------------------------------------------------------
 
 TEST(Launcher, FailedRankIsNamedAndTheOthersAreStopped) {
   TempDir dir;
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "fail", dir.path.string()}, options(4));
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "fail", dir.path.string()}, options(4));
   EXPECT_EQ(r.exit_code, 3);
   EXPECT_EQ(r.failed_rank, 1);
   EXPECT_EQ(r.message, "rank 1 exited with status 3");
@@ -261,9 +263,7 @@ TEST(Launcher, FailedRankIsNamedAndTheOthersAreStopped) {
 
 TEST(Launcher, RankKilledBySignalIsNamedWithTheSignal) {
   TempDir dir;
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "signal", dir.path.string()}, options(3));
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "signal", dir.path.string()}, options(3));
   EXPECT_EQ(r.exit_code, 128 + SIGKILL);
   EXPECT_EQ(r.failed_rank, 2);
   EXPECT_EQ(r.message, "rank 2 was killed by signal 9 (" + std::string(strsignal(SIGKILL)) + ")");
@@ -274,9 +274,7 @@ TEST(Launcher, WorkersIgnoringSigtermAreKilledAfterGrace) {
   TempDir dir;
   const milliseconds grace(300);
   const auto start = std::chrono::steady_clock::now();
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "stubborn", dir.path.string()}, options(2, grace));
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "stubborn", dir.path.string()}, options(2, grace));
   EXPECT_GE(std::chrono::steady_clock::now() - start, grace);
   EXPECT_EQ(r.message, "rank 1 exited with status 3");
   for (pid_t pid : wait_for_pids(dir.path, {0})) EXPECT_TRUE(gone(pid)) << "worker " << pid << " survived";
@@ -291,9 +289,7 @@ TEST(Launcher, SigintIsForwardedAndHandlersRestored) {
     wait_for_pids(dir.path, {0, 1});
     ::kill(::getpid(), SIGINT);
   });
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "sleep", dir.path.string()}, options(2));
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "sleep", dir.path.string()}, options(2));
   interrupter.join();
   EXPECT_EQ(r.exit_code, 128 + SIGINT);
   EXPECT_EQ(r.failed_rank, -1);
@@ -380,9 +376,7 @@ TEST(Launcher, RankThatFailedFirstIsBlamedNotThePeerThatExitedFirst) {
   // consequence and exits at once. The exit order blames rank 1; the records
   // in CONTRAX_ERROR_FILE must blame rank 0, with its last stderr line.
   TempDir dir;
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "blame", dir.path.string()}, options(2));
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "blame", dir.path.string()}, options(2));
   EXPECT_EQ(r.failed_rank, 0) << r.message;
   EXPECT_EQ(r.exit_code, 4) << r.message;
   EXPECT_EQ(r.message,
@@ -394,11 +388,9 @@ TEST(Launcher, LinesOfDifferentRanksNeverInterleaveWithOrWithoutPrefix) {
   for (bool prefix : {true, false}) {
     contrax::LaunchOptions o = options(3);
     o.prefix_output = prefix;
-    CaptureOutput cap;
-    contrax::LaunchResult r = contrax::launch({kProbe, "chatter"}, o);
-    cap.stop();
+    auto [r, out, err] = launch_captured({kProbe, "chatter"}, o);
     ASSERT_EQ(r.exit_code, 0) << r.message;
-    std::istringstream lines(cap.out);
+    std::istringstream lines(out);
     std::string line;
     int count = 0;
     const std::regex whole(prefix ? R"(\[rank (\d)\] rank(\d)-line\d+-([a-c])+)" : R"(()rank(\d)-line\d+-([a-c])+)");
@@ -419,9 +411,7 @@ TEST(Launcher, StoppedWorkerIsContinuedNamedAndDoesNotWaitForTheGrace) {
   // the whole grace period (60 s under `contrax train`) before SIGKILL.
   TempDir dir;
   const auto start = std::chrono::steady_clock::now();
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "stop", dir.path.string()}, options(2, milliseconds(30000)));
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "stop", dir.path.string()}, options(2, milliseconds(30000)));
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_LT(took, std::chrono::seconds(10));
   EXPECT_EQ(r.failed_rank, 0);
@@ -434,10 +424,7 @@ TEST(Launcher, LogDirHoldsEachRanksWholeOutput) {
   TempDir dir;
   contrax::LaunchOptions o = options(2);
   o.log_dir = (dir.path / "logs" / "nested").string();
-  CaptureOutput cap;
-  contrax::LaunchResult r =
-      contrax::launch({"sh", "-c", "echo out of $RANK; echo err of $RANK >&2; printf 'tail'"}, o);
-  cap.stop();
+  auto [r, out, err] = launch_captured({"sh", "-c", "echo out of $RANK; echo err of $RANK >&2; printf 'tail'"}, o);
   ASSERT_EQ(r.exit_code, 0) << r.message;
   for (int k = 0; k < 2; ++k) {
     const std::string log = read_file(dir.path / "logs" / "nested" / ("rank_" + std::to_string(k) + ".log"));
@@ -448,7 +435,7 @@ TEST(Launcher, LogDirHoldsEachRanksWholeOutput) {
     EXPECT_EQ(log.find("[rank"), std::string::npos) << "logs are unprefixed: " << log;
   }
   // Still forwarded to the terminal as well.
-  EXPECT_NE(cap.out.find("[rank 1] out of 1\n"), std::string::npos) << cap.out;
+  EXPECT_NE(out.find("[rank 1] out of 1\n"), std::string::npos) << out;
   // A log directory that cannot be made is an error naming it.
   contrax::LaunchOptions bad = options(1);
   bad.log_dir = "/proc/contrax-no-such-dir";
@@ -459,9 +446,7 @@ TEST(Launcher, MaxRestartsRestartsAllWorkersAfterAFailure) {
   {
     // Without restarts the failure ends the job.
     TempDir dir;
-    CaptureOutput cap;
-    contrax::LaunchResult r = contrax::launch({kProbe, "once", dir.path.string()}, options(2));
-    cap.stop();
+    auto [r, out, err] = launch_captured({kProbe, "once", dir.path.string()}, options(2));
     EXPECT_EQ(r.exit_code, 3);
     EXPECT_EQ(r.restarts, 0);
   }
@@ -469,18 +454,16 @@ TEST(Launcher, MaxRestartsRestartsAllWorkersAfterAFailure) {
   contrax::LaunchOptions o = options(2);
   o.max_restarts = 1;
   o.log_dir = (dir.path / "logs").string();
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "once", dir.path.string()}, o);
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "once", dir.path.string()}, o);
   EXPECT_EQ(r.exit_code, 0) << r.message;
   EXPECT_EQ(r.restarts, 1);
-  EXPECT_NE(cap.err.find("launch: rank 1 exited with status 3: failing once; restarting all workers (restart 1 of 1)"),
+  EXPECT_NE(err.find("launch: rank 1 exited with status 3: failing once; restarting all workers (restart 1 of 1)"),
             std::string::npos)
-      << cap.err;
+      << err;
   // Both ranks ran again (the restart count is in their environment), and each
   // log holds both attempts.
-  EXPECT_NE(cap.out.find("[rank 0] attempt ok on rank 0 (restart 1)"), std::string::npos) << cap.out;
-  EXPECT_NE(cap.out.find("[rank 1] attempt ok on rank 1 (restart 1)"), std::string::npos) << cap.out;
+  EXPECT_NE(out.find("[rank 0] attempt ok on rank 0 (restart 1)"), std::string::npos) << out;
+  EXPECT_NE(out.find("[rank 1] attempt ok on rank 1 (restart 1)"), std::string::npos) << out;
   const std::string log1 = read_file(dir.path / "logs" / "rank_1.log");
   EXPECT_NE(log1.find("failing once\n"), std::string::npos) << log1;
   EXPECT_NE(log1.find("restarting all workers"), std::string::npos) << log1;
@@ -499,9 +482,7 @@ TEST(Launcher, InterruptionIsNeverRestarted) {
     wait_for_pids(dir.path, {0, 1});
     ::kill(::getpid(), SIGINT);
   });
-  CaptureOutput cap;
-  contrax::LaunchResult r = contrax::launch({kProbe, "sleep", dir.path.string()}, o);
-  cap.stop();
+  auto [r, out, err] = launch_captured({kProbe, "sleep", dir.path.string()}, o);
   interrupter.join();
   EXPECT_EQ(r.exit_code, 128 + SIGINT);
   EXPECT_EQ(r.restarts, 0);

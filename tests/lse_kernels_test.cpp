@@ -14,6 +14,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "contrax/check/verify.h"
@@ -54,6 +55,20 @@ void for_each_isa(Fn fn) {
     ++ran;
   }
   EXPECT_GE(ran, 1);
+}
+
+// for_each_isa, each time on 1 and then 2 threads; the generator seeded with
+// `seed`, where given, once per instruction set.
+template <typename Fn>
+void for_each_isa_and_thread_count(std::optional<uint64_t> seed, Fn fn) {
+  for_each_isa([&] {
+    Restore restore;
+    if (seed) torch::manual_seed(*seed);
+    for (int threads : {1, 2}) {
+      at::set_num_threads(threads);
+      fn();
+    }
+  });
 }
 
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
@@ -148,50 +163,41 @@ void expect_lse_matches(const torch::Tensor& t, double tol) {
 }
 
 TEST(LseKernels, TileLseMatchesFp64AtEveryShapeDtypeAndThreadCount) {
-  for_each_isa([&] {
-    Restore restore;
-    torch::manual_seed(0);
-    for (int threads : {1, 2}) {
-      at::set_num_threads(threads);
-      // Shapes: lane tails, one row/column, empty, several ~1 MiB row blocks
-      // (600 x 1000 fp32), and a tile large enough for the column split.
-      for (auto shape : std::vector<std::pair<int64_t, int64_t>>{
-               {1, 1}, {3, 17}, {17, 3}, {0, 5}, {5, 0}, {64, 33}, {600, 1000}, {300, 1000}}) {
-        for (auto dt : {torch::kFloat, torch::kDouble}) {
-          auto t = torch::randn({shape.first, shape.second}, torch::TensorOptions().dtype(dt)) * 20.0;
-          expect_lse_matches(t, dt == torch::kFloat ? 2e-5 : 1e-12);
-        }
+  for_each_isa_and_thread_count(0, [&] {
+    // Shapes: lane tails, one row/column, empty, several ~1 MiB row blocks
+    // (600 x 1000 fp32), and a tile large enough for the column split.
+    for (auto shape : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {3, 17}, {17, 3}, {0, 5}, {5, 0}, {64, 33}, {600, 1000}, {300, 1000}}) {
+      for (auto dt : {torch::kFloat, torch::kDouble}) {
+        auto t = torch::randn({shape.first, shape.second}, torch::TensorOptions().dtype(dt)) * 20.0;
+        expect_lse_matches(t, dt == torch::kFloat ? 2e-5 : 1e-12);
       }
     }
   });
 }
 
 TEST(LseKernels, MaskedAndLateColumnsAndStridedTiles) {
-  for_each_isa([&] {
-    Restore restore;
-    for (int threads : {1, 2}) {
-      at::set_num_threads(threads);
-      for (auto dt : {torch::kFloat, torch::kDouble}) {
-        const double tol = dt == torch::kFloat ? 2e-5 : 1e-12;
-        auto t = torch::randn({700, 1000}, torch::TensorOptions().dtype(dt)) * 5.0;
-        t.index_put_({3}, -kInf);     // a row masked throughout
-        t.select(1, 7).fill_(-kInf);  // a column masked throughout
-        t.diagonal().fill_(-kInf);    // a masked self column per row
-        // A column that is -inf in the first row blocks and far below 0 later:
-        // its shift must follow its own maximum, not stay at 0.
-        auto late = t.select(1, 11);
-        late.narrow(0, 0, 500).fill_(-kInf);
-        late.narrow(0, 500, 200).copy_(torch::randn({200}, t.options()) - 1000.0);
-        expect_lse_matches(t, tol);
-        auto got = tile_lse(t, true, true);
-        EXPECT_EQ(got.row[3].item<double>(), -kInf);
-        EXPECT_EQ(got.col[7].item<double>(), -kInf);
-        EXPECT_NEAR(got.col[11].item<double>(), ref_lse(t, 0)[11].item<double>(), 1e-3);
-        // A tile of a larger buffer (row stride > columns) and a transposed view
-        // (the ATen path).
-        expect_lse_matches(t.narrow(1, 100, 513).narrow(0, 5, 300), tol);
-        expect_lse_matches(t.t(), tol);
-      }
+  for_each_isa_and_thread_count(std::nullopt, [&] {
+    for (auto dt : {torch::kFloat, torch::kDouble}) {
+      const double tol = dt == torch::kFloat ? 2e-5 : 1e-12;
+      auto t = torch::randn({700, 1000}, torch::TensorOptions().dtype(dt)) * 5.0;
+      t.index_put_({3}, -kInf);     // a row masked throughout
+      t.select(1, 7).fill_(-kInf);  // a column masked throughout
+      t.diagonal().fill_(-kInf);    // a masked self column per row
+      // A column that is -inf in the first row blocks and far below 0 later:
+      // its shift must follow its own maximum, not stay at 0.
+      auto late = t.select(1, 11);
+      late.narrow(0, 0, 500).fill_(-kInf);
+      late.narrow(0, 500, 200).copy_(torch::randn({200}, t.options()) - 1000.0);
+      expect_lse_matches(t, tol);
+      auto got = tile_lse(t, true, true);
+      EXPECT_EQ(got.row[3].item<double>(), -kInf);
+      EXPECT_EQ(got.col[7].item<double>(), -kInf);
+      EXPECT_NEAR(got.col[11].item<double>(), ref_lse(t, 0)[11].item<double>(), 1e-3);
+      // A tile of a larger buffer (row stride > columns) and a transposed view
+      // (the ATen path).
+      expect_lse_matches(t.narrow(1, 100, 513).narrow(0, 5, 300), tol);
+      expect_lse_matches(t.t(), tol);
     }
   });
 }
@@ -214,33 +220,28 @@ TEST(LseKernels, NonFiniteEntriesPropagateAsInAten) {
 }
 
 TEST(LseKernels, SoftmaxGradMatchesTheAtenFormWithAndWithoutWeights) {
-  for_each_isa([&] {
-    Restore restore;
-    torch::manual_seed(1);
-    for (int threads : {1, 2}) {
-      at::set_num_threads(threads);
-      for (auto dt : {torch::kFloat, torch::kDouble}) {
-        const double tol = dt == torch::kFloat ? 1e-6 : 1e-15;
-        auto opt = torch::TensorOptions().dtype(dt);
-        auto t = torch::randn({257, 301}, opt) * 4.0;
-        t.diagonal().fill_(-kInf);
-        auto lr = ref_lse(t, 1).to(dt), lc = ref_lse(t, 0).to(dt);
-        auto wr = torch::rand({257}, opt), wc = torch::rand({301}, opt);
-        for (int form = 0; form < 4; ++form) {
-          const bool col = form & 1, weights = form & 2;
-          torch::Tensor want, got;
-          for (bool fused : {false, true}) {
-            contrax::detail::set_fused_kernels_enabled(fused);
-            auto x = t.clone();
-            softmax_grad_(x, lr, weights ? wr : torch::Tensor(), col ? lc : torch::Tensor(),
-                          col && weights ? wc : torch::Tensor());
-            (fused ? got : want) = x;
-          }
-          EXPECT_LE(max_abs_diff(got, want), tol) << "form " << form << " dtype " << dt;
-          // Rows of a row softmax sum to their weight.
-          if (form == 0) {
-            EXPECT_LE(max_abs_diff(got.sum(1), torch::ones({257}, opt)), dt == torch::kFloat ? 1e-5 : 1e-13);
-          }
+  for_each_isa_and_thread_count(1, [&] {
+    for (auto dt : {torch::kFloat, torch::kDouble}) {
+      const double tol = dt == torch::kFloat ? 1e-6 : 1e-15;
+      auto opt = torch::TensorOptions().dtype(dt);
+      auto t = torch::randn({257, 301}, opt) * 4.0;
+      t.diagonal().fill_(-kInf);
+      auto lr = ref_lse(t, 1).to(dt), lc = ref_lse(t, 0).to(dt);
+      auto wr = torch::rand({257}, opt), wc = torch::rand({301}, opt);
+      for (int form = 0; form < 4; ++form) {
+        const bool col = form & 1, weights = form & 2;
+        torch::Tensor want, got;
+        for (bool fused : {false, true}) {
+          contrax::detail::set_fused_kernels_enabled(fused);
+          auto x = t.clone();
+          softmax_grad_(x, lr, weights ? wr : torch::Tensor(), col ? lc : torch::Tensor(),
+                        col && weights ? wc : torch::Tensor());
+          (fused ? got : want) = x;
+        }
+        EXPECT_LE(max_abs_diff(got, want), tol) << "form " << form << " dtype " << dt;
+        // Rows of a row softmax sum to their weight.
+        if (form == 0) {
+          EXPECT_LE(max_abs_diff(got.sum(1), torch::ones({257}, opt)), dt == torch::kFloat ? 1e-5 : 1e-13);
         }
       }
     }

@@ -14,10 +14,7 @@
 namespace {
 
 using contrax::CommunicatorPtr;
-using contrax::testing::expect_error;
-using contrax::testing::rel_err;
-using contrax::testing::run_ranks;
-using contrax::testing::shard;
+using namespace contrax::testing;
 
 constexpr double kTol = 1e-10;
 
@@ -188,27 +185,26 @@ TEST(SigLip, DoubleBackwardIsAnError) {
 TEST(SigLip, ArgumentErrors) {
   auto a = randn({3, 2}), b = randn({3, 2}), ls = torch::tensor(0.0, torch::kFloat64);
   using O = contrax::SigLipLossOptions;
-  expect_error([&] { contrax::siglip_loss(a, b, torch::ones({2}, torch::kFloat64)); },
-               "siglip_loss(): argument 'logit_scale' must be a 0-dim tensor, but got shape [2]");
-  expect_error([&] { contrax::siglip_loss(a, b, ls, torch::ones({1}, torch::kFloat64)); },
-               "siglip_loss(): argument 'logit_bias' must be a 0-dim tensor");
-  expect_error([&] { contrax::siglip_loss(a, randn({2, 2}), ls); },
-               "siglip_loss(): arguments 'a' and 'b' must have the same number of rows");
-  expect_error([&] { contrax::siglip_loss(a, randn({3, 4}), ls); },
-               "siglip_loss(): arguments 'a' and 'b' must have the same width");
-  expect_error([&] { contrax::siglip_loss(a, b.to(torch::kFloat32), ls); },
-               "siglip_loss(): arguments 'a' and 'b' must have the same dtype");
-  expect_error([&] { contrax::siglip_loss(randn({3}), b, ls); }, "siglip_loss(): argument 'a' must be a 2-D");
-  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_size(-1)); },
-               "siglip_loss(): argument 'tile_size' must be >= 0");
-  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_bytes(0)); },
-               "siglip_loss(): argument 'tile_bytes' must be positive");
-  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().path(contrax::MemoryPath::kMaterialised).ring(true)); },
-               "siglip_loss(): 'ring' needs the tiled path, but the path is materialised");
-  expect_error([&] { contrax::siglip_loss(a, b, ls, {}, O().max_logit_scale(-1)); },
-               "siglip_loss(): argument 'max_logit_scale' must be positive");
-  expect_error([&] { contrax::siglip_loss(torch::zeros({0, 2}, torch::kFloat64), torch::zeros({0, 2}, torch::kFloat64), ls); },
-               "siglip_loss(): the global batch is empty");
+  // Each call throws siglip_loss()'s message `what`.
+  auto bad = [](const std::function<void()>& call, const std::string& what) {
+    expect_error(call, "siglip_loss(): " + what);
+  };
+  bad([&] { contrax::siglip_loss(a, b, torch::ones({2}, torch::kFloat64)); },
+      "argument 'logit_scale' must be a 0-dim tensor, but got shape [2]");
+  bad([&] { contrax::siglip_loss(a, b, ls, torch::ones({1}, torch::kFloat64)); },
+      "argument 'logit_bias' must be a 0-dim tensor");
+  bad([&] { contrax::siglip_loss(a, randn({2, 2}), ls); }, "arguments 'a' and 'b' must have the same number of rows");
+  bad([&] { contrax::siglip_loss(a, randn({3, 4}), ls); }, "arguments 'a' and 'b' must have the same width");
+  bad([&] { contrax::siglip_loss(a, b.to(torch::kFloat32), ls); }, "arguments 'a' and 'b' must have the same dtype");
+  bad([&] { contrax::siglip_loss(randn({3}), b, ls); }, "argument 'a' must be a 2-D");
+  bad([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_size(-1)); }, "argument 'tile_size' must be >= 0");
+  bad([&] { contrax::siglip_loss(a, b, ls, {}, O().tile_bytes(0)); }, "argument 'tile_bytes' must be positive");
+  bad([&] { contrax::siglip_loss(a, b, ls, {}, O().path(contrax::MemoryPath::kMaterialised).ring(true)); },
+      "'ring' needs the tiled path, but the path is materialised");
+  bad([&] { contrax::siglip_loss(a, b, ls, {}, O().max_logit_scale(-1)); },
+      "argument 'max_logit_scale' must be positive");
+  bad([&] { contrax::siglip_loss(torch::zeros({0, 2}, torch::kFloat64), torch::zeros({0, 2}, torch::kFloat64), ls); },
+      "the global batch is empty");
   expect_error([] { contrax::SigLipLoss(contrax::SigLipLossOptions(), -1.0); },
                "SigLipLoss(): argument 'init_scale' must be positive");
 }

@@ -262,27 +262,33 @@ enum class Path { kGather, kRing, kRingAllToAll };
 
 class TiledDistributed : public ::testing::TestWithParam<std::tuple<int64_t, Path>> {
  protected:
-  // The ring transport of the path under test, set on every rank's options.
-  static contrax::testing::ConfigureRank transport(Path path) {
-    return [path](int64_t, contrax::CommunicatorOptions& o) {
-      o.ring_transport(path == Path::kRingAllToAll ? contrax::RingTransport::kAllToAll
-                                                   : contrax::RingTransport::kSendRecv);
-    };
+  // W ranks with kCounts[W - 1] rows (B in all), and the tiles and ring of the
+  // path under test.
+  void SetUp() override {
+    std::tie(W, path) = GetParam();
+    for (auto c : kCounts[W - 1]) B += c;
+    t.tile_size(kTiles[W - 1]).ring(path != Path::kGather);
   }
+  // expect_exact over this world's shards, with the path's ring transport set
+  // on every rank's options.
+  void expect(const Tensors& feats, const Tensors& scalars,
+              const std::function<torch::Tensor(const Tensors&, const Tensors&, const CommunicatorPtr&)>& dist,
+              const std::function<torch::Tensor(const Tensors&, const Tensors&)>& ref) {
+    const Path p = path;
+    expect_exact(W, kCounts[W - 1], feats, scalars, dist, ref, kTol, [p](int64_t, contrax::CommunicatorOptions& o) {
+      o.ring_transport(p == Path::kRingAllToAll ? contrax::RingTransport::kAllToAll : contrax::RingTransport::kSendRecv);
+    });
+  }
+  int64_t W = 0, B = 0;
+  Path path = Path::kGather;
+  contrax::MemoryPathOptions t;
 };
 
 TEST_P(TiledDistributed, ClipMatchesReference) {
-  const auto [W, path] = GetParam();
-  const bool ring = path != Path::kGather;
-  const auto& counts = kCounts[W - 1];
-  int64_t B = 0;
-  for (auto c : counts) B += c;
   torch::manual_seed(10 + W);
-  contrax::MemoryPathOptions t;
-  t.tile_size(kTiles[W - 1]).ring(ring);
   for (bool symmetric : {true, false}) {
-    expect_exact(
-        W, counts, {randn({B, 6}), randn({B, 6})},
+    expect(
+        {randn({B, 6}), randn({B, 6})},
         {torch::tensor(std::log(4.0), torch::kFloat64), torch::tensor(-0.7, torch::kFloat64)},
         [&](const Tensors& f, const Tensors& s, const CommunicatorPtr& comm) {
           auto o = contrax::ClipLossOptions().comm(comm).symmetric(symmetric).normalize(true);
@@ -294,78 +300,52 @@ TEST_P(TiledDistributed, ClipMatchesReference) {
         },
         [&](const Tensors& f, const Tensors& s) {
           return contrax::reference::clip_loss(f[0], f[1], s[0], s[1], symmetric, 100.0, true);
-        },
-        kTol, transport(path));
+        });
   }
 }
 
 TEST_P(TiledDistributed, NTXentMatchesReference) {
-  const auto [W, path] = GetParam();
-  const bool ring = path != Path::kGather;
-  const auto& counts = kCounts[W - 1];
-  int64_t B = 0;
-  for (auto c : counts) B += c;
   torch::manual_seed(20 + W);
-  contrax::MemoryPathOptions t;
-  t.tile_size(kTiles[W - 1]).ring(ring);
-  expect_exact(
-      W, counts, {randn({B, 5}), randn({B, 5})}, {},
+  expect(
+      {randn({B, 5}), randn({B, 5})}, {},
       [&](const Tensors& f, const Tensors&, const CommunicatorPtr& comm) {
         return contrax::tiled_nt_xent_loss(f[0], f[1], contrax::NTXentLossOptions().temperature(0.2).comm(comm), t);
       },
-      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.2); }, kTol,
-      transport(path));
+      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.2); });
 }
 
 TEST_P(TiledDistributed, MocoV3MatchesReference) {
-  const auto [W, path] = GetParam();
-  const bool ring = path != Path::kGather;
-  const auto& counts = kCounts[W - 1];
-  int64_t B = 0;
-  for (auto c : counts) B += c;
   torch::manual_seed(30 + W);
-  contrax::MemoryPathOptions t;
-  t.tile_size(kTiles[W - 1]).ring(ring);
-  expect_exact(
-      W, counts, {randn({B, 4}), randn({B, 4}), randn({B, 4}), randn({B, 4})}, {},
+  expect(
+      {randn({B, 4}), randn({B, 4}), randn({B, 4}), randn({B, 4})}, {},
       [&](const Tensors& f, const Tensors&, const CommunicatorPtr& comm) {
         return contrax::tiled_moco_v3_loss(f[0], f[1], f[2], f[3],
                                            contrax::MocoV3LossOptions().temperature(0.2).comm(comm), t);
       },
-      [&](const Tensors& f, const Tensors&) { return contrax::reference::moco_v3_loss(f[0], f[1], f[2], f[3], 0.2); },
-      kTol, transport(path));
+      [&](const Tensors& f, const Tensors&) { return contrax::reference::moco_v3_loss(f[0], f[1], f[2], f[3], 0.2); });
 }
 
 // Temperature 0.01 on near-duplicate unit vectors: logits near 100 everywhere,
 // differences of 1e-3; the online LSE must neither overflow nor lose accuracy.
 TEST_P(TiledDistributed, ExtremeLogits) {
-  const auto [W, path] = GetParam();
-  const bool ring = path != Path::kGather;
-  const auto& counts = kCounts[W - 1];
-  int64_t B = 0;
-  for (auto c : counts) B += c;
   torch::manual_seed(40 + W);
   auto base = randn({1, 8});
   auto z1 = base + 1e-3 * randn({B, 8}), z2 = base + 1e-3 * randn({B, 8});
-  contrax::MemoryPathOptions t;
-  t.tile_size(kTiles[W - 1]).ring(ring);
-  expect_exact(
-      W, counts, {z1, z2}, {},
+  expect(
+      {z1, z2}, {},
       [&](const Tensors& f, const Tensors&, const CommunicatorPtr& comm) {
         auto l = contrax::tiled_nt_xent_loss(f[0], f[1], contrax::NTXentLossOptions().temperature(0.01).comm(comm), t);
         EXPECT_TRUE(std::isfinite(l.item<double>()));
         return l;
       },
-      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.01); }, kTol,
-      transport(path));
+      [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.01); });
   // CLIP at the clamp (scale 100) with unnormalised near-duplicates of norm ~3.
-  expect_exact(
-      W, counts, {z1, z2}, {torch::tensor(std::log(100.0), torch::kFloat64)},
+  expect(
+      {z1, z2}, {torch::tensor(std::log(100.0), torch::kFloat64)},
       [&](const Tensors& f, const Tensors& s, const CommunicatorPtr& comm) {
         return contrax::tiled_clip_loss(f[0], f[1], s[0], {}, contrax::ClipLossOptions().comm(comm), t);
       },
-      [&](const Tensors& f, const Tensors& s) { return contrax::reference::clip_loss(f[0], f[1], s[0], {}); }, kTol,
-      transport(path));
+      [&](const Tensors& f, const Tensors& s) { return contrax::reference::clip_loss(f[0], f[1], s[0], {}); });
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, TiledDistributed,

@@ -1,5 +1,7 @@
 #include "support/cli.h"
 
+#include <gtest/gtest.h>
+
 #include <sys/resource.h>
 #include <sys/wait.h>
 
@@ -45,6 +47,11 @@ CliRun run_cli_in(const std::string& dir, const std::string& args) {
 
 CliRun run_cli_stdout(const std::string& args) {
   return run_shell(std::string(CONTRAX_CLI_PATH) + " " + args + " 2>/dev/null");
+}
+
+void expect_exit(const CliRun& run, int status, const std::string& text) {
+  EXPECT_EQ(run.status, status) << run.out;
+  EXPECT_NE(run.out.find(text), std::string::npos) << run.out;
 }
 
 bool have_fashion_mnist() {

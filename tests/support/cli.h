@@ -33,6 +33,9 @@ CliRun run_cli_in(const std::string& dir, const std::string& args);
 /// `contrax ARGS` with stdout only (stderr discarded), e.g. for --json or --dump-config.
 CliRun run_cli_stdout(const std::string& args);
 
+/// Expects `run` to have exited with `status` and printed `text`.
+void expect_exit(const CliRun& run, int status, const std::string& text);
+
 /// Whether Debian's dataset-fashion-mnist (the tool's default --data) is installed.
 bool have_fashion_mnist();
 

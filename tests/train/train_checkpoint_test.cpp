@@ -48,6 +48,25 @@ bool same_parameters(torch::nn::Module& a, torch::nn::Module& b) {
   return true;
 }
 
+// Saves `module` as "m" with a step count, as a run's checkpoint holds them.
+void save_module(torch::nn::Module& module, int64_t step, const std::string& path) {
+  ct::Checkpoint c;
+  c.module("m", module);
+  c.ints["step"] = step;
+  c.save(path);
+}
+
+// Loads `path` into a fresh Linear of `saved`'s shape: the step and saved's
+// parameters must come back.
+void expect_restores(const std::string& path, torch::nn::Linear saved, int64_t step) {
+  torch::nn::Linear restored(saved->options);
+  ct::Checkpoint c;
+  c.module("m", *restored);
+  c.load(path);
+  EXPECT_EQ(c.ints.at("step"), step);
+  EXPECT_TRUE(same_parameters(*restored, *saved));
+}
+
 // One Adam step on a tiny regression so that the optimizer has state.
 void train_step(ct::SimCLRModel& model, torch::optim::Optimizer& opt, int seed) {
   torch::manual_seed(seed);
@@ -69,12 +88,7 @@ TEST(Checkpoint, KilledWriterLeavesLastGoodCheckpoint) {
   const auto& dir = tmp.path;
   const auto path = dir + "/ckpt.pt";
   torch::nn::Linear good_module(4, 4);
-  {
-    ct::Checkpoint c;
-    c.module("m", *good_module);
-    c.ints["step"] = 100;
-    c.save(path);
-  }
+  save_module(*good_module, 100, path);
   const auto good_size = file_size(path);
   bool caught_mid_write = false;
   for (int attempt = 0; attempt < 5 && !caught_mid_write; ++attempt) {
@@ -84,10 +98,7 @@ TEST(Checkpoint, KilledWriterLeavesLastGoodCheckpoint) {
     ASSERT_GE(child, 0);
     if (child == 0) {
       at::set_num_threads(1);
-      ct::Checkpoint c;
-      c.module("m", *big);
-      c.ints["step"] = 200;
-      c.save(path);
+      save_module(*big, 200, path);
       ::_exit(0);
     }
     const std::string tmp = path + ".tmp." + std::to_string(child);
@@ -104,22 +115,14 @@ TEST(Checkpoint, KilledWriterLeavesLastGoodCheckpoint) {
       caught_mid_write = true;
       // The final name still holds the old, complete checkpoint.
       EXPECT_EQ(file_size(path), good_size);
-      torch::nn::Linear restored(4, 4);
-      ct::Checkpoint c;
-      c.module("m", *restored);
-      c.load(path);
-      EXPECT_EQ(c.ints.at("step"), 100);
-      EXPECT_TRUE(same_parameters(*restored, *good_module));
+      expect_restores(path, good_module, 100);
       // The torn temporary is not a checkpoint and is cleaned up.
       EXPECT_FALSE(ct::is_valid_checkpoint(tmp));
       EXPECT_EQ(ct::remove_stale_temporaries(path), 1);
       EXPECT_EQ(file_size(tmp), -1);
     } else {
       // The child finished before we saw it writing: restore and retry bigger.
-      ct::Checkpoint c;
-      c.module("m", *good_module);
-      c.ints["step"] = 100;
-      c.save(path);
+      save_module(*good_module, 100, path);
     }
   }
   EXPECT_TRUE(caught_mid_write) << "never caught the writer mid-write";
@@ -316,42 +319,30 @@ TEST(Checkpoint, LoadErrorsAreClear) {
   EXPECT_NE(msg.find("is not a contrax checkpoint (no format marker)"), std::string::npos) << msg;
   // Entry missing or not matching.
   torch::nn::Linear lin2(4, 4);
-  msg = error_of([&] {
-    ct::Checkpoint d;
-    d.module("encoder", *lin2);
-    d.load(dir + "/good.pt");
-  });
+  // The error of loading good.pt with the one entry `add` registers.
+  auto load_error = [&](const std::function<void(ct::Checkpoint&)>& add) {
+    return error_of([&] {
+      ct::Checkpoint d;
+      add(d);
+      d.load(dir + "/good.pt");
+    });
+  };
+  msg = load_error([&](ct::Checkpoint& d) { d.module("encoder", *lin2); });
   EXPECT_NE(msg.find("holds no module 'encoder'"), std::string::npos) << msg;
   torch::nn::Linear wrong(5, 4);
-  msg = error_of([&] {
-    ct::Checkpoint d;
-    d.module("lin", *wrong);
-    d.load(dir + "/good.pt");
-  });
+  msg = load_error([&](ct::Checkpoint& d) { d.module("lin", *wrong); });
   EXPECT_NE(msg.find("module 'lin' in '" + dir + "/good.pt' does not match the model: parameter 'weight' has "
                      "shape [4, 4] in the checkpoint but [4, 5] in the model"),
             std::string::npos)
       << msg;
   // A model with an extra submodule.
   torch::nn::Sequential seq(torch::nn::Linear(4, 4));
-  msg = error_of([&] {
-    ct::Checkpoint d;
-    d.module("lin", *seq);
-    d.load(dir + "/good.pt");
-  });
+  msg = load_error([&](ct::Checkpoint& d) { d.module("lin", *seq); });
   EXPECT_NE(msg.find("submodule '0' is missing in the checkpoint"), std::string::npos) << msg;
   torch::optim::SGD sgd(lin->parameters(), 0.1);
-  msg = error_of([&] {
-    ct::Checkpoint d;
-    d.optimizer("sgd", sgd);
-    d.load(dir + "/good.pt");
-  });
+  msg = load_error([&](ct::Checkpoint& d) { d.optimizer("sgd", sgd); });
   EXPECT_NE(msg.find("holds no optimizer 'sgd'"), std::string::npos) << msg;
-  msg = error_of([&] {
-    ct::Checkpoint d;
-    d.generator("cpu", at::detail::createCPUGenerator(0));
-    d.load(dir + "/good.pt");
-  });
+  msg = load_error([&](ct::Checkpoint& d) { d.generator("cpu", at::detail::createCPUGenerator(0)); });
   EXPECT_NE(msg.find("holds no generator 'cpu'"), std::string::npos) << msg;
   msg = error_of([&] { ct::Checkpoint().save("/nonexistent-dir/x.pt"); });
   EXPECT_NE(msg.find("Checkpoint::save(): cannot create '/nonexistent-dir/x.pt.tmp."), std::string::npos) << msg;
@@ -491,10 +482,7 @@ TEST(Checkpoint, FullDiskIsAClearErrorAndThePreviousCheckpointStaysLoadable) {
   const std::string dir = disk.mounted ? disk.path : tmp.path;
   const std::string path = dir + "/checkpoint.pt";
   torch::nn::Linear small_module(8, 8);
-  ct::Checkpoint good;
-  good.module("m", *small_module);
-  good.ints["step"] = 7;
-  good.save(path);
+  save_module(*small_module, 7, path);
   const auto good_size = file_size(path);
 
   torch::nn::Linear big(512, 1024);  // 2 MB of parameters: more than the disk or the limit allows
@@ -516,12 +504,7 @@ TEST(Checkpoint, FullDiskIsAClearErrorAndThePreviousCheckpointStaysLoadable) {
   EXPECT_NE(msg.find("; the previous '" + path + "' is unchanged"), std::string::npos) << msg;
   EXPECT_FALSE(has_temporaries(dir)) << "the partial temporary must be removed";
   EXPECT_EQ(file_size(path), good_size);
-  torch::nn::Linear restored(8, 8);
-  ct::Checkpoint back;
-  back.module("m", *restored);
-  back.load(path);
-  EXPECT_EQ(back.ints.at("step"), 7);
-  EXPECT_TRUE(same_parameters(*restored, *small_module));
+  expect_restores(path, small_module, 7);
 }
 
 TEST(Checkpoint, ReadOnlyDirectoryNamesPathAndCause) {

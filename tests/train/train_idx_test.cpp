@@ -21,6 +21,7 @@
 
 namespace ct = contrax::train;
 using contrax::testing::error_of;
+using contrax::testing::expect_error;
 using contrax::testing::TempDir;
 
 namespace {
@@ -66,6 +67,14 @@ void write_gz(const std::string& path, const std::string& bytes) {
   gzclose(f);
 }
 
+// The two files of a split ("train" or "t10k") with `images` images and
+// `labels` labels, gzip-compressed or (gz false) plain.
+void write_split(const std::string& dir, const std::string& split, uint32_t images, uint32_t labels, bool gz = true) {
+  const auto write = gz ? write_gz : write_plain;
+  const std::string ext = gz ? ".gz" : "";
+  write(dir + "/" + split + "-images-idx3-ubyte" + ext, image_bytes(images));
+  write(dir + "/" + split + "-labels-idx1-ubyte" + ext, label_bytes(labels));
+}
 
 void expect_pixels(const torch::Tensor& x) {
   for (int64_t i = 0; i < x.size(0); ++i) {
@@ -96,11 +105,9 @@ TEST(IdxReader, ReadsPlainAndGzipFilesAlike) {
 TEST(IdxReader, LoadDatasetFromDirectoryWithLimit) {
   TempDir tmp;
   const auto& dir = tmp.path;
-  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(12));
-  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(12));
+  write_split(dir, "train", 12, 12);
   // The test split uncompressed: the reader falls back to the plain name.
-  write_plain(dir + "/t10k-images-idx3-ubyte", image_bytes(4));
-  write_plain(dir + "/t10k-labels-idx1-ubyte", label_bytes(4));
+  write_split(dir, "t10k", 4, 4, /*gz=*/false);
   auto train = ct::load_dataset(dir, "train");
   EXPECT_EQ(train.images.sizes(), (std::vector<int64_t>{12, 1, 28, 28}));
   EXPECT_EQ(train.labels.sizes(), (std::vector<int64_t>{12}));
@@ -119,41 +126,32 @@ TEST(IdxReader, TruncatedFileNamesExpectedAndActualBytes) {
   write_plain(dir + "/t.idx", bytes);
   write_gz(dir + "/t.idx.gz", bytes);
   for (const auto& p : {dir + "/t.idx", dir + "/t.idx.gz"}) {
-    const auto msg = error_of([&] { ct::load_idx_images(p); });
-    EXPECT_NE(msg.find("load_idx_images(): file '" + p + "' is truncated: expected 3136 bytes of pixels, got 100"),
-              std::string::npos)
-        << msg;
+    expect_error([&] { ct::load_idx_images(p); },
+                 "load_idx_images(): file '" + p + "' is truncated: expected 3136 bytes of pixels, got 100");
   }
   write_plain(dir + "/l.idx", label_bytes(10).substr(0, 8 + 3));
-  auto msg = error_of([&] { ct::load_idx_labels(dir + "/l.idx"); });
-  EXPECT_NE(msg.find("is truncated: expected 10 bytes of labels, got 3"), std::string::npos) << msg;
+  expect_error([&] { ct::load_idx_labels(dir + "/l.idx"); }, "is truncated: expected 10 bytes of labels, got 3");
   write_plain(dir + "/h.idx", image_bytes(1).substr(0, 6));
-  msg = error_of([&] { ct::load_idx_images(dir + "/h.idx"); });
-  EXPECT_NE(msg.find("is truncated: expected 4 bytes of image count in the header, got 2"), std::string::npos)
-      << msg;
+  expect_error([&] { ct::load_idx_images(dir + "/h.idx"); },
+               "is truncated: expected 4 bytes of image count in the header, got 2");
 }
 
 TEST(IdxReader, WrongMagicIsRejected) {
   TempDir tmp;
   const auto& dir = tmp.path;
   write_plain(dir + "/labels-as-images", label_bytes(3));
-  auto msg = error_of([&] { ct::load_idx_images(dir + "/labels-as-images"); });
-  EXPECT_NE(msg.find("is not an IDX image file: magic number is 0x00000801, expected 0x00000803"),
-            std::string::npos)
-      << msg;
+  expect_error([&] { ct::load_idx_images(dir + "/labels-as-images"); },
+               "is not an IDX image file: magic number is 0x00000801, expected 0x00000803");
   write_plain(dir + "/images-as-labels", image_bytes(1));
-  msg = error_of([&] { ct::load_idx_labels(dir + "/images-as-labels"); });
-  EXPECT_NE(msg.find("is not an IDX label file: magic number is 0x00000803, expected 0x00000801"),
-            std::string::npos)
-      << msg;
+  expect_error([&] { ct::load_idx_labels(dir + "/images-as-labels"); },
+               "is not an IDX label file: magic number is 0x00000803, expected 0x00000801");
 }
 
 TEST(IdxReader, InvalidDimensionsAreRejected) {
   TempDir tmp;
   const auto& dir = tmp.path;
   write_plain(dir + "/z.idx", image_bytes(1, 0, 28));
-  const auto msg = error_of([&] { ct::load_idx_images(dir + "/z.idx"); });
-  EXPECT_NE(msg.find("has invalid image dimensions 0x28"), std::string::npos) << msg;
+  expect_error([&] { ct::load_idx_images(dir + "/z.idx"); }, "has invalid image dimensions 0x28");
 }
 
 TEST(IdxReader, CorruptGzipIsRejected) {
@@ -187,25 +185,18 @@ TEST(IdxReader, MissingFileHintsAtThePackage) {
     EXPECT_EQ(e.kind(), ct::TrainErrorKind::kDataUnreadable);
     EXPECT_EQ(e.fact(), "load_idx_images(): file '/nonexistent/x-idx3-ubyte.gz' does not exist");
   }
-  msg = error_of([] { ct::load_dataset("/nonexistent", "train"); });
-  EXPECT_NE(msg.find("load_dataset(): file '/nonexistent/train-images-idx3-ubyte.gz' does not exist"),
-            std::string::npos)
-      << msg;
-  msg = error_of([] { ct::load_dataset("/nonexistent", "val"); });
-  EXPECT_NE(msg.find("load_dataset(): argument 'split' must be \"train\" or \"test\", but got \"val\""),
-            std::string::npos)
-      << msg;
+  expect_error([] { ct::load_dataset("/nonexistent", "train"); },
+               "load_dataset(): file '/nonexistent/train-images-idx3-ubyte.gz' does not exist");
+  expect_error([] { ct::load_dataset("/nonexistent", "val"); },
+               "load_dataset(): argument 'split' must be \"train\" or \"test\", but got \"val\"");
 }
 
 TEST(IdxReader, ImageAndLabelCountsMustAgree) {
   TempDir tmp;
   const auto& dir = tmp.path;
-  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(4));
-  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(5));
-  const auto msg = error_of([&] { ct::load_dataset(dir, "train", 2); });
-  EXPECT_NE(msg.find("holds 4 images but '" + dir + "/train-labels-idx1-ubyte.gz' holds 5 labels"),
-            std::string::npos)
-      << msg;
+  write_split(dir, "train", 4, 5);
+  expect_error([&] { ct::load_dataset(dir, "train", 2); },
+               "holds 4 images but '" + dir + "/train-labels-idx1-ubyte.gz' holds 5 labels");
 }
 
 TEST(IdxReader, RealFashionMnistTestSplit) {
@@ -274,13 +265,11 @@ TEST(IdxReader, AbsurdHeaderIsRefusedNamingTheFileBeforeAllocating) {
   const auto& dir = tmp.path;
   write_plain(dir + "/big-idx3-ubyte", header_only(0x80000000u, 4096, 4096));
   write_gz(dir + "/big-idx3-ubyte.gz", header_only(0x80000000u, 4096, 4096));
-  auto msg = error_of([&] { ct::load_idx_images(dir + "/big-idx3-ubyte"); });
-  EXPECT_NE(msg.find("load_idx_images(): file '" + dir + "/big-idx3-ubyte' is truncated: expected 36028797018963968 "
-                     "bytes of pixels, got 100 (the header announces 2147483648 images of 4096x4096 pixels, 36 PB: is "
-                     "it corrupt?)"),
-            std::string::npos)
-      << msg;
-  msg = error_of([&] { ct::load_idx_images(dir + "/big-idx3-ubyte.gz"); });
+  expect_error([&] { ct::load_idx_images(dir + "/big-idx3-ubyte"); },
+               "load_idx_images(): file '" + dir + "/big-idx3-ubyte' is truncated: expected 36028797018963968 "
+               "bytes of pixels, got 100 (the header announces 2147483648 images of 4096x4096 pixels, 36 PB: is "
+               "it corrupt?)");
+  const auto msg = error_of([&] { ct::load_idx_images(dir + "/big-idx3-ubyte.gz"); });
   EXPECT_NE(msg.find("file '" + dir + "/big-idx3-ubyte.gz' has a corrupt header: it announces 2147483648 images"),
             std::string::npos)
       << msg;
@@ -290,11 +279,9 @@ TEST(IdxReader, AbsurdHeaderIsRefusedNamingTheFileBeforeAllocating) {
   put_u32(labels, 0x801);
   put_u32(labels, 0xffffffffu);
   write_plain(dir + "/l-idx1-ubyte", labels + "abc");
-  msg = error_of([&] { ct::load_idx_labels(dir + "/l-idx1-ubyte"); });
-  EXPECT_NE(msg.find("load_idx_labels(): file '" + dir + "/l-idx1-ubyte' is truncated: expected 4294967295 bytes of "
-                     "labels, got 3"),
-            std::string::npos)
-      << msg;
+  expect_error([&] { ct::load_idx_labels(dir + "/l-idx1-ubyte"); },
+               "load_idx_labels(): file '" + dir + "/l-idx1-ubyte' is truncated: expected 4294967295 bytes of "
+               "labels, got 3");
   // A limit keeps what is read within the file: the header is then fine.
   write_plain(dir + "/ok-idx3-ubyte", image_bytes(3));
   EXPECT_EQ(ct::load_idx_images(dir + "/ok-idx3-ubyte", 2).size(0), 2);
@@ -303,22 +290,16 @@ TEST(IdxReader, AbsurdHeaderIsRefusedNamingTheFileBeforeAllocating) {
 TEST(IdxReader, CheckDatasetFilesFindsAMissingOrDamagedTestSplitUpFront) {
   TempDir tmp;
   const auto& dir = tmp.path;
-  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(4));
-  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(4));
+  write_split(dir, "train", 4, 4);
   ct::check_dataset_files(dir, {"train"});
-  auto msg = error_of([&] { ct::check_dataset_files(dir, {"train", "test"}); });
-  EXPECT_NE(msg.find("check_dataset_files(): file '" + dir + "/t10k-images-idx3-ubyte.gz' does not exist (nor without "
-                     ".gz)"),
-            std::string::npos)
-      << msg;
-  write_gz(dir + "/t10k-images-idx3-ubyte.gz", image_bytes(3));
-  write_gz(dir + "/t10k-labels-idx1-ubyte.gz", label_bytes(2));
-  msg = error_of([&] { ct::check_dataset_files(dir, {"train", "test"}); });
-  EXPECT_NE(msg.find("holds 3 images but '" + dir + "/t10k-labels-idx1-ubyte.gz' holds 2 labels"), std::string::npos)
-      << msg;
+  expect_error([&] { ct::check_dataset_files(dir, {"train", "test"}); },
+               "check_dataset_files(): file '" + dir + "/t10k-images-idx3-ubyte.gz' does not exist (nor without .gz)");
+  write_split(dir, "t10k", 3, 2);
+  expect_error([&] { ct::check_dataset_files(dir, {"train", "test"}); },
+               "holds 3 images but '" + dir + "/t10k-labels-idx1-ubyte.gz' holds 2 labels");
   write_plain(dir + "/t10k-labels-idx1-ubyte.gz", "not gzip, not idx");
-  msg = error_of([&] { ct::check_dataset_files(dir, {"test"}); });
-  EXPECT_NE(msg.find("file '" + dir + "/t10k-labels-idx1-ubyte.gz' is not an IDX label file"), std::string::npos) << msg;
+  expect_error([&] { ct::check_dataset_files(dir, {"test"}); },
+               "file '" + dir + "/t10k-labels-idx1-ubyte.gz' is not an IDX label file");
 }
 
 TEST(IdxReader, UnreadableDirectoryIsPermissionDeniedNotMissing) {
@@ -326,8 +307,7 @@ TEST(IdxReader, UnreadableDirectoryIsPermissionDeniedNotMissing) {
   TempDir tmp;
   const std::string dir = tmp.path + "/data";
   std::filesystem::create_directory(dir);
-  write_gz(dir + "/train-images-idx3-ubyte.gz", image_bytes(2));
-  write_gz(dir + "/train-labels-idx1-ubyte.gz", label_bytes(2));
+  write_split(dir, "train", 2, 2);
   ::chmod(tmp.path.c_str(), 0755);
   ::chmod(dir.c_str(), 0700);  // owned by root: nobody may not search it
   std::string msg = error_as_nobody([&] { ct::load_dataset(dir, "train"); });

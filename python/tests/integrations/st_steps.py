@@ -29,7 +29,7 @@ from sentence_transformers.sentence_transformer import modules as st_modules  # 
 from transformers import TrainerCallback  # noqa: E402
 
 import contrax.integrations.sentence_transformers as cx  # noqa: E402
-from common import F64, rel_err, report  # noqa: E402
+from common import F64, finish, rel_err, report  # noqa: E402
 
 WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
          "upsilon").split()
@@ -220,13 +220,7 @@ def distributed(model_dir, out):
            abs(calls["cx_cmnrl"] - calls["cx_mnrl"]), 0)
     report(rank, "sentence-transformers cached: all-reduce calls minus the uncached loss's",
            abs(calls["st_cmnrl"] - calls["st_mnrl"]), 0)
-    import contrax
-    dist.barrier()
-    contrax.communicator()
-    dist.destroy_process_group()
-    contrax.clear_cache()
-    if rank == 0:
-        print("ALL CHECKS PASSED", flush=True)
+    finish(rank)
 
 
 if __name__ == "__main__":
