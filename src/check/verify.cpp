@@ -442,7 +442,10 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   auto loss = c.distributed(loc_x, loc_s, comm);
   if (loss.requires_grad()) loss.backward();
 
-  VerifyResult res{c.name, W, share.rows};
+  VerifyResult res;
+  res.loss = c.name;
+  res.world_size = W;
+  res.rows = share.rows;
   res.device = loss.device().str();
   // Scalars to average over ranks: the loss and every scalar gradient.
   std::vector<torch::Tensor> to_sum{loss.detach().reshape({1})};

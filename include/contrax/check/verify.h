@@ -70,14 +70,14 @@ struct VerifyResult {
   int64_t world_size = 1;
   /// Rows per rank.
   std::vector<int64_t> rows;
-  /// Relative error of the loss value.
-  double loss_rel_err = 0;  // |mean_r L_r - L_ref| / |L_ref|
+  /// Relative error of the loss value, |mean_r L_r - L_ref| / |L_ref|.
+  double loss_rel_err = 0;
   /// Largest relative error over the loss value and every gradient.
-  double max_rel_err = 0;   // max over the loss value and every gradient
+  double max_rel_err = 0;
   /// Which quantity had `max_rel_err`.
-  std::string worst;        // which quantity had max_rel_err
+  std::string worst;
   /// Where the distributed loss was computed ("cpu", "cuda:0").
-  std::string device;       // where the distributed loss was computed ("cpu", "cuda:0")
+  std::string device;
   /// Whether `max_rel_err` is within the tolerance.
   bool passed = false;
 };
