@@ -176,6 +176,7 @@ TILED = {loss.name: loss for loss in (
     _tiled(LOSSES["moco_v3_loss"], ("reduction",)),
 )}
 
+
 def deprecation(tiled: Loss) -> str:
     """The warning an always-tiled entry point gives (the stub's ``@deprecated`` says the same)."""
     return "contrax.%s is deprecated; use contrax.%s(..., path='tiled')" % (tiled.name, tiled.name[len("tiled_"):])

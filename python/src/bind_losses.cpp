@@ -168,7 +168,7 @@ void impl_op(torch::Library& m, const std::string& name) {
   m.impl((name + "_backward").c_str(), &F::backward);
 }
 
-// The memory path's defaults, which every loss's options nest.
+// The defaults every loss's options share: normalize and the memory path.
 template <typename Options>
 py::dict with_memory(const Options& o, py::dict d) {
   d["normalize"] = o.normalize();
