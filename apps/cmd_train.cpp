@@ -407,6 +407,7 @@ int TrainCommand::train() {
       .on_step([this](const ct::StepProgress& p) {
         console_->live().show(cli::train_step_line(p), p.step == p.total_steps);
       })
+      .on_record_error([](const std::string& line) { std::cerr << "contrax train: " << line << std::flush; })
       .stop_requested([] {
         // The loop's first stop check: from here on a signal stops it at a
         // step boundary with a checkpoint; until now it ended the rank at

@@ -54,7 +54,7 @@ std::string train_error_message(const ct::TrainError& e, const std::string& data
         return c10::str("checkpoint ", m->checkpoint, " was written with ", flag, " ", m->saved, "; this run has ",
                         flag, " ", m->wanted, " (resume with the same flags)");
       }
-      break;
+      return e.fact() + " (resume with the same flags)";
     case K::kDataUnreadable:
       return e.fact() + data_hint;
     case K::kRunDirInUse:

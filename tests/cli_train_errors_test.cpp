@@ -144,6 +144,12 @@ TEST(TrainErrors, ACheckpointOfAnotherDtypeNamesDtypeAndALostRecordResume) {
   EXPECT_EQ(std::string(dtype.what_without_backtrace()),
             "checkpoint runs/a/checkpoint.pt was written with dtype float; this run has dtype double (resume with the "
             "same settings)");
+  // Other run settings: the same fact, the tool's advice.
+  const ct::TrainError settings(ct::TrainErrorKind::kCheckpointMismatch,
+                                "checkpoint c was written by a run with batch size 8; this run has 12",
+                                " (resume with the same settings)");
+  EXPECT_EQ(reported([&] { throw settings; }).message,
+            "checkpoint c was written by a run with batch size 8; this run has 12 (resume with the same flags)");
   const ct::TrainError lost(ct::TrainErrorKind::kRecordLost,
                             "cannot write x: No space left on device; the run stopped at step 3/8 with checkpoint c",
                             " (free space, then resume the run)");

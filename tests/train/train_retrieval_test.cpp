@@ -360,14 +360,14 @@ TEST(RetrievalTrainer, ResumeContinuesOnTheSameCurve) {
   ASSERT_EQ(rest.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], full.losses[2 + i]);
   for (size_t i = 0; i < full.params.size(); ++i) EXPECT_TRUE(torch::equal(rest.params[i], full.params[i])) << i;
-  // Another batch size is refused, naming the flags.
+  // Another batch size is refused, naming the settings.
   std::string msg;
   try {
     train_world(2, c, ct::RetrievalOptions(o).run(ct::RunOptions(o.run()).run_dir(b).resume(true).batch_size(12)));
   } catch (const std::exception& e) {
     msg = e.what();
   }
-  EXPECT_NE(msg.find("(resume with the same flags)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(resume with the same settings)"), std::string::npos) << msg;
 }
 
 TEST(RetrievalTrainer, ErrorsNameTheOption) {

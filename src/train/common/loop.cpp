@@ -185,10 +185,14 @@ void TrainLoop::check_resumable(const std::string& file) const {
     was << ", " << saved.ints[s.key] << " " << s.what;
     is << ", " << s.value;
   }
-  TORCH_CHECK(same, "checkpoint ", file, " was written by a run with batch size ", saved.ints["batch_size"], ", seed ",
-              saved.ints["seed"], ", ", saved.ints["dataset_size"], " examples, ", saved.ints["total_steps"], " steps",
-              was.str(), "; this run has ", o.batch_size(), ", ", o.seed(), ", ", model_.dataset_size, ", ", total_,
-              is.str(), " (resume with the same flags)");
+  if (!same) {
+    throw TrainError(TrainErrorKind::kCheckpointMismatch,
+                     c10::str("checkpoint ", file, " was written by a run with batch size ", saved.ints["batch_size"],
+                              ", seed ", saved.ints["seed"], ", ", saved.ints["dataset_size"], " examples, ",
+                              saved.ints["total_steps"], " steps", was.str(), "; this run has ", o.batch_size(), ", ",
+                              o.seed(), ", ", model_.dataset_size, ", ", total_, is.str()),
+                     " (resume with the same settings)");
+  }
   // Older checkpoints carry no dtype string; Checkpoint::load still refuses
   // a dtype change by comparing the tensors themselves.
   const std::string want_dtype = dtype_name(o.dtype());
@@ -253,8 +257,13 @@ void TrainLoop::checked(const std::function<void()>& write) {
   } catch (const std::exception& e) {
     const c10::Error* ce = dynamic_cast<const c10::Error*>(&e);
     write_error_ = ce != nullptr ? ce->what_without_backtrace() : e.what();
-    // Said at once, straight to stderr (the log may be what failed).
-    std::cerr << "contrax train: " << write_error_ << "; stopping at the next step boundary\n" << std::flush;
+    // Said at once, never through the log (it may be what failed).
+    const std::string line = write_error_ + "; stopping at the next step boundary\n";
+    if (options_.on_record_error()) {
+      options_.on_record_error()(line);
+    } else {
+      std::cerr << line << std::flush;
+    }
   }
 }
 

@@ -29,7 +29,7 @@ enum class TrainErrorKind {
   kDiverged,            ///< a step's loss or gradient was not finite, past those allowed to be skipped (Diverged)
   kOutOfMemory,         ///< an allocation failed during a step (OutOfMemory)
   kRecordLost,          ///< a write of the run's record failed (a full disk); the run stopped at a step boundary
-  kCheckpointMismatch,  ///< a checkpoint to resume was written by a run with other settings (CheckpointMismatch)
+  kCheckpointMismatch,  ///< a checkpoint to resume was written with other settings (CheckpointMismatch: the dtype)
   kDataUnreadable,      ///< a data file the recipe reads is missing or damaged
   kRunDirInUse,         ///< RunDirRefused: another live run holds the directory's lock
   kOverwriteAndResume,  ///< RunDirRefused: asked to overwrite the run and to resume it at once

@@ -115,6 +115,11 @@ struct RunOptions {
   /// Set: called on rank 0 after every step, whatever `log_every` (the
   /// tool's progress bar on a terminal).
   TORCH_ARG(std::function<void(const StepProgress&)>, on_step) = nullptr;
+  /// Set: told at once, on the rank that saw it, when a write of the run's
+  /// record fails ("cannot write RUN_DIR/metrics.jsonl: ...; stopping at the
+  /// next step boundary"); the run then stops with a kRecordLost error.
+  /// Unset: the line goes to stderr.
+  TORCH_ARG(std::function<void(const std::string&)>, on_record_error) = nullptr;
   /// Steps with a non-finite loss or gradient that may be skipped (not
   /// applied) before training stops with an error. 0: the first one stops it.
   TORCH_ARG(int64_t, skip_nonfinite) = 0;
