@@ -485,7 +485,7 @@ TEST(TrainCli, SigtermStopsCleanlyWithACheckpoint) {
   auto r = run_cli(std::string(kFastCli) + " --nproc 2 --max-steps " + std::to_string(c.ints["step"] + 1) +
                    " --resume --run-dir " + d);
   EXPECT_NE(r.status, 0);  // a different --max-steps changes the schedule: refused
-  EXPECT_NE(r.out.find("resume with the same settings"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("resume with the same flags"), std::string::npos) << r.out;
 }
 
 TEST(TrainCli, FlagErrors) {
