@@ -176,46 +176,34 @@ VerifyCase clip_labels_case(std::string name, bool symmetric, LabelMode mode, in
 // direction. `cases` holds the materialised ones (builtin_cases' order).
 void add_memory_path_cases(std::vector<VerifyCase>& cases) {
   using V = std::vector<torch::Tensor>;
+  // cases[from] (its inputs and reference) renamed `name`, computed by `distributed`.
+  auto add = [&cases](size_t from, std::string name, decltype(VerifyCase::distributed) distributed) {
+    VerifyCase c = cases[from];
+    c.name = std::move(name);
+    c.distributed = std::move(distributed);
+    cases.push_back(std::move(c));
+  };
   for (bool ring : {false, true}) {
     const std::string suffix = ring ? "_ring" : "_tiled";
-    VerifyCase c = cases[0];  // clip
-    c.name = "clip" + suffix;
-    c.distributed = [ring](const V& x, const V& s, const CommunicatorPtr& comm) {
+    add(0, "clip" + suffix, [ring](const V& x, const V& s, const CommunicatorPtr& comm) {
       return clip_loss(x[0], x[1], s[0], c10::nullopt,
                        ClipLossOptions().normalize(true).comm(comm).tile_size(3).ring(ring));
-    };
-    cases.push_back(c);
-    VerifyCase n = cases[4];  // nt_xent
-    n.name = "nt_xent" + suffix;
-    n.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+    });
+    add(4, "nt_xent" + suffix, [ring](const V& x, const V&, const CommunicatorPtr& comm) {
       return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.2).comm(comm).tile_size(2).ring(ring));
-    };
-    cases.push_back(n);
-    VerifyCase m = cases[5];  // moco_v3
-    m.name = "moco_v3" + suffix;
-    m.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+    });
+    add(5, "moco_v3" + suffix, [ring](const V& x, const V&, const CommunicatorPtr& comm) {
       return moco_v3_loss(x[0], x[1], x[2], x[3],
                           MocoV3LossOptions().temperature(0.2).comm(comm).tile_size(4).ring(ring));
-    };
-    cases.push_back(m);
+    });
   }
-
-  // The engine's tiled and ring forms with a bias and in one direction.
-  {
-    VerifyCase c = cases[1];  // clip_bias
-    c.name = "clip_bias_tiled";
-    c.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3));
-    };
-    cases.push_back(c);
-    VerifyCase i = cases[3];  // infonce
-    i.name = "infonce_ring";
-    i.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], c10::nullopt,
-                       ClipLossOptions().symmetric(false).comm(comm).tile_size(2).ring(true));
-    };
-    cases.push_back(i);
-  }
+  add(1, "clip_bias_tiled", [](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3));
+  });
+  add(3, "infonce_ring", [](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                     ClipLossOptions().symmetric(false).comm(comm).tile_size(2).ring(true));
+  });
 }
 
 std::vector<VerifyCase> builtin_cases() {
@@ -227,15 +215,12 @@ std::vector<VerifyCase> builtin_cases() {
     c.num_features = 2;
     c.scalars = bias ? std::vector<double>{log_scale, -0.3} : std::vector<double>{log_scale};
     c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
-      c10::optional<torch::Tensor> b;
-      if (bias) b = s[1];
-      return clip_loss(x[0], x[1], s[0], b,
+      return clip_loss(x[0], x[1], s[0], bias ? c10::make_optional(s[1]) : c10::nullopt,
                        ClipLossOptions().symmetric(symmetric).normalize(normalize).comm(comm));
     };
     c.reference = [=](const V& x, const V& s) {
-      c10::optional<torch::Tensor> b;
-      if (bias) b = s[1];
-      return reference::clip_loss(x[0], x[1], s[0], b, symmetric, 100.0, normalize);
+      return reference::clip_loss(x[0], x[1], s[0], bias ? c10::make_optional(s[1]) : c10::nullopt, symmetric, 100.0,
+                                  normalize);
     };
     cases.push_back(std::move(c));
   };
@@ -421,7 +406,6 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   for (auto& p : params) p.value() = rounded(p.value());
   const size_t n_scalars = c.scalars.size();
 
-  // Reference on one device.
   std::vector<torch::Tensor> ref_x, ref_s;
   for (int64_t k = 0; k < c.num_features; ++k) ref_x.push_back(global[k].clone().requires_grad_(needs_grad(k)));
   for (double v : c.scalars) ref_s.push_back(torch::tensor(v, f64).requires_grad_(true));
