@@ -189,11 +189,9 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // b = w_col exp(M - lse_col) (0 one-directional). Both factors are at most
     // e^(2M) (every lse is >= -M): finite.
     //
-    // Reduced operands (bf16 keys on CUDA): each panel of G / c is cast once
-    // to the operands' dtype with c folded into the cast (scaled_operand), and
-    // both products take that one cast: the panel's rows of G k_all, and dk
-    // accumulated panel by panel in fp32 (addmm) instead of casting the whole
-    // buffer a second time for one GEMM afterwards.
+    // Reduced operands (bf16 keys on CUDA): both products take each panel's one
+    // cast (scaled_operand): its rows of G k_all, and dk accumulated per panel
+    // in fp32 (addmm) instead of casting the whole buffer again for one GEMM.
     const bool reduced = k_all.scalar_type() != S.scalar_type();
     auto Gk = torch::empty({b, d}, S.options());  // [b, d]
     auto g_sum = want_bias ? torch::zeros({}, S.options()) : torch::Tensor();
