@@ -299,6 +299,22 @@ void armed_backward(const std::vector<GradCacheEncoder>& encoders, const std::ve
   torch::autograd::backward(roots, root_grads);
 }
 
+std::string encoder_label(const GradCacheEncoder& enc, size_t e) {
+  return enc.name().empty() ? c10::str("encoder ", e) : c10::str("encoder '", enc.name(), "'");
+}
+
+torch::Tensor representation(const GradCacheEncoder& enc, size_t e, const c10::IValue& out) {
+  if (enc.get_rep()) {
+    torch::Tensor rep = enc.get_rep()(out);
+    TORCH_CHECK(rep.defined(), "GradCache: the representation getter of ", encoder_label(enc, e),
+                " returned an undefined tensor");
+    return rep;
+  }
+  TORCH_CHECK(out.isTensor(), "GradCache: ", encoder_label(enc, e), " returned ", out.tagKind(),
+              ", not a tensor; set GradCacheEncoder::get_rep to pick the representation out of it");
+  return out.toTensor();
+}
+
 }  // namespace
 
 struct GradCache::Chunk {
@@ -389,24 +405,6 @@ GradCache::GradCache(std::vector<GradCacheEncoder> encoders, RepresentationLossF
   }
   impl_->chunks.resize(encoders_.size());
 }
-
-namespace {
-std::string encoder_label(const GradCacheEncoder& enc, size_t e) {
-  return enc.name().empty() ? c10::str("encoder ", e) : c10::str("encoder '", enc.name(), "'");
-}
-
-torch::Tensor representation(const GradCacheEncoder& enc, size_t e, const c10::IValue& out) {
-  if (enc.get_rep()) {
-    torch::Tensor rep = enc.get_rep()(out);
-    TORCH_CHECK(rep.defined(), "GradCache: the representation getter of ", encoder_label(enc, e),
-                " returned an undefined tensor");
-    return rep;
-  }
-  TORCH_CHECK(out.isTensor(), "GradCache: ", encoder_label(enc, e), " returned ", out.tagKind(),
-              ", not a tensor; set GradCacheEncoder::get_rep to pick the representation out of it");
-  return out.toTensor();
-}
-}  // namespace
 
 torch::Tensor GradCache::cache(size_t e, const BatchInput& input) {
   TORCH_CHECK(e < encoders_.size(), "GradCache::cache(): encoder index ", e, " out of range; there are ",
