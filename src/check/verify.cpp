@@ -282,48 +282,6 @@ std::vector<VerifyCase> builtin_cases() {
   return cases;
 }
 
-}  // namespace
-
-std::vector<VerifyCase>& verify_cases() {
-  static std::vector<VerifyCase> cases = builtin_cases();
-  return cases;
-}
-
-std::vector<int64_t> default_row_counts(int64_t world_size) {
-  static const int64_t pattern[] = {6, 3, 0, 5, 2, 7, 1, 4};
-  std::vector<int64_t> rows;
-  for (int64_t r = 0; r < world_size; ++r) rows.push_back(world_size == 1 ? 7 : pattern[r % 8]);
-  return rows;
-}
-
-double default_tolerance(c10::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat: return 1e-4;
-    case torch::kHalf: return 1e-2;
-    case torch::kBFloat16: return 1e-1;
-    default: return 1e-10;
-  }
-}
-
-int64_t verify_reference_bytes(int64_t total_rows, int64_t width) {
-  const double B = static_cast<double>(total_rows);
-  const double bytes = 6.0 * (2.0 * B) * (2.0 * B) * 8.0 + 256.0 * B * static_cast<double>(width);
-  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
-}
-
-std::string verify_memory_problem(int64_t total_rows, int64_t width, const std::string& rows_name,
-                                  const std::string& width_name) {
-  const int64_t need = verify_reference_bytes(total_rows, width), avail = available_memory_bytes();
-  if (avail <= 0 || need <= avail) return {};
-  return c10::str(rows_name, " (", total_rows, " rows in all, width ", width, ") needs about ",
-                  format_bytes(static_cast<double>(need)),
-                  " for the single-device fp64 reference ([2B x 2B] logits, their softmax and gradients), but this "
-                  "machine (or its memory limit) allows ",
-                  format_bytes(static_cast<double>(avail)), "; use fewer rows or a smaller ", width_name);
-}
-
-namespace {
-
 // The global batch and this rank's share of it, after checking the options
 // that shape them (rows, width, device, dtype).
 struct Share {
@@ -383,6 +341,44 @@ void compare_parameters(VerifyResult& res, const std::vector<std::string>& names
 }
 
 }  // namespace
+
+std::vector<VerifyCase>& verify_cases() {
+  static std::vector<VerifyCase> cases = builtin_cases();
+  return cases;
+}
+
+std::vector<int64_t> default_row_counts(int64_t world_size) {
+  static const int64_t pattern[] = {6, 3, 0, 5, 2, 7, 1, 4};
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < world_size; ++r) rows.push_back(world_size == 1 ? 7 : pattern[r % 8]);
+  return rows;
+}
+
+double default_tolerance(c10::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat: return 1e-4;
+    case torch::kHalf: return 1e-2;
+    case torch::kBFloat16: return 1e-1;
+    default: return 1e-10;
+  }
+}
+
+int64_t verify_reference_bytes(int64_t total_rows, int64_t width) {
+  const double B = static_cast<double>(total_rows);
+  const double bytes = 6.0 * (2.0 * B) * (2.0 * B) * 8.0 + 256.0 * B * static_cast<double>(width);
+  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
+std::string verify_memory_problem(int64_t total_rows, int64_t width, const std::string& rows_name,
+                                  const std::string& width_name) {
+  const int64_t need = verify_reference_bytes(total_rows, width), avail = available_memory_bytes();
+  if (avail <= 0 || need <= avail) return {};
+  return c10::str(rows_name, " (", total_rows, " rows in all, width ", width, ") needs about ",
+                  format_bytes(static_cast<double>(need)),
+                  " for the single-device fp64 reference ([2B x 2B] logits, their softmax and gradients), but this "
+                  "machine (or its memory limit) allows ",
+                  format_bytes(static_cast<double>(avail)), "; use fewer rows or a smaller ", width_name);
+}
 
 VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, const VerifyOptions& o) {
   auto comm = comm_in ? comm_in : Communicator::single();
