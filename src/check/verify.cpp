@@ -215,11 +215,11 @@ std::vector<VerifyCase> builtin_cases() {
     c.num_features = 2;
     c.scalars = bias ? std::vector<double>{log_scale, -0.3} : std::vector<double>{log_scale};
     c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], bias ? c10::make_optional(s[1]) : c10::nullopt,
+      return clip_loss(x[0], x[1], s[0], bias ? std::make_optional(s[1]) : c10::nullopt,
                        ClipLossOptions().symmetric(symmetric).normalize(normalize).comm(comm));
     };
     c.reference = [=](const V& x, const V& s) {
-      return reference::clip_loss(x[0], x[1], s[0], bias ? c10::make_optional(s[1]) : c10::nullopt, symmetric, 100.0,
+      return reference::clip_loss(x[0], x[1], s[0], bias ? std::make_optional(s[1]) : c10::nullopt, symmetric, 100.0,
                                   normalize);
     };
     cases.push_back(std::move(c));

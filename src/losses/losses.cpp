@@ -56,7 +56,7 @@ ClipLossImpl::ClipLossImpl(ClipLossOptions options_, double init_scale, bool wit
 
 torch::Tensor ClipLossImpl::forward(const torch::Tensor& a, const torch::Tensor& b) {
   return clip_loss(a, b, logit_scale.to(a.scalar_type()),
-                   logit_bias.defined() ? c10::make_optional(logit_bias.to(a.scalar_type())) : c10::nullopt, options);
+                   logit_bias.defined() ? std::make_optional(logit_bias.to(a.scalar_type())) : c10::nullopt, options);
 }
 
 torch::Tensor NTXentLossImpl::forward(const torch::Tensor& z1, const torch::Tensor& z2) {

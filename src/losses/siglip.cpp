@@ -153,7 +153,7 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   }
   auto keys = p.ring ? b_n : detail::gather_rows(b_n, comm, counts, /*with_grad=*/true);
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale());  // NaN stays NaN
-  const auto bias = logit_bias.has_value() ? c10::make_optional(logit_bias->to(p.dtype)) : c10::nullopt;
+  const auto bias = logit_bias.has_value() ? std::make_optional(logit_bias->to(p.dtype)) : c10::nullopt;
   auto rows = SigLip::apply(a_n, keys, scale.to(p.dtype), bias, state);  // [b]
   const auto& L = state->layout;
   return rows.sum() * (static_cast<double>(L.world) / static_cast<double>(L.total));
