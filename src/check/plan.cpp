@@ -203,6 +203,12 @@ void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled,
   mat.launches = detail::panels_on(dev) ? estimate_launches(o, true, mat.panels) : -1;
 }
 
+std::string mib(int64_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1048576.0 << " MiB";
+  return os.str();
+}
+
 }  // namespace
 
 LossPlan plan_loss(const PlanOptions& o) {
@@ -235,14 +241,6 @@ LossPlan plan_loss(const PlanOptions& o) {
   p.chosen = !tiled_route ? "materialised" : o.ring() && W > 1 ? "ring" : "tiled";
   return p;
 }
-
-namespace {
-std::string mib(int64_t bytes) {
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1048576.0 << " MiB";
-  return os.str();
-}
-}  // namespace
 
 std::string to_string(const LossPlan& p) {
   std::ostringstream os;

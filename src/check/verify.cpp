@@ -176,46 +176,34 @@ VerifyCase clip_labels_case(std::string name, bool symmetric, LabelMode mode, in
 // direction. `cases` holds the materialised ones (builtin_cases' order).
 void add_memory_path_cases(std::vector<VerifyCase>& cases) {
   using V = std::vector<torch::Tensor>;
+  // cases[from] (its inputs and reference) renamed `name`, computed by `distributed`.
+  auto add = [&cases](size_t from, std::string name, decltype(VerifyCase::distributed) distributed) {
+    VerifyCase c = cases[from];
+    c.name = std::move(name);
+    c.distributed = std::move(distributed);
+    cases.push_back(std::move(c));
+  };
   for (bool ring : {false, true}) {
     const std::string suffix = ring ? "_ring" : "_tiled";
-    VerifyCase c = cases[0];  // clip
-    c.name = "clip" + suffix;
-    c.distributed = [ring](const V& x, const V& s, const CommunicatorPtr& comm) {
+    add(0, "clip" + suffix, [ring](const V& x, const V& s, const CommunicatorPtr& comm) {
       return clip_loss(x[0], x[1], s[0], c10::nullopt,
                        ClipLossOptions().normalize(true).comm(comm).tile_size(3).ring(ring));
-    };
-    cases.push_back(c);
-    VerifyCase n = cases[4];  // nt_xent
-    n.name = "nt_xent" + suffix;
-    n.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+    });
+    add(4, "nt_xent" + suffix, [ring](const V& x, const V&, const CommunicatorPtr& comm) {
       return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.2).comm(comm).tile_size(2).ring(ring));
-    };
-    cases.push_back(n);
-    VerifyCase m = cases[5];  // moco_v3
-    m.name = "moco_v3" + suffix;
-    m.distributed = [ring](const V& x, const V&, const CommunicatorPtr& comm) {
+    });
+    add(5, "moco_v3" + suffix, [ring](const V& x, const V&, const CommunicatorPtr& comm) {
       return moco_v3_loss(x[0], x[1], x[2], x[3],
                           MocoV3LossOptions().temperature(0.2).comm(comm).tile_size(4).ring(ring));
-    };
-    cases.push_back(m);
+    });
   }
-
-  // The engine's tiled and ring forms with a bias and in one direction.
-  {
-    VerifyCase c = cases[1];  // clip_bias
-    c.name = "clip_bias_tiled";
-    c.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3));
-    };
-    cases.push_back(c);
-    VerifyCase i = cases[3];  // infonce
-    i.name = "infonce_ring";
-    i.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
-      return clip_loss(x[0], x[1], s[0], c10::nullopt,
-                       ClipLossOptions().symmetric(false).comm(comm).tile_size(2).ring(true));
-    };
-    cases.push_back(i);
-  }
+  add(1, "clip_bias_tiled", [](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3));
+  });
+  add(3, "infonce_ring", [](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                     ClipLossOptions().symmetric(false).comm(comm).tile_size(2).ring(true));
+  });
 }
 
 std::vector<VerifyCase> builtin_cases() {
@@ -227,15 +215,12 @@ std::vector<VerifyCase> builtin_cases() {
     c.num_features = 2;
     c.scalars = bias ? std::vector<double>{log_scale, -0.3} : std::vector<double>{log_scale};
     c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
-      c10::optional<torch::Tensor> b;
-      if (bias) b = s[1];
-      return clip_loss(x[0], x[1], s[0], b,
+      return clip_loss(x[0], x[1], s[0], bias ? std::make_optional(s[1]) : c10::nullopt,
                        ClipLossOptions().symmetric(symmetric).normalize(normalize).comm(comm));
     };
     c.reference = [=](const V& x, const V& s) {
-      c10::optional<torch::Tensor> b;
-      if (bias) b = s[1];
-      return reference::clip_loss(x[0], x[1], s[0], b, symmetric, 100.0, normalize);
+      return reference::clip_loss(x[0], x[1], s[0], bias ? std::make_optional(s[1]) : c10::nullopt, symmetric, 100.0,
+                                  normalize);
     };
     cases.push_back(std::move(c));
   };
@@ -297,48 +282,6 @@ std::vector<VerifyCase> builtin_cases() {
   return cases;
 }
 
-}  // namespace
-
-std::vector<VerifyCase>& verify_cases() {
-  static std::vector<VerifyCase> cases = builtin_cases();
-  return cases;
-}
-
-std::vector<int64_t> default_row_counts(int64_t world_size) {
-  static const int64_t pattern[] = {6, 3, 0, 5, 2, 7, 1, 4};
-  std::vector<int64_t> rows;
-  for (int64_t r = 0; r < world_size; ++r) rows.push_back(world_size == 1 ? 7 : pattern[r % 8]);
-  return rows;
-}
-
-double default_tolerance(c10::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat: return 1e-4;
-    case torch::kHalf: return 1e-2;
-    case torch::kBFloat16: return 1e-1;
-    default: return 1e-10;
-  }
-}
-
-int64_t verify_reference_bytes(int64_t total_rows, int64_t width) {
-  const double B = static_cast<double>(total_rows);
-  const double bytes = 6.0 * (2.0 * B) * (2.0 * B) * 8.0 + 256.0 * B * static_cast<double>(width);
-  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
-}
-
-std::string verify_memory_problem(int64_t total_rows, int64_t width, const std::string& rows_name,
-                                  const std::string& width_name) {
-  const int64_t need = verify_reference_bytes(total_rows, width), avail = available_memory_bytes();
-  if (avail <= 0 || need <= avail) return {};
-  return c10::str(rows_name, " (", total_rows, " rows in all, width ", width, ") needs about ",
-                  format_bytes(static_cast<double>(need)),
-                  " for the single-device fp64 reference ([2B x 2B] logits, their softmax and gradients), but this "
-                  "machine (or its memory limit) allows ",
-                  format_bytes(static_cast<double>(avail)), "; use fewer rows or a smaller ", width_name);
-}
-
-namespace {
-
 // The global batch and this rank's share of it, after checking the options
 // that shape them (rows, width, device, dtype).
 struct Share {
@@ -399,6 +342,44 @@ void compare_parameters(VerifyResult& res, const std::vector<std::string>& names
 
 }  // namespace
 
+std::vector<VerifyCase>& verify_cases() {
+  static std::vector<VerifyCase> cases = builtin_cases();
+  return cases;
+}
+
+std::vector<int64_t> default_row_counts(int64_t world_size) {
+  static const int64_t pattern[] = {6, 3, 0, 5, 2, 7, 1, 4};
+  std::vector<int64_t> rows;
+  for (int64_t r = 0; r < world_size; ++r) rows.push_back(world_size == 1 ? 7 : pattern[r % 8]);
+  return rows;
+}
+
+double default_tolerance(c10::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat: return 1e-4;
+    case torch::kHalf: return 1e-2;
+    case torch::kBFloat16: return 1e-1;
+    default: return 1e-10;
+  }
+}
+
+int64_t verify_reference_bytes(int64_t total_rows, int64_t width) {
+  const double B = static_cast<double>(total_rows);
+  const double bytes = 6.0 * (2.0 * B) * (2.0 * B) * 8.0 + 256.0 * B * static_cast<double>(width);
+  return bytes >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+
+std::string verify_memory_problem(int64_t total_rows, int64_t width, const std::string& rows_name,
+                                  const std::string& width_name) {
+  const int64_t need = verify_reference_bytes(total_rows, width), avail = available_memory_bytes();
+  if (avail <= 0 || need <= avail) return {};
+  return c10::str(rows_name, " (", total_rows, " rows in all, width ", width, ") needs about ",
+                  format_bytes(static_cast<double>(need)),
+                  " for the single-device fp64 reference ([2B x 2B] logits, their softmax and gradients), but this "
+                  "machine (or its memory limit) allows ",
+                  format_bytes(static_cast<double>(avail)), "; use fewer rows or a smaller ", width_name);
+}
+
 VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, const VerifyOptions& o) {
   auto comm = comm_in ? comm_in : Communicator::single();
   const int64_t W = comm->world_size(), r = comm->rank();
@@ -421,7 +402,6 @@ VerifyResult verify_case(const VerifyCase& c, const CommunicatorPtr& comm_in, co
   for (auto& p : params) p.value() = rounded(p.value());
   const size_t n_scalars = c.scalars.size();
 
-  // Reference on one device.
   std::vector<torch::Tensor> ref_x, ref_s;
   for (int64_t k = 0; k < c.num_features; ++k) ref_x.push_back(global[k].clone().requires_grad_(needs_grad(k)));
   for (double v : c.scalars) ref_s.push_back(torch::tensor(v, f64).requires_grad_(true));

@@ -21,11 +21,6 @@ torch::Tensor combine_lse(const torch::Tensor& partial /* [C] */, const EngineLa
 
 }  // namespace
 
-void check_no_double_backward(const EngineLayout& layout) {
-  TORCH_CHECK(!torch::GradMode::is_enabled(), layout.caller,
-              "(): double backward (create_graph=true) is not supported");
-}
-
 PositiveRun positives_in(int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t offset, int64_t g) {
   auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
   const int64_t lo = std::max(r0, ceil_div(c0, g) - offset);
@@ -68,11 +63,7 @@ void ForwardStats::add(const torch::Tensor& t, const torch::Tensor& P, int64_t r
   const int64_t R = t.size(0), C = t.size(1);
   auto row = cols ? cols->add(t, c0, /*rows=*/true) : tile_lse(t, /*rows=*/true, /*cols=*/false).row;
   auto lr = lse_row.narrow(0, r0, R);
-  if (whole_rows) {
-    lr.copy_(row);
-  } else {
-    lr.copy_(torch::logaddexp(lr, row));
-  }
+  lr.copy_(whole_rows ? row : torch::logaddexp(lr, row));
   if (P.defined()) {
     auto tp = t * P;  // multi-positive masks nothing: t is finite
     pos_row.narrow(0, r0, R).add_(tp.sum(1));

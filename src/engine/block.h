@@ -57,6 +57,9 @@
 
 namespace contrax::detail {
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
 /// What an autograd call of the engine keeps besides tensors.
 struct BlockState : torch::CustomClassHolder {
   EngineLayout layout;
@@ -70,10 +73,6 @@ struct BlockState : torch::CustomClassHolder {
   bool multi() const { return labeled() && spec.label_mode == LabelMode::kMultiPositive; }
   int64_t n_cols() const { return layout.total * spec.group; }
 };
-
-/// "<caller>(): double backward (create_graph=true) is not supported" unless
-/// grad mode is off (every engine backward computes without a graph).
-void check_no_double_backward(const EngineLayout& layout);
 
 // ---- the designated positives
 

@@ -1,10 +1,9 @@
 // The CUDA panel kernels (src/engine/kernels/cuda_*_panel.cu) on tensors:
 // pointers, strides and PyTorch's current stream for the kernels' host API,
 // and their workspace from the caching allocator. Compiled only where CMake
-// builds the kernels (the CMake option CONTRAX_CUDA_KERNELS resolves to on;
-// then the generated engine/cuda_kernels_built.h says so), and reached from the engine's
-// element-wise front (engine/lse_kernels.cpp) on CUDA tensors when the fused
-// CUDA kernels are switched on. Internal to the engine, not installed.
+// builds the kernels (option CONTRAX_CUDA_KERNELS; the generated
+// engine/cuda_kernels_built.h says so), and reached from engine/lse_kernels.cpp
+// on CUDA tensors when the fused CUDA kernels are on. Internal, not installed.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,14 +1,12 @@
 // The contrastive-loss engine's one seam: the two calls every InfoNCE-family
 // loss (CLIP symmetric and one-directional, grouped, NT-Xent, MoCo v3, the
-// tiled InfoNCE core) makes once its front end has validated the arguments and
-// run the shared prologue (engine/prologue.h: row counts, layout, routing) and
-// gathered what it needs. They run the block on the path the prologue chose:
-// materialised (engine/materialised_blocks.h) or tiled
-// (engine/tiled_blocks.h). Internal (src/engine/, not installed): the public
-// API is contrax/losses/losses.h, grouped.h and tiled.h.
-//
-// Two ideas make it cheaper than the usual "two directions, both towers
-// gathered with gradient" formulation, and both are exact:
+// tiled InfoNCE core) makes once its front end has run the shared prologue
+// (engine/prologue.h: row counts, layout, routing) and gathered what it needs.
+// They run the block on the path the prologue chose: materialised
+// (engine/materialised_blocks.h) or tiled (engine/tiled_blocks.h). Internal
+// (src/engine/); the public API is contrax/losses/losses.h, grouped.h and
+// tiled.h. Two ideas make it cheaper than gathering both towers with gradient,
+// both exact (docs/engine.md):
 //
 // * Symmetric CLIP from one row block. Rank r owns S_r = s A_r B_all^T + bias
 //   ([b_r x B]). The text-to-image direction is the *column* softmax of the
@@ -33,30 +31,23 @@
 // or the same loss scale on every rank), which is what data-parallel training
 // does; the per-rank L_r value is exact regardless.
 //
-// Beyond plain CLIP the same block form carries grouped candidates (g keys per
-// row, the positive of global row u at column u g), labels (duplicates masked
-// to -inf, or extra positives with the row's positive term their mean) and the
-// per-row reductions; see BlockSpec and the derivation in engine/block.h. The
-// convention is unchanged: with kNone rank r's upstream is a [b_r] vector g_r and the gradient held for rank r's rows is that of
-// sum_{all rows u} g_u l_u (i.e. W times that of (1/W) sum_r <g_r, out_r>); the
-// symmetric column term then needs every column owner's g, all-gathered in
-// backward (O(B)), so every rank must run backward.
+// Grouped candidates, labels and the per-row reductions take the same block
+// form (BlockSpec; the derivation is in engine/block.h). With kNone rank r's
+// upstream is a [b_r] vector g_r and the gradient held for rank r's rows is
+// that of sum_{all rows u} g_u l_u; the symmetric column term then needs every
+// column owner's g, all-gathered in backward (O(B)), so every rank must run
+// backward.
 //
-// Memory, materialised path: one logits buffer per rank ([b x B] for CLIP,
-// [2b x 2B] for NT-Xent; engine/workspace.h), saved by the forward and turned
-// in place into G by the backward, never a second [b x B] temporary. Time: the
-// buffer is produced and consumed in row panels of ~8 MiB (its GEMM, then the
-// panel's log-sum-exps; in backward the panel's gradient, then the GEMMs that
-// read it), and the element-wise passes are fused vectorised kernels
-// (engine/lse_kernels.h): two passes over a panel in forward, one in backward,
-// each while the panel is in cache. Where
-// the logits are provably bounded (CLIP: |S| <= s max|q| max|k| + |bias|;
-// NT-Xent on unit rows: |S| <= 1/T) and the window fits the exponent range,
-// the bound is every softmax's exact shift: the buffer keeps E = exp(S - M),
-// one exponential per logit in forward and none in backward (G = E (a_i + b_j)).
-// Hence one backward per graph: a second one (retain_graph) is an error, not a
-// wrong result. Tiled path: the same statistics and gradient one [tile x tile]
-// block at a time (engine/tiles.h), memory O(b x tile).
+// Memory: the materialised path keeps one logits buffer per rank ([b x B] for
+// CLIP, [2b x 2B] for NT-Xent; engine/workspace.h), made and consumed in row
+// panels of ~8 MiB by fused kernels (engine/lse_kernels.h) and turned in place
+// into G by the backward. Where the logits are provably bounded (CLIP:
+// |S| <= s max|q| max|k| + |bias|; NT-Xent on unit rows: |S| <= 1/T) and the
+// window fits the exponent range, the bound is every softmax's exact shift: the
+// buffer keeps E = exp(S - M), one exponential per logit in forward and none
+// in backward (G = E (a_i + b_j)). Hence one backward per graph: a second one
+// (retain_graph) is an error, not a wrong result. The tiled path computes the
+// same one [tile x tile] block at a time (engine/tiles.h), memory O(b x tile).
 #pragma once
 
 #include <torch/torch.h>

@@ -1,8 +1,6 @@
-// Tensor-level front of the engine's fused element-wise kernels
-// (src/engine/kernels/lse_simd.h): instruction-set dispatch, the split over intra-op
-// threads, and the ATen fallback for tiles the kernels do not take. In builds
-// with the CUDA panel kernels (CONTRAX_CUDA_KERNELS_BUILT), CUDA float/double tiles
-// go to them (engine/cuda_panels.h) when switched on (opt-in for now).
+// Tensor-level front of the fused element-wise kernels (see engine/lse_kernels.h
+// and src/engine/kernels/lse_simd.h): instruction-set dispatch, the split over
+// intra-op threads, the CUDA panel kernels' switch and the ATen fallback.
 #include "engine/lse_kernels.h"
 
 #include <ATen/Dispatch.h>
@@ -73,8 +71,6 @@ std::atomic<bool>& enabled_flag() {
   return on;
 }
 
-// The CUDA panel kernels are opt-in until a GPU check has passed them:
-// CONTRAX_FUSED_KERNELS=1 turns them on, unset or 0 leaves CUDA tiles on ATen.
 std::atomic<bool>& cuda_flag() {
   static std::atomic<bool> on{env_set("CONTRAX_FUSED_KERNELS")};
   return on;
@@ -241,14 +237,12 @@ ColumnLse::ColumnLse(int64_t n_cols, const torch::TensorOptions& options)
     : fused_(enabled_flag().load(std::memory_order_relaxed) && options.device().is_cpu() &&
              (options.dtype() == torch::kFloat || options.dtype() == torch::kDouble)),
       cuda_(cuda_fused_options(options)) {
-  if (cuda_) {
-    // Running pairs (max, sum of exp(x - max)) per column, merged by the kernel.
+  if (cuda_ || fused_) {
+    // Running pairs (max, sum of exp(x - max)) per column; the CPU kernels sum
+    // under a shift of their own.
     max_ = torch::full({n_cols}, -kInf, options);
     sum_ = torch::zeros({n_cols}, options);
-  } else if (fused_) {
-    max_ = torch::full({n_cols}, -kInf, options);
-    sum_ = torch::zeros({n_cols}, options);
-    shift_ = torch::zeros({n_cols}, options);
+    if (fused_) shift_ = torch::zeros({n_cols}, options);
   } else {
     lse_ = torch::full({n_cols}, -kInf, options);
   }
@@ -381,13 +375,7 @@ void set_bounded_shift_enabled(bool on) { bounded_flag().store(on); }
 bool fused_kernels_enabled() { return enabled_flag().load(); }
 void set_fused_kernels_enabled(bool on) { enabled_flag().store(on); }
 
-bool cuda_fused_kernels_built() {
-#if CONTRAX_CUDA_KERNELS_BUILT
-  return true;
-#else
-  return false;
-#endif
-}
+bool cuda_fused_kernels_built() { return CONTRAX_CUDA_KERNELS_BUILT != 0; }
 bool cuda_fused_kernels_enabled() { return cuda_flag().load(); }
 int64_t cuda_panel_calls() { return cuda_calls().load(); }
 void set_cuda_fused_kernels_enabled(bool on) { cuda_flag().store(on); }

@@ -1,12 +1,11 @@
 // The loss engine's element-wise passes over a logits tile, fused: row and
-// column log-sum-exps in two passes over the tile, and the softmax gradient in
-// one, in place. CPU float/double tiles with unit column stride go through
-// vectorised kernels (AVX-512, AVX2 or baseline, chosen at run time) split
-// across LibTorch's intra-op threads; CUDA float/double tiles, in builds with
-// the CUDA panel kernels and with them switched on (opt-in: see
-// cuda_fused_kernels_enabled), through those; any other tile (CUDA by
-// default, a transposed view) through the equivalent ATen operations. Internal to the engine (src/engine/),
-// not installed; the per-instruction-set kernels are in src/engine/kernels/.
+// column log-sum-exps in two passes, the softmax gradient in one, in place.
+// CPU float/double tiles with unit column stride go to vectorised kernels
+// (AVX-512, AVX2 or baseline, chosen at run time; src/engine/kernels/) split
+// across LibTorch's intra-op threads; CUDA float/double tiles to the CUDA panel
+// kernels where built and switched on (opt-in: cuda_fused_kernels_enabled);
+// any other tile (a transposed view) to the equivalent ATen operations.
+// Internal to the engine (src/engine/), not installed.
 #pragma once
 
 #include <torch/torch.h>

@@ -17,16 +17,15 @@ namespace contrax::detail {
 
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// A second backward through the same graph would read G where S was.
-void check_single_backward(BlockState& state) {
-  check_no_double_backward(state.layout);
-  TORCH_CHECK(!state.consumed, state.layout.caller,
+// The state of a backward, refused the second time through the same graph:
+// it would read G where S was.
+c10::intrusive_ptr<BlockState> single_backward_state(AutogradContext* ctx) {
+  auto state = backward_state<BlockState>(ctx);
+  TORCH_CHECK(!state->consumed, state->layout.caller,
               "(): backward ran twice through the same graph; the materialised loss turns its logits buffer into "
               "the gradient in place, so retain_graph=true cannot reuse it (compute the loss again instead)");
-  state.consumed = true;
+  state->consumed = true;
+  return state;
 }
 
 // Whether a known bound M of the logits (|S| <= M) can be every softmax's
@@ -160,8 +159,7 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    auto state = c10::static_intrusive_pointer_cast<BlockState>(ctx->saved_data["state"].toCapsule());
-    check_single_backward(*state);
+    auto state = single_backward_state(ctx);
     auto saved = ctx->get_saved_variables();
     const auto& q = saved[0];
     const auto& k_all = saved[1];
@@ -191,11 +189,9 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // b = w_col exp(M - lse_col) (0 one-directional). Both factors are at most
     // e^(2M) (every lse is >= -M): finite.
     //
-    // Reduced operands (bf16 keys on CUDA): each panel of G / c is cast once
-    // to the operands' dtype with c folded into the cast (scaled_operand), and
-    // both products take that one cast: the panel's rows of G k_all, and dk
-    // accumulated panel by panel in fp32 (addmm) instead of casting the whole
-    // buffer a second time for one GEMM afterwards.
+    // Reduced operands (bf16 keys on CUDA): both products take each panel's one
+    // cast (scaled_operand): its rows of G k_all, and dk accumulated per panel
+    // in fp32 (addmm) instead of casting the whole buffer again for one GEMM.
     const bool reduced = k_all.scalar_type() != S.scalar_type();
     auto Gk = torch::empty({b, d}, S.options());  // [b, d]
     auto g_sum = want_bias ? torch::zeros({}, S.options()) : torch::Tensor();
@@ -283,8 +279,7 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    auto state = c10::static_intrusive_pointer_cast<BlockState>(ctx->saved_data["state"].toCapsule());
-    check_single_backward(*state);
+    auto state = single_backward_state(ctx);
     const auto& L = state->layout;
     auto z_all = ctx->get_saved_variables()[0];
     // The buffer leaves the graph now (see ClipBlock::backward).
@@ -345,9 +340,7 @@ torch::Tensor materialised_clip_block(const torch::Tensor& q, const torch::Tenso
   auto state = c10::make_intrusive<BlockState>();
   state->layout = layout;
   state->spec = spec;
-  c10::optional<torch::Tensor> opt_bias;
-  if (bias.defined()) opt_bias = bias;
-  return ClipBlock::apply(q, k_all, scale, opt_bias, state);
+  return ClipBlock::apply(q, k_all, scale, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, state);
 }
 
 torch::Tensor materialised_nt_xent_block(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,

@@ -1,8 +1,6 @@
-// The CUDA panel kernels' grids as loops (see engine/panel_emulation.h). Each
-// function mirrors its kernel's launch (cuda_*_panel.cu: which kernels run,
-// with which grid) and each block's combination of its threads' partials
-// (cuda_strip_reduce.cuh: every lane's butterfly, then warp 0's merge of the
-// warps in order), calling the kernels' own per-thread code from panel_grid.h.
+// The CUDA panel kernels' grids as loops (see engine/panel_emulation.h): each
+// function mirrors its kernel's launch (cuda_*_panel.cu) and each block's
+// combination of its threads' partials (cuda_strip_reduce.cuh).
 #include "engine/panel_emulation.h"
 
 #include <array>

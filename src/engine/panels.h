@@ -1,14 +1,11 @@
-// How the engine walks a block of logits on each device. The CPU walks square
-// tiles that stay in its caches (`tile_bytes`, 16 MiB by default). A GPU
-// wants the opposite: few, large launches. There a tile of 32 MiB meant 2,048
-// tiles and ~16,000 launches for CLIP at B = 65,536, the host issuing them
-// slower than the GPU ran them (issue 39). On CUDA every memory path (tiled,
-// ring, the materialised path's panels, SigLIP) therefore walks row panels of
-// all the columns of a block, as many rows as a workspace budget allows
-// (contrax/engine/workspace.h: 1 GiB, 1.5 GiB on a GPU of 40 GB or more). The sizing
-// is a pure function of the device type, the dtype and the shapes, so the CPU
-// tests check what a GPU would do, and `plan_loss` reports the same panels.
-// Internal to the engine (src/engine/), not installed.
+// How the engine walks a block of logits on each device (docs/engine.md,
+// "Panels on a GPU"): the CPU in square tiles that stay in its caches
+// (`tile_bytes`); CUDA, on every memory path, in row panels of all the columns
+// of a block, as many rows as a workspace budget allows (few, large launches:
+// 32 MiB tiles meant ~16,000 launches for CLIP at B = 65,536). The sizing is a
+// pure function of the device type, the dtype and the shapes, so the CPU tests
+// check what a GPU would do, and `plan_loss` reports the same panels. Internal
+// (src/engine/).
 #pragma once
 
 #include <torch/torch.h>

@@ -123,11 +123,8 @@ void gemm_add_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b
 }
 
 void gemm_into_(torch::Tensor acc, const torch::Tensor& a, const torch::Tensor& b, bool first) {
-  if (first) {
-    gemm_out(acc, a, b);
-  } else {
-    gemm_add_(acc, a, b);
-  }
+  if (first) return gemm_out(acc, a, b);
+  gemm_add_(acc, a, b);
 }
 
 torch::Tensor scaled_operand(const torch::Tensor& g, const torch::Tensor& factor, c10::ScalarType op) {

@@ -24,6 +24,11 @@ EngineLayout make_layout(const char* caller, const CommunicatorPtr& comm, std::v
   return l;
 }
 
+void check_no_double_backward(const EngineLayout& layout) {
+  TORCH_CHECK(!torch::GradMode::is_enabled(), layout.caller,
+              "(): double backward (create_graph=true) is not supported");
+}
+
 std::vector<int64_t> agree_on_rows(const char* caller, const torch::Tensor& counted, const char* arg,
                                    const CommunicatorPtr& comm, const std::string& local_error, const char* rows,
                                    int64_t extra, std::vector<int64_t>* extras) {

@@ -43,6 +43,19 @@ struct EngineLayout {
   int64_t total = 0;   // B
 };
 
+/// "<caller>(): double backward (create_graph=true) is not supported" unless
+/// grad mode is off (every engine backward computes without a graph).
+void check_no_double_backward(const EngineLayout& layout);
+
+/// The state (with a `layout`) a forward kept in ctx->saved_data["state"],
+/// once check_no_double_backward has passed.
+template <class State>
+c10::intrusive_ptr<State> backward_state(torch::autograd::AutogradContext* ctx) {
+  auto state = c10::static_intrusive_pointer_cast<State>(ctx->saved_data["state"].toCapsule());
+  check_no_double_backward(state->layout);
+  return state;
+}
+
 /// Builds the layout from exchanged counts.
 EngineLayout make_layout(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts);
 

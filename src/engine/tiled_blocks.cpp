@@ -14,9 +14,6 @@ namespace contrax::detail {
 
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 struct TiledState : BlockState {
   TileWalk walk;      // tiles (CPU) or panels (CUDA): engine/panels.h
   bool ring = false;  // k is this rank's block and blocks travel around the ring
@@ -45,19 +42,6 @@ torch::Tensor tile_logits(const TiledState& state, const torch::Tensor& qs /* [b
 // CLIP / InfoNCE / grouped, tiled: the materialised block's forward statistics
 // and gradient (engine/block.h), one [tile x tile] block at a time; the label
 // structure is recomputed per tile from the labels (O(R + C) each).
-
-// What a tiled backward starts from: the forward's state (a second backward
-// through the same graph is refused here) and the saved tensors.
-struct BackwardInputs {
-  c10::intrusive_ptr<TiledState> state;
-  variable_list saved;
-};
-BackwardInputs backward_inputs(AutogradContext* ctx) {
-  auto state = c10::static_intrusive_pointer_cast<TiledState>(ctx->saved_data["state"].toCapsule());
-  check_no_double_backward(state->layout);
-  return {state, ctx->get_saved_variables()};
-}
-
 class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
@@ -96,11 +80,11 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    const auto in = backward_inputs(ctx);
-    const auto& state = in.state;
-    const auto& q = in.saved[0];
-    const auto& k = in.saved[1];
-    const auto& scale = in.saved[2];
+    const auto state = backward_state<TiledState>(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const auto& q = saved[0];
+    const auto& k = saved[1];
+    const auto& scale = saved[2];
     const auto rt = saved_terms(ctx);
     const torch::Tensor bias = ctx->saved_data.count("bias") ? ctx->saved_data["bias"].toTensor() : torch::Tensor();
     const int64_t b = q.size(0);
@@ -235,10 +219,10 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
-    const auto in = backward_inputs(ctx);
-    const auto& state = in.state;
-    const auto& z = in.saved[0];
-    const auto& keys = in.saved[1];
+    const auto state = backward_state<TiledState>(ctx);
+    const auto saved = ctx->get_saved_variables();
+    const auto& z = saved[0];
+    const auto& keys = saved[1];
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b = z.size(0) / 2;
@@ -283,9 +267,7 @@ torch::Tensor tiled_clip_block(const torch::Tensor& q, const torch::Tensor& k, c
   state->spec = spec;
   state->walk = walk;
   state->ring = ring && layout.world > 1;
-  c10::optional<torch::Tensor> opt_bias;
-  if (bias.defined()) opt_bias = bias;
-  return TiledClipBlock::apply(q, k, scale, opt_bias, state);
+  return TiledClipBlock::apply(q, k, scale, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, state);
 }
 
 torch::Tensor tiled_nt_xent_block(const torch::Tensor& z, const torch::Tensor& keys, double inv_temperature,

@@ -1,13 +1,12 @@
 // The tiled form of the engine's blocks: the materialised blocks' statistics
-// and gradient with the logits computed one step at a time: a [tile x tile]
-// block on the CPU, a row panel of a key block's columns on a GPU (online
-// log-sum-exp over the steps in the forward, recomputation in the backward;
-// engine/tiles.h, engine/panels.h). Memory O(b x tile), or the panel budget,
-// instead of O(b x B); the GEMM
-// work is the materialised path's plus one recomputation of the logits: 4
-// GEMM passes for symmetric CLIP where two tiled directions took 8. With the
-// ring, key blocks travel between neighbours instead of being gathered.
-// Internal to the engine (src/engine/), not installed.
+// and gradient with the logits computed one step at a time (a [tile x tile]
+// block on the CPU, a row panel of a key block's columns on a GPU:
+// engine/tiles.h, engine/panels.h), online log-sum-exps in the forward and
+// recomputed logits in the backward. Memory O(b x tile), or the panel budget,
+// instead of O(b x B); GEMM work the materialised path's plus one
+// recomputation: 4 passes for symmetric CLIP where two tiled directions took 8.
+// With the ring, key blocks travel between neighbours instead of being
+// gathered. Internal to the engine (src/engine/), not installed.
 #pragma once
 
 #include <torch/torch.h>

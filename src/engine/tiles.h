@@ -1,10 +1,9 @@
 // The tiled path's walks, shared by the engine's tiled blocks
-// (engine/tiled_blocks.h) and SigLIP (src/losses/siglip.cpp): the one loop over the
-// steps of a logits block (the CPU's square tiles or a GPU's row panels,
-// engine/panels.h), the diagonal of global entries inside
-// a tile, and the key blocks a rank visits (every key at once, or every rank's
-// block in turn as it travels around the ring). Internal to the engine
-// (src/engine/), not installed.
+// (engine/tiled_blocks.h) and SigLIP (src/losses/siglip.cpp): the loop over
+// the steps of a logits block (the CPU's square tiles or a GPU's row panels,
+// engine/panels.h), the diagonal of global entries inside a tile, and the key
+// blocks a rank visits (every key at once, or every rank's block in turn as it
+// travels around the ring). Internal to the engine (src/engine/), not installed.
 #pragma once
 
 #include <torch/torch.h>

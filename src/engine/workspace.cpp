@@ -1,10 +1,7 @@
-// The logits workspace (contrax/engine/workspace.h, engine/workspace.h). glibc serves
-// a CPU buffer this large with a fresh mmap and unmaps it when it is freed, so
-// each call paid the page faults of its whole buffer again: ~180 ms for
-// NT-Xent's 512 MiB at 4096 rows per rank (W = 2), a sixth of the call. Training
-// calls the loss every step with the same shapes, so each thread keeps its
-// largest buffer once the loss that used it is gone, and the next loss reuses
-// it. A buffer still in use (two losses alive at once) is never handed out
+// The logits workspace (contrax/engine/workspace.h, engine/workspace.h). Why:
+// glibc maps each fresh buffer this large and faults in its pages every call,
+// ~180 ms for NT-Xent's 512 MiB at 4096 rows per rank (W = 2), a sixth of the
+// call. A buffer still in use (two losses alive at once) is never handed out
 // again: the second gets a fresh one, which is not kept.
 #include "engine/workspace.h"
 

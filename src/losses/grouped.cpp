@@ -92,8 +92,7 @@ torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& ca
   auto q_n = detail::prepare(queries, p, options.normalize());     // [b, d]
   auto c_n = detail::prepare(candidates, p, options.normalize());  // [b g, d]
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
-  torch::Tensor bias;
-  if (logit_bias.has_value()) bias = logit_bias->to(p.dtype);
+  const auto bias = logit_bias.has_value() ? logit_bias->to(p.dtype) : torch::Tensor();
   auto key_counts = counts;
   for (auto& c : key_counts) c *= g;
   detail::BlockSpec spec;

@@ -28,8 +28,7 @@ torch::Tensor clip_front(const char* caller, const torch::Tensor& a, const torch
   auto a_n = prepare(a, p, options.normalize());  // [b, d]
   auto b_n = prepare(b, p, options.normalize());  // [b, d]
   auto scale = clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
-  torch::Tensor bias;
-  if (logit_bias.has_value()) bias = logit_bias->to(p.dtype);
+  const auto bias = logit_bias.has_value() ? logit_bias->to(p.dtype) : torch::Tensor();
   BlockSpec spec;
   spec.symmetric = options.symmetric();
   spec.reduction = options.reduction();

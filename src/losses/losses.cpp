@@ -24,8 +24,6 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
   return detail::moco_v3_front("moco_v3_loss", q1, q2, k1, k2, options);
 }
 
-// ---------------------------------------------------------------------------
-
 void momentum_update(torch::nn::Module& target, const torch::nn::Module& online, double momentum) {
   TORCH_CHECK(momentum >= 0.0 && momentum <= 1.0, "momentum_update(): argument 'momentum' must be in [0, 1], but got ",
               momentum);
@@ -50,8 +48,6 @@ double momentum_schedule(double base, int64_t step, int64_t total_steps) {
   return 1.0 - (1.0 - base) * (std::cos(M_PI * t) + 1.0) * 0.5;
 }
 
-// ---------------------------------------------------------------------------
-
 ClipLossImpl::ClipLossImpl(ClipLossOptions options_, double init_scale, bool with_bias) : options(std::move(options_)) {
   TORCH_CHECK(init_scale > 0.0, "ClipLoss(): argument 'init_scale' must be positive, but got ", init_scale);
   logit_scale = register_parameter("logit_scale", torch::tensor(std::log(init_scale)));
@@ -59,10 +55,8 @@ ClipLossImpl::ClipLossImpl(ClipLossOptions options_, double init_scale, bool wit
 }
 
 torch::Tensor ClipLossImpl::forward(const torch::Tensor& a, const torch::Tensor& b) {
-  auto scale = logit_scale.to(a.scalar_type());
-  c10::optional<torch::Tensor> bias;
-  if (logit_bias.defined()) bias = logit_bias.to(a.scalar_type());
-  return clip_loss(a, b, scale, bias, options);
+  return clip_loss(a, b, logit_scale.to(a.scalar_type()),
+                   logit_bias.defined() ? std::make_optional(logit_bias.to(a.scalar_type())) : c10::nullopt, options);
 }
 
 torch::Tensor NTXentLossImpl::forward(const torch::Tensor& z1, const torch::Tensor& z2) {

@@ -1,8 +1,6 @@
-// SigLIP's pairwise sigmoid loss as one autograd function over the key blocks
-// (gathered, or visited around the ring; see contrax/losses/siglip.h) and the
-// engine's walk of each (engine/tiles.h: cache-sized tiles on the CPU, row
-// panels on a GPU, one tile when materialised), after the engine's shared
-// prologue (engine/prologue.h).
+// SigLIP's pairwise sigmoid loss (see contrax/losses/siglip.h) as one autograd
+// function over the key blocks and the engine's walk of each (engine/tiles.h;
+// one tile when materialised), after the shared prologue (engine/prologue.h).
 #include "contrax/losses/siglip.h"
 
 #include <algorithm>
@@ -75,9 +73,7 @@ class SigLip : public torch::autograd::Function<SigLip> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     detail::NoAutocast no_autocast;
-    auto state = c10::static_intrusive_pointer_cast<SigLipState>(ctx->saved_data["state"].toCapsule());
-    TORCH_CHECK(!torch::GradMode::is_enabled(), state->layout.caller,
-                "(): double backward (create_graph=true) is not supported");
+    auto state = detail::backward_state<SigLipState>(ctx);
     auto saved = ctx->get_saved_variables();
     const auto& a = saved[0];
     const auto& b = saved[1];
@@ -155,12 +151,9 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
     state->walk.panels = false;
     state->walk.tile = std::max<int64_t>({1, a.size(0), p.layout.total});
   }
-  // Without the ring the b rows are gathered with their gradient (its
-  // backward reduce-scatters db to the owners).
   auto keys = p.ring ? b_n : detail::gather_rows(b_n, comm, counts, /*with_grad=*/true);
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale());  // NaN stays NaN
-  c10::optional<torch::Tensor> bias;
-  if (logit_bias.has_value()) bias = logit_bias->to(p.dtype);
+  const auto bias = logit_bias.has_value() ? std::make_optional(logit_bias->to(p.dtype)) : c10::nullopt;
   auto rows = SigLip::apply(a_n, keys, scale.to(p.dtype), bias, state);  // [b]
   const auto& L = state->layout;
   return rows.sum() * (static_cast<double>(L.world) / static_cast<double>(L.total));

@@ -75,16 +75,12 @@ torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, con
     counts = {k.size(0)};
   }
   // The engine's one-directional block with per-row losses (kNone) over the
-  // key blocks: its layout counts key rows, so this rank's own block starts at
-  // column `offset`, and row i's designated positive is column offset + i once
-  // the offset is moved by positive_offset.
-  detail::Prologue p;
-  p.layout = detail::make_layout(caller, comm, counts);
-  p.dtype = detail::compute_dtype(q.scalar_type());
-  p.operand = detail::operand_dtype(q.scalar_type(), q.device());
-  p.tiled = true;
-  p.ring = ring;
-  p.walk = detail::make_walk(q, options.tile_size(), options.tile_bytes());
+  // key blocks, always tiled and on the ring when W > 1: its layout counts key
+  // rows, so this rank's own block starts at column `offset`, and row i's
+  // designated positive is column offset + i once the offset is moved by
+  // positive_offset.
+  auto p = detail::make_prologue(caller, comm, std::move(counts), q,
+                                 MemoryPathOptions(options.memory()).path(MemoryPath::kTiled).ring(true), 1);
   detail::BlockSpec spec;
   spec.reduction = Reduction::kNone;
   if (options.masked_offset() >= 0) spec.masked = p.layout.offset + options.masked_offset();

@@ -1,22 +1,16 @@
-// DataParallel: c10d's Reducer driven from C++ the way PyTorch's Python DDP
-// drives it (torch/nn/parallel/distributed.py):
-//   * construction: verify parameters across ranks, broadcast module state from
-//     rank 0, then the Reducer with DDP's bucket assignment
-//     (detail::GradientReducer in src/comm/, which adapts to each release's
-//     constructor and owns the communication hook);
-//   * forward, when grad mode is on and gradients are to be synchronised:
-//     rebuild_buckets() (a no-op after the first time), then
-//     prepare_for_backward(outputs) — this is what arms the reducer's autograd
-//     hooks; outside that (no_sync) the hooks return at once and gradients
-//     accumulate locally, to be averaged in the next armed backward.
-// The Reducer works from C++: its hooks are C++
-// post-hooks on the parameters' AccumulateGrad nodes, finalize_backward is
-// queued with the C++ autograd engine, and Python only ever supplied the
-// arguments. What DDP's Python adds on top (Logger, join hooks, mixed
-// precision, static graph) is not needed here.
+// DataParallel (see data_parallel.h): c10d's Reducer driven from C++ as
+// PyTorch's Python DDP drives it (torch/nn/parallel/distributed.py). After the
+// checks and rank 0's broadcast the Reducer gets DDP's bucket assignment
+// (detail::GradientReducer in src/comm/ adapts to each release's constructor
+// and owns the communication hook); a synchronised forward calls
+// rebuild_buckets() (a no-op after the first time), then
+// prepare_for_backward(outputs), which arms the reducer's autograd hooks; under
+// no_sync they return at once and gradients accumulate locally. All of it works
+// from C++: the hooks are C++ post-hooks on the parameters' AccumulateGrad
+// nodes, finalize_backward is queued with the C++ autograd engine; what DDP's
+// Python adds (Logger, join hooks, mixed precision, static graph) is not needed.
 #include "contrax/parallel/data_parallel.h"
 
-#include <sstream>
 #include <unordered_map>
 
 #include "comm/reducer.h"
@@ -43,14 +37,6 @@ void collect_tensors(const c10::IValue& v, std::vector<torch::Tensor>& out) {
 }  // namespace detail
 
 namespace {
-
-std::string shape_str(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
 
 // Per-tensor description exchanged before any broadcast: kind (0 parameter,
 // 1 buffer), dtype, ndim, sizes. Flattened to one int vector per rank.
@@ -120,8 +106,8 @@ void verify_across_ranks(const std::vector<TensorMeta>& local, int64_t n_params,
                   tensor_kind(theirs[i].kind), " on rank ", r, " but a ", tensor_kind(reference[i].kind),
                   " on rank 0");
       TORCH_CHECK(theirs[i].sizes == reference[i].sizes, "DataParallel(): ", tensor_kind(reference[i].kind), " '",
-                  name, "' has shape ", shape_str(theirs[i].sizes), " on rank ", r, " but ",
-                  shape_str(reference[i].sizes), " on rank 0");
+                  name, "' has shape ", c10::IntArrayRef(theirs[i].sizes), " on rank ", r, " but ",
+                  c10::IntArrayRef(reference[i].sizes), " on rank 0");
       TORCH_CHECK(theirs[i].dtype == reference[i].dtype, "DataParallel(): ", tensor_kind(reference[i].kind), " '",
                   name, "' has dtype ", static_cast<c10::ScalarType>(theirs[i].dtype), " on rank ", r, " but ",
                   static_cast<c10::ScalarType>(reference[i].dtype), " on rank 0");

@@ -22,15 +22,7 @@
 
 namespace contrax {
 
-namespace detail {
-void no_module_forward(const char* kind) {
-  TORCH_CHECK(false, "GradCacheEncoder: the module has no forward() for this input: ", kind,
-              "; wrap the module in an encoder callable instead");
-}
-}  // namespace detail
-
-// ---------------------------------------------------------------------------
-// BatchInput
+// ---- BatchInput
 
 BatchInput::BatchInput(torch::Tensor tensor) : kind_(Kind::kTensor), tensor_(std::move(tensor)) {}
 BatchInput::BatchInput(std::vector<torch::Tensor> tensors) : kind_(Kind::kList), list_(std::move(tensors)) {}
@@ -147,48 +139,33 @@ BatchInput BatchInput::narrow(int64_t start, int64_t length) const {
   }
 }
 
-// ---------------------------------------------------------------------------
-// GradCacheEncoder
+// ---- GradCacheEncoder
 
 GradCacheEncoder::GradCacheEncoder(EncoderFn forward, int64_t chunk_size, std::nullptr_t)
     : chunk_size_(chunk_size), forward_(std::move(forward)) {
   TORCH_CHECK(forward_ != nullptr, "GradCacheEncoder(): argument 'forward' is empty");
 }
 
-// ---------------------------------------------------------------------------
-// GradCache
+// ---- GradCache
+
+namespace detail {
+
+void no_module_forward(const char* kind) {
+  TORCH_CHECK(false, "GradCacheEncoder: the module has no forward() for this input: ", kind,
+              "; wrap the module in an encoder callable instead");
+}
 
 // The random state a chunk's first forward started from. Not in the anonymous
 // namespace: GradCache::Chunk, which has external linkage, holds one.
-namespace detail {
 struct RngState {
   torch::Tensor cpu;
   std::vector<std::pair<c10::Device, torch::Tensor>> cuda;
 };
-}  // namespace detail
-using detail::RngState;
 
-namespace {
-
-torch::Tensor get_state(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_state(at::Generator gen, const torch::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-}  // namespace
-
-namespace detail {
-
-// The CUDA devices whose generators a chunk's forward may draw from: those
-// of its input tensors, of the encoder's parameters (CPU inputs moved to the
-// model's device inside the encoder), and the current CUDA device (where a
-// device-less randn or a dropout on a fresh tensor draws). Once each, in
-// order of appearance. Pure, so the CPU tests check it.
+// `seen`: the devices of a chunk's inputs and of its encoder's parameters
+// (CPU inputs may move to the model's device inside the encoder); the current
+// CUDA device is where a device-less randn or a dropout on a fresh tensor
+// draws. Pure, so the CPU tests check it.
 std::vector<c10::Device> rng_cuda_devices(const std::vector<c10::Device>& seen,
                                           c10::optional<c10::Device> current_cuda) {
   std::vector<c10::Device> out;
@@ -202,7 +179,19 @@ std::vector<c10::Device> rng_cuda_devices(const std::vector<c10::Device>& seen,
 
 }  // namespace detail
 
+using detail::RngState;
+
 namespace {
+
+torch::Tensor get_state(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_state(at::Generator gen, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 c10::optional<c10::Device> current_cuda_device() {
   if (!at::globalContext().hasCUDA()) return c10::nullopt;  // no CUDA build, or no device
@@ -275,10 +264,6 @@ class Bf16Autocast {
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
-}  // namespace
-
-namespace {
-
 // Every DataParallel that takes part, once; the gradients it averages are
 // final only after the last backward that reaches its module.
 std::vector<DataParallel*> data_parallels_of(const std::vector<GradCacheEncoder>& encoders) {
@@ -312,6 +297,22 @@ void armed_backward(const std::vector<GradCacheEncoder>& encoders, const std::ve
     dp->prepare_for_backward(outputs);
   }
   torch::autograd::backward(roots, root_grads);
+}
+
+std::string encoder_label(const GradCacheEncoder& enc, size_t e) {
+  return enc.name().empty() ? c10::str("encoder ", e) : c10::str("encoder '", enc.name(), "'");
+}
+
+torch::Tensor representation(const GradCacheEncoder& enc, size_t e, const c10::IValue& out) {
+  if (enc.get_rep()) {
+    torch::Tensor rep = enc.get_rep()(out);
+    TORCH_CHECK(rep.defined(), "GradCache: the representation getter of ", encoder_label(enc, e),
+                " returned an undefined tensor");
+    return rep;
+  }
+  TORCH_CHECK(out.isTensor(), "GradCache: ", encoder_label(enc, e), " returned ", out.tagKind(),
+              ", not a tensor; set GradCacheEncoder::get_rep to pick the representation out of it");
+  return out.toTensor();
 }
 
 }  // namespace
@@ -404,24 +405,6 @@ GradCache::GradCache(std::vector<GradCacheEncoder> encoders, RepresentationLossF
   }
   impl_->chunks.resize(encoders_.size());
 }
-
-namespace {
-std::string encoder_label(const GradCacheEncoder& enc, size_t e) {
-  return enc.name().empty() ? c10::str("encoder ", e) : c10::str("encoder '", enc.name(), "'");
-}
-
-torch::Tensor representation(const GradCacheEncoder& enc, size_t e, const c10::IValue& out) {
-  if (enc.get_rep()) {
-    torch::Tensor rep = enc.get_rep()(out);
-    TORCH_CHECK(rep.defined(), "GradCache: the representation getter of ", encoder_label(enc, e),
-                " returned an undefined tensor");
-    return rep;
-  }
-  TORCH_CHECK(out.isTensor(), "GradCache: ", encoder_label(enc, e), " returned ", out.tagKind(),
-              ", not a tensor; set GradCacheEncoder::get_rep to pick the representation out of it");
-  return out.toTensor();
-}
-}  // namespace
 
 torch::Tensor GradCache::cache(size_t e, const BatchInput& input) {
   TORCH_CHECK(e < encoders_.size(), "GradCache::cache(): encoder index ", e, " out of range; there are ",
@@ -521,12 +504,9 @@ torch::Tensor GradCache::finish(const RepresentationLossFn& loss_fn) {
     TORCH_CHECK(!impl_->chunks[e].empty(), "GradCache::finish(): nothing cached for ", encoder_label(encoders_[e], e),
                 "; call cache() for every encoder before finish(), with 0 rows on a rank that has none");
   }
-  // Every DataParallel that takes part; the gradients it averages are final
-  // only after the last backward that reaches its module.
   const auto dps = data_parallels_of(encoders_);
   for (DataParallel* dp : dps) dp->sync_buffers();
 
-  // ---- the loss, once, on leaves holding the pass-1 representations.
   std::vector<std::vector<torch::Tensor>> grads;  // per encoder, per chunk
   torch::Tensor loss_value = impl_->loss_and_grads(loss_fn, options_, grads);
 

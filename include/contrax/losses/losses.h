@@ -16,8 +16,7 @@
 
 namespace contrax {
 
-// ---------------------------------------------------------------------------
-// CLIP / InfoNCE
+// ---- CLIP / InfoNCE
 
 /// Options for `clip_loss`.
 ///
@@ -58,8 +57,7 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
                         const c10::optional<torch::Tensor>& logit_bias = c10::nullopt,
                         const ClipLossOptions& options = {});
 
-// ---------------------------------------------------------------------------
-// NT-Xent (SimCLR)
+// ---- NT-Xent (SimCLR)
 
 /// Options for `nt_xent_loss`. Defaults: temperature 0.1, normalise, world 1.
 struct NTXentLossOptions : detail::WithMemoryPath<NTXentLossOptions> {
@@ -85,8 +83,7 @@ struct NTXentLossOptions : detail::WithMemoryPath<NTXentLossOptions> {
 ///       contrax::NTXentLossOptions().temperature(0.2).comm(comm));
 torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options = {});
 
-// ---------------------------------------------------------------------------
-// MoCo v3
+// ---- MoCo v3
 
 /// Options for `moco_v3_loss`. Defaults: temperature 1.0 (MoCo v3 ViT uses 0.2),
 /// normalise, world 1.
@@ -123,8 +120,7 @@ void momentum_update(torch::nn::Module& target, const torch::nn::Module& online,
 /// rising from `base` at step 0 to 1 at `total_steps`.
 double momentum_schedule(double base, int64_t step, int64_t total_steps);
 
-// ---------------------------------------------------------------------------
-// Modules
+// ---- Modules
 
 /// Module form of `clip_loss` that owns the learnable logit scale (initialised
 /// to log(1/0.07) as in CLIP) and, when `with_bias`, a bias (SigLIP-style init 0).
@@ -140,7 +136,7 @@ class ClipLossImpl : public torch::nn::Module {
   /// The learnable log of the logit scale (0-dim parameter).
   torch::Tensor logit_scale;
   /// The learnable logit bias (0-dim parameter); undefined unless `with_bias`.
-  torch::Tensor logit_bias;  // undefined unless with_bias
+  torch::Tensor logit_bias;
 };
 TORCH_MODULE(ClipLoss);
 

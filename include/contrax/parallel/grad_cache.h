@@ -280,10 +280,10 @@ class GradCache {
   /// Completes the step over everything cached since the last finish: loss
   /// and its backward, pass 2 and the gradient synchronisation. Every encoder
   /// must have been given an input (0 rows are fine). Clears the cache;
-  /// returns the loss (detached, unscaled). `loss` overrides the
-  /// constructor's loss for this step (e.g. to pass step-dependent arguments).
+  /// returns the loss (detached, unscaled).
   torch::Tensor finish();
-  /// As finish(), with `loss` in place of the constructor's loss for this step.
+  /// As finish(), with `loss` in place of the constructor's loss for this step
+  /// (e.g. to pass step-dependent arguments).
   torch::Tensor finish(const RepresentationLossFn& loss);
 
   /// Drops everything cached (e.g. after an exception).
