@@ -83,18 +83,15 @@ struct CommunicatorOptions {
 /// bytes, `n - n_r` (all but its own slice); all-reduce of `n` bytes,
 /// `2 (W-1)/W * n` (ring); point-to-point sends, their payload.
 struct OpStats {
-  /// How many times the operation ran.
-  int64_t calls = 0;
-  /// Bytes this rank sent (see above).
-  int64_t bytes_sent = 0;
+  int64_t calls = 0;       ///< how many times the operation ran
+  int64_t bytes_sent = 0;  ///< bytes this rank sent (see above)
 };
 
 /// Per-collective statistics keyed by operation name ("all_gather",
 /// "reduce_scatter", "all_reduce", "all_to_all", "send", "broadcast",
 /// "metadata", ...).
 struct CommStats {
-  /// The statistics of each operation, keyed by its name.
-  std::map<std::string, OpStats> ops;
+  std::map<std::string, OpStats> ops;  ///< the statistics of each operation, keyed by its name
   /// Sum of `bytes_sent` over all operations.
   int64_t total_bytes_sent() const;
   /// Sum of `calls` over all operations.

@@ -151,18 +151,13 @@ struct RunSetting {
 
 /// A recipe's model as the loop trains and checkpoints it.
 struct LoopModel {
-  /// Recorded in checkpoints; a checkpoint of another recipe is refused.
-  std::string recipe;
-  /// Examples the sampler draws the global batches from.
-  int64_t dataset_size = 0;
+  std::string recipe;        ///< recorded in checkpoints; a checkpoint of another recipe is refused
+  int64_t dataset_size = 0;  ///< examples the sampler draws the global batches from
   /// What a checkpoint holds, by name (registered by reference, not owned).
   std::vector<std::pair<std::string, torch::nn::Module*>> modules;
-  /// What AdamW trains and the non-finite guard checks.
-  std::vector<torch::Tensor> parameters;
-  /// Settings a resumed run must share with its checkpoint.
-  std::vector<RunSetting> settings;
-  /// Recorded in checkpoints for the reader, never checked (the lr is added).
-  std::map<std::string, double> recorded;
+  std::vector<torch::Tensor> parameters;   ///< what AdamW trains and the non-finite guard checks
+  std::vector<RunSetting> settings;        ///< settings a resumed run must share with its checkpoint
+  std::map<std::string, double> recorded;  ///< recorded in checkpoints, never checked (the lr is added)
 };
 
 /// One step's share of this rank, as the sampler gives it.
@@ -182,10 +177,8 @@ struct Step {
   std::function<torch::Tensor(const StepBatch&)> loss;
   /// Called after each applied update (MoCo v3's momentum encoder); optional.
   std::function<void(int64_t step, int64_t total_steps)> after_update;
-  /// More of the progress line, after the loss ("  scale 14.3"); optional.
-  std::function<std::string()> progress;
-  /// What the progress line's rate counts: "ex" (examples), "q" (queries).
-  std::string rate_unit = "ex";
+  std::function<std::string()> progress;  ///< more of the progress line, after the loss ("  scale 14.3"); optional
+  std::string rate_unit = "ex";           ///< what the progress line's rate counts: "ex" (examples), "q" (queries)
 };
 
 /// The name of the DataParallel reducer's all-reduce, which runs inside backward

@@ -66,8 +66,7 @@ class EncoderImpl : public torch::nn::Module {
   /// Whether a CPU float or double input takes the fused path (fused_cpu()
   /// and norm "group", unless CONTRAX_FUSED_ENCODER=0 was set at construction).
   bool fused_on_cpu() const { return fused_; }
-  /// The options the encoder was built with.
-  EncoderOptions options;
+  EncoderOptions options;  ///< the options the encoder was built with
 
  private:
   torch::Tensor fused_features(const torch::Tensor& x);
@@ -105,8 +104,7 @@ class MLPHeadImpl : public torch::nn::Module {
   explicit MLPHeadImpl(MLPHeadOptions options = {});
   /// x: [b, in_dim] -> [b, out_dim]
   torch::Tensor forward(const torch::Tensor& x);
-  /// The options the head was built with.
-  MLPHeadOptions options;
+  MLPHeadOptions options;  ///< the options the head was built with
 
  private:
   torch::nn::Sequential layers_{nullptr};

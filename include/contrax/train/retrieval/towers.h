@@ -55,8 +55,7 @@ class LogitScaleImpl : public torch::nn::Module {
   explicit LogitScaleImpl(double init_log_scale);
   /// The log of the logit scale, `value`.
   torch::Tensor forward() { return value; }
-  /// The log of the logit scale (0-dim float parameter "value").
-  torch::Tensor value;
+  torch::Tensor value;  ///< the log of the logit scale (0-dim float parameter "value")
 };
 TORCH_MODULE(LogitScale);
 
