@@ -33,7 +33,8 @@ enum class RingTransport {
   /// One all-to-all on the main communicator with only the two neighbours'
   /// splits non-zero. Under NCCL each send/receive pair would open its own
   /// two-rank communicator, and at W >= 3 every rank would block setting up
-  /// the link its neighbour is setting up too; one collective cannot deadlock.
+  /// the link its neighbour is setting up too; the all-to-all is one
+  /// collective that every rank issues in the same order.
   kAllToAll,
 };
 
