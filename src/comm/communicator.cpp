@@ -1,10 +1,6 @@
-// The communicator (contrax/comm/communicator.h): its creation from options or
-// from the environment, its statistics, and its collectives on the c10d
-// process group. The rendezvous (comm/rendezvous.h), the backends
-// (comm/process_group.h) and the failure diagnosis (comm/failure.h) are
-// beside it in src/comm/, the only code that sees c10d; every difference
-// between the supported LibTorch releases (2.6 up to the newest) is there,
-// named by the release that brought it.
+// The communicator (contrax/comm/communicator.h): creation, statistics and
+// collectives on the c10d process group. Differences between the supported
+// LibTorch releases are named by the release that brought them.
 #include "contrax/comm/communicator.h"
 
 #include <torch/version.h>
@@ -60,6 +56,18 @@ bool all_equal(const std::vector<int64_t>& v) {
 // Where `t` travels for a collective when not as it is (comm/device_binding.h).
 c10::optional<torch::Device> staging(const detail::CommunicatorImpl& impl, const torch::Tensor& t) {
   return detail::staging_device(impl.backend, impl.stage_device, t.device());
+}
+
+// Runs the in-place collective `run` on a staged copy of `t` and copies the
+// result back; false, running nothing, when `t` travels as it is.
+template <typename Run>
+bool ran_staged(const detail::CommunicatorImpl& impl, torch::Tensor& t, Run run) {
+  const auto via = staging(impl, t);
+  if (!via) return false;
+  auto staged = t.to(*via);
+  run(staged);
+  t.copy_(staged);
+  return true;
 }
 
 // The backend `create` builds: "auto" is NCCL for a CUDA device, else Gloo.
@@ -311,12 +319,7 @@ void Communicator::all_reduce_sum(torch::Tensor& tensor, const std::string& stat
   const int64_t W = world_size();
   if (W == 1) return;
   TORCH_CHECK(tensor.is_contiguous(), "Communicator::all_reduce_sum(): argument 'tensor' must be contiguous");
-  if (const auto via = staging(*impl_, tensor)) {
-    auto staged = tensor.to(*via);
-    all_reduce_sum(staged, stat_name);
-    tensor.copy_(staged);
-    return;
-  }
+  if (ran_staged(*impl_, tensor, [&](torch::Tensor& staged) { all_reduce_sum(staged, stat_name); })) return;
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
@@ -351,12 +354,7 @@ void Communicator::broadcast(torch::Tensor& tensor, int64_t root, const std::str
   TORCH_CHECK(root >= 0 && root < world_size(), "Communicator::broadcast(): argument 'root' must be in [0, ",
               world_size(), "), but got ", root);
   TORCH_CHECK(tensor.is_contiguous(), "Communicator::broadcast(): argument 'tensor' must be contiguous");
-  if (const auto via = staging(*impl_, tensor)) {
-    auto staged = tensor.to(*via);
-    broadcast(staged, root, stat_name);
-    tensor.copy_(staged);
-    return;
-  }
+  if (ran_staged(*impl_, tensor, [&](torch::Tensor& staged) { broadcast(staged, root, stat_name); })) return;
   std::vector<at::Tensor> ts{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;

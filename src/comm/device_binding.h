@@ -15,18 +15,14 @@ namespace contrax::detail {
 /// What the binding looks at: the device the user asked for, where the rank
 /// sits, and what this process can see.
 struct DevicePlace {
-  /// CommunicatorOptions::device: the CPU, `cuda` (no index) or `cuda:k`.
-  torch::Device requested = torch::kCPU;
+  torch::Device requested = torch::kCPU;  ///< CommunicatorOptions::device: the CPU, `cuda` or `cuda:k`
   int64_t world_size = 1;
   /// This rank's index on its machine (LOCAL_RANK), or -1 when nothing says
   /// (a communicator built from explicit options).
   int64_t local_rank = -1;
-  /// How many ranks share this machine (LOCAL_WORLD_SIZE), or -1 when unknown.
-  int64_t local_world_size = -1;
-  /// The CUDA devices this process sees (after CUDA_VISIBLE_DEVICES).
-  int64_t cuda_devices = 0;
-  /// The backend the communicator will use ("nccl", "gloo", ...).
-  std::string backend;
+  int64_t local_world_size = -1;  ///< how many ranks share this machine (LOCAL_WORLD_SIZE), or -1 when unknown
+  int64_t cuda_devices = 0;       ///< the CUDA devices this process sees (after CUDA_VISIBLE_DEVICES)
+  std::string backend;            ///< the backend the communicator will use ("nccl", "gloo", ...)
 };
 
 /// The device a rank works on, or an error naming the argument or variable

@@ -70,21 +70,20 @@ std::unique_ptr<c10d::Reducer> make_reducer(const c10::intrusive_ptr<c10d::Proce
   return std::make_unique<c10d::Reducer>(params, std::move(buckets), limits, group, expect_sparse, o.bucket_bytes,
                                          o.find_unused_parameters, o.gradient_as_bucket_view, std::move(names),
                                          o.first_bucket_bytes);
-#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 8
-  return std::make_unique<c10d::Reducer>(params, std::move(buckets), group, expect_sparse, o.bucket_bytes,
-                                         o.find_unused_parameters, o.gradient_as_bucket_view, std::move(names),
-                                         o.first_bucket_bytes);
-#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11
-  return std::make_unique<c10d::Reducer>(params, std::move(buckets), group, expect_sparse, o.bucket_bytes,
-                                         o.find_unused_parameters, o.gradient_as_bucket_view, std::move(names),
-                                         o.first_bucket_bytes, /*skip_all_reduce_unused_params=*/false,
-                                         /*use_python_reducer=*/false);
 #else
-  return std::make_unique<c10d::Reducer>(params, std::move(buckets), group, expect_sparse, o.bucket_bytes,
-                                         o.find_unused_parameters, o.gradient_as_bucket_view, std::move(names),
-                                         o.first_bucket_bytes, /*skip_all_reduce_unused_params=*/false,
-                                         /*use_python_reducer=*/false,
-                                         /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+  const auto reducer = [&](auto... newer) {
+    return std::make_unique<c10d::Reducer>(params, std::move(buckets), group, expect_sparse, o.bucket_bytes,
+                                           o.find_unused_parameters, o.gradient_as_bucket_view, std::move(names),
+                                           o.first_bucket_bytes, newer...);
+  };
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 8
+  return reducer();
+#elif TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11
+  return reducer(/*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false);
+#else
+  return reducer(/*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+                 /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+#endif
 #endif
 }
 

@@ -1,10 +1,8 @@
-// The gradient reducer of DataParallel (contrax/parallel/data_parallel.h): c10d's own
-// Reducer over a communicator's process group, with PyTorch DDP's bucket
-// assignment and a communication hook that averages each bucket and counts
-// its bytes in the communicator's statistics ("reducer_all_reduce"). A narrow
-// interface, so that only src/comm/ sees c10d; the Reducer's constructor,
-// which changes between LibTorch releases, is adapted here. Internal, not
-// installed.
+// The gradient reducer of DataParallel (contrax/parallel/data_parallel.h): c10d's
+// Reducer over a communicator's process group, with DDP's bucket assignment and
+// a hook that averages each bucket and counts its bytes ("reducer_all_reduce").
+// A narrow interface, so that only src/comm/ sees c10d (and the Reducer's
+// constructor, which changes between releases). Internal, not installed.
 #pragma once
 
 #include <torch/torch.h>

@@ -1,12 +1,6 @@
-// Which rank failed first, and how the launch ended. A rank whose job fails
-// for a reason of its own takes its peers down with it (their collectives
-// fail once its process group is gone), and a peer often exits before the
-// rank that caused it. Each worker therefore records, in its
-// CONTRAX_ERROR_FILE and with a time stamp on a clock every process of the
-// machine shares, whether it began failing on its own or because a collective
-// with its peers failed; the launcher blames the earliest rank that failed on
-// its own, with the last line that rank wrote to stderr as the reason.
-// Internal to the launcher (src/launch/), not installed.
+// Which rank failed first (why: contrax/launch/launcher.h), and how the launch
+// ended: the workers' CONTRAX_ERROR_FILE records, stamped on a clock every
+// process of the machine shares. Internal to src/launch/, not installed.
 #pragma once
 
 #include <sys/types.h>

@@ -1,12 +1,11 @@
 // The launcher's signals. SIGINT and SIGTERM sent to the launcher, and SIGCHLD
-// when a worker ends, reach the supervisor's poll() through a self-pipe, the
-// one async-signal-safe way to wake poll() that does not depend on which
-// thread of a multi-threaded host the kernel picks for delivery. The handler
-// only writes the signal number into the pipe; everything else happens in the
-// loop. Handlers are process-wide, hence one launch at a time per process.
-// Taking SIGCHLD over also keeps a host's own SIGCHLD handler (or SIG_IGN,
-// which auto-reaps) from stealing the workers' exit statuses. Internal to the
-// launcher (src/launch/), not installed.
+// when a worker ends, reach the supervisor's poll() through a self-pipe: the
+// one async-signal-safe wake-up that does not depend on which thread of a
+// multi-threaded host the kernel delivers to. The handler only writes the
+// signal number into the pipe. Handlers are process-wide, hence one launch at a
+// time per process. Taking SIGCHLD over also keeps a host's own handler (or
+// SIG_IGN, which auto-reaps) from stealing the workers' exit statuses.
+// Internal to src/launch/, not installed.
 #pragma once
 
 #include <signal.h>

@@ -135,8 +135,7 @@ void Supervisor::begin_stop(int sig) {
   for (auto& w : workers_) {
     if (w.running && process_stopped(w.pid)) w.stopped_when_failing = true;
     // A failure stop (not an interruption): a rank failing on its own exits
-    // by itself, with its own status (issue 29, item 2: it was SIGTERMed and
-    // the launcher reported 143 for a usage error).
+    // by itself, with its own status (SIGTERMed, a usage error would read 143).
     if (w.running && interrupted_by_ == 0 && !w.stopped_when_failing && failed_on_its_own(w)) {
       w.stop_deferred = true;
       deferring_ = true;

@@ -8,16 +8,13 @@ namespace contrax::detail {
 ArgChecker& ArgChecker::features(const torch::Tensor& t, const char* name) {
   if (!error_.empty()) return *this;
   if (!t.defined()) {
-    error_ = c10::str(caller_, "(): argument '", name, "' is undefined");
+    fail(name, "is undefined");
   } else if (t.dim() != 2) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must be a 2-D tensor [rows, width], but got shape ",
-                      t.sizes());
+    fail(name, "must be a 2-D tensor [rows, width], but got shape ", t.sizes());
   } else if (t.size(1) == 0) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must have a width of at least 1 (features [rows, width]), "
-                      "but got shape ", t.sizes());
+    fail(name, "must have a width of at least 1 (features [rows, width]), but got shape ", t.sizes());
   } else if (!c10::isFloatingType(t.scalar_type())) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must be a floating-point tensor, but got dtype ",
-                      t.scalar_type());
+    fail(name, "must be a floating-point tensor, but got dtype ", t.scalar_type());
   }
   return *this;
 }
@@ -26,14 +23,11 @@ ArgChecker& ArgChecker::same_as(const torch::Tensor& t, const char* name, const 
                                 const char* ref_name) {
   if (!error_.empty()) return *this;
   if (t.sizes() != ref.sizes()) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must have the same shape as '", ref_name, "' (",
-                      ref.sizes(), "), but got ", t.sizes());
+    fail(name, "must have the same shape as '", ref_name, "' (", ref.sizes(), "), but got ", t.sizes());
   } else if (t.scalar_type() != ref.scalar_type()) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must have the same dtype as '", ref_name, "' (",
-                      ref.scalar_type(), "), but got ", t.scalar_type());
+    fail(name, "must have the same dtype as '", ref_name, "' (", ref.scalar_type(), "), but got ", t.scalar_type());
   } else if (t.device() != ref.device()) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must be on the same device as '", ref_name, "' (",
-                      ref.device(), "), but got ", t.device());
+    fail(name, "must be on the same device as '", ref_name, "' (", ref.device(), "), but got ", t.device());
   }
   return *this;
 }
@@ -54,12 +48,11 @@ ArgChecker& ArgChecker::paired_features(const torch::Tensor& a, const char* a_na
 ArgChecker& ArgChecker::scalar(const torch::Tensor& t, const char* name) {
   if (!error_.empty()) return *this;
   if (!t.defined()) {
-    error_ = c10::str(caller_, "(): argument '", name, "' is undefined");
+    fail(name, "is undefined");
   } else if (t.dim() != 0) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must be a 0-dim tensor, but got shape ", t.sizes());
+    fail(name, "must be a 0-dim tensor, but got shape ", t.sizes());
   } else if (!c10::isFloatingType(t.scalar_type())) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must be a floating-point tensor, but got dtype ",
-                      t.scalar_type());
+    fail(name, "must be a floating-point tensor, but got dtype ", t.scalar_type());
   }
   return *this;
 }
@@ -67,7 +60,7 @@ ArgChecker& ArgChecker::scalar(const torch::Tensor& t, const char* name) {
 ArgChecker& ArgChecker::positive(double v, const char* name) {
   if (!error_.empty()) return *this;
   if (!(v > 0.0) || !std::isfinite(v)) {
-    error_ = c10::str(caller_, "(): argument '", name, "' must be a positive finite number, but got ", v);
+    fail(name, "must be a positive finite number, but got ", v);
   }
   return *this;
 }

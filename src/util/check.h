@@ -40,6 +40,10 @@ class ArgChecker {
   void throw_if_failed() const { TORCH_CHECK(error_.empty(), error_); }
 
  private:
+  // The message "<caller>(): argument '<name>' <msg>" of a failed check.
+  template <typename... Args>
+  void fail(const char* name, const Args&... msg) { error_ = c10::str(caller_, "(): argument '", name, "' ", msg...); }
+
   const char* caller_;
   std::string error_;
 };

@@ -23,14 +23,10 @@ namespace contrax {
 /// Result of a gather: the rows of all ranks in rank order, plus where each
 /// rank's rows sit.
 struct Gathered {
-  /// The rows of every rank concatenated in rank order: `[B, ...]`.
-  torch::Tensor all;            // [B, ...]
-  /// `counts[s]` is the number of rows rank s contributed.
-  std::vector<int64_t> counts;  // counts[s] = b_s
-  /// The global index of this rank's first row (the sum of the counts before it).
-  int64_t offset = 0;           // off_r: first global row of this rank
-  /// The global row count B (the sum of `counts`).
-  int64_t total() const;        // B
+  torch::Tensor all;            ///< the rows of every rank concatenated in rank order: `[B, ...]`
+  std::vector<int64_t> counts;  ///< `counts[s]` = b_s, the number of rows rank s contributed
+  int64_t offset = 0;           ///< off_r: the global index of this rank's first row
+  int64_t total() const;        ///< the global row count B (the sum of `counts`)
 };
 
 /// Differentiable all-gather of rows. `local`: [b_r, ...] on every rank, same

@@ -1,14 +1,9 @@
-// The communicator: the one place in Contrax that sees c10d types.
-//
-// Everything distributed in Contrax (gathers, ring exchanges, the data-parallel
-// reducer) talks to a `Communicator`, never to a c10d `ProcessGroup` directly, so
-// that a new LibTorch release with a moved c10d API means adapting one folder
-// (src/comm/). A communicator of world size 1 holds no process group
-// and does no rendezvous: every collective is a local no-op, which is how the
-// losses become plain single-device losses.
-//
-// Every collective records the bytes this rank sends under a bandwidth-optimal
-// schedule (see `CommStats`), so benchmarks can report communication volume.
+// The communicator: everything distributed in Contrax (gathers, ring exchanges,
+// the data-parallel reducer) talks to it, never to a c10d `ProcessGroup`, so a
+// moved c10d API means adapting src/comm/ only. At world size 1 it holds no
+// process group and every collective is a local no-op: the losses become plain
+// single-device losses. Every collective records the bytes this rank sends
+// (`CommStats`), so benchmarks can report communication volume.
 #pragma once
 
 #include <torch/torch.h>
@@ -35,12 +30,11 @@ enum class RingTransport {
   /// A send to the next rank and a receive from the previous one: two
   /// point-to-point operations, what Gloo serves best.
   kSendRecv,
-  /// One all-to-all on the main communicator in which only the two
-  /// neighbours' splits are non-zero. Under NCCL each separate send/receive
-  /// pair would open its own lazily created two-rank communicator, and at
-  /// W >= 3 every rank would block setting up the link to its neighbour
-  /// while the neighbour does the same; the all-to-all is one collective
-  /// that every rank issues in the same order.
+  /// One all-to-all on the main communicator with only the two neighbours'
+  /// splits non-zero. Under NCCL each send/receive pair would open its own
+  /// two-rank communicator, and at W >= 3 every rank would block setting up
+  /// the link its neighbour is setting up too; the all-to-all is one
+  /// collective that every rank issues in the same order.
   kAllToAll,
 };
 
@@ -61,12 +55,11 @@ struct CommunicatorOptions {
   TORCH_ARG(std::string, master_addr) = "127.0.0.1";
   /// Port of the rank-0 TCP store (torchrun's MASTER_PORT).
   TORCH_ARG(int64_t, master_port) = 29500;
-  /// When non-empty, rendezvous through this file instead of TCP (all ranks on
-  /// one machine or a shared filesystem; what the thread-rank tests use).
+  /// When non-empty, rendezvous through this file instead of TCP (one machine
+  /// or a shared filesystem; the thread-rank tests).
   TORCH_ARG(std::string, file_store) = "";
   /// The TCP store at master_addr:master_port is served by another process
-  /// (torchrun's elastic agent): every rank, rank 0 included, connects to it
-  /// as a client instead of rank 0 starting one.
+  /// (torchrun's elastic agent): every rank, rank 0 too, connects as a client.
   TORCH_ARG(bool, external_store) = false;
   /// Prefix of every key written to the store, so that runs sharing one store
   /// (torchrun's restarts of a job) never read each other's keys.
@@ -86,24 +79,20 @@ struct CommunicatorOptions {
 
 /// What one kind of collective has cost this rank so far.
 ///
-/// `bytes_sent` counts what this rank sends under a bandwidth-optimal
-/// algorithm: an all-gather of `n_r` bytes from each rank sends `(W-1) * n_r`;
-/// a reduce-scatter of an `n`-byte buffer sends `n - n_r` (everything but its own
-/// slice); an all-reduce of `n` bytes sends `2 (W-1)/W * n` (ring: reduce-scatter
-/// then all-gather); point-to-point sends count their payload.
+/// `bytes_sent` is what this rank sends under a bandwidth-optimal algorithm:
+/// all-gather of `n_r` bytes per rank, `(W-1) * n_r`; reduce-scatter of `n`
+/// bytes, `n - n_r` (all but its own slice); all-reduce of `n` bytes,
+/// `2 (W-1)/W * n` (ring); point-to-point sends, their payload.
 struct OpStats {
-  /// How many times the operation ran.
-  int64_t calls = 0;
-  /// Bytes this rank sent, counted as described above.
-  int64_t bytes_sent = 0;
+  int64_t calls = 0;       ///< how many times the operation ran
+  int64_t bytes_sent = 0;  ///< bytes this rank sent (see above)
 };
 
 /// Per-collective statistics keyed by operation name ("all_gather",
 /// "reduce_scatter", "all_reduce", "all_to_all", "send", "broadcast",
 /// "metadata", ...).
 struct CommStats {
-  /// The statistics of each operation, keyed by its name.
-  std::map<std::string, OpStats> ops;
+  std::map<std::string, OpStats> ops;  ///< the statistics of each operation, keyed by its name
   /// Sum of `bytes_sent` over all operations.
   int64_t total_bytes_sent() const;
   /// Sum of `calls` over all operations.
@@ -118,45 +107,41 @@ struct CommunicatorImpl;
 
 /// A rank's handle on a group of processes.
 ///
-/// All collectives are blocking and must be called by every rank in the same
-/// order (as with c10d). Tensors stay on whatever device the caller uses;
-/// with NCCL, which moves CUDA tensors only, a CPU tensor (row counts, a stop
-/// flag, a loss value) is copied to the rank's GPU (`device()`), moved there,
-/// and its result copied back.
+/// All collectives block and must be called by every rank in the same order
+/// (as with c10d). Tensors stay on the caller's device; under NCCL, which moves
+/// CUDA tensors only, a CPU tensor (row counts, a stop flag) is staged through
+/// the rank's GPU (`device()`) and its result copied back.
 ///
 /// A CUDA `device` in the options is bound to the rank: `cuda:k` as given;
 /// `cuda` without an index becomes `cuda:(LOCAL_RANK mod #GPUs)` under
 /// `from_env`, and is refused by `create` for one of several ranks (whose
-/// local rank it cannot know). The bound device is made current, so that
-/// what c10d puts on "the current device" lands on the rank's own GPU.
+/// local rank it cannot know). The bound device is made current, so that c10d's
+/// "current device" is the rank's own GPU.
 class Communicator {
  public:
   /// Builds a communicator from explicit options. World size 1 builds nothing.
   static std::shared_ptr<Communicator> create(const CommunicatorOptions& options);
 
   /// Builds a communicator from torchrun's environment (`RANK`, `WORLD_SIZE`,
-  /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); a process without `WORLD_SIZE`
-  /// gets a world of size 1. Fields of `base` other than rank, world size,
-  /// address and port (timeout, backend, device) are kept; a `cuda` device
-  /// without an index is bound to `cuda:(LOCAL_RANK mod #GPUs)`, and under
-  /// NCCL more ranks on a machine (`LOCAL_WORLD_SIZE`) than GPUs is refused.
+  /// `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`); without `WORLD_SIZE`, a world
+  /// of 1. `base`'s other fields (timeout, backend, device) are kept; a `cuda`
+  /// device without an index is bound to `cuda:(LOCAL_RANK mod #GPUs)`, and
+  /// under NCCL more ranks on a machine (`LOCAL_WORLD_SIZE`) than GPUs is refused.
   ///
-  /// Under SLURM (`srun`), when `WORLD_SIZE` is not set: `SLURM_NTASKS`,
-  /// `SLURM_PROCID` and `SLURM_LOCALID` give world size, rank and local rank;
-  /// MASTER_ADDR defaults to the first host of `SLURM_JOB_NODELIST` (the
-  /// compressed form `node[01-04,07]` is expanded) and MASTER_PORT to
-  /// 29500 + (SLURM_JOB_ID mod 1000), so that two jobs sharing a node do
-  /// not collide; set MASTER_PORT to choose.
+  /// Under SLURM (`srun`) without `WORLD_SIZE`: `SLURM_NTASKS`, `SLURM_PROCID`
+  /// and `SLURM_LOCALID` give world size, rank and local rank; MASTER_ADDR
+  /// defaults to the first host of `SLURM_JOB_NODELIST` (`node[01-04,07]`
+  /// expanded) and MASTER_PORT to 29500 + (SLURM_JOB_ID mod 1000), so that two
+  /// jobs sharing a node do not collide.
   ///
-  /// Under torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`) the agent already
-  /// serves the store on MASTER_ADDR:MASTER_PORT: every rank connects to it,
-  /// with its keys under `contrax/attempt_<TORCHELASTIC_RESTART_COUNT>/`, as
-  /// PyTorch's own `env://` rendezvous does.
+  /// Under torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`) every rank connects
+  /// to the agent's store, with its keys under
+  /// `contrax/attempt_<TORCHELASTIC_RESTART_COUNT>/`, as PyTorch's `env://` does.
   ///
-  /// Otherwise rank 0 serves the rendezvous store, listening on MASTER_ADDR
-  /// only (127.0.0.1: loopback only), never on every interface. Within `timeout` a missing rank, a
-  /// WORLD_SIZE that differs between ranks, a rank started twice or an
-  /// unresolvable MASTER_ADDR each end in an error saying so.
+  /// Otherwise rank 0 serves the store, listening on MASTER_ADDR only (never on
+  /// every interface). Within `timeout` a missing rank, a WORLD_SIZE that
+  /// differs between ranks, a rank started twice or an unresolvable
+  /// MASTER_ADDR each end in an error saying so.
   static std::shared_ptr<Communicator> from_env(
       const CommunicatorOptions& base = CommunicatorOptions());
 
@@ -180,17 +165,14 @@ class Communicator {
   /// How long a collective waits for a peer before failing (the options' `timeout`).
   std::chrono::milliseconds timeout() const;
 
-  /// Static shapes: every rank promises to pass tensors of the same shape,
-  /// dtype and device type to every loss and gather, so the per-call
-  /// metadata exchange (the row counts and the agreement on arguments, one
-  /// small all-gather; under NCCL a copy to the GPU and back, so a host
-  /// synchronisation) is skipped and every rank takes its own row count for
-  /// all. The price: an invalid argument is raised on the rank that passed it
-  /// only, and the other ranks wait in their next collective until `timeout()`
-  /// ends it; a rank whose shapes differ breaks the promise, with results as
-  /// undefined as c10d's own (uneven batches need this off, the default).
-  /// Set from the options; `set_static_shapes` changes it between calls, on
-  /// every rank alike.
+  /// Static shapes: every rank promises the same shape, dtype and device type
+  /// to every loss and gather, so the per-call metadata exchange (one small
+  /// all-gather of row counts and arguments; under NCCL a host synchronisation)
+  /// is skipped and each rank takes its own row count for all. The price: an
+  /// invalid argument is raised only on the rank that passed it, and the others
+  /// wait in their next collective until `timeout()`; differing shapes give
+  /// results as undefined as c10d's own (uneven batches need this off, the
+  /// default). `set_static_shapes` changes it between calls, on every rank alike.
   bool static_shapes() const;
   /// Turns static shapes on or off (see static_shapes()).
   void set_static_shapes(bool on);
@@ -217,11 +199,10 @@ class Communicator {
   void all_reduce_sum(torch::Tensor& tensor, const std::string& stat_name = "all_reduce");
 
   /// All-gathers one int64 vector of the same length from every rank:
-  /// result[s] is rank s's vector. Used to exchange sizes and to check that
-  /// all ranks agree before a collective whose mismatch would hang or corrupt.
-  /// `via`, a CUDA device, is where the values travel under NCCL (the device
-  /// of the caller's tensors, rather than whatever device is current);
-  /// without it they are staged through the bound device.
+  /// result[s] is rank s's vector (sizes, and the agreement checked before a
+  /// collective whose mismatch would hang). `via`, a CUDA device, is where the
+  /// values travel under NCCL (the caller's tensors' device); by default the
+  /// bound device.
   std::vector<std::vector<int64_t>> all_gather_ints(const std::vector<int64_t>& values,
                                                     const std::string& stat_name = "metadata",
                                                     const c10::optional<torch::Device>& via = c10::nullopt);
@@ -236,8 +217,7 @@ class Communicator {
   torch::Tensor ring_exchange(const torch::Tensor& send, at::IntArrayRef recv_shape,
                               int64_t shift = 1, const std::string& stat_name = "ring");
 
-  /// Starts `ring_exchange` without waiting; `wait()` on the handle returns the
-  /// received tensor. Lets a caller overlap the transfer with compute.
+  /// The handle of a started `ring_exchange`, to overlap it with compute.
   class Pending {
    public:
     Pending() = default;
@@ -251,8 +231,7 @@ class Communicator {
     struct State;
     std::shared_ptr<State> state_;
   };
-  /// The asynchronous form of ring_exchange(): starts both transfers and returns a
-  /// handle whose `wait()` gives the received tensor.
+  /// Starts ring_exchange()'s two transfers; the handle's `wait()` gives the received tensor.
   Pending ring_exchange_async(const torch::Tensor& send, at::IntArrayRef recv_shape,
                               int64_t shift = 1, const std::string& stat_name = "ring");
 
@@ -263,12 +242,10 @@ class Communicator {
   CommStats stats() const;
   /// Sets every statistic back to zero.
   void reset_stats();
-  /// Adds to the statistics; for components built on the process group
-  /// directly (the data-parallel reducer) so their traffic is counted too.
+  /// Adds to the statistics, for code on the process group itself (the reducer).
   void record(const std::string& name, int64_t bytes_sent, int64_t calls = 1);
 
-  /// The implementation (c10d types), defined in src/comm/ (the only code that
-  /// sees c10d); code that holds a c10d process group uses contrax/comm/detail/c10d.h.
+  /// The implementation (c10d types; see contrax/comm/detail/c10d.h).
   detail::CommunicatorImpl& impl() const { return *impl_; }
 
  private:
@@ -282,10 +259,9 @@ class Communicator {
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
 /// Where Gloo's sockets bind for MASTER_ADDR `master_addr`, in words, with the
-/// reason: "127.0.0.1 (lo): MASTER_ADDR 127.0.0.1 is this machine's loopback",
-/// "10.0.0.2 (eth0): the route to MASTER_ADDR 10.0.0.1", "interface eth1:
-/// GLOO_SOCKET_IFNAME", or the host name's address when there is no route.
-/// The same decision the communicator's Gloo device makes (`contrax env`).
+/// reason, as the communicator decides it (`contrax env`): e.g. "10.0.0.2
+/// (eth0): the route to MASTER_ADDR 10.0.0.1", "interface eth1: GLOO_SOCKET_IFNAME";
+/// with no route, the host name's address.
 std::string gloo_binding(const std::string& master_addr);
 
 }  // namespace contrax

@@ -5,17 +5,15 @@
 // prefixed with the rank, and supervises them: when one fails, the others are
 // stopped (SIGTERM, then SIGKILL after a grace period) and the result names the
 // failed rank and how it ended. SIGINT/SIGTERM sent to the launcher are
-// forwarded to every worker. Multi-node jobs set the same variables by hand
+// forwarded to every worker. Multi-node jobs may set the variables themselves
 // (or through a scheduler) and need no launcher.
 //
-// Which rank failed first: a rank whose job fails for a reason of its own
-// takes its peers down with it (their collectives fail once its process group
-// is gone), and a peer often exits before the rank that caused it. Each
-// worker therefore gets CONTRAX_ERROR_FILE, a file where the communicator
-// records, with a monotonic time stamp, whether this rank began failing on its
-// own or because a collective with its peers failed; the launcher names the
-// earliest rank that failed on its own, and the last line that rank wrote to
-// stderr as the reason.
+// Which rank failed first: a failing rank takes its peers down (their
+// collectives fail once its process group is gone), and a peer often exits
+// first. So each worker gets CONTRAX_ERROR_FILE, where the communicator records
+// with a monotonic time stamp whether the rank began failing on its own or in a
+// collective with its peers; the launcher names the earliest rank that failed
+// on its own, with the last line it wrote to stderr as the reason.
 #pragma once
 
 #include <chrono>
@@ -28,21 +26,15 @@ namespace contrax {
 /// Options for `launch`. Defaults: 1 process, rendezvous on 127.0.0.1 at a
 /// free port, 10 s grace between SIGTERM and SIGKILL, rank-prefixed output.
 struct LaunchOptions {
-  /// Worker processes on this node.
-  int64_t nproc = 1;
-  /// Address of the rendezvous (rank 0's host), passed to the workers as MASTER_ADDR.
-  std::string master_addr = "127.0.0.1";
-  /// Port of the rendezvous, passed as MASTER_PORT.
-  int64_t master_port = 0;  // 0: pick a free port
-  /// Multi-node: this node's index and the node count; ranks are
-  /// node_rank * nproc + local_rank, world size nnodes * nproc.
+  int64_t nproc = 1;                      ///< worker processes on this node
+  std::string master_addr = "127.0.0.1";  ///< the rendezvous (rank 0's host), the workers' MASTER_ADDR
+  int64_t master_port = 0;                ///< the rendezvous's port, MASTER_PORT (0: a free port)
+  /// Multi-node: this node's index; ranks are node_rank * nproc + local_rank,
+  /// world size nnodes * nproc.
   int64_t node_rank = 0;
-  /// Number of nodes.
-  int64_t nnodes = 1;
-  /// Time between SIGTERM and SIGKILL when the workers are stopped.
-  std::chrono::milliseconds grace{10000};
-  /// Prefix every line a worker prints with its rank.
-  bool prefix_output = true;
+  int64_t nnodes = 1;                      ///< number of nodes
+  std::chrono::milliseconds grace{10000};  ///< time between SIGTERM and SIGKILL when the workers are stopped
+  bool prefix_output = true;               ///< prefix every line a worker prints with its rank
   /// Non-empty: every rank's whole output (stdout and stderr, unprefixed) also
   /// goes to `DIR/rank_<rank>.log` (created, truncated at the start of the launch,
   /// appended to across restarts). The directory is created if missing.
@@ -57,14 +49,14 @@ struct LaunchOptions {
 /// How a launch ended.
 struct LaunchResult {
   /// The exit status of the failing worker (128 + N when it was killed by
-  /// signal N), or 128 + N when the launch was interrupted by signal N.
-  int exit_code = 0;        // 0 when all workers succeeded
-  /// The rank whose failure ended the launch (the root cause when one is found).
-  int64_t failed_rank = -1; // first rank seen failing, -1 if none
-  /// What went wrong, for the user.
-  std::string message;      // e.g. "rank 1 exited with status 3: error: ..."
-  /// How many times the workers were restarted (see `max_restarts`).
-  int64_t restarts = 0;     // how many times all workers were restarted
+  /// signal N), or 128 + N when the launch was interrupted by signal N; 0 when
+  /// all workers succeeded.
+  int exit_code = 0;
+  /// The rank whose failure ended the launch (the root cause when one is
+  /// found, else the first seen failing); -1 if none.
+  int64_t failed_rank = -1;
+  std::string message;   ///< what went wrong, for the user: "rank 1 exited with status 3: error: ..."
+  int64_t restarts = 0;  ///< how many times all workers were restarted (see `max_restarts`)
 };
 
 /// Runs `argv` (argv[0] is the program, looked up in PATH if it has no '/')

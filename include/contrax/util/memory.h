@@ -1,9 +1,6 @@
 // Host memory: counting CPU tensor memory (current and peak bytes held by
-// tensor storages), and how much more this process may allocate.
-//
-// LibTorch keeps no allocation statistics for CPU tensors, so benchmarks and
-// the memory tests install a thin wrapper around the CPU allocator that counts
-// every storage's bytes while it lives. Counters are process-wide.
+// tensor storages, for benchmarks and the memory tests), and how much more
+// this process may allocate.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -32,8 +32,6 @@ enum class Reduction { kMean, kSum, kNone };
 ///   kMaterialised: one logits buffer per rank (fastest while it fits);
 ///   kTiled: tile by tile (memory O(b x tile), same value and gradients;
 ///     `ring` passes the key blocks around the ring instead of gathering them).
-/// `tile_size` is the side of a tile on the tiled path (0: chosen so one tile
-/// takes about `tile_bytes`); a positive `tile_size` with kAuto asks for tiles.
 enum class MemoryPath { kAuto, kMaterialised, kTiled };
 
 /// What a shared label means (`labels` options).

@@ -320,7 +320,7 @@ void TrainLoop::out_of_memory(const Row& r, const std::string& what) const {
 RunResult TrainLoop::run(const Step& step) {
   const int64_t rank = comm_->rank(), world = comm_->world_size();
   if (rank == 0 && !run_dir_.empty()) {
-    // Named as a directory ('runs/a/'), as this error always has been.
+    // Named as a directory ('runs/a/') in its error.
     RunDir(run_dir_.path() + "/").create();
     metrics_ = std::make_unique<MetricsWriter>(run_dir_.metrics(), options_.resume() ? start_ : -1);
   }

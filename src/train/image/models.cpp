@@ -103,7 +103,7 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& x) {
   // it is (the mean's backward would write it out, divided, at full size).
   // A map of exactly g x g cells is its own grid average (the default
   // recipe's 4x4 map): flattened as it is, the same values, without
-  // adaptive_avg_pool2d's backward (2.5% of a step of the earlier default).
+  // adaptive_avg_pool2d's backward (2.5% of a step of the 32-64-128-256 encoder, 2x2 grid).
   torch::Tensor h;
   if (g == 1) {
     h = f.sum({2, 3}) / static_cast<double>(f.size(2) * f.size(3));

@@ -6,11 +6,11 @@
 // (step, epoch, schedule state, ...) and a free-form metadata string (JSON).
 //
 // Writing is atomic: the archive goes to `<path>.tmp.<pid>`, is fsync'ed,
-// renamed over `<path>` and the directory is fsync'ed. Until the rename the
-// previous checkpoint at `<path>` is untouched, and rename(2) replaces it in one
-// step, so a crash (even SIGKILL or power loss after the fsyncs) leaves either
-// the old or the new checkpoint, never a torn one. Stale temporaries of crashed
-// writers are ignored by `load` and removed by `remove_stale_temporaries`.
+// renamed over `<path>`, and the directory is fsync'ed; rename(2) replaces the
+// old file in one step, so a crash (even SIGKILL or power loss after the
+// fsyncs) leaves the old or the new checkpoint, never a torn one. Stale
+// temporaries of crashed writers are ignored by `load` and removed by
+// `remove_stale_temporaries`.
 #pragma once
 
 #include <torch/torch.h>
@@ -44,19 +44,15 @@ class Checkpoint {
   /// Registers a random generator; `at::Generator` is a handle, so the copy
   /// restores the caller's generator.
   Checkpoint& generator(const std::string& name, at::Generator generator);
-  /// Registers a generator that a checkpoint may lack, restored where it has
-  /// it: a GPU's generator, absent when a run started on the CPU resumes on a
-  /// GPU.
+  /// Registers a generator that a checkpoint may lack, restored where it has it
+  /// (a GPU's, absent when a run started on the CPU resumes on a GPU).
   Checkpoint& optional_generator(const std::string& name, at::Generator generator);
 
   /// Scalars saved and restored by value (load replaces these maps).
   std::map<std::string, int64_t> ints;
-  /// Floating-point scalars saved and restored by value.
-  std::map<std::string, double> doubles;
-  /// String values saved and restored by value.
-  std::map<std::string, std::string> strings;
-  /// Free-form metadata (JSON by convention), restored by `load`.
-  std::string metadata;
+  std::map<std::string, double> doubles;       ///< floating-point scalars, as `ints`
+  std::map<std::string, std::string> strings;  ///< string values, as `ints`
+  std::string metadata;                        ///< free-form metadata (JSON by convention), restored by `load`
 
   /// Writes atomically to `path` (see file comment). Throws on I/O errors;
   /// the previous file at `path` is intact if it throws.

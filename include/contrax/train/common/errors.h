@@ -1,9 +1,7 @@
-// The trainer library's typed errors: what went wrong, with its numbers, so
-// that a caller maps each to its own words and exit status without reading
-// the message. The `contrax train` tool turns them into messages that name
-// its flags (apps/train_errors.cpp); the library's own messages name only
-// its options (RunOptions::lr, ResumeMode), so that it reads the same from
-// any caller.
+// The trainer library's typed errors: what went wrong, with its numbers, so a
+// caller maps each to its own words and exit status without reading the
+// message. The library's messages name only its options (RunOptions::lr,
+// ResumeMode); `contrax train` words them in its flags (apps/train_errors.cpp).
 //
 //   try {
 //     contrax::train::train_contrastive(comm, data, options);
@@ -75,20 +73,13 @@ class Diverged : public TrainError {
   Diverged(int64_t step, int64_t total_steps, double loss, double lr, bool loss_finite, int64_t skip_nonfinite,
            std::string checkpoint);
 
-  /// The step that diverged, from 1.
-  int64_t step;
-  /// The schedule's length in steps.
-  int64_t total_steps;
-  /// The step's global loss (not finite unless `loss_finite`).
-  double loss;
-  /// The learning rate of the step.
-  double lr;
-  /// True when the loss was finite and a gradient was not.
-  bool loss_finite;
-  /// How many non-finite steps the run was allowed to skip (all used up).
-  int64_t skip_nonfinite;
-  /// The run's checkpoint file, kept as it was; empty without a run directory.
-  std::string checkpoint;
+  int64_t step;            ///< the step that diverged, from 1
+  int64_t total_steps;     ///< the schedule's length in steps
+  double loss;             ///< the step's global loss (not finite unless `loss_finite`)
+  double lr;               ///< the learning rate of the step
+  bool loss_finite;        ///< true when the loss was finite and a gradient was not
+  int64_t skip_nonfinite;  ///< how many non-finite steps the run was allowed to skip (all used up)
+  std::string checkpoint;  ///< the run's checkpoint file, kept as it was; empty without a run directory
 };
 
 /// An allocation that failed during a step on this rank (kind kOutOfMemory).
@@ -101,20 +92,13 @@ class OutOfMemory : public TrainError {
   OutOfMemory(int64_t step, int64_t total_steps, int64_t rank, int64_t rows, int64_t rows_per_rank, std::string cause,
               std::string checkpoint);
 
-  /// The step that failed, from 1.
-  int64_t step;
-  /// The schedule's length in steps.
-  int64_t total_steps;
-  /// The rank whose allocation failed.
-  int64_t rank;
-  /// Rows in the step's global batch.
-  int64_t rows;
-  /// The most rows one rank had.
-  int64_t rows_per_rank;
-  /// What the allocator said (its first line).
-  std::string cause;
-  /// The run's checkpoint file, kept as it was; empty without a run directory.
-  std::string checkpoint;
+  int64_t step;            ///< the step that failed, from 1
+  int64_t total_steps;     ///< the schedule's length in steps
+  int64_t rank;            ///< the rank whose allocation failed
+  int64_t rows;            ///< rows in the step's global batch
+  int64_t rows_per_rank;   ///< the most rows one rank had
+  std::string cause;       ///< what the allocator said (its first line)
+  std::string checkpoint;  ///< the run's checkpoint file, kept as it was; empty without a run directory
 };
 
 /// A checkpoint, asked to be resumed, that a run with other settings wrote
@@ -124,14 +108,10 @@ class CheckpointMismatch : public TrainError {
   /// `checkpoint` was written with `setting` = `saved`; this run has `wanted`.
   CheckpointMismatch(std::string checkpoint, std::string setting, std::string saved, std::string wanted);
 
-  /// The checkpoint file.
-  std::string checkpoint;
-  /// The setting that differs, as RunOptions names it ("dtype").
-  std::string setting;
-  /// Its value in the checkpoint ("float").
-  std::string saved;
-  /// Its value in this run ("double").
-  std::string wanted;
+  std::string checkpoint;  ///< the checkpoint file
+  std::string setting;     ///< the setting that differs, as RunOptions names it ("dtype")
+  std::string saved;       ///< its value in the checkpoint ("float")
+  std::string wanted;      ///< its value in this run ("double")
 };
 
 /// A start the run directory refuses because of what was asked (kinds
@@ -143,8 +123,7 @@ class RunDirRefused : public TrainError {
   /// for TrainError; `detail`: see below.
   RunDirRefused(TrainErrorKind kind, std::string path, std::string detail, std::string fact, const std::string& advice);
 
-  /// The run directory.
-  std::string path;
+  std::string path;  ///< the run directory
   /// kRunDirInUse: the pid of the run that holds it ("" when unknown);
   /// kNothingToResume: the checkpoint file looked for; kRunExists: the run's
   /// files found ("checkpoint.pt, metrics.jsonl"); else empty.

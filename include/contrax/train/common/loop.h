@@ -1,8 +1,6 @@
-// The training loop every recipe of `contrax train` shares.
-//
-// A recipe (image/trainer.h: SimCLR and MoCo v3 on images; retrieval/trainer.h:
-// two towers on WordNet) builds its model, says what a checkpoint holds and
-// gives the loop one step's forward and backward. Everything around the step
+// The training loop every recipe of `contrax train` shares. A recipe
+// (image/trainer.h, retrieval/trainer.h) builds its model, says what a
+// checkpoint holds and gives the loop one step's forward and backward; the rest
 // is the loop's, the same for every recipe:
 //
 //   * the data order: a ShardedSampler over the recipe's examples, each rank
@@ -131,65 +129,43 @@ struct RunOptions {
 /// What a run returns (identical on every rank except where noted); each
 /// recipe's result extends it with its trained model.
 struct RunResult {
-  /// Step the run (re)started at.
-  int64_t start_step = 0;   // step the run (re)started at
-  /// Global step reached (equal to `total_steps` when the run finished).
-  int64_t steps = 0;        // global step reached (= total when finished)
-  /// The schedule's length in steps.
-  int64_t total_steps = 0;  // the schedule's length
-  /// Epochs reached: the epoch of the last step, plus 1.
-  int64_t epochs_done = 0;  // epoch of the last step + 1
-  /// Whether the run stopped early (a signal or `stop_at_step`).
-  bool interrupted = false; // stopped early (signal or stop_at_step)
-  /// Wall time of the loop, in seconds.
-  double train_s = 0;       // wall time of the loop
-  /// Global examples per second over the steps run here.
-  double examples_per_s = 0;
-  /// Global mean loss of each step run here.
-  std::vector<double> losses;  // global mean loss of each step run here
-  /// Steps not applied because the loss or a gradient was not finite.
-  int64_t skipped_steps = 0;   // steps not applied for a non-finite loss or gradient
-  /// Bytes this rank sent in the steps run here.
-  int64_t bytes_sent = 0;      // bytes this rank sent in the steps run here (rank 0's on rank 0)
+  int64_t start_step = 0;      ///< step the run (re)started at
+  int64_t steps = 0;           ///< global step reached (`total_steps` when the run finished)
+  int64_t total_steps = 0;     ///< the schedule's length in steps
+  int64_t epochs_done = 0;     ///< epoch of the last step, plus 1
+  bool interrupted = false;    ///< stopped early (a signal or `stop_at_step`)
+  double train_s = 0;          ///< wall time of the loop, in seconds
+  double examples_per_s = 0;   ///< global examples per second over the steps run here
+  std::vector<double> losses;  ///< global mean loss of each step run here
+  int64_t skipped_steps = 0;   ///< steps not applied because the loss or a gradient was not finite
+  int64_t bytes_sent = 0;      ///< bytes this rank sent in the steps run here (differs by rank)
 };
 
 /// A setting of a recipe, besides the loop's own, that its checkpoints record
 /// and a resumed run must share (the retrieval recipe's hard negatives).
 struct RunSetting {
-  /// Name of the setting among the checkpoint's integers.
-  std::string key;   // in the checkpoint's integers
-  /// Its value in this run.
-  int64_t value = 0;
-  /// How a refusal names it ("hard negatives").
-  std::string what;  // as the refusal names it: "hard negatives"
+  std::string key;    ///< name of the setting among the checkpoint's integers
+  int64_t value = 0;  ///< its value in this run
+  std::string what;   ///< how a refusal names it ("hard negatives")
 };
 
 /// A recipe's model as the loop trains and checkpoints it.
 struct LoopModel {
-  /// Recorded in checkpoints; a checkpoint of another recipe is refused.
-  std::string recipe;
-  /// Examples the sampler draws the global batches from.
-  int64_t dataset_size = 0;
+  std::string recipe;        ///< recorded in checkpoints; a checkpoint of another recipe is refused
+  int64_t dataset_size = 0;  ///< examples the sampler draws the global batches from
   /// What a checkpoint holds, by name (registered by reference, not owned).
   std::vector<std::pair<std::string, torch::nn::Module*>> modules;
-  /// What AdamW trains and the non-finite guard checks.
-  std::vector<torch::Tensor> parameters;
-  /// Settings a resumed run must share with its checkpoint.
-  std::vector<RunSetting> settings;
-  /// Recorded in checkpoints for the reader, never checked (the lr is added).
-  std::map<std::string, double> recorded;
+  std::vector<torch::Tensor> parameters;   ///< what AdamW trains and the non-finite guard checks
+  std::vector<RunSetting> settings;        ///< settings a resumed run must share with its checkpoint
+  std::map<std::string, double> recorded;  ///< recorded in checkpoints, never checked (the lr is added)
 };
 
 /// One step's share of this rank, as the sampler gives it.
 struct StepBatch {
-  /// Global step, from 0.
-  int64_t step = 0;           // global step, from 0
-  /// Epoch, from 0.
-  int64_t epoch = 0;          // from 0
-  /// Step within the epoch, from 0.
-  int64_t step_in_epoch = 0;  // from 0
-  /// This rank's examples of the step: int64 [b_r], possibly empty.
-  torch::Tensor indices;      // int64 [b_r]: this rank's examples (may be empty)
+  int64_t step = 0;           ///< global step, from 0
+  int64_t epoch = 0;          ///< from 0
+  int64_t step_in_epoch = 0;  ///< from 0
+  torch::Tensor indices;      ///< this rank's examples of the step: int64 [b_r], possibly empty
 };
 
 /// What a recipe does in a step.
@@ -201,15 +177,13 @@ struct Step {
   std::function<torch::Tensor(const StepBatch&)> loss;
   /// Called after each applied update (MoCo v3's momentum encoder); optional.
   std::function<void(int64_t step, int64_t total_steps)> after_update;
-  /// More of the progress line, after the loss ("  scale 14.3"); optional.
-  std::function<std::string()> progress;
-  /// What the progress line's rate counts: "ex" (examples), "q" (queries).
-  std::string rate_unit = "ex";
+  std::function<std::string()> progress;  ///< more of the progress line, after the loss ("  scale 14.3"); optional
+  std::string rate_unit = "ex";           ///< what the progress line's rate counts: "ex" (examples), "q" (queries)
 };
 
-/// The name a recipe gives the DataParallel reducer's all-reduce, which runs
-/// inside backward outside the Communicator's own calls, so that its failures
-/// are not raw Gloo: `with_collective_context(*comm, kReducerAllReduce, ...)`.
+/// The name of the DataParallel reducer's all-reduce, which runs inside backward
+/// outside the Communicator's calls, for its failures to be named and not raw
+/// Gloo: `with_collective_context(*comm, kReducerAllReduce, ...)`.
 inline constexpr const char* kReducerAllReduce = "gradient all_reduce (DataParallel, in backward)";
 
 /// The checks of `options` every recipe shares; `prefix` starts each message

@@ -9,12 +9,11 @@
 //   curves.png      loss, lr and throughput against steps (tools/plot_run.py)
 //   .lock           flock'ed while a run uses the directory
 //
-// Every file is written atomically (checkpoint.h): a crash leaves the old
-// file or the new one. An existing run is never overwritten by accident:
-// starting one in a directory that holds a run is refused unless the caller
-// resumes it or overwrites it; `ResumeMode::kAuto` continues from the
-// checkpoint when there is one and starts fresh when there is none, so a
-// preempted job can be requeued with the same command.
+// Every file is written atomically (checkpoint.h): a crash leaves the old file
+// or the new one. A directory that holds a run is refused unless the caller
+// resumes or overwrites it; `ResumeMode::kAuto` resumes when there is a
+// checkpoint and starts fresh otherwise, so a preempted job can be requeued
+// with the same command.
 #pragma once
 
 #include <memory>
@@ -56,18 +55,12 @@ class RunDir {
   /// Path of the run's metrics file (one JSON line per logged step).
   std::string metrics() const { return file(kMetrics); }
 
-  /// File name of the checkpoint.
-  static constexpr const char* kCheckpoint = "checkpoint.pt";
-  /// File name of the metrics, one JSON line per logged step.
-  static constexpr const char* kMetrics = "metrics.jsonl";
-  /// File name of the run's configuration.
-  static constexpr const char* kConfig = "config.json";
-  /// File name of the training log.
-  static constexpr const char* kLog = "train.log";
-  /// File name of the results (final evaluation).
-  static constexpr const char* kResults = "results.json";
-  /// File name of the plotted training curves.
-  static constexpr const char* kCurves = "curves.png";
+  static constexpr const char* kCheckpoint = "checkpoint.pt";  ///< file name of the checkpoint
+  static constexpr const char* kMetrics = "metrics.jsonl";     ///< file name of the metrics (a line per logged step)
+  static constexpr const char* kConfig = "config.json";        ///< file name of the run's configuration
+  static constexpr const char* kLog = "train.log";             ///< file name of the training log
+  static constexpr const char* kResults = "results.json";      ///< file name of the results (final evaluation)
+  static constexpr const char* kCurves = "curves.png";         ///< file name of the plotted training curves
   /// The files a run writes (what overwriting removes; nothing else is touched).
   static const std::vector<std::string>& run_files();
 
@@ -96,10 +89,8 @@ class RunDir {
 
   /// What `claim` decided, and the lock, held while this lives.
   struct Claim {
-    /// Whether the run resumes from the directory's checkpoint.
-    bool resume = false;
-    /// The directory's lock, held while the claim lives.
-    std::unique_ptr<Lock> lock;
+    bool resume = false;         ///< whether the run resumes from the directory's checkpoint
+    std::unique_ptr<Lock> lock;  ///< the directory's lock, held while the claim lives
   };
 
   /// For the process that starts a run (and its workers): refuses a resume

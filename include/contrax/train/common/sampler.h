@@ -1,16 +1,13 @@
 // Sharded sampling: which examples each rank trains on at each step.
 //
-// Exactness across world sizes needs one thing from the data side: the
-// concatenation of the ranks' local batches, in rank order, must be the global
-// batch a single process would see. So the sampler draws one seeded global
-// permutation per epoch (identical on every rank, seed + epoch), cuts it into
-// global batches of `global_batch_size` rows (the last one short and KEPT, as
-// the losses are exact for uneven batches), and gives rank r a contiguous part
-// of each global batch, as even as possible: the first `G mod W` ranks get one
-// row more, and in a tiny last batch some ranks may get none.
-//
-// Everything is a pure function of (seed, epoch, step, rank), so resuming at any
-// (epoch, step) replays exactly the batches an uninterrupted run would see.
+// Exactness across world sizes needs the ranks' local batches, concatenated in
+// rank order, to be the global batch a single process would see. So the sampler
+// draws one seeded global permutation per epoch (the same on every rank), cuts
+// it into global batches of `global_batch_size` rows (the last one short and
+// KEPT: the losses are exact for uneven batches), and gives rank r a contiguous
+// part of each, as even as possible: the first `G mod W` ranks get one row
+// more; in a tiny last batch some ranks get none. Everything is a pure function
+// of (seed, epoch, step, rank), so a resumed run replays the same batches.
 #pragma once
 
 #include <torch/torch.h>
@@ -36,20 +33,16 @@ struct ShardedSamplerOptions {
 
 /// A position in training: `step` counts global batches within `epoch`.
 struct SamplerPosition {
-  /// Epoch, from 0.
-  int64_t epoch = 0;
-  /// Global batch within the epoch, from 0.
-  int64_t step = 0;
+  int64_t epoch = 0;  ///< from 0
+  int64_t step = 0;   ///< global batch within the epoch, from 0
   /// Equal epoch and step.
   bool operator==(const SamplerPosition& o) const { return epoch == o.epoch && step == o.step; }
 };
 
 /// Where one rank's rows sit inside a global batch.
 struct RankSlice {
-  /// First row of this rank within the global batch.
-  int64_t offset = 0;  // off_r: first row of this rank within the global batch
-  /// Rows of this rank (possibly 0).
-  int64_t count = 0;   // b_r (may be 0)
+  int64_t offset = 0;  ///< off_r: first row of this rank within the global batch
+  int64_t count = 0;   ///< b_r: rows of this rank (possibly 0)
 };
 
 /// Rank `rank`'s contiguous part of a global batch of `rows` rows split over

@@ -15,8 +15,8 @@ namespace contrax::train {
 /// `batch`, the step's input rows and what the recipe makes of them before
 /// the model (augmented views, their concatenation); `activations`, what the
 /// model keeps for the backward for the rows that run with gradient at once
-/// (all of them, or one gradient-cache chunk); `loss`, the loss's own buffers on the path it takes
-/// (contrax::plan_loss).
+/// (all, or one gradient-cache chunk); `loss`, the loss's own buffers on its
+/// path (contrax::plan_loss).
 struct StepMemory {
   int64_t model = 0;        ///< the model and its training state
   int64_t batch = 0;        ///< the step's inputs
@@ -42,22 +42,14 @@ enum class StepMemoryShrink {
 /// much and what to shrink (step_memory_fit). A caller words the refusal in
 /// its own terms: the `contrax train` tool names its flags.
 struct StepMemoryFit {
-  /// False when the step is known not to fit.
-  bool fits = true;
-  /// What to shrink first (kNothing when it fits).
-  StepMemoryShrink shrink = StepMemoryShrink::kNothing;
-  /// One step's memory per process.
-  StepMemory need;
-  /// Rows in the largest global batch.
-  int64_t global_rows = 0;
-  /// The most rows one process has.
-  int64_t rows_per_process = 0;
-  /// The processes that share `available`.
-  int64_t processes = 1;
-  /// Bytes the processes share.
-  int64_t available = 0;
-  /// Where: "this machine (or its memory limit)", "GPU cuda:1".
-  std::string where;
+  bool fits = true;                                      ///< false when the step is known not to fit
+  StepMemoryShrink shrink = StepMemoryShrink::kNothing;  ///< what to shrink first (kNothing when it fits)
+  StepMemory need;                                       ///< one step's memory per process
+  int64_t global_rows = 0;                               ///< rows in the largest global batch
+  int64_t rows_per_process = 0;                          ///< the most rows one process has
+  int64_t processes = 1;                                 ///< the processes that share `available`
+  int64_t available = 0;                                 ///< bytes the processes share
+  std::string where;  ///< "this machine (or its memory limit)", "GPU cuda:1"
 
   /// "needs about 21 GiB per process for a training step (activations ...),
   /// but this machine (or its memory limit) allows 15 GiB for its 2 processes".

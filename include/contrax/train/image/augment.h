@@ -7,13 +7,11 @@
 //
 // Reproducibility across world sizes: every random number an example uses comes
 // from its own torch::Generator seeded from (seed, epoch, step, view, global
-// example index), never from a shared stream. So an example's view is the same
-// whether one process augments the whole global batch or four ranks each
-// augment a quarter; that, with the sampler's rank-ordered slices, is what makes
-// an N-process run reproduce the 1-process run exactly. All batched ops are
-// elementwise per example (the sampling grid is built by broadcasting rather
-// than a batched matrix product), so results do not depend on the batch split
-// even bit for bit.
+// example index), never from a shared stream, so an example's view does not
+// depend on which rank augments it; with the sampler's rank-ordered slices an
+// N-process run reproduces the 1-process run exactly. All batched ops are
+// per example (the sampling grid is built by broadcasting, not a batched matrix
+// product), so results do not depend on the batch split even bit for bit.
 #pragma once
 
 #include <torch/torch.h>
@@ -41,8 +39,7 @@ struct AugmentOptions {
   TORCH_ARG(double, ratio_max) = 4.0 / 3.0;
   /// Probability of a horizontal flip.
   TORCH_ARG(double, flip_prob) = 0.5;
-  /// Probability of applying colour jitter; brightness factor in
-  /// [1 - brightness, 1 + brightness], contrast factor likewise.
+  /// Probability of applying colour jitter (brightness and contrast).
   TORCH_ARG(double, jitter_prob) = 0.8;
   /// Brightness jitter: the factor is uniform in [1 - brightness, 1 + brightness].
   TORCH_ARG(double, brightness) = 0.4;
@@ -52,8 +49,7 @@ struct AugmentOptions {
   TORCH_ARG(double, blur_prob) = 0.0;
   /// Upper end of the blur's sigma.
   TORCH_ARG(double, blur_sigma_max) = 1.0;
-  /// Probability of additive Gaussian noise of standard deviation `noise_std`
-  /// (in [0, 1] pixel units, before normalisation).
+  /// Probability of additive Gaussian noise (before normalisation).
   TORCH_ARG(double, noise_prob) = 0.0;
   /// Standard deviation of the noise, in [0, 1] pixel units.
   TORCH_ARG(double, noise_std) = 0.05;
@@ -68,14 +64,10 @@ struct AugmentOptions {
 /// What makes a view's randomness: the run's seed, the training position and
 /// which of the two views. The example's global index is the fourth part.
 struct AugmentKey {
-  /// The run's seed.
-  uint64_t seed = 0;
-  /// Epoch of the training position.
-  int64_t epoch = 0;
-  /// Step of the training position within the epoch.
-  int64_t step = 0;
-  /// Which of the two views (0 or 1).
-  int64_t view = 0;
+  uint64_t seed = 0;   ///< the run's seed
+  int64_t epoch = 0;   ///< epoch of the training position
+  int64_t step = 0;    ///< step of the training position within the epoch
+  int64_t view = 0;    ///< which of the two views (0 or 1)
 };
 
 /// The 64-bit seed of example `index`'s generator under `key`.

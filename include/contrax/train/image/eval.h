@@ -1,22 +1,16 @@
-// Evaluating representations: what did contrastive training buy?
-//
-// The encoder is frozen and embeds the train and test splits; two standard
-// read-outs then measure the representation:
+// Evaluating representations: what did contrastive training buy? The frozen
+// encoder embeds the train and test splits; two standard read-outs follow:
 //  * a linear probe: multinomial logistic regression on standardised features,
-//    trained full-batch with L-BFGS (strong-Wolfe line search, no learning rate
-//    to tune) until a tolerance stops it, with the L2 strength chosen on a
-//    held-out part of the train split and then refitted on all of it (the
-//    logistic-regression protocol of Kornblith et al. 2019 and CLIP). A fixed
-//    penalty favours one representation: fitted on 10000 Fashion-MNIST
-//    images, raw pixels (784 dims) validate best at lambda 1e-2, the trained
-//    128-dim encoder at 1e-4, and the former fixed 1e-4 cost raw pixels 2.8
-//    points of test accuracy (0.807 instead of 0.835);
-//  * k-nearest-neighbour accuracy as in the InstDisc / DINO kNN monitor: cosine
-//    similarity to the train features (the memory bank: the whole train split
-//    by default, as there; a smaller bank lowers every representation's
-//    accuracy, raw pixels' from 0.857 to 0.818 with 10000 images), the top k
-//    vote with weights exp(sim / T), computed in blocks of test rows to bound
-//    memory.
+//    full-batch L-BFGS (strong-Wolfe, no learning rate to tune) to a tolerance,
+//    the L2 strength chosen on a held-out part of the train split, then refitted
+//    on all of it (Kornblith et al. 2019, CLIP). A fixed penalty favours one
+//    representation: on 10000 Fashion-MNIST images raw pixels validate best at
+//    lambda 1e-2, the trained 128-dim encoder at 1e-4, and a fixed 1e-4 cost
+//    raw pixels 2.8 points of test accuracy (0.807 instead of 0.835);
+//  * weighted kNN accuracy as in the InstDisc / DINO monitor: cosine similarity
+//    to the train features (the whole train split by default, as there; 10000
+//    images lower raw pixels' from 0.857 to 0.818), the top k voting with
+//    weights exp(sim / T), in blocks of test rows to bound memory.
 // Baselines make the numbers readable: the same read-outs on raw pixels and on
 // a randomly initialised encoder of the same architecture.
 #pragma once
@@ -76,26 +70,15 @@ struct LinearProbeOptions {
 
 /// Result of `linear_probe`.
 struct LinearProbeResult {
-  /// Accuracy on the train split.
-  double train_acc = 0;
-  /// Accuracy on the test split.
-  double test_acc = 0;
-  /// The final fit's training objective where L-BFGS stopped.
-  double final_loss = 0;
-  /// The L2 strength of the final fit, and its validation accuracy (-1 when
-  /// `l2_grid` has one value and nothing was held out).
-  double l2 = 0;
-  /// Validation accuracy of the chosen `l2` (-1 when nothing was held out).
-  double val_acc = -1;
-  /// L-BFGS iterations of the final fit and max |gradient| where it stopped;
-  /// `converged`: a tolerance stopped it before `max_iter`.
-  int64_t iterations = 0;
-  /// Largest absolute gradient entry where the final fit stopped.
-  double grad_max = 0;
-  /// Whether a tolerance stopped the final fit before `max_iter`.
-  bool converged = false;
-  /// Wall time of the probe, in seconds.
-  double seconds = 0;
+  double train_acc = 0;    ///< accuracy on the train split
+  double test_acc = 0;     ///< accuracy on the test split
+  double final_loss = 0;   ///< the final fit's training objective where L-BFGS stopped
+  double l2 = 0;           ///< the L2 strength of the final fit
+  double val_acc = -1;     ///< validation accuracy of `l2` (-1 when `l2_grid` has one value: nothing held out)
+  int64_t iterations = 0;  ///< L-BFGS iterations of the final fit
+  double grad_max = 0;     ///< largest absolute gradient entry where the final fit stopped
+  bool converged = false;  ///< a tolerance stopped the final fit before `max_iter`
+  double seconds = 0;      ///< wall time of the probe
 };
 
 /// Multinomial logistic regression read-out.
@@ -142,14 +125,10 @@ double knn_accuracy(const torch::Tensor& train_x, const torch::Tensor& train_y, 
 
 /// Both read-outs of one representation.
 struct EvalResult {
-  /// Test accuracy of the linear probe.
-  double linear_probe_acc = 0;
-  /// Accuracy of the weighted kNN classifier.
-  double knn_acc = 0;
-  /// Details of the linear probe (lambda, convergence).
-  LinearProbeResult probe;
-  /// Wall time of the embedding and both read-outs, in seconds.
-  double seconds = 0;
+  double linear_probe_acc = 0;  ///< test accuracy of the linear probe
+  double knn_acc = 0;           ///< accuracy of the weighted kNN classifier
+  LinearProbeResult probe;      ///< details of the linear probe (lambda, convergence)
+  double seconds = 0;           ///< wall time of the embedding and both read-outs
 };
 
 /// Options for the `evaluate_*` helpers. Defaults: the probe and the kNN
@@ -159,10 +138,9 @@ struct EvalOptions {
   TORCH_ARG(LinearProbeOptions, probe) = {};
   /// Options of the kNN read-out.
   TORCH_ARG(KnnOptions, knn) = {};
-  /// > 0: the linear probe is fitted on the first this many train examples
-  /// only (its cost grows with rows x feature dimension x L-BFGS iterations,
-  /// and raw pixels have 784 dimensions); the kNN memory bank is always the
-  /// whole train split. -1: all.
+  /// > 0: the linear probe is fitted on the first this many train examples only
+  /// (its cost grows with rows x dimension x iterations; raw pixels have 784
+  /// dimensions); the kNN memory bank is always the whole train split. -1: all.
   TORCH_ARG(int64_t, probe_train_limit) = -1;
   /// Images per forward pass when embedding.
   TORCH_ARG(int64_t, batch_size) = 1024;

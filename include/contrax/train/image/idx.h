@@ -42,10 +42,8 @@ torch::Tensor load_idx_labels(const std::string& path, int64_t limit = -1);
 
 /// A labelled image data set held in memory.
 struct Dataset {
-  /// Images, uint8 [N, 1, H, W].
-  torch::Tensor images;  // [N, 1, H, W] uint8
-  /// Labels, int64 [N].
-  torch::Tensor labels;  // [N] int64
+  torch::Tensor images;  ///< uint8 [N, 1, H, W]
+  torch::Tensor labels;  ///< int64 [N]
   /// Number of examples N (0 when empty).
   int64_t size() const { return images.defined() ? images.size(0) : 0; }
   /// The rows `indices` ([n] int64) of this data set.
@@ -72,10 +70,9 @@ Dataset load_dataset(const std::string& dir = kDefaultDataDir, const std::string
 
 /// Checks, without loading them, that the IDX files of every split in
 /// `splits` exist, can be read, have plausible headers (magic, dimensions, a
-/// payload the file can hold) and agree in count. Call it before training so
-/// that a missing or damaged test split is found before the run, not after.
-/// Throws naming the file (or the directory, when it cannot be searched)
-/// and the reason.
+/// payload the file can hold) and agree in count, so that a damaged test split
+/// is found before the run, not after. Throws naming the file (or the
+/// directory, when it cannot be searched) and the reason.
 ///
 ///   contrax::train::check_dataset_files(data_dir, {"train", "test"});
 void check_dataset_files(const std::string& dir = kDefaultDataDir,

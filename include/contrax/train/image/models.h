@@ -1,14 +1,12 @@
 // Models for `contrax train`: a small CNN encoder for 28x28 grey images, the
 // SimCLR projection head, the MoCo v3 predictor, and the two recipes' modules.
 //
-// Normalisation is GroupNorm (or none), never BatchNorm: BatchNorm normalises
-// with statistics of the rows a rank holds, so a rank with 128 rows and a single
-// process with 256 rows compute different activations and the distributed run
-// stops being the single-process run (SimCLR and MoCo fix this with SyncBN,
-// i.e. more communication). GroupNorm normalises each example on its own, so
-// the forward pass of an example is independent of its batch, and the exact
-// losses make the whole step independent of the world size. The encoder is
-// sized to train at a few thousand images per second on 2 CPU cores.
+// Normalisation is GroupNorm (or none), never BatchNorm: BatchNorm's statistics
+// are of the rows a rank holds, so 128 rows on a rank and 256 in one process
+// give different activations (SimCLR and MoCo need SyncBN, more communication).
+// GroupNorm normalises each example on its own, so with the exact losses the
+// whole step is independent of the world size. The encoder is sized to train at
+// a few thousand images per second on 2 CPU cores.
 #pragma once
 
 #include <torch/torch.h>
@@ -26,13 +24,11 @@ namespace contrax::train {
 /// no dropout, 1 input channel. Measured by CPU time on this machine: ~1600
 /// images/s forward+backward on 2 threads, versus ~800 with strides 1-2-2.
 struct EncoderOptions {
-  /// Output channels of the conv stages; the representation has channels.back()
-  /// dimensions.
+  /// Output channels of the conv stages (the representation: channels.back()).
   TORCH_ARG(std::vector<int64_t>, channels) = std::vector<int64_t>({32, 64, 128});
   /// Stride of each stage's first conv (same length as `channels`).
   TORCH_ARG(std::vector<int64_t>, strides) = std::vector<int64_t>({2, 2, 1});
-  /// "group" (GroupNorm) or "none". BatchNorm is deliberately not offered (see
-  /// the file comment).
+  /// "group" (GroupNorm) or "none"; never BatchNorm (see the file comment).
   TORCH_ARG(std::string, norm) = "group";
   /// Groups of each GroupNorm; must divide every stage's channel count.
   TORCH_ARG(int64_t, groups) = 8;
@@ -43,14 +39,12 @@ struct EncoderOptions {
   /// Convolutions per stage; the extra ones keep stride 1 and the width.
   TORCH_ARG(int64_t, convs_per_stage) = 1;
   /// Side of the output's pooling grid: 1 is global average pooling; g > 1
-  /// averages the last feature map over g x g cells and flattens them, so the
-  /// representation keeps where in the image a feature was
-  /// (channels.back() * g * g dimensions).
+  /// averages g x g cells of the last map and flattens them (channels.back()
+  /// * g * g dimensions), keeping where in the image a feature was.
   TORCH_ARG(int64_t, pool_grid) = 1;
-  /// On the CPU (float or double, norm "group"): convolutions in the
-  /// channels-last layout and each GroupNorm + ReLU as one fused kernel
-  /// (group_norm_relu()), the same function computed in less time (see
-  /// docs/benchmarks.md). Elsewhere, or false, or with the environment
+  /// On the CPU (float or double, norm "group"): channels-last convolutions and
+  /// each GroupNorm + ReLU fused (group_norm_relu()), the same function in less
+  /// time (docs/benchmarks.md). Elsewhere, if false, or with the environment
   /// variable CONTRAX_FUSED_ENCODER=0: torch's modules in their default layout.
   TORCH_ARG(bool, fused_cpu) = true;
 };
@@ -72,8 +66,7 @@ class EncoderImpl : public torch::nn::Module {
   /// Whether a CPU float or double input takes the fused path (fused_cpu()
   /// and norm "group", unless CONTRAX_FUSED_ENCODER=0 was set at construction).
   bool fused_on_cpu() const { return fused_; }
-  /// The options the encoder was built with.
-  EncoderOptions options;
+  EncoderOptions options;  ///< the options the encoder was built with
 
  private:
   torch::Tensor fused_features(const torch::Tensor& x);
@@ -111,8 +104,7 @@ class MLPHeadImpl : public torch::nn::Module {
   explicit MLPHeadImpl(MLPHeadOptions options = {});
   /// x: [b, in_dim] -> [b, out_dim]
   torch::Tensor forward(const torch::Tensor& x);
-  /// The options the head was built with.
-  MLPHeadOptions options;
+  MLPHeadOptions options;  ///< the options the head was built with
 
  private:
   torch::nn::Sequential layers_{nullptr};
@@ -121,16 +113,13 @@ TORCH_MODULE(MLPHead);
 
 /// The encoder of the default `contrax train` recipe: three stages 32-64-64
 /// with stride 2 each (28 -> 14 -> 7 -> 4; receptive field 15 px),
-/// GroupNorm(8), and the 4x4 last map flattened (pool_grid 4: a
-/// 1024-dimensional representation that keeps which of 16 cells of the image
-/// a feature is in). Chosen by measurement (docs/benchmarks.md, "Fashion-MNIST
-/// recipe" and "A shorter default run"): the kept layout is what lifts kNN
-/// accuracy above raw pixels. Against the earlier 32-64-128-256 encoder with
-/// a 2x2 grid it reads higher on both probe and kNN in fewer epochs, at
-/// about 1.7x the examples/s: its convolutions do 14*14*32*9 + 7*7*64*32*9 +
-/// 4*4*64*64*9 = 1.55 M multiply-adds per image (output cells x out channels
-/// x in channels x 9) against 3.32 M (the same first two, then 4*4*128*64*9
-/// and 2*2*256*128*9).
+/// GroupNorm(8), and the 4x4 last map flattened (pool_grid 4: 1024 dimensions
+/// that keep which of 16 cells a feature is in), chosen by measurement
+/// (docs/benchmarks.md, "Fashion-MNIST recipe", "A shorter default run"): the
+/// kept layout lifts kNN accuracy above raw pixels. Against 32-64-128-256 with a
+/// 2x2 grid it reads higher on probe and kNN in fewer epochs at about 1.7x the
+/// examples/s: 1.55 M multiply-adds per image (14*14*32*9 + 7*7*64*32*9 +
+/// 4*4*64*64*9) against 3.32 M.
 inline EncoderOptions default_recipe_encoder() {
   return EncoderOptions().channels({32, 64, 64}).strides({2, 2, 2}).pool_grid(4);
 }
@@ -163,12 +152,9 @@ class SimCLRModelImpl : public torch::nn::Module {
   explicit SimCLRModelImpl(ContrastiveModelOptions options = {});
   /// x: [b, 1, H, W] -> projections [b, proj_dim]
   torch::Tensor forward(const torch::Tensor& x);
-  /// The options the model was built with.
-  ContrastiveModelOptions options;
-  /// The encoder (registered as "encoder").
-  Encoder encoder{nullptr};
-  /// The projection head (registered as "projector").
-  MLPHead projector{nullptr};
+  ContrastiveModelOptions options;  ///< the options the model was built with
+  Encoder encoder{nullptr};         ///< registered as "encoder"
+  MLPHead projector{nullptr};       ///< registered as "projector"
 };
 TORCH_MODULE(SimCLRModel);
 
@@ -202,14 +188,10 @@ class MocoV3ModelImpl : public torch::nn::Module {
   /// Parameters of the online branch and the predictor (what the optimizer owns).
   std::vector<torch::Tensor> trainable_parameters() const;
 
-  /// The options the model was built with.
-  ContrastiveModelOptions options;
-  /// The online encoder + projector (registered as "online").
-  SimCLRModel online{nullptr};  // encoder + projector
-  /// The predictor on the online projections (registered as "predictor").
-  MLPHead predictor{nullptr};
-  /// The momentum copy of encoder + projector (registered as "momentum").
-  SimCLRModel momentum{nullptr};
+  ContrastiveModelOptions options;  ///< the options the model was built with
+  SimCLRModel online{nullptr};      ///< the online encoder + projector, registered as "online"
+  MLPHead predictor{nullptr};       ///< on the online projections, registered as "predictor"
+  SimCLRModel momentum{nullptr};    ///< the momentum copy of online, registered as "momentum"
   /// The online encoder (what evaluation uses).
   Encoder encoder() const { return online->encoder; }
 };

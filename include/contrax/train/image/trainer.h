@@ -4,13 +4,11 @@
 // the agreed stop, the non-finite guard).
 //
 // Each rank builds the same model from the seed, wraps its trainable
-// parameters in `DataParallel` (gradients averaged over ranks by c10d's
-// Reducer), and at every step takes its contiguous slice of the global batch,
-// augments two views keyed by the examples' GLOBAL indices, and minimises the
-// distributed loss (`nt_xent_loss` or `moco_v3_loss` with the communicator).
-// Since every piece is exact, the parameters after a step do not depend on
-// the world size (up to floating point summation order; bit-identical sums
-// are not promised, fp64 agrees to ~1e-12). `chunk_size > 0` runs each step
+// parameters in `DataParallel`, and at every step takes its slice of the global
+// batch, augments two views keyed by the examples' GLOBAL indices, and minimises
+// the distributed loss (`nt_xent_loss` or `moco_v3_loss`). Every piece is exact,
+// so the parameters after a step do not depend on the world size (up to the
+// summation order: fp64 agrees to ~1e-12). `chunk_size > 0` runs each step
 // through the gradient cache.
 #pragma once
 
@@ -59,10 +57,9 @@ struct TrainOptions {
   TORCH_ARG(AugmentOptions, augment) = AugmentOptions().scale_min(0.5);
 };
 
-/// The recipe of `contrax train` before its current default, which the torch
-/// peer (simclr_torch_ddp.py, see docs/benchmarks.md) implements and
-/// the tool's peer variant of the recipe selects: every field written out so that it stays
-/// fixed when the defaults change. Encoder 32-64-128 with strides 2-2-1 (a
+/// The recipe before the current default, which the torch peer
+/// (simclr_torch_ddp.py, docs/benchmarks.md) and the tool's peer variant use,
+/// every field written out so that it stays fixed. Encoder 32-64-128 with strides 2-2-1 (a
 /// 15-pixel receptive field), crop scale (0.2, 1), temperature 0.2, AdamW lr
 /// 2e-3, weight decay 1e-4, 20 warm-up steps, 8 epochs at global batch 256.
 ///
@@ -73,10 +70,8 @@ TrainOptions peer_recipe();
 
 /// What a run returns: the loop's result and the trained model.
 struct TrainResult : RunResult {
-  /// The trained encoder (the online encoder for MoCo v3), in eval mode, on the CPU.
-  Encoder encoder{nullptr};
-  /// All parameters of the trained model (for comparisons in tests).
-  std::vector<torch::Tensor> parameters;
+  Encoder encoder{nullptr};               ///< the trained (online) encoder, in eval mode, on the CPU
+  std::vector<torch::Tensor> parameters;  ///< all parameters of the trained model (for tests' comparisons)
 };
 
 /// Runs the training loop collectively on every rank of `comm` (null: world 1),

@@ -17,16 +17,11 @@ namespace contrax::train {
 
 /// recall@1, recall@10 and MRR of a ranking task.
 struct RetrievalMetrics {
-  /// Fraction of queries whose correct passage is ranked first.
-  double recall_at_1 = 0;
-  /// Fraction of queries whose correct passage is among the first ten.
-  double recall_at_10 = 0;
-  /// Mean reciprocal rank of the correct passage.
-  double mrr = 0;
-  /// Number of queries Q.
-  int64_t queries = 0;
-  /// Number of passages P.
-  int64_t passages = 0;
+  double recall_at_1 = 0;   ///< fraction of queries whose correct passage is ranked first
+  double recall_at_10 = 0;  ///< fraction of queries whose correct passage is among the first ten
+  double mrr = 0;           ///< mean reciprocal rank of the correct passage
+  int64_t queries = 0;      ///< number of queries Q
+  int64_t passages = 0;     ///< number of passages P
 };
 
 /// Metrics of scores [Q, P] (higher is better) where query i's correct
@@ -43,12 +38,9 @@ RetrievalMetrics retrieval_metrics(const torch::Tensor& scores, const torch::Ten
 /// held-out passages (by passage id); a query is correct when the passage
 /// string of its own synset is ranked first (whichever synset it came from).
 struct RetrievalEvalSet {
-  /// Synset index of each query, [Q].
-  std::vector<int64_t> query_synsets;    // [Q] synset indices
-  /// Synset of each distinct passage, [P].
-  std::vector<int64_t> passage_synsets;  // [P] one synset per distinct passage
-  /// Column of each query's correct passage, int64 [Q].
-  torch::Tensor target;                  // int64 [Q]: column of the query's passage
+  std::vector<int64_t> query_synsets;    ///< [Q] synset index of each query
+  std::vector<int64_t> passage_synsets;  ///< [P] one synset per distinct passage
+  torch::Tensor target;                  ///< int64 [Q]: column of each query's correct passage
 };
 
 /// The first `limit` held-out synsets (-1: all).

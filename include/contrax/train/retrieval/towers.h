@@ -37,12 +37,9 @@ class BagTowerImpl : public torch::nn::Module {
   explicit BagTowerImpl(const BagTowerOptions& options = {});
   /// x = {ids int64 [n, L], weights [n, L]} (feature_batch's output) -> [n, out_dim], unit rows.
   torch::Tensor forward(const std::vector<torch::Tensor>& x);
-  /// The options the tower was built with.
-  BagTowerOptions options;
-  /// Feature embeddings, [buckets, embed_dim] (registered parameter "embedding").
-  torch::Tensor embedding;  // [buckets, embed_dim]
-  /// Layer norm of the mean embedding h.
-  torch::nn::LayerNorm norm{nullptr};
+  BagTowerOptions options;              ///< the options the tower was built with
+  torch::Tensor embedding;              ///< feature embeddings [buckets, embed_dim], parameter "embedding"
+  torch::nn::LayerNorm norm{nullptr};   ///< layer norm of the mean embedding h
   ///@{
   /// The layers of z = skip(h) + fc2(GELU(fc1(h))); skip has no bias.
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, skip{nullptr};
@@ -58,8 +55,7 @@ class LogitScaleImpl : public torch::nn::Module {
   explicit LogitScaleImpl(double init_log_scale);
   /// The log of the logit scale, `value`.
   torch::Tensor forward() { return value; }
-  /// The log of the logit scale (0-dim float parameter "value").
-  torch::Tensor value;
+  torch::Tensor value;  ///< the log of the logit scale (0-dim float parameter "value")
 };
 TORCH_MODULE(LogitScale);
 

@@ -2,15 +2,14 @@
 // loop every recipe shares (common/loop.h: schedule, checkpoints and resume,
 // metrics, the agreed stop, the non-finite guard).
 //
-// Each rank takes its contiguous slice of the global batch of training
-// synsets, embeds their glosses with the query tower and, with the passage
-// tower, g = 1 + hard_negatives passages per query (its own lemma list, then
-// hard negatives drawn from its co-hyponyms, see wordnet.h), and minimises
-// `grouped_loss`: every candidate of every rank is a negative of every query,
-// and candidates whose passage string equals the query's (same passage id)
-// are masked out, not negatives (LabelMode::kMaskDuplicates). The logit scale
-// is learnable (its log). `query_chunk_size > 0` runs each step through the
-// gradient cache with the passages in chunks of `passage_chunk_size`.
+// Each rank takes its slice of the global batch of training synsets, embeds
+// their glosses with the query tower and g = 1 + hard_negatives passages per
+// query with the passage tower (its own lemma list, then hard negatives from its
+// co-hyponyms, see wordnet.h), and minimises `grouped_loss`: every candidate of
+// every rank is a negative of every query, except those whose passage string
+// equals the query's (LabelMode::kMaskDuplicates). The logit scale is learnable
+// (its log). `query_chunk_size > 0` runs each step through the gradient cache
+// with the passages in chunks of `passage_chunk_size`.
 #pragma once
 
 #include <torch/torch.h>
@@ -52,11 +51,10 @@ struct RetrievalOptions {
 /// What a run returns: the loop's result (its examples_per_s counts queries)
 /// and the trained towers.
 struct RetrievalTrainResult : RunResult {
-  /// exp of the learnt log scale.
-  double logit_scale = 0;  // exp of the learnt log scale
+  double logit_scale = 0;  ///< exp of the learnt log scale
   ///@{
   /// The trained towers, in eval mode.
-  BagTower query_tower{nullptr}, passage_tower{nullptr};  // eval mode
+  BagTower query_tower{nullptr}, passage_tower{nullptr};
   ///@}
 };
 

@@ -7,15 +7,14 @@
 //
 //   offset lex_filenum ss_type w_cnt (word lex_id){w_cnt} p_cnt (ptr offset pos src/tgt){p_cnt} [frames] | gloss
 //
-// with w_cnt in hexadecimal (two digits) and p_cnt in decimal (three digits).
-// Lines starting with two spaces are the licence header.
+// with w_cnt in hexadecimal (two digits) and p_cnt in decimal (three digits);
+// lines starting with two spaces are the licence header.
 //
 // Text conventions (the same for every system that is evaluated):
 //  * query   = the gloss's definition: the text after `|` up to the first
 //              `; "` (where the usage examples begin), trimmed; the whole gloss
-//              when that is empty. Examples are left out because they usually
-//              contain the lemma itself ("able to swim"), which would turn the
-//              task into string matching.
+//              when that is empty. Examples usually contain the lemma itself
+//              ("able to swim"), which would make the task string matching.
 //  * passage = the synset's lemma names in file order, underscores as spaces,
 //              adjective position markers such as `(p)` removed, joined by
 //              ", " (e.g. "abstraction, abstract entity").
@@ -44,20 +43,13 @@ struct Synset {
   /// (offsets are unique within one data file only). File index: noun 0, verb
   /// 1, adj 2 (satellites `s` included), adv 3.
   int64_t key = 0;
-  /// Byte offset of the synset in its data file.
-  int64_t offset = 0;
-  /// Part of speech (ss_type): n, v, a, s (adjective satellite) or r.
-  char pos = 'n';       // ss_type: n, v, a, s, r
-  /// Lexicographer file number (noun.animal, verb.motion, ...).
-  int lex_filenum = 0;  // lexicographer file (noun.animal, verb.motion, ...)
-  /// The synset's words, underscores as spaces and markers removed.
-  std::vector<std::string> lemmas;  // underscores as spaces, markers removed
-  /// The gloss: the query text of the retrieval corpus.
-  std::string definition;           // the query text (see file comment)
-  /// Keys of the hypernyms (the `@` and `@i` pointers).
-  std::vector<int64_t> hypernyms;   // keys of `@` and `@i` pointers
-  /// Keys of the similar-to synsets (`&` pointers, adjective clusters).
-  std::vector<int64_t> similar;     // keys of `&` pointers (adjective clusters)
+  int64_t offset = 0;                ///< byte offset of the synset in its data file
+  char pos = 'n';                    ///< part of speech (ss_type): n, v, a, s (adjective satellite) or r
+  int lex_filenum = 0;               ///< lexicographer file number (noun.animal, verb.motion, ...)
+  std::vector<std::string> lemmas;   ///< the synset's words, underscores as spaces and markers removed
+  std::string definition;            ///< the gloss: the query text of the retrieval corpus
+  std::vector<int64_t> hypernyms;    ///< keys of the hypernyms (the `@` and `@i` pointers)
+  std::vector<int64_t> similar;      ///< keys of the similar-to synsets (`&` pointers, adjective clusters)
 };
 
 /// Parses the text of one data file (`pos_file` 0..3 as in `Synset::key`).
@@ -79,7 +71,7 @@ struct RetrievalCorpusOptions {
   TORCH_ARG(int64_t, query_buckets) = int64_t{1} << 16;
   /// Hash buckets of the passage (character n-gram) features.
   TORCH_ARG(int64_t, passage_buckets) = int64_t{1} << 16;
-  /// Character n-gram lengths of the passage features.
+  /// Shortest character n-gram of the passage features.
   TORCH_ARG(int64_t, min_ngram) = 3;
   /// Longest character n-gram of the passage features.
   TORCH_ARG(int64_t, max_ngram) = 5;
@@ -94,10 +86,8 @@ struct RetrievalCorpusOptions {
 
 /// Ragged integer lists (one per synset) in one flat buffer.
 struct Ragged {
-  /// The lists one after another.
-  std::vector<int64_t> values;
-  /// Row i is values[offsets[i], offsets[i+1]); starts with 0.
-  std::vector<int64_t> offsets{0};  // row i is values[offsets[i], offsets[i+1])
+  std::vector<int64_t> values;      ///< the lists one after another
+  std::vector<int64_t> offsets{0};  ///< row i is values[offsets[i], offsets[i+1]); starts with 0
   /// Number of lists.
   int64_t rows() const { return static_cast<int64_t>(offsets.size()) - 1; }
   /// Length of list `i`.
@@ -106,24 +96,15 @@ struct Ragged {
 
 /// The corpus as the retrieval recipe uses it.
 struct RetrievalCorpus {
-  /// The synsets, in file order.
-  std::vector<Synset> synsets;
-  /// Query of each synset: its definition.
-  std::vector<std::string> queries;   // [S] definitions
-  /// Passage of each synset: its lemma list.
-  std::vector<std::string> passages;  // [S] lemma lists
-  /// Id of each synset's lowercased passage string (equal strings, equal ids).
-  std::vector<int64_t> passage_id;    // [S] id of the lowercased passage string
-  /// Number of distinct passage strings.
-  int64_t num_passage_ids = 0;
-  /// Synset indices of the training split, in file order.
-  std::vector<int64_t> train;    // synset indices of the training split, file order
-  /// Synset indices of the held-out split, in file order.
-  std::vector<int64_t> heldout;  // synset indices of the held-out split, file order
-  /// Features of each query: hashed word unigrams and bigrams.
-  Ragged query_features;         // [S] hashed word unigrams and bigrams
-  /// Features of each passage: hashed character n-grams and whole words.
-  Ragged passage_features;       // [S] hashed character n-grams and whole words
+  std::vector<Synset> synsets;        ///< the synsets, in file order
+  std::vector<std::string> queries;   ///< [S] query of each synset: its definition
+  std::vector<std::string> passages;  ///< [S] passage of each synset: its lemma list
+  std::vector<int64_t> passage_id;    ///< [S] id of its lowercased passage string (equal strings, equal ids)
+  int64_t num_passage_ids = 0;        ///< number of distinct passage strings
+  std::vector<int64_t> train;         ///< synset indices of the training split, in file order
+  std::vector<int64_t> heldout;       ///< synset indices of the held-out split, in file order
+  Ragged query_features;              ///< [S] hashed word unigrams and bigrams
+  Ragged passage_features;            ///< [S] hashed character n-grams and whole words
   /// Per training synset (same order as `train`): indices INTO `train` of its
   /// hard-negative pool: co-hyponyms (synsets sharing a hypernym) and, for
   /// adjectives, the members of its similar-to cluster; passages equal to its
@@ -132,8 +113,7 @@ struct RetrievalCorpus {
   Ragged hard_negative_pool;
   /// Per lexicographer file (0..44): indices into `train` (fallback pool).
   std::vector<std::vector<int64_t>> train_by_lexfile;
-  /// The options the corpus was made with.
-  RetrievalCorpusOptions options;
+  RetrievalCorpusOptions options;  ///< the options the corpus was made with
 };
 
 /// Splits, ids, features and the hard-negative pools of `synsets`.
@@ -165,6 +145,5 @@ std::vector<torch::Tensor> feature_batch(const Ragged& features, const std::vect
 /// indices into `corpus.train`, [rows.size() * n], grouped per example.
 std::vector<int64_t> sample_hard_negatives(const RetrievalCorpus& corpus, const std::vector<int64_t>& rows, int64_t n,
                                            uint64_t seed, int64_t epoch);
-
 
 }  // namespace contrax::train
