@@ -3,10 +3,9 @@
 Why Contrax gathers equal row counts with the single-tensor all-gather on
 every backend (Communicator::all_gather_rows): NCCL's list form adds a copy
 per rank, and this measures that Gloo's single-tensor form is no slower than
-its list form (the one Contrax used on Gloo before). A round times 5 calls
-of each form in turn; its time is the slowest rank's mean per call. Rank 0
-prints the median over 9 rounds, the spread (the fastest and the slowest
-round) and the ratio to the list form:
+its list form. A round times 5 calls of each form in turn; its time is the
+slowest rank's mean per call. Rank 0 prints the median over 9 rounds, the
+spread (the fastest and the slowest round) and the ratio to the list form:
 
     python3 python/bench/gloo_all_gather_forms.py [--world 2] [--rows 4096] [--width 768]
 """

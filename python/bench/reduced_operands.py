@@ -9,8 +9,8 @@ switch is read once per process, so each round launches both policies in
 turn, W ranks each. A launch times `calls` steps of clip_loss forward +
 backward on [rows, width] bf16 features per rank after one warm-up step; its
 time is the slowest rank's mean per step, its bytes the communicator's count
-for one step on rank 0. Rank 0 of the first launch prints the median over the
-rounds, the spread (fastest and slowest round) and the ratios:
+for one step on rank 0. The parent prints the median over the rounds, the
+spread (fastest and slowest round) and the ratios:
 
     python3 python/bench/reduced_operands.py [--world 2] [--rows 2048] [--width 256] [--path materialised]
 """
