@@ -19,18 +19,17 @@ engine excludes autocast and keeps its own precision policy.
 """
 import contextlib
 import argparse
-import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 import torch.distributed.nn as dist_nn
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+from _harness import spawn_ranks
 
 
 def naive_clip_loss(a, b, logit_scale):
@@ -49,14 +48,9 @@ def rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def worker(rank, world, init_file, impl, opts, queue):
-    torch.set_num_threads(1)
+def worker(rank, world, impl, opts):
     cuda = opts.device == "cuda"
     dev = torch.device("cuda", rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(dev)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method="file://" + init_file, rank=rank,
-                            world_size=world)
     import contrax
 
     batch, width = opts.batch, opts.width
@@ -116,24 +110,7 @@ def worker(rank, world, init_file, impl, opts, queue):
     dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     total = torch.tensor([loss_value], dtype=torch.float64, device=dev)
     dist.all_reduce(total)
-    if rank == 0:
-        queue.put((impl, world, statistics.median(times), peak.item(), total.item() / world))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def run(impl, world, args):
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    fd, init_file = tempfile.mkstemp(prefix="contrax_bench_")
-    os.close(fd)
-    os.unlink(init_file)
-    try:
-        mp.spawn(worker, args=(world, init_file, impl, args, queue), nprocs=world)
-    finally:
-        if os.path.exists(init_file):
-            os.unlink(init_file)
-    return queue.get()
+    return impl, world, statistics.median(times), peak.item(), total.item() / world
 
 
 def main():
@@ -157,7 +134,8 @@ def main():
     print(f"{'W':>2}  {'contrax ms':>10}  {'python ms':>10}  {'time ratio':>10}  "
           f"{'contrax MiB':>11}  {'python MiB':>10}  {'mem ratio':>9}  {'loss diff':>9}")
     for world in [int(w) for w in args.world.split(",")]:
-        res = {impl: run(impl, world, args) for impl in ("contrax", "python")}
+        res = {impl: spawn_ranks(worker, world, impl, args, backend="nccl" if args.device == "cuda" else "gloo")
+               for impl in ("contrax", "python")}
         (_, _, tc, mc, lc), (_, _, tp, mp_, lp) = res["contrax"], res["python"]
         print(f"{world:>2}  {tc * 1e3:>10.1f}  {tp * 1e3:>10.1f}  {tc / tp:>10.2f}  "
               f"{mc:>11.1f}  {mp_:>10.1f}  {mc / max(mp_, 1e-9):>9.2f}  {abs(lc - lp):>9.1e}", flush=True)

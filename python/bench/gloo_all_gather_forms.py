@@ -3,28 +3,21 @@
 Why Contrax gathers equal row counts with the single-tensor all-gather on
 every backend (Communicator::all_gather_rows): NCCL's list form adds a copy
 per rank, and this measures that Gloo's single-tensor form is no slower than
-its list form (the one Contrax used on Gloo before). A round times 5 calls
-of each form in turn; its time is the slowest rank's mean per call. Rank 0
-prints the median over 9 rounds, the spread (the fastest and the slowest
-round) and the ratio to the list form:
+its list form. A round times 5 calls of each form in turn; its time is the
+slowest rank's mean per call. Rank 0 prints the median over 9 rounds, the
+spread (the fastest and the slowest round) and the ratio to the list form:
 
     python3 python/bench/gloo_all_gather_forms.py [--world 2] [--rows 4096] [--width 768]
 """
 import argparse
-import os
-import statistics
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from slowest_rank import slowest_rank_mean
+from _harness import slowest_rank_mean, spawn_ranks, timing_row
 
 
-def run(rank, world, path, rows, width, rounds, calls):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=world)
+def run(rank, world, rows, width, rounds, calls):
     x = torch.randn(rows, width)
     out = torch.empty(world * rows, width)
 
@@ -44,11 +37,8 @@ def run(rank, world, path, rows, width, rounds, calls):
     if rank == 0:
         print("torch %s, Gloo, W=%d, %d x %d fp32 per rank (%.1f MiB), %d rounds of %d calls"
               % (torch.__version__, world, rows, width, rows * width * 4 / 2**20, rounds, calls))
-        base = statistics.median(times["list"])
         for name, t in times.items():
-            print("  %-14s median %.2f ms (spread %.2f-%.2f ms), %.2fx the list form"
-                  % (name, 1e3 * statistics.median(t), 1e3 * min(t), 1e3 * max(t), statistics.median(t) / base))
-    dist.destroy_process_group()
+            print(timing_row(name, t, times["list"]) + " the list form")
 
 
 if __name__ == "__main__":
@@ -59,5 +49,4 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--calls", type=int, default=5)
     a = p.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        mp.spawn(run, args=(a.world, os.path.join(d, "init"), a.rows, a.width, a.rounds, a.calls), nprocs=a.world)
+    spawn_ranks(run, a.world, a.rows, a.width, a.rounds, a.calls)

@@ -9,15 +9,14 @@ rank 0 around one call (so run it on an otherwise quiet loopback):
 
     python3 python/bench/gloo_reduce_scatter_bytes.py
 """
-import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+import torch, torch.distributed as dist
+from _harness import spawn_ranks
 N = 8 * 1024 * 1024  # 32 MiB of float32
 def lo_tx():
     for line in open("/proc/net/dev"):
         if line.strip().startswith("lo:"):
             return int(line.split()[9])
-def run(rank, world, path, op):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=world)
+def run(rank, world, op):
     x = torch.ones(N)
     out = torch.empty(N // world)
     dist.barrier(); dist.barrier()
@@ -34,13 +33,10 @@ def run(rank, world, path, op):
     dist.barrier()
     if rank == 0:
         print("%-22s W=%d: %.1f MiB through loopback (input %d MiB per rank)" % (op, world, (lo_tx() - t0) / 2**20, N * 4 // 2**20), flush=True)
-    dist.destroy_process_group()
 if __name__ == "__main__":
     print("torch", torch.__version__)
     for op in ["reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_to_all_single"]:
-        path = "/tmp/contrax_rs_store_" + op
-        if os.path.exists(path): os.unlink(path)
         try:
-            mp.spawn(run, args=(2, path, op), nprocs=2)
+            spawn_ranks(run, 2, op)
         except Exception as e:
             print(op, "failed:", str(e).splitlines()[-1][:200])

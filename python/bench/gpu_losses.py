@@ -1,4 +1,4 @@
-"""The losses on one GPU against the peers a user would pick (issue 39, item 4).
+"""The losses on one GPU against the peers a user would pick.
 
 One process, one GPU, forward + backward of each loss on L2-normalised bf16
 features ``[B, d]`` with a learnable scale (and bias for SigLIP), side by side

@@ -175,7 +175,5 @@ torch.library.register_autograd("contrax::grad_cache_inject", _inject_backward, 
 
 
 def grad_cache_inject(rep: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """A 0-dim zero whose backward gives ``rep`` the gradient ``grad`` (times
-    the gradient reaching it): GradCache's pass 2 as an operator,
-    ``grad_cache_inject(encoder(chunk), cached_grad).backward()``."""
+    """``torch.ops.contrax.grad_cache_inject`` (see ``contrax.grad_cache_inject``)."""
     return torch.ops.contrax.grad_cache_inject(rep, grad)

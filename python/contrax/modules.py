@@ -28,22 +28,18 @@ from . import _signatures
 __all__ = ["ClipLoss", "NTXentLoss", "MoCoV3Loss", "SigLIPLoss", "GroupedLoss"]
 
 
-def _log_scale_parameter(init_scale: float, what: str) -> torch.nn.Parameter:
-    if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale > 0):
-        raise ValueError(f"{what}(): argument 'init_scale' must be a finite scale > 0 (e.g. 1/0.07), "
-                         f"but got {init_scale!r}")
-    return torch.nn.Parameter(torch.tensor(math.log(init_scale)))
-
-
 def _register_scale_and_bias(module: torch.nn.Module, init_scale: float, learn_scale: bool,
                              init_bias: Optional[float], what: str) -> None:
     """Gives ``module`` its ``logit_scale`` (the log of ``init_scale``: a parameter,
     or a buffer when not learnt) and ``logit_bias`` (a parameter, or None)."""
-    p = _log_scale_parameter(init_scale, what)
+    if not (isinstance(init_scale, (int, float)) and math.isfinite(init_scale) and init_scale > 0):
+        raise ValueError(f"{what}(): argument 'init_scale' must be a finite scale > 0 (e.g. 1/0.07), "
+                         f"but got {init_scale!r}")
+    log_scale = torch.tensor(math.log(init_scale))
     if learn_scale:
-        module.logit_scale = p
+        module.logit_scale = torch.nn.Parameter(log_scale)
     else:
-        module.register_buffer("logit_scale", p.detach().clone())
+        module.register_buffer("logit_scale", log_scale)
     module.logit_bias = None if init_bias is None else torch.nn.Parameter(torch.tensor(float(init_bias)))
 
 

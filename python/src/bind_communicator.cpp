@@ -1,8 +1,6 @@
 // contrax/comm/communicator.h in Python: the Communicator (rank, world size,
 // backend, traffic statistics) and one cached communicator per
-// torch.distributed ProcessGroup, made with contrax/comm/detail/c10d.h. The cache
-// holds the only extra reference to a group, drops an entry once nobody else
-// references its group, and frees communicators without the GIL.
+// torch.distributed ProcessGroup, made with contrax/comm/detail/c10d.h.
 #include <torch/extension.h>
 
 #include <chrono>

@@ -1,13 +1,12 @@
 // The five losses (contrax/losses/losses.h, grouped.h, siglip.h) in Python,
 // each declared once here: a function of its arguments, in the order of its
-// table (python/contrax/_signatures.py), that makes a LossCall (python/src/
-// bind.h). From each, the eager function `_contrax.<loss>` (`comm` in the
-// place of `group`; it runs the library's own autograd function without the
-// GIL; the Python layer, python/contrax/__init__.py, passes every argument)
-// and the operators `contrax::<loss>` and `<loss>_backward` (the group by
-// name; their kernels are in python/src/ops.cpp). `_contrax._option_defaults()`
-// reports the C++ options' defaults in the table's words
-// (python/tests/test_signatures.py compares them with the table's).
+// table (python/contrax/_signatures.py), that makes a LossCall (bind.h). From
+// each, the eager function `_contrax.<loss>` (`comm` in the place of `group`,
+// every argument passed by contrax/__init__.py; it runs the library's autograd
+// function without the GIL) and the operators `contrax::<loss>` and
+// `<loss>_backward` (the group by name; kernels in ops.cpp).
+// `_contrax._option_defaults()` reports the C++ options' defaults in the
+// table's words (python/tests/test_signatures.py compares them).
 #include <torch/extension.h>
 #include <torch/library.h>
 

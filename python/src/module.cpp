@@ -1,13 +1,8 @@
-// contrax._contrax: the C++ core of the Python binding.
-//
-// Thin: tensors in, tensors out, through the library's own autograd functions.
-// The pure-Python layer (python/contrax/__init__.py) resolves `group=` (None ->
-// torch.distributed's default group when it is initialised, else world 1) and
-// holds the docstrings users see; this module turns a torch.distributed
-// ProcessGroup into a cached contrax::Communicator and maps c10::Error to
-// ValueError (argument errors) / RuntimeError (everything else). The module
-// function only installs the error and warning translation and calls one
-// bind_<header> per bound public header (python/src/bind.h).
+// contrax._contrax: the C++ core of the Python binding. Thin: tensors in,
+// tensors out, through the library's own autograd functions; the pure-Python
+// layer (python/contrax/__init__.py) resolves `group=` and holds the
+// docstrings users see. The module function installs the error and warning
+// translation and calls one bind_<header> per bound public header (bind.h).
 #include <torch/extension.h>
 
 #include <string>

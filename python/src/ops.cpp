@@ -3,19 +3,13 @@
 // torch.compile(fullgraph=True) traces a training step through them instead
 // of breaking the graph at an opaque pybind call.
 //
-// Each loss is two operators: `contrax::<loss>` computes the value and
-// `contrax::<loss>_backward` the gradients, both from the loss's LossCall
-// (python/src/bind_losses.cpp registers them; the value and the gradients of
-// any loss are computed here). Their schemas (derived from the table of each
-// loss's parameters, contrax/_signatures.py, whose order the kernels follow),
-// fake (meta) kernels and the autograd formula that
-// joins them are registered from Python (contrax/_ops.py:
-// torch.library's define, register_fake and register_autograd), where
-// the shapes are plain: a loss is 0-dim (or [b] with reduction "none"), its
-// gradients have the shapes of its inputs, and a gather's row count is an
-// unbacked size. Neither kernel ever sees a fake tensor, and neither passes
-// anything to the other but real inputs: the backward does not depend on
-// buffers saved by a forward that may have run on fake tensors.
+// Each loss is two operators, `contrax::<loss>` (the value) and
+// `contrax::<loss>_backward` (the gradients), both computed here from the
+// loss's LossCall (python/src/bind_losses.cpp registers them). Their schemas,
+// fake kernels and autograd formula are registered from Python
+// (contrax/_ops.py), so neither kernel ever sees a fake tensor, and the
+// backward gets nothing from the forward but real inputs (no buffers saved by
+// a forward that may have run on fake tensors).
 //
 // The backward recomputes. For a loss L(x_1, ..., x_n) computed by one of the
 // library's autograd functions F (clip_loss, ...), the vector-Jacobian product
@@ -41,12 +35,10 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "bind.h"
@@ -211,9 +203,7 @@ void bind_ops(py::module& m) {
 
 }  // namespace contrax::python
 
-// The losses' schemas are defined from their table (contrax/_signatures.py,
-// by contrax/_ops.py; their kernels are registered by python/src/bind_losses.cpp);
-// the dispatcher checks the kernels against them.
+// The losses' schemas are defined by contrax/_ops.py (see the file comment).
 TORCH_LIBRARY(contrax, m) {
   m.set_python_module("contrax._ops");
   m.def("gather_with_grad(Tensor x, str group, bool equal_rows) -> (Tensor, Tensor)");

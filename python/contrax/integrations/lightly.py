@@ -29,7 +29,7 @@ import math
 import torch
 
 from .. import nt_xent_loss
-from ._groups import distributed_group
+from ._groups import distributed_group, set_memory_path
 
 __all__ = ["NTXentLoss"]
 
@@ -63,10 +63,7 @@ class NTXentLoss(torch.nn.Module):
         self.temperature = float(temperature)
         self.memory_bank_size = bank
         self.gather_distributed = bool(gather_distributed)
-        self.path = str(path)
-        self.tile_size = int(tile_size)
-        self.ring = bool(ring)
-        self.group = group
+        set_memory_path(self, path, tile_size, ring, group)
 
     def forward(self, out0: torch.Tensor, out1: torch.Tensor) -> torch.Tensor:
         """SimCLR's NT-Xent of two views' projections."""
