@@ -4,8 +4,8 @@
 default, doc line), and everything else is derived from it: the public
 functions of ``contrax`` (signature and docstring), the ``torch.library``
 schemas of their operators (``contrax/_ops.py``), the ``nn.Module`` wrappers'
-constructor options (``contrax/modules.py``) and the type stub's loss
-functions (``python -m contrax._signatures`` prints them;
+constructor options (``contrax/modules.py``) and the type stub's losses
+and Modules (``python -m contrax._stub`` prints them;
 python/tests/test_signatures.py fails when ``__init__.pyi`` or any face
 disagrees). The C++ side takes the arguments in the same order: the
 binding's functions (python/src/bind_*.cpp) and the operators' kernels
@@ -285,26 +285,3 @@ def function(loss: Loss, impl: Callable[..., Any], module: str) -> Callable[...,
     fn.__doc__ = docstring(loss)
     fn.__signature__ = sig  # without the renamed ones
     return fn
-
-
-def stub(loss: Loss) -> str:
-    """The loss's declaration in ``__init__.pyi``."""
-    params = ["%s: %s%s" % (p.name, annotation(p), "" if p.default is REQUIRED else " = ...") for p in loss.params]
-    params.insert(loss.positional, "*")
-    lines, line = ['@deprecated("%s")' % deprecation(loss)] if loss.name in TILED else [], "def %s(" % loss.name
-    for i, part in enumerate(params):
-        part += ", " if i + 1 < len(params) else ") -> torch.Tensor: ..."
-        if len(line) + len(part.rstrip()) > 116:
-            lines.append(line.rstrip())
-            line = "    "
-        line += part
-    return "\n".join(lines + [line])
-
-
-def stubs() -> str:
-    """The block of ``__init__.pyi`` that declares the losses and the always-tiled entry points."""
-    return "\n\n".join(stub(loss) for loss in (*LOSSES.values(), *TILED.values()))
-
-
-if __name__ == "__main__":
-    print(stubs())

@@ -14,6 +14,8 @@ as in CLIP. The functional forms take that logarithm; open_clip and Inf-CL
 pass the exponentiated value instead, the commonest porting mistake, which
 the functions flag with a one-time warning (see ``contrax.clip_loss``).
 """
+from __future__ import annotations  # annotations stay source text: contrax/_stub.py writes them
+
 import inspect
 import math
 import sys
@@ -119,6 +121,10 @@ class ClipLoss(_LossModule, loss="clip_loss"):
     Labels are passed to ``forward``.
     """
 
+    logit_scale: torch.Tensor  # a Parameter, or a buffer when not learnt
+    logit_bias: Optional[torch.nn.Parameter]
+    tiled: bool
+
     def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,
                  init_bias: Optional[float] = None, tiled: bool = False, **options):
         super().__init__(options)
@@ -177,6 +183,9 @@ class SigLIPLoss(_LossModule, loss="siglip_loss"):
     ``chunk_size`` is the deprecated name of ``tile_size``.
     """
 
+    logit_scale: torch.nn.Parameter
+    logit_bias: Optional[torch.nn.Parameter]
+
     def __init__(self, *, init_scale: float = 10.0, init_bias: Optional[float] = -10.0, **options):
         super().__init__(options)
         _register_scale_and_bias(self, init_scale, True, init_bias, "SigLIPLoss")
@@ -206,6 +215,9 @@ class GroupedLoss(_LossModule, loss="grouped_loss"):
 
     Labels are passed to ``forward``.
     """
+
+    logit_scale: torch.Tensor  # a Parameter, or a buffer when not learnt
+    logit_bias: Optional[torch.nn.Parameter]
 
     def __init__(self, *, init_scale: float = 1.0 / 0.07, learn_scale: bool = True,
                  init_bias: Optional[float] = None, **options):
