@@ -20,14 +20,11 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
-#include <ctime>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
+#include "bench_timing.h"
 #include "cli.h"
 #include "contrax/losses/losses.h"
 #include "contrax/parallel/grad_cache.h"
@@ -50,57 +47,6 @@ struct TowerImpl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 TORCH_MODULE(Tower);
-
-// Process CPU time: on a shared machine wall time measures the neighbours;
-// with --threads 1 CPU time is the step's own cost.
-double cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-struct Measured {
-  double seconds = 0;  // wall, per step, median over the timed steps
-  double cpu = 0;      // process CPU time, per step, median
-  int64_t peak = 0;    // bytes above the pre-step level, max over timed steps
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Times every contender `steps` times, alternating between them step by step,
-// and reports medians. On a shared machine a burst of load then hits both
-// paths alike; timing all of (a) and then all of (b) let the (b)/(a) ratio
-// swing by +-15% between identical runs under a load average of ~8.
-std::vector<Measured> measure_alternating(int64_t steps, const std::vector<torch::Tensor>& params,
-                                          const std::vector<std::function<void()>>& contenders) {
-  const size_t n = contenders.size();
-  for (const auto& step : contenders) {
-    for (auto p : params) p.mutable_grad() = torch::Tensor();
-    step();  // warm-up: allocates the gradients, warms BLAS
-  }
-  std::vector<std::vector<double>> wall(n), cpu(n);
-  std::vector<Measured> out(n);
-  for (int64_t s = 0; s < steps; ++s) {
-    for (size_t i = 0; i < n; ++i) {
-      for (auto p : params) p.grad().zero_();
-      contrax::PeakScope scope;
-      auto t0 = std::chrono::steady_clock::now();
-      const double c0 = cpu_seconds();
-      contenders[i]();
-      cpu[i].push_back(cpu_seconds() - c0);
-      wall[i].push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      out[i].peak = std::max(out[i].peak, scope.peak_above_start());
-    }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    out[i].seconds = median(wall[i]);
-    out[i].cpu = median(cpu[i]);
-  }
-  return out;
-}
 
 int run_bench_grad_cache(const std::vector<std::string>& args) {
   namespace cli = contrax::cli;
@@ -151,8 +97,15 @@ int run_bench_grad_cache(const std::vector<std::string>& args) {
     auto y = torch::randn({B, 64});   // [B, 64]
     std::vector<std::function<void()>> contenders{[&] { gc.step({x, y}); }};
     if (with_full) contenders.push_back([&] { loss_fn(image->forward(x), text->forward(y)).backward(); });
-    auto measured = measure_alternating(steps, params, contenders);
-    Measured cached = measured[0], full = with_full ? measured[1] : Measured{};
+    for (const auto& step : contenders) {  // warm-up: allocates the gradients, warms BLAS
+      for (auto p : params) p.mutable_grad() = torch::Tensor();
+      step();
+    }
+    auto measured = cli::alternate(contenders.size(), steps, [&](size_t i) {
+      for (auto p : params) p.grad().zero_();
+      return cli::timed(contenders[i]);
+    });
+    cli::Timed cached = measured[0], full = with_full ? measured[1] : cli::Timed{};
     char buf[512];
     if (with_full) {
       std::snprintf(buf, sizeof buf, "| %lld | %.2f / %.2f s | %s | %.2f / %.2f s | %s | %.2fx | %.1fx |\n",

@@ -27,12 +27,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
-#include <iomanip>
 #include <iostream>
 #include <sstream>
 #include <unistd.h>
 
+#include "bench_timing.h"
 #include "cli.h"
 #include "contrax/comm/collectives.h"
 #include "contrax/comm/communicator.h"
@@ -146,37 +147,29 @@ void append_rows(const std::string& out_path, const std::string& loss_name, int6
                  const std::vector<std::string>& modes, std::map<std::string, Measure>& res, const torch::Tensor& tmax,
                  const torch::Tensor& sgt, std::map<std::string, double>& grad_err, bool on_gpu) {
   std::ofstream out(out_path, std::ios::app);
-  const auto& base = res[modes.front()];
-  const double base_ms = tmax[0].item<double>();
-  int64_t ar_bwd = 0;
-  for (size_t i = 0; i < modes.size(); ++i)
-    if (modes[i] == "allreduce") ar_bwd = res[modes[i]].bwd_bytes;
-  auto mib = [](int64_t b) {
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(1) << b / 1048576.0;
-    return os.str();
+  const double base_ms = tmax[0].item<double>(), last_sg = sgt[modes.size() - 1].item<double>();
+  const int64_t ar_bwd = res.count("allreduce") ? res["allreduce"].bwd_bytes : 0;
+  auto cell = [](const char* format, double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, format, v);
+    return std::string(text);
   };
   for (size_t i = 0; i < modes.size(); ++i) {
     const auto& r = res[modes[i]];
-    std::ostringstream row;
     const std::string label = modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce"
                             : modes[i] == "floor"      ? "(f) old GEMM floor"
                             : modes[i] == "floor_kept" ? "(f') old GEMM floor, buffer kept"
                                                        : "(c) contrax";
-    row << "| " << loss_name << " | " << W << " | " << batch << " | " << label
-        << " | " << std::fixed << std::setprecision(1) << tmax[i].item<double>() << " | " << std::setprecision(2)
-        << tmax[i].item<double>() / base_ms << " | " << mib(r.fwd_bytes) << " | " << mib(r.bwd_bytes) << " | "
-        << (ar_bwd > 0 ? [&] { std::ostringstream o; o << std::fixed << std::setprecision(2) << static_cast<double>(r.bwd_bytes) / ar_bwd; return o.str(); }() : std::string("-"))
-        << " | " << (on_gpu ? std::string("n/a") : mib(r.peak)) << " | "
-        << (on_gpu ? std::string("n/a") : [&] {
-             std::ostringstream o;
-             o << std::fixed << std::setprecision(3) << static_cast<double>(r.peak) / base.peak;
-             return o.str();
-           }()) << " | "
-        << std::scientific << std::setprecision(1) << grad_err[modes[i]] << " | " << std::fixed << std::setprecision(3)
-        << (sgt[modes.size() - 1].item<double>() != 0 ? sgt[i].item<double>() / sgt[modes.size() - 1].item<double>() : 0.0)
-        << " |\n";
-    out << row.str();
+    char row[1024];
+    std::snprintf(row, sizeof row, "| %s | %lld | %lld | %s | %.1f | %.2f | %.1f | %.1f | %s | %s | %s | %.1e | %.3f |\n",
+                  loss_name.c_str(), static_cast<long long>(W), static_cast<long long>(batch), label.c_str(),
+                  tmax[i].item<double>(), tmax[i].item<double>() / base_ms, r.fwd_bytes / 1048576.0,
+                  r.bwd_bytes / 1048576.0,
+                  ar_bwd > 0 ? cell("%.2f", static_cast<double>(r.bwd_bytes) / ar_bwd).c_str() : "-",
+                  on_gpu ? "n/a" : cell("%.1f", r.peak / 1048576.0).c_str(),
+                  on_gpu ? "n/a" : cell("%.3f", static_cast<double>(r.peak) / res[modes.front()].peak).c_str(),
+                  grad_err[modes[i]], last_sg != 0 ? sgt[i].item<double>() / last_sg : 0.0);
+    out << row;
   }
 }
 
@@ -202,26 +195,25 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
       auto ls = torch::tensor(std::log(1 / 0.07), torch::kFloat).to(device).requires_grad_(true);
       comm->barrier();
       comm->reset_stats();
-      contrax::PeakScope peak;
-      auto t0 = std::chrono::steady_clock::now();
-      torch::Tensor loss = m == "global"      ? loss_global(a, b, ls, comm)
-                           : m == "allreduce" ? loss_allreduce(a, b, ls, comm)
-                           : m == "floor"     ? loss_floor(a, b, comm, nt ? 4 : 2)
-                           : m == "floor_kept" ? loss_floor(a, b, comm, nt ? 4 : 2, kept)
-                           : nt ? contrax::nt_xent_loss(
-                                      a, b, contrax::NTXentLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised))
-                                : contrax::clip_loss(
-                                      a, b, ls, c10::nullopt,
-                                      contrax::ClipLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised));
-      const int64_t fwd = comm->stats().total_bytes_sent();
-      if (loss.requires_grad()) loss.backward();
-      if (device.is_cuda()) torch::cuda::synchronize();
-      auto t1 = std::chrono::steady_clock::now();
+      int64_t fwd = 0;
+      const auto t = contrax::cli::timed([&] {
+        torch::Tensor loss = m == "global"      ? loss_global(a, b, ls, comm)
+                             : m == "allreduce" ? loss_allreduce(a, b, ls, comm)
+                             : m == "floor"     ? loss_floor(a, b, comm, nt ? 4 : 2)
+                             : m == "floor_kept" ? loss_floor(a, b, comm, nt ? 4 : 2, kept)
+                             : nt ? contrax::nt_xent_loss(
+                                        a, b, contrax::NTXentLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised))
+                                  : contrax::clip_loss(
+                                        a, b, ls, c10::nullopt,
+                                        contrax::ClipLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised));
+        fwd = comm->stats().total_bytes_sent();
+        if (loss.requires_grad()) loss.backward();
+      }, device);
       auto& r = res[m];
-      if (it >= 0) r.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (it >= 0) r.ms.push_back(t.seconds * 1e3);
       r.fwd_bytes = fwd;
       r.bwd_bytes = comm->stats().total_bytes_sent() - fwd;
-      r.peak = std::max(r.peak, peak.peak_above_start());
+      r.peak = std::max(r.peak, t.peak);
       r.grad_a = a.grad().defined() ? a.grad() : torch::zeros_like(a);
       r.scale_grad = ls.grad().defined() ? ls.grad().item<double>() : 0.0;
     }
@@ -234,18 +226,9 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
   }
   // Report the slowest rank's median time and rank 0's bytes/memory (ranks are symmetric).
   std::vector<double> med;
-  for (const auto& m : modes) {
-    auto v = res[m].ms;
-    std::sort(v.begin(), v.end());
-    med.push_back(v[v.size() / 2]);
-  }
-  auto t = torch::tensor(med, torch::kDouble);
-  auto tmax = t.clone();
-  {
-    // max over ranks through all-gather of the small vector
-    auto all = contrax::gather_no_grad(t.unsqueeze(0), comm).all;
-    tmax = std::get<0>(all.max(0));
-  }
+  for (const auto& m : modes) med.push_back(contrax::cli::median(res[m].ms));
+  auto all = contrax::gather_no_grad(torch::tensor(med, torch::kDouble).unsqueeze(0), comm).all;  // [W, modes]
+  const auto tmax = std::get<0>(all.max(0));
   // The scale's gradient as data-parallel training sees it: averaged over ranks.
   std::vector<double> sg;
   for (const auto& m : modes) sg.push_back(res[m].scale_grad);

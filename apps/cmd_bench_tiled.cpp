@@ -2,13 +2,13 @@
 // materialised one, and (under `contrax launch`) of the ring against gather +
 // reduce-scatter. Prints markdown tables for docs/benchmarks.md.
 //
-// Single process (default): for each batch B, one-direction InfoNCE
-// (clip_loss with symmetric=false; `--symmetric`: symmetric CLIP) on [B, width] fp32 features: peak bytes
-// allocated during forward + backward (counting allocator) and wall time, both
-// as ratios to the materialised path, and time as a multiple of the GEMM floor
-// (the old algorithm's [B x B] products timed alone: three, six with
-// --symmetric; extrapolated
-// from the measured GFLOP/s where a [B x B] buffer does not fit).
+// Single process (default): for each batch B, one-direction InfoNCE (clip_loss
+// with symmetric=false; `--symmetric`: symmetric CLIP) on [B, width] fp32
+// features: peak bytes allocated during forward + backward (counting allocator)
+// and wall time, both as ratios to the materialised path, and time as a
+// multiple of the GEMM floor (the old algorithm's [B x B] products timed alone:
+// three, six with --symmetric; extrapolated from the measured GFLOP/s where a
+// [B x B] buffer does not fit).
 //
 // `--device cuda` runs on the GPU (under contrax launch, rank r on GPU
 // LOCAL_RANK mod #GPUs, NCCL between them): times are taken after a device
@@ -21,12 +21,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
+#include "bench_timing.h"
 #include "cli.h"
 #include "contrax/comm/communicator.h"
 #include "contrax/engine/workspace.h"
@@ -35,57 +33,17 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Run {
-  double seconds = 0;
-  int64_t peak = 0;
-};
+using contrax::cli::Timed;
 
 // Where the benchmark computes (the tensors' device); a GPU's work is timed
 // to its end.
 torch::Device g_device = torch::kCPU;
 
-void finish_device_work() {
-  if (g_device.is_cuda()) torch::cuda::synchronize(g_device.index());
-}
-
 // A peak column: the counting allocator's figure on the CPU; n/a on a GPU.
 std::string peak_cell(int64_t bytes) { return g_device.is_cuda() ? std::string("n/a") : contrax::cli::mib(bytes); }
 
-Run measure(const std::function<torch::Tensor()>& loss) {
-  finish_device_work();
-  contrax::PeakScope scope;
-  auto t0 = Clock::now();
-  loss().backward();
-  finish_device_work();
-  return {seconds_since(t0), scope.peak_above_start()};
-}
-
-// Median time and highest peak of `iters` runs of each contender, alternated
-// so that a burst of load on a shared machine hits both. The materialised
-// loss keeps its logits buffer between calls (contrax/util/memory.h): the caller
-// releases it first, so the first run allocates it and the peak counts it,
-// while the median time is that of the runs that reuse it, as training does.
-std::vector<Run> measure_runs_alternating(const std::vector<std::function<Run()>>& runs, int64_t iters) {
-  std::vector<std::vector<double>> times(runs.size());
-  std::vector<Run> out(runs.size());
-  for (int64_t it = 0; it < iters; ++it) {
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const Run r = runs[i]();
-      out[i].peak = std::max(out[i].peak, r.peak);
-      times[i].push_back(r.seconds);
-    }
-  }
-  for (size_t i = 0; i < runs.size(); ++i) {
-    std::sort(times[i].begin(), times[i].end());
-    out[i].seconds = times[i][times[i].size() / 2];
-  }
-  return out;
+Timed measure(const std::function<torch::Tensor()>& loss) {
+  return contrax::cli::timed([&] { loss().backward(); }, g_device);
 }
 
 // Warm-up: thread pools, BLAS buffers and the allocator's first pages.
@@ -100,18 +58,15 @@ void warm_up(int64_t width, int64_t tile) {
 }
 
 // The old algorithm's GEMMs alone (three per direction), timed.
-Run old_gemm_floor(const torch::Tensor& a, const torch::Tensor& b, int64_t directions) {
+Timed old_gemm_floor(const torch::Tensor& a, const torch::Tensor& b, int64_t directions) {
   torch::NoGradGuard no_grad;
-  finish_device_work();
-  contrax::PeakScope scope;
-  auto t0 = Clock::now();
-  for (int64_t dir = 0; dir < directions; ++dir) {
-    auto logits = torch::mm(dir == 0 ? a : b, (dir == 0 ? b : a).t());  // [B, B]
-    auto ga = torch::mm(logits, b);                                     // [B, d]
-    auto gb = torch::mm(logits.t(), a);                                 // [B, d]
-  }
-  finish_device_work();
-  return {seconds_since(t0), scope.peak_above_start()};
+  return contrax::cli::timed([&] {
+    for (int64_t dir = 0; dir < directions; ++dir) {
+      auto logits = torch::mm(dir == 0 ? a : b, (dir == 0 ? b : a).t());  // [B, B]
+      auto ga = torch::mm(logits, b);                                     // [B, d]
+      auto gb = torch::mm(logits.t(), a);                                 // [B, d]
+    }
+  }, g_device);
 }
 
 int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile, int64_t max_materialised,
@@ -140,20 +95,20 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     const int64_t memory = g_device.is_cuda() ? contrax::available_device_memory_bytes(g_device)
                                               : contrax::available_memory_bytes();
     const bool fits = B <= max_materialised && need < memory * 7 / 10;
-    Run mat;
+    Timed mat;
     double floor_s = 0;
     bool floor_measured = false;
     // The floor: the old algorithm's GEMMs alone, alternated with the contenders.
     auto floor_run = [&] { return old_gemm_floor(a, b, directions); };
     auto run_of = [&](std::function<torch::Tensor()> loss) {
       return [&a, &b, loss] {
-        Run r = measure(loss);
+        Timed r = measure(loss);
         a.mutable_grad() = torch::Tensor();
         b.mutable_grad() = torch::Tensor();
         return r;
       };
     };
-    std::vector<std::function<Run()>> contenders = {run_of([&] {
+    std::vector<std::function<Timed()>> contenders = {run_of([&] {
       return contrax::clip_loss(a, b, ls, {},
                                 contrax::ClipLossOptions(opts).path(contrax::MemoryPath::kTiled).tile_size(tile));
     })};
@@ -162,8 +117,12 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     auto materialised = contrax::ClipLossOptions(opts).path(contrax::MemoryPath::kMaterialised);
     if (fits) contenders.push_back(run_of([&] { return contrax::clip_loss(a, b, ls, {}, materialised); }));
     if (fits) contenders.push_back(floor_run);
-    auto runs = measure_runs_alternating(contenders, iters);
-    Run tiled = runs[0];
+    // The materialised loss keeps its logits buffer between calls
+    // (contrax/util/memory.h), released above: the first run allocates it and
+    // the peak counts it, while the median time is that of the runs that
+    // reuse it, as training does.
+    auto runs = contrax::cli::alternate(contenders.size(), iters, [&](size_t i) { return contenders[i](); });
+    Timed tiled = runs[0];
     if (fits) {
       mat = runs[1];
       floor_s = runs[2].seconds;
@@ -209,7 +168,7 @@ int run_ring(int64_t width, const std::vector<int64_t>& batches, int64_t tile) {
     for (bool ring : {false, true}) {
       comm->barrier();
       comm->reset_stats();
-      Run run = measure([&] {
+      Timed run = measure([&] {
         return contrax::clip_loss(
             a, k, ls, {},
             contrax::ClipLossOptions().comm(comm).path(contrax::MemoryPath::kTiled).tile_size(tile).ring(ring));
