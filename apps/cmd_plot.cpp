@@ -3,8 +3,6 @@
 // matplotlib, through the same script `contrax train` runs at the end.
 //
 //   contrax plot runs/simclr
-#include <iostream>
-
 #include "cli.h"
 #include "plot.h"
 

@@ -13,7 +13,6 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <sstream>

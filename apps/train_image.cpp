@@ -14,7 +14,6 @@
 #include <limits>
 #include <mutex>
 #include <ostream>
-#include <sstream>
 
 #include "cli.h"
 #include "contrax/train/image/eval.h"
