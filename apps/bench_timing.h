@@ -17,6 +17,12 @@
 
 namespace contrax::cli {
 
+/// The upper median of `v` (not empty).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 /// One run, or a contender's summary: wall and process CPU seconds (on a shared
 /// machine wall time measures the neighbours; with --threads 1 CPU time is the
 /// run's own cost), and the peak bytes above the level before the run
@@ -26,12 +32,6 @@ struct Timed {
   double cpu = 0;
   int64_t peak = 0;
 };
-
-/// The upper median of `v` (not empty).
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 /// Times `fn`, from when `device`'s pending work has finished until its own has.
 inline Timed timed(const std::function<void()>& fn, const torch::Device& device = torch::kCPU) {

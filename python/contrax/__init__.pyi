@@ -74,19 +74,21 @@ def tiled_moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2:
     temperature: float = ..., normalize: bool = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
-class ClipLoss(torch.nn.Module):
+class _LossModule(torch.nn.Module):
+    normalize: bool
+    path: Literal["auto", "materialised", "tiled"]
+    tile_size: int
+    ring: bool
+    group: Optional[ProcessGroup]
+
+class ClipLoss(_LossModule):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     tiled: bool
     symmetric: bool
     max_logit_scale: float
-    normalize: bool
     label_mode: Literal["multi_positive", "mask_duplicates"]
     reduction: Literal["mean", "sum", "none"]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
-    group: Optional[ProcessGroup]
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         tiled: bool = ..., symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
@@ -95,57 +97,37 @@ class ClipLoss(torch.nn.Module):
     def scale(self) -> torch.Tensor: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 
-class NTXentLoss(torch.nn.Module):
+class _TemperatureLoss(_LossModule):
     temperature: float
-    normalize: bool
     reduction: Literal["mean", "sum", "none"]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
-    group: Optional[ProcessGroup]
+
+class NTXentLoss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
         reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
         tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor: ...
 
-class MoCoV3Loss(torch.nn.Module):
-    temperature: float
-    normalize: bool
-    reduction: Literal["mean", "sum", "none"]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
-    group: Optional[ProcessGroup]
+class MoCoV3Loss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
         reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
         tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
 
-class SigLIPLoss(torch.nn.Module):
+class SigLIPLoss(_LossModule):
     logit_scale: torch.nn.Parameter
     logit_bias: Optional[torch.nn.Parameter]
     max_logit_scale: float
-    normalize: bool
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
-    group: Optional[ProcessGroup]
     def __init__(self, *, init_scale: float = ..., init_bias: Optional[float] = ..., max_logit_scale: float = ...,
         normalize: bool = ..., path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ...,
         ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
 
-class GroupedLoss(torch.nn.Module):
+class GroupedLoss(_LossModule):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     label_mode: Literal["multi_positive", "mask_duplicates"]
     reduction: Literal["mean", "sum", "none"]
     max_logit_scale: float
-    normalize: bool
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
-    group: Optional[ProcessGroup]
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
         reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,

@@ -6,7 +6,9 @@ fails when ``__init__.pyi`` does not hold them, so adding a parameter is an
 edit of the table and a paste of this output.
 """
 import inspect
-from typing import Iterable
+from typing import Dict, Iterable, List
+
+import torch
 
 from . import _signatures
 from ._signatures import REQUIRED, TILED, Loss, annotation, deprecation
@@ -51,23 +53,40 @@ def _method(name: str, sig: inspect.Signature) -> str:
     return _wrap("    def %s(" % name, parts, ") -> %s: ..." % returns, "        ")
 
 
+_MODULES = (ClipLoss, NTXentLoss, MoCoV3Loss, SigLIPLoss, GroupedLoss)
+
+
+def _attributes(cls: type) -> Dict[str, str]:
+    """The attributes a loss Module has: its own annotated ones and its loss's
+    options; those a base of several has: the options all of its losses share."""
+    if cls is torch.nn.Module:
+        return {}
+    options = [{p.name: annotation(p) for p in _signatures.options(m._loss)} for m in _MODULES if issubclass(m, cls)]
+    shared = {k: v for k, v in options[0].items() if all(k in o for o in options)}
+    return {**inspect.get_annotations(cls), **shared} if cls in _MODULES else shared
+
+
 def module(cls: type) -> str:
-    """A loss Module's declaration: its own attributes (annotated in its class),
-    its loss's options, its constructor and its public methods."""
-    attributes = {**inspect.get_annotations(cls), **{p.name: annotation(p) for p in _signatures.options(cls._loss)}}
-    lines = ["class %s(torch.nn.Module):" % cls.__name__]
-    lines += ["    %s: %s" % item for item in attributes.items()]
-    methods = ["__init__"] + [name for name, value in vars(cls).items()
-                              if inspect.isfunction(value) and not name.startswith("_")]
-    lines += [_method(name, inspect.signature(getattr(cls, name))) for name in methods]
+    """A loss Module's declaration, or its base's: the attributes its stub base
+    does not declare, then (a loss's Module) its constructor and public methods."""
+    parent = cls.__bases__[0]
+    lines = ["class %s(%s):" % (cls.__name__, "torch.nn.Module" if parent is torch.nn.Module else parent.__name__)]
+    lines += ["    %s: %s" % item for item in _attributes(cls).items() if item[0] not in _attributes(parent)]
+    if cls in _MODULES:
+        methods = ["__init__"] + [name for name, value in vars(cls).items()
+                                  if inspect.isfunction(value) and not name.startswith("_")]
+        lines += [_method(name, inspect.signature(getattr(cls, name))) for name in methods]
     return "\n".join(lines)
 
 
 def blocks() -> str:
-    """Both generated blocks of ``__init__.pyi``, as it holds them."""
+    """Both generated blocks of ``__init__.pyi``, as it holds them (each base
+    of the Modules before the first that derives from it)."""
+    classes: List[type] = []
+    for m in _MODULES:
+        classes += [c for c in reversed(m.__mro__[:m.__mro__.index(torch.nn.Module)]) if c not in classes]
     losses = (*_signatures.LOSSES.values(), *TILED.values())
-    return "\n\n".join([*map(function, losses), *map(module, (ClipLoss, NTXentLoss, MoCoV3Loss, SigLIPLoss,
-                                                                GroupedLoss))])
+    return "\n\n".join([*map(function, losses), *map(module, classes)])
 
 
 if __name__ == "__main__":
