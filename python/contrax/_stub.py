@@ -63,7 +63,8 @@ def _attributes(cls: type) -> Dict[str, str]:
         return {}
     options = [{p.name: annotation(p) for p in _signatures.options(m._loss)} for m in _MODULES if issubclass(m, cls)]
     shared = {k: v for k, v in options[0].items() if all(k in o for o in options)}
-    return {**inspect.get_annotations(cls), **shared} if cls in _MODULES else shared
+    own = vars(cls).get("__annotations__", {})  # inspect.get_annotations(cls) from Python 3.10
+    return {**own, **shared} if cls in _MODULES else shared
 
 
 def module(cls: type) -> str:
