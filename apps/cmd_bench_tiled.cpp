@@ -69,6 +69,10 @@ Timed old_gemm_floor(const torch::Tensor& a, const torch::Tensor& b, int64_t dir
   }, g_device);
 }
 
+// The materialised loss keeps its logits buffer between calls
+// (contrax/util/memory.h): released before each batch, the first run allocates
+// it and the peak counts it, while the median time is that of the runs that
+// reuse it, as training does.
 int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile, int64_t max_materialised,
                int64_t iters, bool symmetric) {
   std::printf("| B | materialised time | materialised peak | tiled time | tiled peak | time ratio | memory ratio | "
@@ -117,10 +121,6 @@ int run_single(int64_t width, const std::vector<int64_t>& batches, int64_t tile,
     auto materialised = contrax::ClipLossOptions(opts).path(contrax::MemoryPath::kMaterialised);
     if (fits) contenders.push_back(run_of([&] { return contrax::clip_loss(a, b, ls, {}, materialised); }));
     if (fits) contenders.push_back(floor_run);
-    // The materialised loss keeps its logits buffer between calls
-    // (contrax/util/memory.h), released above: the first run allocates it and
-    // the peak counts it, while the median time is that of the runs that
-    // reuse it, as training does.
     auto runs = contrax::cli::alternate(contenders.size(), iters, [&](size_t i) { return contenders[i](); });
     Timed tiled = runs[0];
     if (fits) {
