@@ -6,8 +6,6 @@
 //   contrax launch --nproc 4 -- ./my_job --epochs 3
 //   contrax launch --nproc-per-node 4 --log-dir logs --max-restarts 1 -- contrax train --resume auto
 //   contrax launch --nproc 2 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29500 -- ./job
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <chrono>
 #include <iostream>

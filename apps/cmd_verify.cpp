@@ -10,8 +10,6 @@
 //   contrax verify --case grad_cache_clip,grad_cache_tiled_ring
 //   contrax verify --nproc 2 --device cuda   # every case on CUDA tensors (Gloo between the ranks)
 //   contrax verify --nproc 2 --device cuda --backend nccl   # NCCL, one GPU per rank
-#include <ATen/Context.h>
-
 #include <algorithm>
 #include <iomanip>
 #include <iostream>
