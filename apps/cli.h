@@ -125,6 +125,11 @@ void check_cuda_device(const std::string& device, int64_t nproc, const std::stri
 int64_t max_procs();
 constexpr int64_t kMaxProcsPerCore = 8;
 
+/// `--force`, and its check: UsageError "flag 'FLAG' must be <= N (K per core;
+/// --force allows more), but got n" unless `force` or `n` <= max_procs().
+CLI::Option* add_force(CLI::App& app, bool& force);
+void check_procs(const std::string& flag, int64_t n, bool force);
+
 /// Intra-op threads per process that not even --force allows: a multiple of
 /// the cores. OpenMP starts its whole team at the first parallel region and
 /// cannot fail politely: `--force --threads 100000` hung silently (and ignored

@@ -46,8 +46,7 @@ int run_launch(const std::vector<std::string>& args) {
   cli::add_int(app, "--max-restarts,--max_restarts", o.max_restarts,
                "restart all workers up to N times after a failure (the program resumes itself)", 0, 1000);
   app.add_flag("--no-prefix", no_prefix, "forward worker output as is, without '[rank N] '");
-  app.add_flag("--force", force, "allow --nproc above " + std::to_string(cli::max_procs()) + " (" +
-                                     std::to_string(cli::kMaxProcsPerCore) + " per core)");
+  cli::add_force(app, force);
   if (int st = cli::parse(app, flags); st >= 0) return st;
   // Prefix mode hands back everything from the first word it does not know:
   // an unknown flag there is a mistake, not the program.
@@ -59,8 +58,7 @@ int run_launch(const std::vector<std::string>& args) {
   }
   o.grace = std::chrono::milliseconds(grace_ms);
   o.prefix_output = !no_prefix;
-  cli::usage_check(force || o.nproc <= cli::max_procs(), "flag '--nproc' must be <= ", cli::max_procs(), " (",
-                   cli::kMaxProcsPerCore, " per core; --force allows more), but got ", o.nproc);
+  cli::check_procs("--nproc", o.nproc, force);
   cli::usage_check(o.node_rank < o.nnodes, "flag '--node-rank' must be in [0, --nnodes = ", o.nnodes, "), but got ",
                    o.node_rank);
   if (standalone) {

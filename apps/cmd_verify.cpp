@@ -123,11 +123,9 @@ int run_verify(const std::vector<std::string>& args) {
                   "fp16 1e-2, bf16 1e-1",
                   {"fp64", "fp32", "bf16", "fp16"});
   cli::add_int(app, "--timeout", timeout_s, "seconds any collective may wait for a peer", 1, 24 * 3600);
-  app.add_flag("--force", force, "allow --nproc above " + std::to_string(cli::max_procs()) + " (" +
-                                     std::to_string(cli::kMaxProcsPerCore) + " per core)");
+  cli::add_force(app, force);
   if (int st = cli::parse(app, args); st >= 0) return st;
-  cli::usage_check(force || nproc <= cli::max_procs(), "flag '--nproc' must be <= ", cli::max_procs(), " (",
-                   cli::kMaxProcsPerCore, " per core; --force allows more), but got ", nproc);
+  cli::check_procs("--nproc", nproc, force);
   const auto rows = cli::parse_int_list("--rows", rows_s, 0, int64_t{1} << 24);
   check_before_start(device, backend, nproc, rows, rows_s, width);
   if (!contrax::in_launched_worker() && nproc > 1) return run_as_workers(args, nproc);

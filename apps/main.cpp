@@ -89,6 +89,16 @@ void check_cuda_device(const std::string& device, int64_t nproc, const std::stri
 
 int64_t max_procs() { return kMaxProcsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
 
+CLI::Option* add_force(CLI::App& app, bool& force) {
+  return app.add_flag("--force", force, "allow --nproc above " + std::to_string(max_procs()) + " (" +
+                                            std::to_string(kMaxProcsPerCore) + " per core)");
+}
+
+void check_procs(const std::string& flag, int64_t n, bool force) {
+  usage_check(force || n <= max_procs(), "flag '", flag, "' must be <= ", max_procs(), " (", kMaxProcsPerCore,
+              " per core; --force allows more), but got ", n);
+}
+
 int64_t max_threads() { return kMaxThreadsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
 
 void setup_app(CLI::App& app) {
