@@ -58,9 +58,6 @@ void usage_check(bool cond, const Args&... message) {
 /// Sets up the app of a subcommand: --help, --version, --config FILE
 /// (TOML/INI) and --dump-config, defaults captured so that --help and
 /// --dump-config show them.
-///
-///   CLI::App app{"check ...", "verify"};
-///   contrax::cli::setup_app(app);
 void setup_app(CLI::App& app);
 
 /// Parses `args` (argv after the subcommand). Returns -1 when the command

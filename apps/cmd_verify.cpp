@@ -58,7 +58,7 @@ void print_table(const std::vector<contrax::VerifyResult>& results, int64_t worl
 }
 
 // What can be refused before any process starts: the backend and device
-// flags against this machine, and the reference's memory (issue 29, item 6).
+// flags against this machine, and the reference's memory.
 void check_before_start(const std::string& device, const std::string& backend, int64_t nproc,
                         const std::vector<int64_t>& rows, const std::string& rows_s, int64_t width) {
   namespace cli = contrax::cli;
@@ -68,7 +68,6 @@ void check_before_start(const std::string& device, const std::string& backend, i
                          "; use --backend gloo to share GPUs");
 
   if (!contrax::in_launched_worker()) {
-    // The reference's memory, before any process starts or allocates.
     const auto r = rows.empty() ? contrax::default_row_counts(nproc) : rows;
     int64_t total = 0;
     for (auto n : r) total += n;

@@ -36,10 +36,9 @@ void LiveLine::show(const std::string& text, bool now) {
   // One column short of the width: a full line would wrap on some terminals.
   const size_t width = static_cast<size_t>(std::max(20, columns() - 1));
   const std::string line = text.size() > width ? text.substr(0, width) : text;
-  // The text, erase what a longer line left behind, back to the first
-  // column for the next redraw. The carriage return comes last: a launcher
-  // forwarding its workers' output piece by piece passes each redraw on
-  // when it sees it.
+  // The text, erase what a longer line left behind, back to the first column.
+  // The carriage return comes last: a launcher forwarding its workers' output
+  // piece by piece passes each redraw on when it sees it.
   std::fprintf(stream_, "%s\033[K\r", line.c_str());
   std::fflush(stream_);
   shown_ = true;

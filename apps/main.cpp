@@ -278,14 +278,12 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 
 namespace {
 
-// Keeps the heap between steps. glibc's defaults give each step's ~40 MB of
-// freed tensor memory back to the kernel (tensors above the mmap threshold
-// are unmapped on free; the top of the heap is trimmed above 128 KiB free),
-// so the next step page-faults it all in again: a quarter of a training
-// step's time on 2 cores. Big blocks now come from the heap and stay there;
-// the process's footprint is its peak, as with PyTorch's caching allocator.
-// Set before any allocation of size; GLIBC_TUNABLES still wins when given
-// (mallopt would override it, so it is skipped then).
+// Keeps the heap between steps: glibc's defaults unmap each step's ~40 MB of
+// freed tensors (above the mmap threshold) and trim the heap's top (above
+// 128 KiB free), so the next step page-faults it all in again, a quarter of a
+// training step's time on 2 cores. Big blocks stay in the heap; the footprint
+// is the peak, as with PyTorch's caching allocator. Set before any allocation
+// of size; skipped when GLIBC_TUNABLES is given (mallopt would override it).
 void keep_heap() {
   if (std::getenv("GLIBC_TUNABLES") != nullptr) return;
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
