@@ -4,13 +4,11 @@
 // positive when i == j: loss = -(1/B) sum_i sum_j log sigmoid(z_ij (s a_i.b_j + bias)),
 // z_ij = +1 on the diagonal, -1 elsewhere, s = exp(logit_scale). No softmax
 // couples a row, so with `ring` a rank needs no gathered keys at all: the b
-// blocks travel once around the ring (neighbour send/recv, overlapped with the
-// tile computation), and in the backward travel again with their partial
-// gradients back to their owners. On the tiled path logits exist only one tile
-// at a time, so memory is O(b x tile) and, on the ring, at most two remote
-// blocks are held. Without `ring` the b rows are gathered once (their gradient
-// reduce-scattered back); the materialised path takes the whole [b x B] block
-// as one tile.
+// blocks travel around the ring as in contrax/losses/tiled.h, with their partial
+// gradients in the backward. Tiled memory is O(b x tile), with at most two
+// remote blocks on the ring. Without `ring` the b rows are gathered once (their
+// gradient reduce-scattered back); the materialised path takes the whole
+// [b x B] block as one tile.
 //
 // Rank r returns L_r = -(W/B) sum_{i in r} sum_j log sigmoid(...), so averaging
 // gradients over ranks gives exactly the single-device loss on the concatenated
@@ -28,10 +26,8 @@ namespace contrax {
 
 /// Options for `siglip_loss`.
 ///
-/// Defaults: no clamp of the scale, no normalisation, world 1, and the memory
-/// path every loss has (MemoryPathOptions: automatic, materialised up to 256
-/// MiB of logits per rank, otherwise tiles of about 16 MiB; keys gathered, or
-/// travelling around the ring with `ring(true)`).
+/// Defaults: no clamp of the scale, no normalisation, world 1, the automatic
+/// memory path (MemoryPathOptions in contrax/util/vocabulary.h).
 struct SigLipLossOptions : detail::WithMemoryPath<SigLipLossOptions> {
   /// exp(logit_scale) is clamped to at most this (default: no clamp).
   TORCH_ARG(double, max_logit_scale) = std::numeric_limits<double>::infinity();
