@@ -109,10 +109,9 @@ class DataParallel {
   ~DataParallel();
   C10_DISABLE_COPY_AND_ASSIGN(DataParallel);
 
-  /// Runs `fn()` (the wrapped module's forward) as DDP's forward: buffers
-  /// are broadcast from rank 0 first and, if gradients will be synchronised
-  /// (grad mode on, no `no_sync()` active, W > 1), the reducer is armed for the
-  /// next backward with the tensors of the result. Returns what `fn` returns.
+  /// Runs `fn()` (the wrapped module's forward) as DDP's forward: when
+  /// `will_sync()`, buffers are broadcast from rank 0 first and the reducer is
+  /// armed for the next backward with the tensors of the result. Returns what `fn` returns.
   template <typename Fn>
   auto forward(Fn&& fn) -> decltype(std::forward<Fn>(fn)()) {
     const bool sync = will_sync();
