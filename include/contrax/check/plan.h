@@ -48,22 +48,15 @@ struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
 
 /// One path's cost for the rank with the most rows.
 struct PathCost {
-  /// Name of the path: "materialised", "tiled" or "ring".
-  std::string path;                // "materialised", "tiled", "ring"
-  /// Bytes of logits-sized buffers held at once.
-  int64_t logits_bytes = 0;        // logits-sized buffers held at once
-  /// Bytes of gathered features and their gradient.
-  int64_t feature_bytes = 0;       // gathered features (and their gradient)
-  /// Floating-point operations (2 per multiply-add) of every GEMM, forward and backward.
-  double gemm_flops = 0;           // multiply-adds x 2 of every GEMM, forward + backward
-  /// GEMMs in units of one [b x B x d] product.
-  int64_t gemms = 0;               // in units of one [b x B x d] product (grouped: g per [b x B g x d])
-  /// Bytes this rank sends in the forward, counted as CommStats counts them.
-  int64_t bytes_sent_forward = 0;  // per rank, bandwidth-optimal schedule (CommStats' rule)
-  /// Bytes this rank sends in the backward, counted the same way.
-  int64_t bytes_sent_backward = 0;
-  /// False where the path cannot run (the ring needs W > 1).
-  bool available = true;  // ring needs W > 1
+  std::string path;           ///< "materialised", "tiled" or "ring"
+  int64_t logits_bytes = 0;   ///< bytes of logits-sized buffers held at once
+  int64_t feature_bytes = 0;  ///< bytes of gathered features and their gradient
+  double gemm_flops = 0;      ///< floating-point operations (2 per multiply-add) of every GEMM, forward and backward
+  int64_t gemms = 0;          ///< GEMMs in units of one [b x B x d] product (grouped: g per [b x B g x d])
+  /// Bytes this rank sends in the forward, on the bandwidth-optimal schedule (as CommStats counts them).
+  int64_t bytes_sent_forward = 0;
+  int64_t bytes_sent_backward = 0;  ///< bytes this rank sends in the backward, counted the same way
+  bool available = true;            ///< false where the path cannot run (the ring needs W > 1)
   /// Steps of one walk over the logits (the forward's; the backward walks
   /// as many): CPU tiles, or on CUDA row panels of every column of a block.
   int64_t panels = 0;
@@ -87,14 +80,10 @@ struct PathCost {
 /// The cost of a loss call on each memory path, for the rank with the most
 /// rows, and the path the loss would take (plan_loss()).
 struct LossPlan {
-  /// The options planned for.
-  PlanOptions options;
-  /// Rows of the largest rank: ceil(B / W).
-  int64_t rows_per_rank = 0;  // the largest rank's
-  /// The cost of each path.
-  std::vector<PathCost> paths;
-  /// The path the loss would run with these options.
-  std::string chosen;  // what the loss would run
+  PlanOptions options;          ///< the options planned for
+  int64_t rows_per_rank = 0;    ///< rows of the largest rank: ceil(B / W)
+  std::vector<PathCost> paths;  ///< the cost of each path
+  std::string chosen;           ///< the path the loss would run with these options
   /// The old algorithm's GEMMs for the same loss (both directions with their
   /// own products; NT-Xent's four [b x B] products), for comparison.
   int64_t old_gemms = 0;

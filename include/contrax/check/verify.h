@@ -87,15 +87,12 @@ struct VerifyResult {
 struct VerifyCase {
   /// Name of the case (what VerifyOptions' `cases` selects).
   std::string name;
-  /// Number of [B, d] feature inputs drawn for the case.
-  int64_t num_features = 2;             // [B, d] inputs drawn per case
-  /// Which features require grad (default all).
-  std::vector<bool> feature_grad;       // which features require grad (default all)
+  int64_t num_features = 2;        ///< number of [B, d] feature inputs drawn for the case
+  std::vector<bool> feature_grad;  ///< which features require grad (default all)
   /// Width of each feature in multiples of the width option (default all 1):
   /// grouped cases draw g candidates per row side by side and reshape them.
   std::vector<int64_t> feature_widths;
-  /// Initial values of the 0-dim parameters.
-  std::vector<double> scalars;          // initial values of 0-dim parameters
+  std::vector<double> scalars;  ///< initial values of the 0-dim parameters
   /// Model parameters of any shape, drawn from the feature width and verify's
   /// seeded generator; they follow the scalars in the functions' `s`. Their
   /// gradients are compared rank by rank, not averaged by verify: the case
