@@ -11,8 +11,8 @@
 //     if (e.kind() == contrax::train::TrainErrorKind::kOutOfMemory) ...;
 //   }
 //
-// Every one is a c10::Error, as the TORCH_CHECKs it replaces were: a caller
-// that catches c10::Error (or std::exception) catches these too.
+// Every one is a c10::Error: a caller that catches c10::Error (or
+// std::exception) catches these too.
 #pragma once
 
 #include <c10/util/Exception.h>
