@@ -171,11 +171,8 @@ void TrainCommand::add_flags(CLI::App& app, cli::TrainRecipe& recipe) {
 // parsing, and the run directory's rules (--resume, --overwrite) by
 // RunDir::claim in start().
 void TrainCommand::check_flags() {
-  const int64_t cap = cli::max_procs();
-  cli::usage_check(force_ || nproc_ <= cap, "flag '--nproc' must be <= ", cap, " (", cli::kMaxProcsPerCore,
-                   " per core; --force allows more), but got ", nproc_);
-  cli::usage_check(force_ || threads_ <= cap, "flag '--threads' must be <= ", cap, " (", cli::kMaxProcsPerCore,
-                   " per core; --force allows more), but got ", threads_);
+  cli::check_procs("--nproc", nproc_, force_);
+  cli::check_procs("--threads", threads_, force_);
   cli::usage_check(threads_ <= cli::max_threads(), "flag '--threads' must be <= ", cli::max_threads(), " (",
                    cli::kMaxThreadsPerCore, " per core, even with --force: OpenMP starts every thread at once), but got ",
                    threads_);
