@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 namespace contrax::train {
 namespace {
@@ -23,37 +24,16 @@ constexpr const char* kFormatKey = "contrax_checkpoint_format";
 constexpr int64_t kFormatVersion = 2;
 constexpr int64_t kOldestReadableVersion = 1;
 
-std::string errno_text() { return std::strerror(errno); }
-
 // "No space left on device (ENOSPC)": the symbolic name is what people search
 // for, the text is what they read.
-std::string errno_text(int err) {
-  const char* name = nullptr;
-  switch (err) {
-    case ENOSPC: name = "ENOSPC"; break;
-    case EIO: name = "EIO"; break;
-    case EROFS: name = "EROFS"; break;
-    case EDQUOT: name = "EDQUOT"; break;
-    case EFBIG: name = "EFBIG"; break;
-    case EACCES: name = "EACCES"; break;
-    case ENOENT: name = "ENOENT"; break;
-    default: break;
-  }
-  std::string text = std::strerror(err);
-  if (name != nullptr) text += std::string(" (") + name + ")";
-  return text;
+std::string errno_text(int err = errno) {
+  const char* name = ::strerrorname_np(err);
+  return std::string(std::strerror(err)) + (name != nullptr ? std::string(" (") + name + ")" : std::string());
 }
 
 std::string dir_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string base_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+  const auto dir = std::filesystem::path(path).parent_path();
+  return dir.empty() ? "." : dir.string();
 }
 
 void fsync_dir(const std::string& dir, const std::string& caller) {
@@ -61,13 +41,11 @@ void fsync_dir(const std::string& dir, const std::string& caller) {
   TORCH_CHECK(fd >= 0, caller, ": cannot open directory '", dir, "' to sync it: ", errno_text());
   const int rc = ::fsync(fd);
   const int saved_errno = errno;
-  const std::string err = errno_text();
   ::close(fd);
   // Some file systems (e.g. certain network mounts) refuse fsync on
   // directories; the rename is still atomic there, only durability is weaker.
   TORCH_CHECK(rc == 0 || saved_errno == EINVAL || saved_errno == EROFS, caller, ": fsync of directory '", dir,
               "' failed: ", errno_text(saved_errno));
-  (void)err;
 }
 
 // Writes `bytes` to `path`.tmp.<pid> with checked POSIX calls, syncs and
@@ -167,25 +145,18 @@ std::string archive_error(const std::exception& e) {
 // shape; check names and shapes first so a mismatch is an error, not a
 // silently different model.
 void check_module_matches(torch::nn::Module& m, torch::serialize::InputArchive& ar, const std::string& prefix) {
-  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+  auto check = [&](const char* what, const std::string& key, const torch::Tensor& want, bool is_buffer) {
     torch::Tensor t;
-    TORCH_CHECK(ar.try_read(p.key(), t), "parameter '", prefix + p.key(), "' is missing in the checkpoint");
-    TORCH_CHECK(t.sizes() == p.value().sizes(), "parameter '", prefix + p.key(), "' has shape ", t.sizes(),
-                " in the checkpoint but ", p.value().sizes(), " in the model");
+    TORCH_CHECK(ar.try_read(key, t, is_buffer), what, " '", prefix + key, "' is missing in the checkpoint");
+    TORCH_CHECK(t.sizes() == want.sizes(), what, " '", prefix + key, "' has shape ", t.sizes(),
+                " in the checkpoint but ", want.sizes(), " in the model");
     // Module::load copies with set_ semantics: a float tensor loaded into a
     // double parameter reinterprets its storage (heap corruption, SIGSEGV).
-    TORCH_CHECK(t.scalar_type() == p.value().scalar_type(), "parameter '", prefix + p.key(), "' has dtype ",
-                t.scalar_type(), " in the checkpoint but ", p.value().scalar_type(), " in the model");
-  }
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
-    torch::Tensor t;
-    TORCH_CHECK(ar.try_read(b.key(), t, /*is_buffer=*/true), "buffer '", prefix + b.key(),
-                "' is missing in the checkpoint");
-    TORCH_CHECK(t.sizes() == b.value().sizes(), "buffer '", prefix + b.key(), "' has shape ", t.sizes(),
-                " in the checkpoint but ", b.value().sizes(), " in the model");
-    TORCH_CHECK(t.scalar_type() == b.value().scalar_type(), "buffer '", prefix + b.key(), "' has dtype ",
-                t.scalar_type(), " in the checkpoint but ", b.value().scalar_type(), " in the model");
-  }
+    TORCH_CHECK(t.scalar_type() == want.scalar_type(), what, " '", prefix + key, "' has dtype ", t.scalar_type(),
+                " in the checkpoint but ", want.scalar_type(), " in the model");
+  };
+  for (const auto& p : m.named_parameters(/*recurse=*/false)) check("parameter", p.key(), p.value(), false);
+  for (const auto& b : m.named_buffers(/*recurse=*/false)) check("buffer", b.key(), b.value(), true);
   for (const auto& c : m.named_children()) {
     torch::serialize::InputArchive sub;
     TORCH_CHECK(ar.try_read(c.key(), sub), "submodule '", prefix + c.key(), "' is missing in the checkpoint");
@@ -375,7 +346,7 @@ bool is_valid_checkpoint(const std::string& path) {
 
 int64_t remove_stale_temporaries(const std::string& path) {
   const std::string dir = dir_of(path);
-  const std::string prefix = base_of(path) + ".tmp.";
+  const std::string prefix = std::filesystem::path(path).filename().string() + ".tmp.";
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return 0;
   int64_t removed = 0;
