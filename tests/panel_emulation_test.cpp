@@ -1,10 +1,10 @@
-// The CUDA panel kernels' grids run on the CPU (src/engine/panel_emulation.h)
+// The CUDA panel kernels' grids run on the CPU (support/panel_emulation.h)
 // against the ATen path in fp64, on shapes that are not multiples of the
 // blocks (1 row, 1 column, empty, a strip and a tile plus one, a row stride
 // wider than the panel) and device sizes that change the column splits: the
 // kernels' indexing (strips, splits, tiles, tails, partial pairs, masks and
 // positives by index) is checked here, without a GPU.
-#include "engine/panel_emulation.h"
+#include "support/panel_emulation.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -3,7 +3,7 @@
 // pointers, sizes, strides and a stream, with every scalar (bias, factors,
 // weights) a device pointer, so that no launch reads device memory from the
 // host (no synchronisation; capturable in a CUDA graph). The argument structs
-// are panel_grid.h's, the same ones the CPU emulation (engine/panel_emulation.h)
+// are panel_grid.h's, the same ones the CPU emulation (tests/support/panel_emulation.h)
 // takes. No CUDA or LibTorch header here: the LibTorch-side launcher
 // (engine/cuda_panels.cpp) includes it, and only builds with
 // CONTRAX_CUDA_KERNELS compile it.

@@ -3,7 +3,7 @@
 // kStripRows rows (panel_grid.h); a warp butterfly (__shfl_xor_sync, offsets
 // 16, 8, 4, 2, 1) leaves each warp's partial of every row in its lane 0, which
 // writes it to shared memory, and warp 0 merges the kWarps warps' partials of
-// row `lane` in warp order. engine/panel_emulation.cpp runs the same order as
+// row `lane` in warp order. tests/support/panel_emulation.cpp runs the same order as
 // loops. CUDA only (nvcc).
 #pragma once
 

@@ -1,7 +1,7 @@
 // The per-element math of the loss engine, one definition for every place that
 // computes it: the CPU kernels (lse_simd.h's scalar loops and its fp64 path),
 // the CUDA panel kernels (cuda_*_panel.cu) and their CPU emulation
-// (engine/panel_emulation.cpp). Every function is `__host__ __device__` under
+// (tests/support/panel_emulation.cpp). Every function is `__host__ __device__` under
 // nvcc and plain `inline` C++ elsewhere, templated on the scalar type so that
 // the tests run it in fp64 (tests/loss_math_test.cpp). No LibTorch and no
 // standard-library call that device code lacks: only exp, log and log1p

@@ -1,6 +1,6 @@
 // The grid decomposition of the CUDA panel kernels (cuda_*_panel.cu), written
 // once and run twice: by the kernels on a GPU and, as plain loops, by their
-// CPU emulation (engine/panel_emulation.cpp), which the tests check against
+// CPU emulation (tests/support/panel_emulation.cpp), which the tests check against
 // ATen on odd shapes so that an indexing bug shows without a GPU. What a
 // thread does is here (`*_thread` functions, `__host__ __device__`); how
 // threads are combined (warp shuffles and shared memory on the GPU, the same

@@ -1,7 +1,7 @@
-// The CUDA panel kernels' grids as loops (see engine/panel_emulation.h): each
+// The CUDA panel kernels' grids as loops (see panel_emulation.h): each
 // function mirrors its kernel's launch (cuda_*_panel.cu) and each block's
 // combination of its threads' partials (cuda_strip_reduce.cuh).
-#include "engine/panel_emulation.h"
+#include "support/panel_emulation.h"
 
 #include <array>
 #include <vector>

@@ -4,7 +4,7 @@
 // butterflies and cross-warp merges, as plain loops over plain memory. The
 // tests (tests/panel_emulation_test.cpp) check it against ATen on odd shapes,
 // so that an indexing bug of the kernels shows on a machine without a GPU.
-// Internal to the engine (src/engine/), not installed; LibTorch-free.
+// Test support (the engine ships none of it); LibTorch-free.
 #pragma once
 
 #include "engine/kernels/panel_grid.h"
