@@ -100,15 +100,9 @@ __version__ = "0.1.0"
 
 def _comm(group):
     """The cached C++ communicator for ``group`` (see module docstring)."""
-    if group is LOCAL:
-        return _contrax.communicator(None)
-    if group is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            group = dist.group.WORLD
-        else:
-            return _contrax.communicator(None)
-    return _contrax.communicator(group)
+    if group is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        group = torch.distributed.group.WORLD
+    return _contrax.communicator(None if group is LOCAL else group)
 
 
 def communicator(group=None):

@@ -11,31 +11,17 @@ open_clip calls it, ``loss(**model_out, output_dict=True)``, with
 ``logit_scale`` the scale itself (``model.logit_scale.exp()``, not its log)
 and ``logit_bias`` the bias.
 
-What changes underneath:
-
-* **Exact gradients whatever ``local_loss`` / ``gather_with_grad`` say.**
-  open_clip's defaults (both False) give every parameter but the scale 1/W of
-  its gradient under DDP, and ``local_loss=True`` without
-  ``gather_with_grad`` a wrong one; here the features are always gathered
-  with gradient (backward: a reduce-scatter) into ``[local x global]`` logits,
-  and the data-parallel average is the gradient of one device on the
-  concatenated batch. ``local_loss`` only chooses the value returned, as in
-  open_clip: this rank's share (True), or the global batch's loss on every
-  rank (False; one extra all-reduce of a scalar).
-* **Uneven batches**: ranks may hold different numbers of rows (a short last
-  batch, even none); open_clip's gathers abort then. Rank r's share is
-  ``L_r = (W/B) sum_{i in r} l_i``, which is open_clip's local mean when the
-  batches are even.
-* **Memory**: CLIP's ``[local x global]`` logits are materialised while they
-  take at most 256 MiB per rank and computed tile by tile above that
-  (``path=``, ``tile_size=``, ``ring=`` to choose); SigLIP's are always
-  computed in tiles, with the text blocks passed around the ring.
-
-Contrax-only keyword arguments: ``group=`` (a ``torch.distributed``
-ProcessGroup instead of the default one), ``path``/``tile_size``/``ring``.
-``cache_labels`` and ``dist_impl`` are accepted and have nothing to choose
-(Contrax builds no label matrix and has one ring); ``use_horovod=True`` is
-refused.
+What changes underneath (docs/integrations.md says more, and what is tested):
+the features are always gathered with gradient, so the gradients are exact
+whatever ``local_loss`` / ``gather_with_grad`` say (open_clip's defaults give
+every parameter but the scale 1/W of its gradient under DDP); ``local_loss``
+only chooses the value returned, this rank's share ``L_r = (W/B) sum_{i in r}
+l_i`` or the global batch's loss on every rank. Ranks may hold different
+numbers of rows (open_clip's gathers abort then). CLIP's logits are tiled
+above 256 MiB per rank (``path=``, ``tile_size=``, ``ring=`` to choose),
+SigLIP's always, the text blocks passed around the ring. ``group=`` spans
+another ProcessGroup; ``cache_labels`` and ``dist_impl`` choose nothing;
+``use_horovod=True`` is refused.
 """
 from typing import Optional
 

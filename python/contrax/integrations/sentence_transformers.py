@@ -17,28 +17,14 @@ negative of the (gathered) batch; its loss is ``lse_i - scale * sim(a_i, p_i)``,
 with ``sim`` the cosine (``cos_sim``, the default) or the dot product
 (``dot_score``).
 
-What changes underneath:
-
-* **Exact across ranks, also with uneven batches.** With
-  ``gather_across_devices=True`` the embeddings of every rank are gathered
-  with gradient into ``[local x global]`` logits (Contrax's grouped loss), and
-  rank r returns ``L_r = (W/B) sum_{i in r} l_i``: sentence-transformers'
-  local mean when batches are even, and still exact when the last batch is
-  split unevenly (sentence-transformers' ``offset = rank * batch_size``
-  assumes equal ones).
-* **Duplicates of the anchor's positive are masked as negatives**
-  (``mask_duplicates=True``, the default): a candidate whose text is the
-  anchor's positive's (the same tokens), other than that positive itself, is
-  left out of the anchor's softmax instead of counting as a negative.
-  sentence-transformers leaves this to the ``no_duplicates`` batch sampler;
-  with it there are no such candidates and the losses are identical.
-* **The cached variant is Contrax's GradCache** (``contrax.GradCache``): every
-  column is embedded in mini-batches without a graph (the random state saved
-  before each), the loss and its backward give every embedding's gradient,
-  and the Trainer's ``loss.backward()`` re-embeds each mini-batch with its
-  random state and backpropagates that gradient, scaled by what reaches the
-  loss (gradient accumulation, fp16 scaling), with one DDP gradient
-  synchronisation per step.
+What changes underneath (docs/integrations.md says more, and what is tested):
+the loss is Contrax's grouped loss, exact across ranks also when the batches
+are uneven (sentence-transformers' ``offset = rank * batch_size`` assumes even
+ones); a candidate with the same tokens as the anchor's positive, other than
+that positive, leaves the anchor's softmax (``mask_duplicates=True``, the
+default; sentence-transformers leaves this to its ``no_duplicates`` batch
+sampler, with which the losses are identical); the cached variant is
+``contrax.GradCache`` (see ``CachedMultipleNegativesRankingLoss``).
 
 Only the default interaction (``directions=("query_to_doc",)``) is
 provided, and no hardness weighting; other settings are refused with the
