@@ -134,13 +134,6 @@ def _tensors(value, out):
     return out
 
 
-def _rebuild(like, items):
-    """A list / tuple / namedtuple of `items` shaped like `like`."""
-    if isinstance(like, tuple) and hasattr(like, "_fields"):
-        return type(like)(*items)
-    return type(like)(items) if isinstance(like, (list, tuple)) else list(items)
-
-
 def _default_split(inputs, chunk_size, where):
     """Slices the tensors of a tensor / list / tuple / dict input along dim 0
     together (views); non-tensor entries go unchanged into every chunk. A
@@ -176,7 +169,8 @@ def _default_split(inputs, chunk_size, where):
             return inputs[start:stop]
         if isinstance(inputs, Mapping):
             return {k: v[start:stop] if torch.is_tensor(v) else v for k, v in inputs.items()}
-        return _rebuild(inputs, [v[start:stop] if torch.is_tensor(v) else v for v in inputs])
+        values = [v[start:stop] if torch.is_tensor(v) else v for v in inputs]
+        return type(inputs)(*values) if hasattr(inputs, "_fields") else type(inputs)(values)  # a namedtuple
 
     if rows == 0:
         return [piece(0, 0)]

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from .. import clip_loss, siglip_loss
-from ._groups import mean_over_ranks, open_clip_group, optional_scalar, scalar_tensor, set_memory_path
+from ._groups import mean_over_ranks, open_clip_group, scalar_tensor, set_memory_path
 
 __all__ = ["ClipLoss", "SigLipLoss", "create_loss"]
 
@@ -65,8 +65,9 @@ class _OpenClipLoss(torch.nn.Module):
         image @ text_all.T + logit_bias`` (see the class)."""
         where = type(self).__name__ + ".forward()"
         group = open_clip_group(self.rank, self.world_size, self.group, where)
-        loss = self._loss(image_features, text_features, _log_scale(logit_scale, image_features, where),
-                          optional_scalar(logit_bias, image_features, "logit_bias", where), group)
+        log_scale = _log_scale(logit_scale, image_features, where)
+        bias = None if logit_bias is None else scalar_tensor(logit_bias, image_features, "logit_bias", where)
+        loss = self._loss(image_features, text_features, log_scale, bias, group)
         return {"contrastive_loss": loss} if output_dict else loss
 
 

@@ -69,21 +69,6 @@ def _normalize_for(similarity_fct, where: str) -> bool:
                      f"(Contrax computes cosine or dot-product logits), but got {name}")
 
 
-def _check_options(where, scale, directions, partition_mode, hardness_mode, hardness_strength):
-    if not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"{where}: argument 'scale' must be a positive number, but got {scale!r}")
-    if tuple(directions) != ("query_to_doc",):
-        raise ValueError(f"{where}: argument 'directions' must be ('query_to_doc',), but got {tuple(directions)!r}: "
-                         "Contrax provides the standard anchor-to-candidates loss (use sentence-transformers' own "
-                         "loss for the symmetric and same-type terms)")
-    if partition_mode not in ("joint", "per_direction"):
-        raise ValueError(f"{where}: argument 'partition_mode' must be 'joint' or 'per_direction', "
-                         f"but got {partition_mode!r}")
-    if hardness_mode is not None and hardness_strength != 0.0:
-        raise ValueError(f"{where}: argument 'hardness_mode' must be None (or 'hardness_strength' 0), but got "
-                         f"{hardness_mode!r} with strength {hardness_strength}: hardness weighting is not provided")
-
-
 def text_ids(features: Mapping) -> Optional[torch.Tensor]:
     """One int64 id per row of a tokenised column: a hash of the row's tokens
     without padding, so equal texts get equal ids in any column and on any
@@ -119,7 +104,19 @@ class _GroupedRanking:
     def _setup(self, where, scale, similarity_fct, gather_across_devices, directions, partition_mode,
                hardness_mode, hardness_strength, mask_duplicates, path, tile_size, ring, group):
         similarity_fct = _default_similarity() if similarity_fct is None else similarity_fct
-        _check_options(where, scale, directions, partition_mode, hardness_mode, hardness_strength)
+        if not (isinstance(scale, (int, float)) and scale > 0):
+            raise ValueError(f"{where}: argument 'scale' must be a positive number, but got {scale!r}")
+        if tuple(directions) != ("query_to_doc",):
+            raise ValueError(f"{where}: argument 'directions' must be ('query_to_doc',), but got "
+                             f"{tuple(directions)!r}: Contrax provides the standard anchor-to-candidates loss (use "
+                             "sentence-transformers' own loss for the symmetric and same-type terms)")
+        if partition_mode not in ("joint", "per_direction"):
+            raise ValueError(f"{where}: argument 'partition_mode' must be 'joint' or 'per_direction', "
+                             f"but got {partition_mode!r}")
+        if hardness_mode is not None and hardness_strength != 0.0:
+            raise ValueError(f"{where}: argument 'hardness_mode' must be None (or 'hardness_strength' 0), but "
+                             f"got {hardness_mode!r} with strength {hardness_strength}: hardness weighting is not "
+                             "provided")
         self.scale = float(scale)
         self.similarity_fct = similarity_fct
         self._normalize = _normalize_for(similarity_fct, where)
