@@ -15,8 +15,6 @@ A process group enters an operator as its name. ``group_name`` resolves the
 ``group=`` argument once per compilation (``torch.compiler.assume_constant_result``)
 and registers the group's cached communicator under that name.
 """
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
@@ -52,18 +50,6 @@ def _resolved_group_name(group) -> str:
     return name
 
 
-def _loss_like(x: torch.Tensor, reduction: str) -> torch.Tensor:
-    """A loss: 0-dim, or ``[b]`` with ``reduction="none"``; fp32 for fp16/bf16 inputs, else in their dtype."""
-    dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    return x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=dtype)
-
-
-def _grad_like(grad: torch.Tensor, x: Optional[torch.Tensor]) -> torch.Tensor:
-    """What a backward operator returns for input ``x``: its gradient, or a
-    0-dim placeholder for an absent optional input."""
-    return grad.new_empty(()) if x is None else torch.empty_like(x)
-
-
 def _register_loss(loss: _signatures.Loss) -> None:
     """Schemas, fake kernels and autograd of ``contrax::<loss>`` and ``<loss>_backward``,
     from the loss's table: its tensors (optional ones may be None) are saved
@@ -78,10 +64,14 @@ def _register_loss(loss: _signatures.Loss) -> None:
     backward_op = getattr(torch.ops.contrax, loss.name + "_backward")
 
     def fake(*args):
-        return _loss_like(args[0], args[reduction_at] if reduction_at is not None else "mean")
+        # 0-dim, or [b] with reduction="none"; fp32 for fp16/bf16 inputs, else in their dtype.
+        x, reduction = args[0], args[reduction_at] if reduction_at is not None else "mean"
+        dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        return x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=dtype)
 
     def fake_backward(grad, *args):
-        return tuple(_grad_like(grad, args[i]) for i in grads)
+        # An absent optional input's gradient is a 0-dim placeholder.
+        return tuple(grad.new_empty(()) if args[i] is None else torch.empty_like(args[i]) for i in grads)
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*(inputs[i] for i in tensors))

@@ -33,19 +33,6 @@ from ._groups import mean_over_ranks, open_clip_group, scalar_tensor, set_memory
 __all__ = ["ClipLoss", "SigLipLoss", "create_loss"]
 
 
-def _no_clamp(log_scale: torch.Tensor) -> float:
-    """open_clip clamps the scale parameter in its training loop, not in the
-    loss: the largest finite scale of the dtype, which no scale reaches,
-    leaves the loss unclamped."""
-    return float(torch.finfo(log_scale.dtype).max)
-
-
-def _log_scale(logit_scale, like: torch.Tensor, where: str) -> torch.Tensor:
-    """open_clip passes the scale; Contrax takes its log (``exp(log s) = s``, and
-    the gradient reaching the caller's scale is the same either way)."""
-    return scalar_tensor(logit_scale, like, "logit_scale", where).log()
-
-
 class _OpenClipLoss(torch.nn.Module):
     """What both losses share: open_clip's ``cache_labels``, ``rank`` and
     ``world_size``, Contrax's ``group``, and ``forward`` as open_clip calls it,
@@ -65,7 +52,9 @@ class _OpenClipLoss(torch.nn.Module):
         image @ text_all.T + logit_bias`` (see the class)."""
         where = type(self).__name__ + ".forward()"
         group = open_clip_group(self.rank, self.world_size, self.group, where)
-        log_scale = _log_scale(logit_scale, image_features, where)
+        # open_clip passes the scale; Contrax takes its log (exp(log s) = s, and
+        # the gradient reaching the caller's scale is the same either way).
+        log_scale = scalar_tensor(logit_scale, image_features, "logit_scale", where).log()
         bias = None if logit_bias is None else scalar_tensor(logit_bias, image_features, "logit_bias", where)
         loss = self._loss(image_features, text_features, log_scale, bias, group)
         return {"contrastive_loss": loss} if output_dict else loss
@@ -107,7 +96,10 @@ class ClipLoss(_OpenClipLoss):
         set_memory_path(self, path, tile_size, ring, group)
 
     def _loss(self, image, text, log_scale, bias, group):
-        loss = clip_loss(image, text, log_scale, bias, max_logit_scale=_no_clamp(log_scale), path=self.path,
+        # open_clip clamps the scale parameter in its training loop, not in the
+        # loss: the dtype's largest finite scale, which no scale reaches.
+        no_clamp = float(torch.finfo(log_scale.dtype).max)
+        loss = clip_loss(image, text, log_scale, bias, max_logit_scale=no_clamp, path=self.path,
                          tile_size=self.tile_size, ring=self.ring, group=group)
         return loss if self.local_loss else mean_over_ranks(loss, group)
 

@@ -155,7 +155,8 @@ class _GroupedRanking:
                             normalize=self._normalize, path=self.path, tile_size=self.tile_size, ring=self.ring,
                             group=distributed_group(self.gather_across_devices, self.group, where))
 
-    def _config(self) -> Dict[str, Any]:
+    def get_config_dict(self) -> Dict[str, Any]:
+        """The hyperparameters for the model card."""
         return {"scale": self.scale, "similarity_fct": getattr(self.similarity_fct, "__name__", "?"),
                 "gather_across_devices": self.gather_across_devices, "directions": self.directions,
                 "partition_mode": self.partition_mode, "mask_duplicates": self.mask_duplicates}
@@ -198,10 +199,6 @@ class MultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
         """The loss of one batch of tokenised columns (anchor, positive, negatives...)."""
         features = list(sentence_features)
         return self.compute_loss_from_embeddings(_embed_columns(self.model, features), labels, self._ids(features))
-
-    def get_config_dict(self) -> Dict[str, Any]:
-        """The hyperparameters for the model card."""
-        return self._config()
 
     @property
     def citation(self) -> str:
@@ -310,7 +307,7 @@ class CachedMultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
 
     def get_config_dict(self) -> Dict[str, Any]:
         """The hyperparameters for the model card."""
-        return {**self._config(), "mini_batch_size": self.mini_batch_size}
+        return {**super().get_config_dict(), "mini_batch_size": self.mini_batch_size}
 
     @property
     def citation(self) -> str:
