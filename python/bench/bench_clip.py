@@ -61,14 +61,12 @@ def worker(rank, world, impl, opts):
     b = b_all[rank * batch:(rank + 1) * batch].to(dev).requires_grad_(True)
     del a_all, b_all
     s = torch.tensor(2.5, device=dev, requires_grad=True)
-    path = {"path": opts.path} if opts.path != "auto" else {}
 
     def loss_of(x, y):
         if impl == "python":
             return naive_clip_loss(x, y, s)
-        if opts.path == "ring":
-            return contrax.clip_loss(x, y, s, path="tiled", ring=True)
-        return contrax.clip_loss(x, y, s, **path)
+        ring = opts.path == "ring"
+        return contrax.clip_loss(x, y, s, path="tiled" if ring else opts.path, ring=ring)
 
     autocast = (torch.autocast(dev.type, dtype=torch.bfloat16) if opts.autocast
                 else contextlib.nullcontext())

@@ -50,18 +50,11 @@ def plain_siglip(a, b, logit_scale, bias):
     return -F.logsigmoid(signs * logits.float()).sum() / a.shape[0]
 
 
-def contrax_clip(a, b, logit_scale, bias):
-    return contrax.clip_loss(a, b, logit_scale)
-
-
-def contrax_siglip(a, b, logit_scale, bias):
-    return contrax.siglip_loss(a, b, logit_scale, bias)
-
-
 def peers():
     """{loss: [(name, fn)]}: Contrax and plain PyTorch always, the peer packages where installed."""
-    table = {"clip": [("plain PyTorch (autocast)", plain_clip), ("Contrax clip_loss", contrax_clip)],
-             "siglip": [("plain PyTorch (autocast)", plain_siglip), ("Contrax siglip_loss", contrax_siglip)]}
+    table = {"clip": [("plain PyTorch (autocast)", plain_clip),
+                      ("Contrax clip_loss", lambda a, b, s, t: contrax.clip_loss(a, b, s))],
+             "siglip": [("plain PyTorch (autocast)", plain_siglip), ("Contrax siglip_loss", contrax.siglip_loss)]}
     try:
         import memeff
         loss = memeff.MemoryEfficientCLIPLoss(temperature=0.07, normalized_inputs=True, stable=False)

@@ -61,17 +61,14 @@ class _Local:
 LOCAL = _Local()
 # (Defined before the modules below import it.)
 
-from . import _contrax, _signatures  # noqa: E402
+from . import _contrax, _signatures, modules  # noqa: E402
 from . import _ops  # noqa: E402  (the operators' fake kernels and autograd, for torch.compile)
 from .grad_cache import GradCache, GradCacheEncoder
 from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 __all__ = [
     "LOCAL",
-    "clip_loss",
-    "grouped_loss",
-    "nt_xent_loss",
-    "moco_v3_loss",
+    *_signatures.LOSSES,
     "gather_with_grad",
     "gather_no_grad",
     "grad_cache_inject",
@@ -82,17 +79,10 @@ __all__ = [
     "set_keep_loss_workspace",
     "loss_workspace_bytes",
     "release_loss_workspace",
-    "tiled_clip_loss",
-    "tiled_nt_xent_loss",
-    "tiled_moco_v3_loss",
-    "siglip_loss",
+    *_signatures.TILED,
     "GradCache",
     "GradCacheEncoder",
-    "ClipLoss",
-    "NTXentLoss",
-    "MoCoV3Loss",
-    "SigLIPLoss",
-    "GroupedLoss",
+    *modules.__all__,
 ]
 
 __version__ = "0.1.0"
@@ -100,15 +90,9 @@ __version__ = "0.1.0"
 
 def _comm(group):
     """The cached C++ communicator for ``group`` (see module docstring)."""
-    if group is LOCAL:
-        return _contrax.communicator(None)
-    if group is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            group = dist.group.WORLD
-        else:
-            return _contrax.communicator(None)
-    return _contrax.communicator(group)
+    if group is None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        group = torch.distributed.group.WORLD
+    return _contrax.communicator(None if group is LOCAL else group)
 
 
 def communicator(group=None):

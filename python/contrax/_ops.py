@@ -5,21 +5,16 @@ that ``contrax``'s functions make while ``torch.compile`` traces them.
 
 ``torch.compile`` cannot look into a pybind function: called on fake tensors
 it would need their data. The operators give it what it needs instead: the
-shapes of the outputs (the fake kernels below: a loss is 0-dim, or ``[b]``
-with ``reduction="none"``, in the inputs' dtype, fp32 for fp16/bf16 inputs; a
-gradient has its input's shape; a gather's row count is an unbacked size,
-known only when it runs) and how to differentiate them (``register_autograd``:
-a loss's backward is its ``*_backward`` operator, which recomputes; see
-python/src/ops.cpp for the derivation). Eager calls keep the binding's
-functions (one fused autograd function per loss, no recomputation); only
-compiled code goes through the operators.
+shapes of the outputs (the fake kernels below) and how to differentiate them
+(``register_autograd``: a loss's backward is its ``*_backward`` operator,
+which recomputes; see python/src/ops.cpp for the derivation). Eager calls keep
+the binding's functions (one fused autograd function per loss, no
+recomputation); only compiled code goes through the operators.
 
 A process group enters an operator as its name. ``group_name`` resolves the
 ``group=`` argument once per compilation (``torch.compiler.assume_constant_result``)
 and registers the group's cached communicator under that name.
 """
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
@@ -55,25 +50,11 @@ def _resolved_group_name(group) -> str:
     return name
 
 
-def _loss_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-
-
-def _loss_like(x: torch.Tensor, reduction: str) -> torch.Tensor:
-    return x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=_loss_dtype(x))
-
-
-def _grad_like(grad: torch.Tensor, x: Optional[torch.Tensor]) -> torch.Tensor:
-    """What a backward operator returns for input ``x``: its gradient, or a
-    0-dim placeholder for an absent optional input."""
-    return grad.new_empty(()) if x is None else torch.empty_like(x)
-
-
 def _register_loss(loss: _signatures.Loss) -> None:
     """Schemas, fake kernels and autograd of ``contrax::<loss>`` and ``<loss>_backward``,
     from the loss's table: its tensors (optional ones may be None) are saved
     for the backward, which returns the gradients of ``loss.grad``; the options
-    are passed on unchanged. A loss is 0-dim, or ``[b]`` with ``reduction="none"``."""
+    are passed on unchanged."""
     _library.define(_signatures.schema(loss))
     _library.define(_signatures.schema(loss, backward=True))
     names = [p.name for p in loss.params]
@@ -83,10 +64,14 @@ def _register_loss(loss: _signatures.Loss) -> None:
     backward_op = getattr(torch.ops.contrax, loss.name + "_backward")
 
     def fake(*args):
-        return _loss_like(args[0], args[reduction_at] if reduction_at is not None else "mean")
+        # 0-dim, or [b] with reduction="none"; fp32 for fp16/bf16 inputs, else in their dtype.
+        x, reduction = args[0], args[reduction_at] if reduction_at is not None else "mean"
+        dtype = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        return x.new_empty((x.shape[0],) if reduction == "none" else (), dtype=dtype)
 
     def fake_backward(grad, *args):
-        return tuple(_grad_like(grad, args[i]) for i in grads)
+        # An absent optional input's gradient is a 0-dim placeholder.
+        return tuple(grad.new_empty(()) if args[i] is None else torch.empty_like(args[i]) for i in grads)
 
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(*(inputs[i] for i in tensors))

@@ -1,31 +1,17 @@
 """contrax.GradCache: the gradient-cache training step (GradCache, Gao et al.
-2021) for Python encoders, with the contract of the C++ ``contrax::GradCache``
-(include/contrax/parallel/grad_cache.h).
-
-A contrastive loss couples every row of the global batch to every other row,
-so the batch cannot be cut into independently accumulated micro-batches. The
-loss only needs the representations, though, which are small:
-
-  pass 1  run each encoder over chunks of its input under ``no_grad``, saving
-          the random-number state before each chunk;
-  loss    compute the (possibly distributed) loss on leaves holding the
-          detached representations and backpropagate once: this caches
-          dL/d(rep) for every row and gives loss-side parameters (the CLIP
-          logit scale) their gradient exactly once;
-  pass 2  re-run each chunk with its saved random state (same dropout masks)
-          and backpropagate the cached gradient into the encoder.
+2021) for Python encoders, with the contract of the C++ ``contrax::GradCache``,
+whose header (include/contrax/parallel/grad_cache.h) explains the passes: each
+encoder runs over chunks of its input without a graph (pass 1), the loss runs
+once on the detached representations and its backward caches dL/d(rep), and
+each chunk re-runs with its saved random state to backpropagate that gradient
+(pass 2). Peak activation memory is set by the chunk size, not the batch size.
 
 Since L = loss(f(x_1), ..., f(x_n)), dL/dθ = sum_c J_c^T dL/d(rep_c), with J_c
 the Jacobian of chunk c's representation: pass 2 computes exactly these
 vector-Jacobian products, one chunk at a time, with
 ``torch.autograd.backward(rep_c, dL/d(rep_c))`` (no extra graph nodes, unlike a
-``(rep * grad).sum()`` surrogate). Peak activation memory is set by the chunk
-size, not by the batch size.
-
-With DistributedDataParallel encoders, every pass-2 chunk but the last one per
-DDP module runs under ``no_sync()``, so each DDP module all-reduces its
-accumulated gradients once per step, and ranks with different row counts (so
-different chunk counts) still issue the same collectives.
+``(rep * grad).sum()`` surrogate). With DistributedDataParallel encoders each
+DDP module all-reduces once per step (see ``GradCache._pass2``).
 """
 import contextlib
 import dataclasses
@@ -41,6 +27,16 @@ __all__ = ["GradCache", "GradCacheEncoder"]
 
 def _describe(value) -> str:
     return type(value).__name__
+
+
+def _integer(value) -> Optional[int]:
+    """``value`` as an int; None for a bool or a non-integer."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 class GradCacheEncoder:
@@ -82,13 +78,7 @@ class GradCacheEncoder:
         if not callable(encoder):
             raise TypeError("GradCacheEncoder(): argument 'encoder' must be an nn.Module or a callable, "
                             f"but got {_describe(encoder)}")
-        if isinstance(chunk_size, bool):
-            chunk = None
-        else:
-            try:
-                chunk = operator.index(chunk_size)
-            except TypeError:
-                chunk = None
+        chunk = _integer(chunk_size)
         if chunk is None or chunk <= 0:
             raise ValueError("GradCacheEncoder(): argument 'chunk_size' must be a positive integer, "
                              f"but got {chunk_size!r}")
@@ -144,13 +134,6 @@ def _tensors(value, out):
     return out
 
 
-def _rebuild(like, items):
-    """A list / tuple / namedtuple of `items` shaped like `like`."""
-    if isinstance(like, tuple) and hasattr(like, "_fields"):
-        return type(like)(*items)
-    return type(like)(items) if isinstance(like, (list, tuple)) else list(items)
-
-
 def _default_split(inputs, chunk_size, where):
     """Slices the tensors of a tensor / list / tuple / dict input along dim 0
     together (views); non-tensor entries go unchanged into every chunk. A
@@ -186,7 +169,8 @@ def _default_split(inputs, chunk_size, where):
             return inputs[start:stop]
         if isinstance(inputs, Mapping):
             return {k: v[start:stop] if torch.is_tensor(v) else v for k, v in inputs.items()}
-        return _rebuild(inputs, [v[start:stop] if torch.is_tensor(v) else v for v in inputs])
+        values = [v[start:stop] if torch.is_tensor(v) else v for v in inputs]
+        return type(inputs)(*values) if hasattr(inputs, "_fields") else type(inputs)(values)  # a namedtuple
 
     if rows == 0:
         return [piece(0, 0)]
@@ -277,22 +261,20 @@ class GradCache:
                             f"(or modules/callables with chunk_size=), but got {_describe(encoders)}")
         if not encoders:
             raise ValueError("GradCache(): argument 'encoders' is empty")
-        specs = []
+        specs, names = [], {}
         for e, enc in enumerate(encoders):
-            if isinstance(enc, GradCacheEncoder):
-                specs.append(enc)
-            elif chunk_size is None:
-                raise ValueError(f"GradCache(): encoder {e} is a {_describe(enc)}, not a GradCacheEncoder; "
-                                 "wrap it in GradCacheEncoder(encoder, chunk_size) or pass argument 'chunk_size'")
-            else:
-                specs.append(GradCacheEncoder(enc, chunk_size))
-        names = {}
-        for e, enc in enumerate(specs):
+            if not isinstance(enc, GradCacheEncoder):
+                if chunk_size is None:
+                    raise ValueError(f"GradCache(): encoder {e} is a {_describe(enc)}, not a GradCacheEncoder; "
+                                     "wrap it in GradCacheEncoder(encoder, chunk_size) or pass argument "
+                                     "'chunk_size'")
+                enc = GradCacheEncoder(enc, chunk_size)
+            if enc.name in names:
+                raise ValueError(f"GradCache(): argument 'encoders': encoders {names[enc.name]} and {e} are "
+                                 f"both named '{enc.name}'")
             if enc.name is not None:
-                if enc.name in names:
-                    raise ValueError(f"GradCache(): argument 'encoders': encoders {names[enc.name]} and {e} are "
-                                     f"both named '{enc.name}'")
                 names[enc.name] = e
+            specs.append(enc)
         for arg, fn in (("loss_fn", loss_fn), ("scale_loss", scale_loss)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"GradCache(): argument '{arg}' must be callable or None, but got {_describe(fn)}")
@@ -317,13 +299,10 @@ class GradCache:
                 raise ValueError(f"{where}: argument 'encoder': no encoder named '{encoder}'; the named "
                                  f"encoders are {known}")
             return self._names[encoder]
-        if isinstance(encoder, bool):
-            raise TypeError(f"{where}: argument 'encoder' must be an index or a name, but got bool")
-        try:
-            e = operator.index(encoder)
-        except TypeError:
+        e = _integer(encoder)
+        if e is None:
             raise TypeError(f"{where}: argument 'encoder' must be an index or a name, "
-                            f"but got {_describe(encoder)}") from None
+                            f"but got {_describe(encoder)}")
         if not 0 <= e < len(self.encoders):
             raise ValueError(f"{where}: argument 'encoder' is {e}, but there are {len(self.encoders)} encoders "
                              f"(indices 0..{len(self.encoders) - 1})")
@@ -407,15 +386,7 @@ class GradCache:
         where = "GradCache.finish()"
         try:
             loss_value, grads = self._loss_grads(loss_fn, where)
-            # Where the generators would be had each chunk run once (the loss
-            # included): restored after pass 2, so later steps draw what they
-            # would have drawn without gradient cache.
-            after = _capture_rng(self._rng_devices(self._chunks)) if self.replay_rng else None
-            try:
-                self._pass2(self._chunks, grads)
-            finally:
-                if after is not None:
-                    _restore_rng(after)
+            self._replay(self._chunks, grads)
             return loss_value
         finally:
             self.clear()
@@ -459,20 +430,23 @@ class GradCache:
             pending[0] = pending[1] = None
             if not (grad_output.numel() == 1 and grad_output.item() == 1.0):
                 step_grads = [[g * grad_output.reshape(()) for g in per] for per in step_grads]
-            state = _capture_rng(self._rng_devices(step_chunks)) if self.replay_rng else None
-            try:
-                self._pass2(step_chunks, step_grads)
-            finally:
-                if state is not None:
-                    _restore_rng(state)
+            self._replay(step_chunks, step_grads)
 
         out = loss_value.clone().requires_grad_(True)
         out.register_hook(replay)
         return out
 
-    @staticmethod
-    def _rng_devices(chunks):
-        return sorted({d for per in chunks for c in per for d in c.rng[1]})
+    def _replay(self, chunks_of, grads):
+        """Pass 2, after which the generators are put back where it found them:
+        where each chunk running once (the loss included) leaves them, so
+        later steps draw what they would have drawn without gradient cache."""
+        if not self.replay_rng:
+            return self._pass2(chunks_of, grads)
+        state = _capture_rng(sorted({d for per in chunks_of for c in per for d in c.rng[1]}))
+        try:
+            self._pass2(chunks_of, grads)
+        finally:
+            _restore_rng(state)
 
     def _loss_grads(self, loss_fn, where):
         """The loss (``loss_fn``, else the constructor's) over the cached

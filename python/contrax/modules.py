@@ -97,15 +97,11 @@ class _LossModule(torch.nn.Module):
         """The scale's log and the bias the Module owns, in ``like``'s dtype."""
         return self.logit_scale.to(like.dtype), None if self.logit_bias is None else self.logit_bias.to(like.dtype)
 
-    def _scale_repr(self) -> str:
-        """The scale and bias, where the Module owns them."""
-        if not hasattr(self, "logit_scale"):
-            return ""
-        return f"scale={self.logit_scale.detach().exp().item():.4g}, bias={self.logit_bias is not None}, "
-
     def extra_repr(self) -> str:
-        """The options shown by ``print(module)`` (all but the group)."""
-        return self._scale_repr() + ", ".join(f"{k}={v!r}" for k, v in self._options().items() if k != "group")
+        """What ``print(module)`` shows: the scale and bias it owns, and the options but the group."""
+        scale = (f"scale={self.logit_scale.detach().exp().item():.4g}, bias={self.logit_bias is not None}, "
+                 if hasattr(self, "logit_scale") else "")
+        return scale + ", ".join(f"{k}={v!r}" for k, v in self._options().items() if k != "group")
 
 
 class ClipLoss(_LossModule, loss="clip_loss"):

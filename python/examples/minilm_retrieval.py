@@ -113,16 +113,12 @@ def make_data(directory, eval_limit, seed):
         for r in rel:
             children.setdefault(r, []).append(p)
     rng = random.Random(seed)
-    rows = {"anchor": [], "positive": [], "negative": []}
+    triples = []
     for k, p, q, rel in train:
         pool = [c for r in rel for c in children.get(r, ()) if c.lower() != p.lower()]
-        neg = rng.choice(pool) if pool else train[rng.randrange(len(train))][1]
-        rows["anchor"].append(q)
-        rows["positive"].append(p)
-        rows["negative"].append(neg)
-    order = list(range(len(rows["anchor"])))
-    rng.shuffle(order)
-    rows = {c: [v[i] for i in order] for c, v in rows.items()}
+        triples.append((q, p, rng.choice(pool) if pool else train[rng.randrange(len(train))][1]))
+    rng.shuffle(triples)
+    rows = {c: [t[i] for t in triples] for i, c in enumerate(("anchor", "positive", "negative"))}
     return rows, [q for _, _, q, _ in queries], passages, target
 
 
@@ -209,36 +205,33 @@ def main():
         tuned = SentenceTransformer(os.path.join(work, "tuned"), device="cpu")
         tuned.max_seq_length = args.max_seq_length
         after = evaluate(tuned, queries, passages, target)
-    lexical, towers = BASELINE["lexical"], BASELINE["towers"]
+    baselines = {"lexical": BASELINE["lexical"], "towers": BASELINE["towers"]}
     sources = {"lexical": BASELINE["source"], "towers": BASELINE["source"]}
     for kind, path in (("lexical", args.lexical_json), ("towers", args.towers_json)):
         if path:
             with open(path) as f:
                 r = json.load(f)
             pre = "lexical_" if kind == "lexical" else ""
-            got = (r[pre + "recall_at_1"], r[pre + "recall_at_10"], r[pre + "mrr"])
-            lexical, towers = (got, towers) if kind == "lexical" else (lexical, got)
+            baselines[kind] = (r[pre + "recall_at_1"], r[pre + "recall_at_10"], r[pre + "mrr"])
             sources[kind] = f"{path} ({r['evaluation']['queries']} glosses)"
-    base_src = {"lexical": lexical, "towers": towers,
-                "source": f"BM25: {sources['lexical']}; towers: {sources['towers']}"}
-    rows = [("BM25 (character 3-5-grams)", base_src["lexical"]), ("from-scratch towers (C++ recipe)", base_src["towers"]),
+    source = f"BM25: {sources['lexical']}; towers: {sources['towers']}"
+    rows = [("BM25 (character 3-5-grams)", baselines["lexical"]),
+            ("from-scratch towers (C++ recipe)", baselines["towers"]),
             ("all-MiniLM-L6-v2, pretrained", tuple(before.values())),
             (f"all-MiniLM-L6-v2, fine-tuned ({args.steps} steps)", tuple(after.values()))]
     print(f"\n{'system':44s} {'recall@1':>9s} {'recall@10':>10s} {'MRR':>7s}")
     for name, (r1, r10, mrr) in rows:
         print(f"{name:44s} {r1:9.4f} {r10:10.4f} {mrr:7.4f}")
-    print(f"(baselines: {base_src['source']})")
+    print(f"(baselines: {source})")
     wall = time.perf_counter() - t0
     print(f"fine-tuning {train_s:.0f} s on {args.nproc} processes; one evaluation {eval_s:.0f} s; total {wall:.0f} s")
     if args.json:
-        summary = {"recall_at_1": after["recall_at_1"], "recall_at_10": after["recall_at_10"], "mrr": after["mrr"],
-                   "pretrained_recall_at_1": before["recall_at_1"],
-                   "pretrained_recall_at_10": before["recall_at_10"], "pretrained_mrr": before["mrr"],
-                   "lexical_recall_at_1": base_src["lexical"][0], "lexical_recall_at_10": base_src["lexical"][1],
-                   "lexical_mrr": base_src["lexical"][2], "towers_recall_at_10": base_src["towers"][1],
-                   "baseline_source": base_src["source"], "queries": len(queries), "passages": len(passages),
-                   "steps": args.steps, "batch_size_per_rank": args.batch_size, "nproc": args.nproc,
-                   "train_s": train_s, "eval_s": eval_s, "wall_s": wall}
+        summary = {**after, **{"pretrained_" + k: v for k, v in before.items()},
+                   **{"lexical_" + k: v for k, v in zip(after, baselines["lexical"])},
+                   "towers_recall_at_10": baselines["towers"][1], "baseline_source": source,
+                   "queries": len(queries), "passages": len(passages), "steps": args.steps,
+                   "batch_size_per_rank": args.batch_size, "nproc": args.nproc, "train_s": train_s, "eval_s": eval_s,
+                   "wall_s": wall}
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
 

@@ -7,8 +7,6 @@ The peer libraries say "distributed" in their own words (open_clip's
 Contrax's functions, checked against ``torch.distributed`` so that a
 mismatch is an error at the first call instead of a wrong loss.
 """
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
@@ -52,13 +50,6 @@ def open_clip_group(rank: int, world_size: int, group, where: str):
     return group
 
 
-def world_of(group) -> int:
-    """Ranks a ``group=`` value spans (1 for LOCAL and an uninitialised world)."""
-    if group is LOCAL or not _initialised():
-        return 1
-    return dist.get_world_size(group)
-
-
 def mean_over_ranks(loss: torch.Tensor, group) -> torch.Tensor:
     """``loss`` with the value ``(1/W) sum_r loss_r`` (the global-batch loss when
     every rank returns its share ``L_r``) and the gradient of ``loss`` itself.
@@ -68,7 +59,7 @@ def mean_over_ranks(loss: torch.Tensor, group) -> torch.Tensor:
     gradient averaging still sees each rank's share, which is what makes the
     gradients exact. One all-reduce of a scalar.
     """
-    world = world_of(group)
+    world = 1 if group is LOCAL or not _initialised() else dist.get_world_size(group)
     if world == 1:
         return loss
     import torch.distributed._functional_collectives as funcol
@@ -88,10 +79,6 @@ def scalar_tensor(value, like: torch.Tensor, arg: str, where: str) -> torch.Tens
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return torch.tensor(float(value), dtype=like.dtype, device=like.device)
     raise TypeError(f"{where}: argument '{arg}' must be a tensor or a number, but got {type(value).__name__}")
-
-
-def optional_scalar(value, like: torch.Tensor, arg: str, where: str) -> Optional[torch.Tensor]:
-    return None if value is None else scalar_tensor(value, like, arg, where)
 
 
 def set_memory_path(loss, path: str, tile_size: int, ring: bool, group) -> None:

@@ -8,21 +8,18 @@ The swap::
     criterion = NTXentLoss(temperature=0.5, gather_distributed=True)
     loss = criterion(z0, z1)
 
-Same arguments and call. With ``gather_distributed=True`` the projections of
-every rank are gathered (the backward a reduce-scatter) and each rank returns
-its share ``L_r = (W/B) sum_{i in r} l_i`` of the mean over all ``2B`` views,
-which is lightly's local mean when batches are even; DDP's averaging then
-gives the gradient of one device on the concatenated batch. What Contrax adds:
-ranks may hold different numbers of rows (lightly's gather and its
-``eye_rank`` mask assume equal ones), the positives' self-similarity is masked
-by index instead of by a ``[b x 2B]`` boolean mask, and large batches take the
-tiled or ring path (``path=``, ``tile_size=``, ``ring=``).
+Same arguments and call. With ``gather_distributed=True`` each rank returns its
+share ``L_r = (W/B) sum_{i in r} l_i`` of the mean over all ``2B`` views
+(lightly's local mean when batches are even; DDP's averaging then gives the
+gradient of one device on the concatenated batch), also when ranks hold
+different numbers of rows, which lightly's gather and ``eye_rank`` mask do
+not allow; large batches take the tiled or ring path (``path=``,
+``tile_size=``, ``ring=``). docs/integrations.md compares it with lightly's.
 
-``gather_distributed=False`` is lightly's local loss (this rank's rows only).
 ``memory_bank_size`` must be 0: with a memory bank lightly's loss is MoCo v2's
-(negatives from a constant queue, no rank coupled to another, and lightly's
-loss is already exact under DDP with even batches), which Contrax does not
-reimplement. lightly has no MoCo v3 loss; Contrax's is ``contrax.moco_v3_loss``.
+(negatives from a constant queue, nothing coupling the ranks), which Contrax
+does not reimplement. lightly has no MoCo v3 loss; Contrax's is
+``contrax.moco_v3_loss``.
 """
 import math
 

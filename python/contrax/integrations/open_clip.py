@@ -11,53 +11,26 @@ open_clip calls it, ``loss(**model_out, output_dict=True)``, with
 ``logit_scale`` the scale itself (``model.logit_scale.exp()``, not its log)
 and ``logit_bias`` the bias.
 
-What changes underneath:
-
-* **Exact gradients whatever ``local_loss`` / ``gather_with_grad`` say.**
-  open_clip's defaults (both False) give every parameter but the scale 1/W of
-  its gradient under DDP, and ``local_loss=True`` without
-  ``gather_with_grad`` a wrong one; here the features are always gathered
-  with gradient (backward: a reduce-scatter) into ``[local x global]`` logits,
-  and the data-parallel average is the gradient of one device on the
-  concatenated batch. ``local_loss`` only chooses the value returned, as in
-  open_clip: this rank's share (True), or the global batch's loss on every
-  rank (False; one extra all-reduce of a scalar).
-* **Uneven batches**: ranks may hold different numbers of rows (a short last
-  batch, even none); open_clip's gathers abort then. Rank r's share is
-  ``L_r = (W/B) sum_{i in r} l_i``, which is open_clip's local mean when the
-  batches are even.
-* **Memory**: CLIP's ``[local x global]`` logits are materialised while they
-  take at most 256 MiB per rank and computed tile by tile above that
-  (``path=``, ``tile_size=``, ``ring=`` to choose); SigLIP's are always
-  computed in tiles, with the text blocks passed around the ring.
-
-Contrax-only keyword arguments: ``group=`` (a ``torch.distributed``
-ProcessGroup instead of the default one), ``path``/``tile_size``/``ring``.
-``cache_labels`` and ``dist_impl`` are accepted and have nothing to choose
-(Contrax builds no label matrix and has one ring); ``use_horovod=True`` is
-refused.
+What changes underneath (docs/integrations.md says more, and what is tested):
+the features are always gathered with gradient, so the gradients are exact
+whatever ``local_loss`` / ``gather_with_grad`` say (open_clip's defaults give
+every parameter but the scale 1/W of its gradient under DDP); ``local_loss``
+only chooses the value returned, this rank's share ``L_r = (W/B) sum_{i in r}
+l_i`` or the global batch's loss on every rank. Ranks may hold different
+numbers of rows (open_clip's gathers abort then). CLIP's logits are tiled
+above 256 MiB per rank (``path=``, ``tile_size=``, ``ring=`` to choose),
+SigLIP's always, the text blocks passed around the ring. ``group=`` spans
+another ProcessGroup; ``cache_labels`` and ``dist_impl`` choose nothing;
+``use_horovod=True`` is refused.
 """
 from typing import Optional
 
 import torch
 
 from .. import clip_loss, siglip_loss
-from ._groups import mean_over_ranks, open_clip_group, optional_scalar, scalar_tensor, set_memory_path
+from ._groups import mean_over_ranks, open_clip_group, scalar_tensor, set_memory_path
 
 __all__ = ["ClipLoss", "SigLipLoss", "create_loss"]
-
-
-def _no_clamp(log_scale: torch.Tensor) -> float:
-    """open_clip clamps the scale parameter in its training loop, not in the
-    loss: the largest finite scale of the dtype, which no scale reaches,
-    leaves the loss unclamped."""
-    return float(torch.finfo(log_scale.dtype).max)
-
-
-def _log_scale(logit_scale, like: torch.Tensor, where: str) -> torch.Tensor:
-    """open_clip passes the scale; Contrax takes its log (``exp(log s) = s``, and
-    the gradient reaching the caller's scale is the same either way)."""
-    return scalar_tensor(logit_scale, like, "logit_scale", where).log()
 
 
 class _OpenClipLoss(torch.nn.Module):
@@ -79,8 +52,11 @@ class _OpenClipLoss(torch.nn.Module):
         image @ text_all.T + logit_bias`` (see the class)."""
         where = type(self).__name__ + ".forward()"
         group = open_clip_group(self.rank, self.world_size, self.group, where)
-        loss = self._loss(image_features, text_features, _log_scale(logit_scale, image_features, where),
-                          optional_scalar(logit_bias, image_features, "logit_bias", where), group)
+        # open_clip passes the scale; Contrax takes its log (exp(log s) = s, and
+        # the gradient reaching the caller's scale is the same either way).
+        log_scale = scalar_tensor(logit_scale, image_features, "logit_scale", where).log()
+        bias = None if logit_bias is None else scalar_tensor(logit_bias, image_features, "logit_bias", where)
+        loss = self._loss(image_features, text_features, log_scale, bias, group)
         return {"contrastive_loss": loss} if output_dict else loss
 
 
@@ -120,7 +96,10 @@ class ClipLoss(_OpenClipLoss):
         set_memory_path(self, path, tile_size, ring, group)
 
     def _loss(self, image, text, log_scale, bias, group):
-        loss = clip_loss(image, text, log_scale, bias, max_logit_scale=_no_clamp(log_scale), path=self.path,
+        # open_clip clamps the scale parameter in its training loop, not in the
+        # loss: the dtype's largest finite scale, which no scale reaches.
+        no_clamp = float(torch.finfo(log_scale.dtype).max)
+        loss = clip_loss(image, text, log_scale, bias, max_logit_scale=no_clamp, path=self.path,
                          tile_size=self.tile_size, ring=self.ring, group=group)
         return loss if self.local_loss else mean_over_ranks(loss, group)
 

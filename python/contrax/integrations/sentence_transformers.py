@@ -17,28 +17,14 @@ negative of the (gathered) batch; its loss is ``lse_i - scale * sim(a_i, p_i)``,
 with ``sim`` the cosine (``cos_sim``, the default) or the dot product
 (``dot_score``).
 
-What changes underneath:
-
-* **Exact across ranks, also with uneven batches.** With
-  ``gather_across_devices=True`` the embeddings of every rank are gathered
-  with gradient into ``[local x global]`` logits (Contrax's grouped loss), and
-  rank r returns ``L_r = (W/B) sum_{i in r} l_i``: sentence-transformers'
-  local mean when batches are even, and still exact when the last batch is
-  split unevenly (sentence-transformers' ``offset = rank * batch_size``
-  assumes equal ones).
-* **Duplicates of the anchor's positive are masked as negatives**
-  (``mask_duplicates=True``, the default): a candidate whose text is the
-  anchor's positive's (the same tokens), other than that positive itself, is
-  left out of the anchor's softmax instead of counting as a negative.
-  sentence-transformers leaves this to the ``no_duplicates`` batch sampler;
-  with it there are no such candidates and the losses are identical.
-* **The cached variant is Contrax's GradCache** (``contrax.GradCache``): every
-  column is embedded in mini-batches without a graph (the random state saved
-  before each), the loss and its backward give every embedding's gradient,
-  and the Trainer's ``loss.backward()`` re-embeds each mini-batch with its
-  random state and backpropagates that gradient, scaled by what reaches the
-  loss (gradient accumulation, fp16 scaling), with one DDP gradient
-  synchronisation per step.
+What changes underneath (docs/integrations.md says more, and what is tested):
+the loss is Contrax's grouped loss, exact across ranks also when the batches
+are uneven (sentence-transformers' ``offset = rank * batch_size`` assumes even
+ones); a candidate with the same tokens as the anchor's positive, other than
+that positive, leaves the anchor's softmax (``mask_duplicates=True``, the
+default; sentence-transformers leaves this to its ``no_duplicates`` batch
+sampler, with which the losses are identical); the cached variant is
+``contrax.GradCache`` (see ``CachedMultipleNegativesRankingLoss``).
 
 Only the default interaction (``directions=("query_to_doc",)``) is
 provided, and no hardness weighting; other settings are refused with the
@@ -83,21 +69,6 @@ def _normalize_for(similarity_fct, where: str) -> bool:
                      f"(Contrax computes cosine or dot-product logits), but got {name}")
 
 
-def _check_options(where, scale, directions, partition_mode, hardness_mode, hardness_strength):
-    if not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"{where}: argument 'scale' must be a positive number, but got {scale!r}")
-    if tuple(directions) != ("query_to_doc",):
-        raise ValueError(f"{where}: argument 'directions' must be ('query_to_doc',), but got {tuple(directions)!r}: "
-                         "Contrax provides the standard anchor-to-candidates loss (use sentence-transformers' own "
-                         "loss for the symmetric and same-type terms)")
-    if partition_mode not in ("joint", "per_direction"):
-        raise ValueError(f"{where}: argument 'partition_mode' must be 'joint' or 'per_direction', "
-                         f"but got {partition_mode!r}")
-    if hardness_mode is not None and hardness_strength != 0.0:
-        raise ValueError(f"{where}: argument 'hardness_mode' must be None (or 'hardness_strength' 0), but got "
-                         f"{hardness_mode!r} with strength {hardness_strength}: hardness weighting is not provided")
-
-
 def text_ids(features: Mapping) -> Optional[torch.Tensor]:
     """One int64 id per row of a tokenised column: a hash of the row's tokens
     without padding, so equal texts get equal ids in any column and on any
@@ -133,7 +104,19 @@ class _GroupedRanking:
     def _setup(self, where, scale, similarity_fct, gather_across_devices, directions, partition_mode,
                hardness_mode, hardness_strength, mask_duplicates, path, tile_size, ring, group):
         similarity_fct = _default_similarity() if similarity_fct is None else similarity_fct
-        _check_options(where, scale, directions, partition_mode, hardness_mode, hardness_strength)
+        if not (isinstance(scale, (int, float)) and scale > 0):
+            raise ValueError(f"{where}: argument 'scale' must be a positive number, but got {scale!r}")
+        if tuple(directions) != ("query_to_doc",):
+            raise ValueError(f"{where}: argument 'directions' must be ('query_to_doc',), but got "
+                             f"{tuple(directions)!r}: Contrax provides the standard anchor-to-candidates loss (use "
+                             "sentence-transformers' own loss for the symmetric and same-type terms)")
+        if partition_mode not in ("joint", "per_direction"):
+            raise ValueError(f"{where}: argument 'partition_mode' must be 'joint' or 'per_direction', "
+                             f"but got {partition_mode!r}")
+        if hardness_mode is not None and hardness_strength != 0.0:
+            raise ValueError(f"{where}: argument 'hardness_mode' must be None (or 'hardness_strength' 0), but "
+                             f"got {hardness_mode!r} with strength {hardness_strength}: hardness weighting is not "
+                             "provided")
         self.scale = float(scale)
         self.similarity_fct = similarity_fct
         self._normalize = _normalize_for(similarity_fct, where)
@@ -172,7 +155,8 @@ class _GroupedRanking:
                             normalize=self._normalize, path=self.path, tile_size=self.tile_size, ring=self.ring,
                             group=distributed_group(self.gather_across_devices, self.group, where))
 
-    def _config(self) -> Dict[str, Any]:
+    def get_config_dict(self) -> Dict[str, Any]:
+        """The hyperparameters for the model card."""
         return {"scale": self.scale, "similarity_fct": getattr(self.similarity_fct, "__name__", "?"),
                 "gather_across_devices": self.gather_across_devices, "directions": self.directions,
                 "partition_mode": self.partition_mode, "mask_duplicates": self.mask_duplicates}
@@ -215,10 +199,6 @@ class MultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
         """The loss of one batch of tokenised columns (anchor, positive, negatives...)."""
         features = list(sentence_features)
         return self.compute_loss_from_embeddings(_embed_columns(self.model, features), labels, self._ids(features))
-
-    def get_config_dict(self) -> Dict[str, Any]:
-        """The hyperparameters for the model card."""
-        return self._config()
 
     @property
     def citation(self) -> str:
@@ -327,7 +307,7 @@ class CachedMultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
 
     def get_config_dict(self) -> Dict[str, Any]:
         """The hyperparameters for the model card."""
-        return {**self._config(), "mini_batch_size": self.mini_batch_size}
+        return {**super().get_config_dict(), "mini_batch_size": self.mini_batch_size}
 
     @property
     def citation(self) -> str:
