@@ -5,7 +5,7 @@ default, doc line), and everything else is derived from it: the public
 functions of ``contrax`` (signature and docstring), the ``torch.library``
 schemas of their operators (``contrax/_ops.py``), the ``nn.Module`` wrappers'
 constructor options (``contrax/modules.py``) and the type stub's losses
-and Modules (``python -m contrax._stub`` prints them;
+and Modules (tools/gen_stub.py prints them;
 python/tests/test_signatures.py fails when ``__init__.pyi`` or any face
 disagrees). The C++ side takes the arguments in the same order: the
 binding's functions (python/src/bind_*.cpp) and the operators' kernels

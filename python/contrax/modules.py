@@ -14,7 +14,7 @@ as in CLIP. The functional forms take that logarithm; open_clip and Inf-CL
 pass the exponentiated value instead, the commonest porting mistake, which
 the functions flag with a one-time warning (see ``contrax.clip_loss``).
 """
-from __future__ import annotations  # annotations stay source text: contrax/_stub.py writes them
+from __future__ import annotations  # annotations stay source text: tools/gen_stub.py writes them
 
 import inspect
 import math

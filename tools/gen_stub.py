@@ -1,18 +1,23 @@
-"""The generated parts of ``__init__.pyi``: the losses' functions, from their
-table (``_signatures.LOSSES`` and ``TILED``), and the losses' Modules, from
-the classes themselves (their options come from the same table).
-``python -m contrax._stub`` prints both blocks; python/tests/test_signatures.py
-fails when ``__init__.pyi`` does not hold them, so adding a parameter is an
-edit of the table and a paste of this output.
+"""The generated parts of python/contrax/__init__.pyi: the losses' functions,
+from their table (``_signatures.LOSSES`` and ``TILED``), and the losses'
+Modules, from the classes themselves (their options come from the same table).
+A development tool, not shipped with the package (as PyTorch keeps its stub
+generator in its tools/):
+
+  PYTHONPATH=build/python .venv/bin/python tools/gen_stub.py
+
+prints both blocks; python/tests/test_signatures.py fails when
+``__init__.pyi`` does not hold them, so adding a parameter is an edit of the
+table and a paste of this output.
 """
 import inspect
 from typing import Dict, Iterable, List
 
 import torch
 
-from . import _signatures
-from ._signatures import REQUIRED, TILED, Loss, annotation, deprecation
-from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
+from contrax import _signatures
+from contrax._signatures import REQUIRED, TILED, Loss, annotation, deprecation
+from contrax.modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 _WIDTH = 116
 
