@@ -170,7 +170,8 @@ def _default_split(inputs, chunk_size, where):
         if isinstance(inputs, Mapping):
             return {k: v[start:stop] if torch.is_tensor(v) else v for k, v in inputs.items()}
         values = [v[start:stop] if torch.is_tensor(v) else v for v in inputs]
-        return type(inputs)(*values) if hasattr(inputs, "_fields") else type(inputs)(values)  # a namedtuple
+        # A namedtuple takes its fields as arguments; a list or tuple takes one iterable.
+        return type(inputs)(*values) if hasattr(inputs, "_fields") else type(inputs)(values)
 
     if rows == 0:
         return [piece(0, 0)]
