@@ -4,7 +4,6 @@
 #include <c10/util/Exception.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -15,10 +14,9 @@ namespace contrax::cli {
 std::string train_step_line(const train::StepProgress& p) {
   const double f = p.total_steps > 0 ? static_cast<double>(p.step) / static_cast<double>(p.total_steps) : 0.0;
   std::ostringstream o;
-  const double loss = std::isnan(p.loss) ? std::fabs(p.loss) : p.loss;  // "nan", never "-nan"
   o << "train " << progress_bar(f, 24) << " " << std::setw(3) << static_cast<int>(f * 100) << "%  step " << p.step
     << "/" << p.total_steps << "  epoch " << p.epoch << "/" << p.epochs << "  loss " << std::fixed
-    << std::setprecision(4) << loss << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
+    << std::setprecision(4) << train::plain_nan(p.loss) << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
     << "/s  ETA " << train::format_duration(p.eta_s);
   return o.str();
 }

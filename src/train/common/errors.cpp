@@ -4,8 +4,9 @@
 
 #include <c10/util/StringUtil.h>
 
-#include <cmath>
 #include <utility>
+
+#include "contrax/train/common/loop.h"
 
 namespace contrax::train {
 
@@ -19,13 +20,11 @@ std::string kept_checkpoint(const std::string& checkpoint) {
                             : "the last good checkpoint " + checkpoint + " is kept (if one was written)";
 }
 
-// The loss is written without a NaN's sign bit: "-nan" (what an overflowing
-// loss gives) reads like a negative number.
 Diverged::Diverged(int64_t step, int64_t total, double loss, double lr, bool loss_finite, int64_t skip,
                    std::string checkpoint)
     : TrainError(TrainErrorKind::kDiverged,
                  c10::str("training diverged at step ", step, "/", total, ": the ", loss_finite ? "gradient" : "loss",
-                          " is not finite (loss ", std::isnan(loss) ? std::fabs(loss) : loss, ", lr ", lr, ")"),
+                          " is not finite (loss ", plain_nan(loss), ", lr ", lr, ")"),
                  c10::str("; ", skip > 0 ? c10::str("more than the allowed ", skip, " non-finite steps; ") : "",
                           kept_checkpoint(checkpoint),
                           "; lower the learning rate (lr) or allow skipping such steps (skip_nonfinite)")),

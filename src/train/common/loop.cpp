@@ -93,10 +93,6 @@ const RunOptions& checked_options(const RunOptions& o) {
   return o;
 }
 
-// A NaN without its sign bit: streams print a negative NaN (what an
-// overflowing loss gives) as "-nan", which reads like a negative number.
-double plain_nan(double v) { return std::isnan(v) ? std::fabs(v) : v; }
-
 }  // namespace
 
 // What rank 0 records of a step.
@@ -227,6 +223,8 @@ void TrainLoop::save(int64_t step) {
   c.metadata = meta.str();
   c.save(run_dir_.checkpoint());
 }
+
+double plain_nan(double v) { return std::isnan(v) ? std::fabs(v) : v; }
 
 std::string format_duration(double s) {
   if (!(s >= 0) || s > 1e7) return "?";

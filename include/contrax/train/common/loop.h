@@ -71,6 +71,10 @@ struct StepProgress {
 /// "?" when negative, not a number or beyond 10^7 s.
 std::string format_duration(double seconds);
 
+/// `v` without a NaN's sign bit: streams print a negative NaN (what an
+/// overflowing loss gives) as "-nan", which reads like a negative number.
+double plain_nan(double v);
+
 /// The options of a run that every recipe shares, nested in each recipe's
 /// options (`TrainOptions::run()`, `RetrievalOptions::run()`), which set
 /// their own defaults for the schedule's length, the batch and AdamW.

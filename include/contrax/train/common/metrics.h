@@ -19,26 +19,16 @@ namespace contrax::train {
 
 /// One training step as logged.
 struct StepMetrics {
-  /// Global step, from 1.
-  int64_t step = 0;           // global step, from 1
-  /// Epoch, from 1.
-  int64_t epoch = 0;          // from 1
-  /// Step within the epoch, from 1.
-  int64_t step_in_epoch = 0;  // from 1
-  /// Global rows of the step.
-  int64_t rows = 0;           // global rows of the step (the last batch of an epoch may have fewer)
-  /// Global mean loss of the step.
-  double loss = 0;            // global mean loss (NaN/inf written as null)
-  /// Learning rate of the step.
-  double lr = 0;
-  /// Throughput since the run (re)started.
-  double examples_per_s = 0;  // since the run (re)started
-  /// Seconds since the run (re)started.
-  double elapsed_s = 0;       // since the run (re)started
-  /// Bytes rank 0 sent in the step's collectives.
-  int64_t bytes_sent = 0;     // bytes rank 0 sent in this step's collectives
-  /// Whether the optimizer step was applied.
-  bool applied = true;        // false: skipped for a non-finite loss or gradient
+  int64_t step = 0;           ///< global step, from 1
+  int64_t epoch = 0;          ///< epoch, from 1
+  int64_t step_in_epoch = 0;  ///< step within the epoch, from 1
+  int64_t rows = 0;           ///< global rows of the step (the last batch of an epoch may have fewer)
+  double loss = 0;            ///< global mean loss of the step (NaN/inf written as null)
+  double lr = 0;              ///< learning rate of the step
+  double examples_per_s = 0;  ///< throughput since the run (re)started
+  double elapsed_s = 0;       ///< seconds since the run (re)started
+  int64_t bytes_sent = 0;     ///< bytes rank 0 sent in the step's collectives
+  bool applied = true;        ///< false: the step was skipped for a non-finite loss or gradient
 };
 
 /// One metrics line (no newline).
