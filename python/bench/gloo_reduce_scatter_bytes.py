@@ -9,17 +9,26 @@ rank 0 around one call (so run it on an otherwise quiet loopback):
 
     python3 python/bench/gloo_reduce_scatter_bytes.py
 """
-import torch, torch.distributed as dist
+import torch
+import torch.distributed as dist
+
 from _harness import spawn_ranks
+
 N = 8 * 1024 * 1024  # 32 MiB of float32
+OPS = ["reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_to_all_single"]
+
+
 def lo_tx():
     for line in open("/proc/net/dev"):
         if line.strip().startswith("lo:"):
             return int(line.split()[9])
+
+
 def run(rank, world, op):
     x = torch.ones(N)
     out = torch.empty(N // world)
-    dist.barrier(); dist.barrier()
+    dist.barrier()
+    dist.barrier()
     t0 = lo_tx() if rank == 0 else 0
     dist.barrier()
     if op == "reduce_scatter_tensor":
@@ -29,13 +38,16 @@ def run(rank, world, op):
     elif op == "all_reduce":
         dist.all_reduce(x)
     elif op == "all_to_all_single":
-        y = torch.empty(N); dist.all_to_all_single(y, x)
+        dist.all_to_all_single(torch.empty(N), x)
     dist.barrier()
     if rank == 0:
-        print("%-22s W=%d: %.1f MiB through loopback (input %d MiB per rank)" % (op, world, (lo_tx() - t0) / 2**20, N * 4 // 2**20), flush=True)
+        print("%-22s W=%d: %.1f MiB through loopback (input %d MiB per rank)"
+              % (op, world, (lo_tx() - t0) / 2**20, N * 4 // 2**20), flush=True)
+
+
 if __name__ == "__main__":
     print("torch", torch.__version__)
-    for op in ["reduce_scatter_tensor", "reduce_scatter", "all_reduce", "all_to_all_single"]:
+    for op in OPS:
         try:
             spawn_ranks(run, 2, op)
         except Exception as e:

@@ -257,7 +257,7 @@ class GradCache:
                  chunk_size: Optional[int] = None,
                  scale_loss: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                  bf16_autocast: bool = False, replay_rng: bool = True) -> None:
-        if isinstance(encoders, (GradCacheEncoder, torch.nn.Module)) or not isinstance(encoders, (list, tuple)):
+        if not isinstance(encoders, (list, tuple)):
             raise TypeError("GradCache(): argument 'encoders' must be a list or tuple of GradCacheEncoder "
                             f"(or modules/callables with chunk_size=), but got {_describe(encoders)}")
         if not encoders:
