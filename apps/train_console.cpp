@@ -16,8 +16,8 @@ std::string train_step_line(const train::StepProgress& p) {
   std::ostringstream o;
   o << "train " << progress_bar(f, 24) << " " << std::setw(3) << static_cast<int>(f * 100) << "%  step " << p.step
     << "/" << p.total_steps << "  epoch " << p.epoch << "/" << p.epochs << "  loss " << std::fixed
-    << std::setprecision(4) << train::plain_nan(p.loss) << "  " << std::setprecision(0) << p.examples_per_s << " " << p.rate_unit
-    << "/s  ETA " << train::format_duration(p.eta_s);
+    << std::setprecision(4) << train::plain_nan(p.loss) << "  " << std::setprecision(0) << p.examples_per_s << " "
+    << p.rate_unit << "/s  ETA " << train::format_duration(p.eta_s);
   return o.str();
 }
 
