@@ -4,9 +4,17 @@
 // arrives, which must end in a timeout error rather than a hang).
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <array>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <future>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -109,6 +117,65 @@ TEST(Communicator, CollectiveWithMissingPeerTimesOut) {
   EXPECT_NE(errors[0].find(" on rank 0 of 2"), std::string::npos) << errors[0];
   EXPECT_NE(errors[0].find("rank 1 did not answer"), std::string::npos) << errors[0];
   EXPECT_TRUE(errors[1].empty()) << errors[1];
+}
+
+namespace {
+
+// This process's threads (/proc/self/task).
+std::set<pid_t> thread_ids() {
+  std::set<pid_t> ids;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    ids.insert(static_cast<pid_t>(std::stol(e.path().filename().string())));
+  }
+  return ids;
+}
+
+// Whether thread `tid` blocks SIGPIPE (the SigBlk mask of its /proc status).
+bool blocks_sigpipe(pid_t tid) {
+  std::ifstream status("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigBlk:", 0) == 0) return (std::stoull(line.substr(7), nullptr, 16) >> (SIGPIPE - 1)) & 1;
+  }
+  ADD_FAILURE() << "no SigBlk line for thread " << tid;
+  return false;
+}
+
+}  // namespace
+
+// Gloo writes with writev, so a write to a peer that has gone raises SIGPIPE,
+// whose default action ended a surviving rank of a C++ program without a word.
+// The threads Gloo starts (its event loop and the group's workers, which do
+// the writing) block SIGPIPE, so the write fails and the collective reports
+// the closed connection; the caller's own mask and the process's disposition
+// of SIGPIPE stay as they were.
+TEST(Communicator, GlooThreadsBlockSigpipeAndTheCallerKeepsItsMask) {
+  at::parallel_for(0, 1 << 16, 1, [](int64_t, int64_t) {});  // the intra-op pool is not Gloo's
+  const auto before = thread_ids();
+  std::mutex mutex;
+  std::set<pid_t> rank_threads;
+  std::array<int, 2> caller_blocks = {-1, -1};
+  run_ranks(2, [&](const CommunicatorPtr& comm) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      rank_threads.insert(::gettid());
+    }
+    caller_blocks[comm->rank()] = blocks_sigpipe(::gettid());
+    comm->barrier();
+    if (comm->rank() == 0) {
+      std::vector<pid_t> gloo;
+      for (pid_t t : thread_ids()) {
+        if (!before.count(t) && !rank_threads.count(t)) gloo.push_back(t);
+      }
+      EXPECT_GE(gloo.size(), 2u);  // per rank at least the device's loop and a worker
+      for (pid_t t : gloo) EXPECT_TRUE(blocks_sigpipe(t)) << "thread " << t;
+    }
+    comm->barrier();
+  });
+  EXPECT_EQ(caller_blocks, (std::array<int, 2>{0, 0}));
+  struct sigaction now {};
+  ::sigaction(SIGPIPE, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
 }
 
 class CommunicatorWorld : public ::testing::TestWithParam<int64_t> {};

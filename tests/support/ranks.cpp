@@ -1,8 +1,6 @@
 // Thread-rank harness and numeric helpers for the test suite.
 #include "support/ranks.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -44,17 +42,6 @@ std::vector<std::string> run_ranks_collect_errors(int64_t world_size,
   for (int64_t r = 0; r < world_size; ++r) {
     threads.emplace_back([&, r] {
       install_strict_warnings();
-      // A rank that fails closes its sockets while its peers may still be
-      // writing to them, and Gloo writes with writev, which raises SIGPIPE:
-      // in one process that signal would end every rank at once (seen under
-      // load: LossErrors.BadInputUnderStaticShapes... on 2.6). Blocked here,
-      // and so on the Gloo threads this rank starts, the write fails with
-      // EPIPE and the peer reports the closed connection, as it does in
-      // Python, which ignores SIGPIPE.
-      sigset_t pipe;
-      sigemptyset(&pipe);
-      sigaddset(&pipe, SIGPIPE);
-      ::pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
       try {
         auto options = CommunicatorOptions().rank(r).world_size(world_size).file_store(path).timeout(timeout);
         if (configure) configure(r, options);
