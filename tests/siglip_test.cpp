@@ -176,6 +176,21 @@ TEST(SigLip, NoBiasAndNormaliseAndModule) {
   EXPECT_TRUE(module->logit_bias.grad().defined());
 }
 
+// fp32 features of 1e20: F::normalize squared them into inf and gave zeros
+// (a loss of the bias alone); the engine's normalisation, as every loss's.
+TEST(SigLip, NormalizeDoesNotOverflow) {
+  torch::manual_seed(7);
+  auto a = randn({5, 4}), b = randn({5, 4});
+  auto ls = torch::tensor(std::log(10.0), torch::kFloat64), bias = torch::tensor(-1.0, torch::kFloat64);
+  const auto o = contrax::SigLipLossOptions().normalize(true);
+  auto ref = contrax::siglip_loss(a, b, ls, bias, o);
+  auto x = (a * 1e20).to(torch::kFloat).requires_grad_(true);
+  auto l = contrax::siglip_loss(x, (b * 1e20).to(torch::kFloat), ls.to(torch::kFloat), bias.to(torch::kFloat), o);
+  EXPECT_NEAR(l.item<double>(), ref.item<double>(), 1e-5 * std::abs(ref.item<double>()));
+  l.backward();
+  EXPECT_TRUE(x.grad().isfinite().all().item<bool>());
+}
+
 TEST(SigLip, DoubleBackwardIsAnError) {
   auto a = randn({3, 2}).requires_grad_(true), b = randn({3, 2});
   auto l = contrax::siglip_loss(a, b, torch::tensor(0.0, torch::kFloat64), torch::tensor(0.0, torch::kFloat64));

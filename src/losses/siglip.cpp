@@ -136,13 +136,8 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   // One [b x B] logits block when materialised.
   const auto p = detail::make_prologue(caller, comm, counts, a, options.memory(), detail::logits_blocks("siglip"));
   // The engine's precision policy (engine/precision.h): normalised in the
-  // compute dtype, gathered and multiplied in the operand dtype.
-  namespace F = torch::nn::functional;
-  auto norm = [&](const torch::Tensor& x) {
-    return options.normalize() ? F::normalize(x.to(p.dtype), F::NormalizeFuncOptions().dim(1)).to(p.operand)
-                               : x.to(p.operand);
-  };
-  auto a_n = norm(a), b_n = norm(b);
+  // compute dtype without overflow, gathered and multiplied in the operand dtype.
+  auto a_n = detail::prepare(a, p, options.normalize()), b_n = detail::prepare(b, p, options.normalize());
   auto state = c10::make_intrusive<SigLipState>();
   state->layout = p.layout;
   state->ring = p.ring;
