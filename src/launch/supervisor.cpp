@@ -188,7 +188,8 @@ void Supervisor::reap() {
     // Killed by the signal the launcher sent: the stop's doing. So is a
     // SIGPIPE after the stop began (its peers are gone: a rank that was
     // SIGSTOPped wakes on our SIGCONT, writes to a closed socket and dies
-    // of it), and any signal that ends a rank we found stopped. An exit
+    // of it; Gloo's threads block SIGPIPE, a user's program's own writes
+    // may not), and any signal that ends a rank we found stopped. An exit
     // status after the stop began may still be a root cause that merely
     // took longer to exit than its peers (decided in summarize()).
     const bool our_signal = stopping_ && WIFSIGNALED(w.status) &&
