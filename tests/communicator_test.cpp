@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <ATen/Parallel.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +23,7 @@
 
 #include "contrax/comm/communicator.h"
 #include "contrax/comm/detail/c10d.h"
+#include "comm/sigpipe.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 
@@ -176,6 +180,31 @@ TEST(Communicator, GlooThreadsBlockSigpipeAndTheCallerKeepsItsMask) {
   struct sigaction now {};
   ::sigaction(SIGPIPE, nullptr, &now);
   EXPECT_EQ(now.sa_handler, SIG_DFL);
+}
+
+// A point-to-point send writes on the caller's thread (comm/sigpipe.h): a
+// write to a closed pipe while SigpipeBlocked lives fails with EPIPE, and the
+// SIGPIPE it raised is discarded at the end, not taken when the mask is
+// restored.
+TEST(Communicator, ASigpipeRaisedWhileBlockedIsDiscarded) {
+  static std::atomic<int> taken{0};
+  struct sigaction count {}, old {};
+  count.sa_handler = [](int) { taken++; };
+  sigemptyset(&count.sa_mask);
+  ::sigaction(SIGPIPE, &count, &old);
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ::close(fds[0]);
+  {
+    const contrax::detail::SigpipeBlocked blocked;
+    EXPECT_EQ(::write(fds[1], "x", 1), -1);
+    EXPECT_EQ(errno, EPIPE);
+    EXPECT_TRUE(blocks_sigpipe(::gettid()));
+  }
+  ::close(fds[1]);
+  EXPECT_FALSE(blocks_sigpipe(::gettid()));
+  ::sigaction(SIGPIPE, &old, nullptr);
+  EXPECT_EQ(taken.load(), 0);
 }
 
 class CommunicatorWorld : public ::testing::TestWithParam<int64_t> {};

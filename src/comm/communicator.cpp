@@ -15,6 +15,7 @@
 #include "comm/gloo_binding.h"
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
+#include "comm/sigpipe.h"
 #include "contrax/launch/launcher.h"
 
 namespace contrax {
@@ -401,7 +402,10 @@ Communicator::Pending Communicator::ring_exchange_async(const torch::Tensor& sen
     p.state_->send_work = all_to_all_single(*impl_->group, out, in, out_splits, in_splits);
   } else {
     std::vector<at::Tensor> sv{p.state_->send_buffer}, rv{p.state_->received};
-    if (p.state_->send_buffer.numel() > 0) p.state_->send_work = impl_->group->send(sv, dst, tag);
+    if (p.state_->send_buffer.numel() > 0) {
+      const detail::SigpipeBlocked no_sigpipe;  // Gloo's send writes on this thread first (comm/sigpipe.h)
+      p.state_->send_work = impl_->group->send(sv, dst, tag);
+    }
     if (p.state_->received.numel() > 0) p.state_->recv_work = impl_->group->recv(rv, src, tag);
   }
   record(stat_name, send.numel() * send.element_size());

@@ -13,8 +13,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupMPI.hpp>
 #endif
 
-#include <pthread.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -28,6 +26,7 @@
 #include "comm/c10d_log.h"
 #include "comm/device_binding.h"
 #include "comm/gloo_binding.h"
+#include "comm/sigpipe.h"
 #include "contrax/util/tasks.h"
 
 namespace contrax::detail {
@@ -59,42 +58,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> wrap_backend(const c10::intrusive_ptr<c10
   return group;
 }
 
-// Gloo writes to its sockets with writev, which raises SIGPIPE when the peer
-// has closed its end (a rank that failed or was killed), and SIGPIPE's
-// default action ends the process: a surviving rank of a C++ program died
-// without a word, where Python (which ignores SIGPIPE) reports the closed
-// connection. The threads that write are Gloo's own, the device's event loop
-// and the process group's workers, which the constructors in make_gloo start;
-// a thread starts with its creator's signal mask, so SIGPIPE is blocked on the
-// calling thread while they are made and they keep it blocked: their writes
-// fail with EPIPE, which Gloo reports. The caller's mask is then restored (a
-// SIGPIPE raised on it meanwhile, by the connection handshake, is taken off
-// first); the process's disposition of SIGPIPE is not touched.
-class GlooThreadsBlockSigpipe {
- public:
-  GlooThreadsBlockSigpipe() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    sigset_t before;
-    ::pthread_sigmask(SIG_BLOCK, &pipe_, &before);
-    was_blocked_ = sigismember(&before, SIGPIPE) == 1;
-  }
-  ~GlooThreadsBlockSigpipe() {
-    if (was_blocked_) return;
-    sigset_t pending;
-    const timespec now{0, 0};
-    if (::sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) ::sigtimedwait(&pipe_, nullptr, &now);
-    ::pthread_sigmask(SIG_UNBLOCK, &pipe_, nullptr);
-  }
-  C10_DISABLE_COPY_AND_ASSIGN(GlooThreadsBlockSigpipe);
-
- private:
-  sigset_t pipe_;
-  bool was_blocked_ = false;
-};
-
 void make_gloo(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store) {
-  const GlooThreadsBlockSigpipe block;
+  // Gloo's loop and worker threads inherit this thread's mask (comm/sigpipe.h).
+  const SigpipeBlocked no_sigpipe;
   auto opts = c10d::ProcessGroupGloo::Options::create();
   opts->timeout = o.timeout();
   opts->devices.push_back(gloo_device(o.master_addr()));
