@@ -176,8 +176,9 @@ TEST(SigLip, NoBiasAndNormaliseAndModule) {
   EXPECT_TRUE(module->logit_bias.grad().defined());
 }
 
-// fp32 features of 1e20: F::normalize squared them into inf and gave zeros
-// (a loss of the bias alone); the engine's normalisation, as every loss's.
+// fp32 features of 1e20, whose squares overflow fp32: F::normalize gave zeros
+// (a loss of the bias alone); siglip_loss now normalises as every loss does
+// (engine/prologue.h, prepare), so the loss is that of the unscaled features.
 TEST(SigLip, NormalizeDoesNotOverflow) {
   torch::manual_seed(7);
   auto a = randn({5, 4}), b = randn({5, 4});
