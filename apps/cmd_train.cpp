@@ -93,7 +93,7 @@ class TrainCommand {
   int64_t nproc_ = 2, threads_ = 0, seed_ = 0, timeout_s_ = 300, max_restarts_ = 0;
   std::string run_dir_, resume_ = "never", dtype_ = "float", device_ = "cpu";
   bool overwrite_ = false, json_ = false, no_verify_ = false, no_plot_ = false, force_ = false;
-  bool resumed_ = false;
+  bool resumed_ = false, trust_legacy_ = false;
   double default_lr_ = 0, default_temperature_ = 0;  // the recipe's, for divergence_cause()
   ct::RunDir::Claim claim_;  // the run directory's lock, held until the run ends
   contrax::CommunicatorPtr comm_;
@@ -139,6 +139,9 @@ void TrainCommand::add_flags(CLI::App& app, cli::TrainRecipe& recipe) {
                   "there is a checkpoint, else start)",
                   {"never", "always", "auto"})
       ->expected(0, 1);  // bare: "always" (resolve)
+  app.add_flag("--trust-legacy-checkpoint", trust_legacy_,
+               "with --resume: read a checkpoint of Contrax's earlier format (a TorchScript archive; reading it "
+               "runs the code it holds, so only for one you wrote) and rewrite it as safetensors");
   app.add_flag("--overwrite", overwrite_, "replace an existing run in --run-dir");
   app.add_flag("--json", json_, "print the summary as one JSON object (progress goes to stderr)");
   cli::add_int(app, "--train-limit", tool_.train_limit, "train on the first N training examples (-1: all)", -1);
@@ -288,7 +291,7 @@ void TrainCommand::check_tasks(bool top) const {
   p.evaluates = !tool_.no_eval;
   if (top) {
     p.ranks = p.world = nproc_;
-    p.launcher = nproc_ > 1 || max_restarts_ > 0;
+    p.launcher = true;
   } else if (std::getenv(kStartEnv) == nullptr) {
     const char* w = std::getenv("WORLD_SIZE") != nullptr ? std::getenv("WORLD_SIZE") : std::getenv("SLURM_NTASKS");
     const char* r = std::getenv("RANK") != nullptr ? std::getenv("RANK") : std::getenv("SLURM_PROCID");
@@ -321,10 +324,10 @@ int TrainCommand::start() {
   if (top || outside_rank0) {
     claim_ = dir.claim(mode, overwrite_);  // refusals: RunDirRefused, a usage error (run_train)
     resumed_ = claim_.resume;
-    if (top && (nproc_ > 1 || max_restarts_ > 0)) {
-      // One process under a restart policy still needs a launcher around it.
-      return launch_workers(resumed_ ? "resume" : "fresh");
-    }
+    // Even one process runs under the launcher: should the kernel's
+    // out-of-memory killer end it (SIGKILL, which no process can catch), or
+    // a restart policy restart it, someone must be there to say so.
+    if (top) return launch_workers(resumed_ ? "resume" : "fresh");
   } else if (start_env != nullptr) {
     const std::string s = start_env;
     resumed_ = s == "resume" || (s == "auto" && dir.resumes(ct::ResumeMode::kAuto));
@@ -368,6 +371,7 @@ Json TrainCommand::settings() const {
 // Trains on this process's rank and reports; returns the exit status.
 int TrainCommand::train() {
   const auto wall0 = std::chrono::steady_clock::now();
+  contrax::note_worker_memory("starting: joining its peers, loading the data set and building the model");
   comm_ = cli::with_thread_hint([&] {
     return contrax::Communicator::from_env(contrax::CommunicatorOptions()
                                                .timeout(std::chrono::seconds(timeout_s_))
@@ -378,7 +382,7 @@ int TrainCommand::train() {
   console_ = std::make_unique<cli::TrainConsole>(json_);
   const ct::RunDir dir(run_dir_);
   if (rank == 0) {
-    console_->open_log(dir.file(ct::RunDir::kLog), resumed_);
+    console_->open_log(dir, resumed_);
     Json config;
     config["settings"] = settings();
     config["command"] = command_;
@@ -400,6 +404,7 @@ int TrainCommand::train() {
       .dtype(dtype_ == "double" ? torch::kDouble : torch::kFloat)
       .run_dir(run_dir_)
       .resume(resumed_)
+      .trust_legacy_checkpoint(trust_legacy_)
       .log([this](const std::string& line) { console_->progress_line(line); })
       .on_step([this](const ct::StepProgress& p) {
         console_->live().show(cli::train_step_line(p), p.step == p.total_steps);
@@ -427,6 +432,7 @@ int TrainCommand::train() {
     console_->log_only(c10::str("contrax train: error: ", msg, "\n"));
   };
   try {
+    contrax::note_worker_memory("training");  // the recipe may say how much a step needs
     r = recipe_->train(comm_);
   } catch (const ct::Diverged& e) {
     // The loop names the step; the flags that may have caused it are the tool's to name.
@@ -525,6 +531,7 @@ int TrainCommand::report(const ct::RunResult& r, std::chrono::steady_clock::time
   std::ostringstream table;
   const auto e0 = std::chrono::steady_clock::now();
   std::string part;  // shown at once when it changes; its stages at most ten times a second
+  if (!tool_.no_eval) contrax::note_worker_memory("evaluating the trained model (training had finished)");
   const double eval_s = tool_.no_eval ? 0 : recipe_->evaluate(tool_, s, table, [&](const std::string& what) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
     const std::string now_part = what.substr(0, what.find(':'));

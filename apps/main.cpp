@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "train_threads.h"
 #include "contrax/launch/launcher.h"
 #include "stop_signal.h"
 
@@ -154,12 +155,53 @@ int parse(CLI::App& app, const std::vector<std::string>& args) {
   return parse(app, args, [&app](bool) -> CLI::App& { return app; });
 }
 
+namespace {
+
+// A flag that takes a value but is given none ("--lr" last or before
+// another flag, "--lr="), named, with what it takes: CLI11 would say "--lr:
+// 1 required  missing" or, taking the next flag's value for it, "The
+// following argument was not expected: 1". "" when every flag has its value.
+std::string missing_value(const CLI::App& app, const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
+    const std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) continue;
+    const auto eq = a.find('=');
+    const CLI::Option* o = app.get_option_no_throw(a.substr(0, eq));
+    if (o == nullptr || o->get_expected_min() < 1) continue;
+    const std::string flag = a.substr(0, eq), type = o->get_type_name();
+    const std::string takes = type.rfind("INT", 0) == 0 ? " (an integer)"
+                              : type.rfind("FLOAT", 0) == 0 || type.rfind("NUMBER", 0) == 0 ? " (a number)"
+                                                                                           : "";
+    if (eq != std::string::npos) {
+      if (eq + 1 == a.size()) return "flag '" + flag + "' needs a value" + takes + ", but got none after '='";
+      continue;
+    }
+    const bool last = i + 1 == args.size() || args[i + 1] == "--";
+    double number = 0;
+    const bool next_is_flag = !last && args[i + 1].size() > 1 && args[i + 1][0] == '-' &&
+                              !(std::istringstream(args[i + 1]) >> number);
+    if (last) return "flag '" + flag + "' needs a value" + takes + ", but got none";
+    if (next_is_flag) {
+      return "flag '" + flag + "' needs a value" + takes + ", but is followed by flag '" + args[i + 1] + "'";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 int parse(CLI::App& app, const std::vector<std::string>& args, const std::function<CLI::App&(bool help)>& resolve) {
-  const auto usage_error = [&app](const CLI::ParseError& e) {
-    std::cerr << "contrax " << app.get_name() << ": error: " << e.what() << " (see contrax " << app.get_name()
+  const auto usage_message = [&app](const std::string& what) {
+    std::cerr << "contrax " << app.get_name() << ": error: " << what << " (see contrax " << app.get_name()
               << " --help)\n";
     return 2;
   };
+  const auto usage_error = [&](const CLI::ParseError& e) { return usage_message(e.what()); };
+  if (const std::string m = missing_value(app, args); !m.empty()) {
+    bool help = false;
+    for (const auto& a : args) help = help || is_help(a);
+    if (!help) return usage_message(m);
+  }
   // CLI11 reports --help after the whole command line, unless a mistake
   // stops it first; either way the help is what was asked for.
   bool help = false;
@@ -328,6 +370,15 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const c10::Error& e) {
     std::cerr << "contrax " << cmd << ": error: " << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::system_error& e) {
+    // A thread that could not start, wherever: said with the tasks limit,
+    // not as a bare "Resource temporarily unavailable".
+    const bool threads = e.code() == std::errc::resource_unavailable_try_again;
+    std::cerr << "contrax " << cmd << ": error: "
+              << (threads ? threads_failed_message(std::string("a thread could not be started: ") + e.what())
+                          : std::string(e.what()))
+              << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "contrax " << cmd << ": error: " << e.what() << "\n";

@@ -1,6 +1,8 @@
 // Rank 0's console and train.log (see train_console.h).
 #include "train_console.h"
 
+#include <unistd.h>
+
 #include <c10/util/Exception.h>
 
 #include <cerrno>
@@ -25,10 +27,12 @@ TrainConsole::~TrainConsole() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-void TrainConsole::open_log(const std::string& path, bool append) {
-  path_ = path;
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
-  TORCH_CHECK(file_ != nullptr, "cannot write ", path, ": ", std::strerror(errno));
+void TrainConsole::open_log(const train::RunDir& dir, bool append) {
+  path_ = dir.file(train::RunDir::kLog);
+  const int fd = dir.open_append(train::RunDir::kLog, /*truncate=*/!append);
+  file_ = ::fdopen(fd, "a");
+  if (file_ == nullptr) ::close(fd);
+  TORCH_CHECK(file_ != nullptr, "cannot write ", path_, ": ", std::strerror(errno));
 }
 
 void TrainConsole::out(const std::string& s) { emit(to_stderr_ ? std::cerr : std::cout, s); }

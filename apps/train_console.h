@@ -4,7 +4,7 @@
 // (a full disk must not go unnoticed).
 //
 //   TrainConsole console(/*to_stderr=*/json);
-//   console.open_log(dir.file(RunDir::kLog), resumed);
+//   console.open_log(dir, resumed);
 //   console.out("contrax train: simclr on ...\n");
 //   console.progress_line(line);  // the log only while the live line shows
 #pragma once
@@ -16,6 +16,7 @@
 #include <c10/macros/Macros.h>
 
 #include "contrax/train/common/loop.h"
+#include "contrax/train/common/run_dir.h"
 #include "live_line.h"
 
 namespace contrax::cli {
@@ -29,8 +30,9 @@ class TrainConsole {
   explicit TrainConsole(bool to_stderr) : to_stderr_(to_stderr), live_(to_stderr ? stderr : stdout) {}
   ~TrainConsole();
   C10_DISABLE_COPY_AND_ASSIGN(TrainConsole);
-  /// Copies what follows to `path`, appended to (a resumed run) or replacing it.
-  void open_log(const std::string& path, bool append);
+  /// Copies what follows to the run directory's train.log, appended to (a
+  /// resumed run) or replacing it; no link is followed (RunDir::open_append).
+  void open_log(const train::RunDir& dir, bool append);
   /// Progress and headers: stdout, or stderr under --json.
   void out(const std::string& s);
   /// The final summary and the table: always stdout.

@@ -65,6 +65,8 @@ std::string train_error_message(const ct::TrainError& e, const std::string& data
       return "flag '--resume': " + e.fact() + " (--resume auto starts fresh when there is none)";
     case K::kRunExists:
       return e.fact() + "; continue it with --resume (or --resume auto), or replace it with --overwrite";
+    case K::kRunDirUnsafe:
+      return e.fact() + " (choose a --run-dir of your own)";
   }
   return e.what_without_backtrace();
 }

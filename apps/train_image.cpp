@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "contrax/train/image/eval.h"
 #include "contrax/train/image/idx.h"
+#include "contrax/launch/launcher.h"
 #include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
 #include "contrax/util/memory.h"
@@ -168,6 +169,9 @@ class ImageRecipe : public TrainRecipe {
     const auto fit = ct::step_memory_fit(need, rows, world, here, contrax::available_device_memory_bytes(device),
                                          device.is_cpu() ? "this machine (or its memory limit)" : "GPU " + device.str());
     usage_check(fit.fits, step_memory_message(fit));
+    contrax::note_worker_memory(c10::str("training: a step needs about ", format_bytes(static_cast<double>(need.total())),
+                                         " per process (", ct::to_string(need), ") besides the data set's ",
+                                         format_bytes(static_cast<double>(data_.images.nbytes()))));
     result_ = ct::train_contrastive(comm, data_, o_);
     return result_;
   }

@@ -97,23 +97,60 @@ void check_tasks_limit(const ThreadPlan& p) {
               " (CONTRAX_TASKS_CHECK=0 skips this check)");
 }
 
-void threads_failed(const std::string& cause) {
+std::string threads_failed_message(const std::string& cause) {
   const bool named = cause.find("the tasks limit") != std::string::npos ||
                      cause.find("no tasks limit is visible") != std::string::npos;
   const TasksLimit lim = tasks_limit();
-  TORCH_CHECK(false, cause, named ? std::string()
-                          : lim.left < 0 ? std::string("; no tasks limit is visible to this process")
-                                         : "; the tasks limit: " + lim.what,
-              "; use fewer --threads or --nproc");
+  return cause + (named ? std::string()
+                  : lim.left < 0 ? std::string("; no tasks limit is visible to this process")
+                                 : "; the tasks limit: " + lim.what) +
+         "; use fewer --threads or --nproc";
 }
 
-ThreadStartScope::ThreadStartScope(const std::string& who) {
+void threads_failed(const std::string& cause) { TORCH_CHECK(false, threads_failed_message(cause)); }
+
+// c10d's ProcessGroupGloo constructor whose second worker thread cannot
+// start may also hang for good instead of throwing: unwinding, it destroys
+// the condition variable its first worker waits on, and glibc's
+// pthread_cond_destroy waits for that waiter (seen with gdb: the main thread
+// in pthread_cond_destroy under the constructor, one pt_gloo_runloop in
+// pthread_cond_wait). Nothing returns, so the watchdog decides: a tasks
+// limit that stays used up for `hang` while the communicator is still being
+// built means the threads it still needs cannot start either (a build that
+// fits exactly returns within microseconds of its last thread).
+ThreadStartScope::ThreadStartScope(const std::string& who, std::chrono::milliseconds hang) {
   g_who = who;
   g_previous_terminate = std::set_terminate(on_terminate);
   g_armed = true;
+  try {
+    watchdog_ = std::thread([this, hang] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      auto used_up_since = std::chrono::steady_clock::time_point::max();
+      while (!done_cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return done_; })) {
+        const auto now = std::chrono::steady_clock::now();
+        if (tasks_limit().left != 0) {
+          used_up_since = std::chrono::steady_clock::time_point::max();
+        } else if (used_up_since == std::chrono::steady_clock::time_point::max()) {
+          used_up_since = now;
+        } else if (now - used_up_since >= hang && g_armed.exchange(false)) {
+          end_for_threads("a thread of c10d's process group could not start, and its constructor hung");
+        }
+      }
+    });
+  } catch (...) {
+    g_armed = false;
+    std::set_terminate(g_previous_terminate);
+    throw;
+  }
 }
 
 ThreadStartScope::~ThreadStartScope() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  done_cv_.notify_one();
+  watchdog_.join();
   g_armed = false;
   std::set_terminate(g_previous_terminate);
 }

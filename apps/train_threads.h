@@ -21,7 +21,11 @@
 
 #include <cstdint>
 #include <string>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <system_error>
+#include <thread>
 
 namespace contrax::cli {
 
@@ -53,8 +57,11 @@ void check_tasks_limit(const ThreadPlan& p);
 template <typename F>
 auto with_thread_hint(F make) -> decltype(make());
 
-/// Throws the error of a thread that could not start (`cause`), naming the
-/// tasks limit and --threads / --nproc.
+/// The error of a thread that could not start (`cause`), naming the tasks
+/// limit and --threads / --nproc.
+std::string threads_failed_message(const std::string& cause);
+
+/// Throws threads_failed_message(cause).
 [[noreturn]] void threads_failed(const std::string& cause);
 
 /// Sets this process's intra-op threads and starts them at once (an OpenMP
@@ -71,12 +78,23 @@ class IntraOpThreads {
 
 /// While it lives, a std::terminate with the tasks limit used up (c10d's
 /// ProcessGroupGloo constructor that cannot start a thread) ends the process
-/// with status 1 and one line naming `who`, the limit and the flags.
+/// with status 1 and one line naming `who`, the limit and the flags; so does
+/// a tasks limit that stays used up for `hang` (that constructor can also
+/// hang for good, see train_threads.cpp), which a watchdog thread started
+/// here, while threads can still start, looks for. Its peers, stopped by the
+/// launcher, end within seconds instead of waiting out their timeout.
 class ThreadStartScope {
  public:
-  explicit ThreadStartScope(const std::string& who);
+  explicit ThreadStartScope(const std::string& who,
+                            std::chrono::milliseconds hang = std::chrono::milliseconds(2000));
   ~ThreadStartScope();
   C10_DISABLE_COPY_AND_ASSIGN(ThreadStartScope);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread watchdog_;
 };
 
 /// "rank R" from RANK or SLURM_PROCID, else "this process".
@@ -84,8 +102,8 @@ std::string env_rank();
 
 template <typename F>
 auto with_thread_hint(F make) -> decltype(make()) {
-  const ThreadStartScope scope(env_rank());
   try {
+    const ThreadStartScope scope(env_rank());  // its watchdog thread may not start either
     return make();
   } catch (const std::system_error& e) {
     if (e.code() != std::errc::resource_unavailable_try_again) throw;

@@ -440,7 +440,9 @@ TEST(Communicator, DuplicateRankIsNamed) {
   auto a = tcp_rank(1, 2, port, Ms(5000), go);
   auto b = tcp_rank(1, 2, port, Ms(5000), go);
   const std::string ea = a.get(), eb = b.get(), e0 = r0.get();
-  const std::string dup = "rank 1 was started twice (duplicate RANK 1; every process needs its own RANK in [0, WORLD_SIZE))";
+  const std::string dup = "rank 1 was started twice, or MASTER_PORT is another job's (duplicate RANK 1; every process "
+                          "needs its own RANK in [0, WORLD_SIZE), and each job its own MASTER_PORT or "
+                          "CONTRAX_JOB_SECRET)";
   EXPECT_TRUE(ea.find(dup) != std::string::npos || eb.find(dup) != std::string::npos) << ea << "\n" << eb;
 }
 

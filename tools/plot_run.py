@@ -10,6 +10,7 @@ loss is null in the file and is not drawn.
 import json
 import math
 import os
+import secrets
 import sys
 
 
@@ -21,7 +22,10 @@ def main(argv):
     path = os.path.join(run_dir, "metrics.jsonl")
     rows = []
     try:
-        with open(path) as f:
+        # The run directory's files are opened by name in the opened
+        # directory and never through a link (docs/reliability.md).
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        with os.fdopen(os.open("metrics.jsonl", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)) as f:
             for n, line in enumerate(f, 1):
                 try:
                     rows.append(json.loads(line))
@@ -87,9 +91,13 @@ def main(argv):
     fig.suptitle(f"{os.path.basename(os.path.normpath(run_dir))}: {rows[-1]['step']} steps, {epochs} epoch(s)")
     fig.tight_layout()
     out = os.path.join(run_dir, "curves.png")
-    tmp = out + ".tmp.%d" % os.getpid()
-    fig.savefig(tmp, dpi=100, format="png")
-    os.replace(tmp, out)  # never a half-written picture
+    # A temporary nobody can plant a link at (created exclusively, under a
+    # random name), renamed over curves.png: never a half-written picture.
+    tmp = "curves.png.tmp.%d.%s" % (os.getpid(), secrets.token_hex(8))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    with os.fdopen(fd, "wb") as f:
+        fig.savefig(f, dpi=100, format="png")
+    os.replace(tmp, "curves.png", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     print(f"contrax plot: wrote {out}")
     return 0
 

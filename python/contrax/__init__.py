@@ -169,7 +169,7 @@ def _loss(name: str):
             values = list(values)
             for k, v in _signatures.renamed(loss, name, renamed, stacklevel=3).items():
                 values[names.index(k)] = v
-        values = [v if c is None else c(v) for c, v in zip(casts, values)]
+        values = [c(v, name) for c, v in zip(casts, values)]
         if torch.compiler.is_compiling():
             values[at] = _ops.group_name(values[at])
             return op(*values)

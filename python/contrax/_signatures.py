@@ -192,12 +192,38 @@ def annotation(p: Param) -> str:
     return _ANNOTATIONS.get(p.type, p.type)
 
 
-_CASTS = {"bool": bool, "float": float, "int": int, "str": str}
+def cast(p: Param) -> Callable[[Any, str], Any]:
+    """What a value of ``p`` becomes before it reaches C++: the schema type's
+    Python value (``float``, ``int``, ``bool``, ``str``; tensors as they
+    are). A value of another kind is a TypeError naming the function
+    (``what``), the argument and what it takes, instead of pybind11's list
+    of signatures."""
+    import operator
 
+    import torch
 
-def cast(p: Param) -> Optional[Callable[[Any], Any]]:
-    """What a value of ``p`` is converted with before it reaches C++ (None: passed as it is)."""
-    return _CASTS.get(p.type)
+    def wrong(value: Any, what: str, expected: str) -> Any:
+        raise TypeError("%s(): argument '%s' must be %s, but got %s" % (what, p.name, expected, type(value).__name__))
+
+    def tensor(value: Any, what: str) -> Any:
+        if isinstance(value, torch.Tensor) or (value is None and p.type == "Tensor?"):
+            return value
+        return wrong(value, what, "a Tensor or None" if p.type == "Tensor?" else "a Tensor")
+
+    def convert(kind: Callable[[Any], Any], expected: str) -> Callable[[Any, str], Any]:
+        def to(value: Any, what: str) -> Any:
+            if value is None or isinstance(value, (str, bytes)) != (kind is str):
+                return wrong(value, what, expected)
+            try:
+                return kind(value)
+            except (TypeError, ValueError):
+                return wrong(value, what, expected)
+        return to
+
+    kinds = {"Tensor": tensor, "Tensor?": tensor, "group": lambda value, what: value,
+             "float": convert(float, "a number"), "int": convert(operator.index, "an integer"),
+             "bool": convert(bool, "True or False"), "str": convert(str, "a string")}
+    return kinds[p.type]
 
 
 def renamed(loss: Loss, what: str, old: Dict[str, Any], stacklevel: int) -> Dict[str, Any]:

@@ -83,8 +83,7 @@ class _LossModule(torch.nn.Module):
             raise TypeError(f"{what}() got an unexpected keyword argument '{sorted(unknown)[0]}'")
         for p in params:
             value = options.get(p.name, p.default)
-            cast = _signatures.cast(p)
-            setattr(self, p.name, value if cast is None else cast(value))
+            setattr(self, p.name, _signatures.cast(p)(value, what))
 
     def _options(self) -> Dict[str, Any]:
         return {p.name: getattr(self, p.name) for p in _signatures.options(self._loss)}

@@ -16,7 +16,9 @@ void bind_collectives(py::module& m) {
         Gathered g;
         {
           py::gil_scoped_release nogil;
-          g = with_grad ? gather_with_grad(x, comm) : gather_no_grad(x, comm);
+          // Python's names: the errors say 'x', as its signature does.
+          g = with_grad ? gather_with_grad(x, comm, "gather_with_grad", "x")
+                        : gather_no_grad(x, comm, "gather_no_grad", "x");
         }
         return py::make_tuple(g.all, py::cast(g.counts), g.offset);
       },

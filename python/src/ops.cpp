@@ -95,7 +95,7 @@ class RecordAutograd {
 // count differs fails on every rank, naming the switch that lifts the promise.
 std::tuple<torch::Tensor, torch::Tensor> gather_with_grad_op(const torch::Tensor& x, std::string group,
                                                              bool equal_rows) {
-  auto g = contrax::gather_no_grad(x, group_named(group, "contrax::gather_with_grad"), "gather_with_grad");
+  auto g = contrax::gather_no_grad(x, group_named(group, "contrax::gather_with_grad"), "gather_with_grad", "x");
   if (equal_rows) {
     for (auto c : g.counts) {
       TORCH_CHECK(c == x.size(0), "contrax::gather_with_grad(): argument 'x': the ranks' row counts ", g.counts,

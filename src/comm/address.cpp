@@ -56,6 +56,13 @@ sockaddr_storage resolve_master(const std::string& addr, int64_t rank) {
   return out;
 }
 
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr) >> 24) == 127;
+  }
+  return a.ss_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr);
+}
+
 std::string numeric_host(const sockaddr_storage& a) {
   char buf[INET6_ADDRSTRLEN] = {0};
   if (a.ss_family == AF_INET) {

@@ -16,6 +16,10 @@ namespace contrax::detail {
 /// MASTER_ADDR `addr` resolved for `rank` (IPv4 first when the name has both).
 sockaddr_storage resolve_master(const std::string& addr, int64_t rank);
 
+/// Whether `a` is a loopback address (127.0.0.0/8, ::1): one that no other
+/// host can reach.
+bool is_loopback(const sockaddr_storage& a);
+
 /// The numeric form of an address ("10.0.0.1", "::1").
 std::string numeric_host(const sockaddr_storage& a);
 

@@ -304,14 +304,16 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
 
 }  // namespace detail
 
-Gathered gather_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller) {
-  auto counts = detail::exchange_row_counts(local, comm, caller, "local");
+Gathered gather_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller,
+                          const char* arg) {
+  auto counts = detail::exchange_row_counts(local, comm, caller, arg);
   if (!comm || comm->world_size() == 1) return make_gathered(local, counts, 0);
   return make_gathered(detail::gather_rows_with_grad(local, comm, counts), counts, comm->rank());
 }
 
-Gathered gather_no_grad(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller) {
-  auto counts = detail::exchange_row_counts(local, comm, caller, "local");
+Gathered gather_no_grad(const torch::Tensor& local, const CommunicatorPtr& comm, const char* caller,
+                        const char* arg) {
+  auto counts = detail::exchange_row_counts(local, comm, caller, arg);
   if (!comm || comm->world_size() == 1) return make_gathered(local.detach(), counts, 0);
   torch::NoGradGuard no_grad;
   auto all = comm->all_gather_rows(local.detach(), counts, "all_gather_no_grad");

@@ -73,6 +73,7 @@ JobEnvironment job_environment(const CommunicatorOptions& base) {
   if (!slurm) env.local_world_size = env_int("LOCAL_WORLD_SIZE", -1, "a positive integer");
   if (world == 1) return env;
   env.options.master_addr(master_addr(slurm, world)).master_port(master_port(slurm));
+  if (const char* secret = std::getenv("CONTRAX_JOB_SECRET")) env.options.job_secret(secret);
   // torchrun's agent serves the store on MASTER_ADDR:MASTER_PORT and says so;
   // it keeps serving it across restarts, so each attempt has its own keys.
   const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");

@@ -9,6 +9,7 @@
 #include <future>
 #include <memory>
 #include <sstream>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -40,39 +41,45 @@ std::string diagnose_peers(const CommunicatorImpl& impl, const std::string& what
   const std::string silent_host = "rank 0, which hosts the rendezvous store, did not answer (hung, stopped or dead)";
   auto result = std::make_shared<std::promise<std::string>>();
   auto future = result->get_future();
-  std::thread([store, rank, world, what, window, result, external, silent_host] {
-    // The store's host may be gone: c10d would log each failed call with a
-    // backtrace before the exception this thread turns into a sentence.
-    const QuietC10dLog quiet;
-    try {
-      store->set("contrax/failed/" + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
-      const auto deadline = std::chrono::steady_clock::now() + window;
-      std::vector<int64_t> silent;
-      for (;;) {
-        silent.clear();
-        for (int64_t r = 0; r < world; ++r) {
-          if (r != rank && !store->check({"contrax/failed/" + std::to_string(r)})) silent.push_back(r);
+  try {
+    std::thread([store, rank, world, what, window, result, external, silent_host] {
+      // The store's host may be gone: c10d would log each failed call with a
+      // backtrace before the exception this thread turns into a sentence.
+      const QuietC10dLog quiet;
+      try {
+        store->set("contrax/failed/" + std::to_string(rank), std::vector<uint8_t>(what.begin(), what.end()));
+        const auto deadline = std::chrono::steady_clock::now() + window;
+        std::vector<int64_t> silent;
+        for (;;) {
+          silent.clear();
+          for (int64_t r = 0; r < world; ++r) {
+            if (r != rank && !store->check({"contrax/failed/" + std::to_string(r)})) silent.push_back(r);
+          }
+          if (silent.empty() || std::chrono::steady_clock::now() >= deadline) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
-        if (silent.empty() || std::chrono::steady_clock::now() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        if (silent.empty()) {
+          result->set_value("every other rank saw this collective fail as well");
+        } else {
+          result->set_value("rank" + std::string(silent.size() > 1 ? "s " : " ") + c10::Join(", ", silent) +
+                            " did not answer (hung, stopped or dead)");
+        }
+      } catch (const std::exception& e) {
+        // Refused, reset or closed, not silent: the host's process is gone.
+        const std::string m = e.what();
+        const bool gone = m.find("onnection") != std::string::npos || m.find("Broken pipe") != std::string::npos ||
+                          m.find("got 0 bytes") != std::string::npos;
+        result->set_value(rank == 0 || external ? "the store could not be reached"
+                          : gone ? "rank 0, which hosts the rendezvous store, has ended (exited, killed or crashed: its "
+                                   "own output, or the launcher's last line, says why)"
+                                 : silent_host);
       }
-      if (silent.empty()) {
-        result->set_value("every other rank saw this collective fail as well");
-      } else {
-        result->set_value("rank" + std::string(silent.size() > 1 ? "s " : " ") + c10::Join(", ", silent) +
-                          " did not answer (hung, stopped or dead)");
-      }
-    } catch (const std::exception& e) {
-      // Refused, reset or closed, not silent: the host's process is gone.
-      const std::string m = e.what();
-      const bool gone = m.find("onnection") != std::string::npos || m.find("Broken pipe") != std::string::npos ||
-                        m.find("got 0 bytes") != std::string::npos;
-      result->set_value(rank == 0 || external ? "the store could not be reached"
-                        : gone ? "rank 0, which hosts the rendezvous store, has ended (exited, killed or crashed: its "
-                                 "own output, or the launcher's last line, says why)"
-                               : silent_host);
-    }
-  }).detach();
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread to ask with (the tasks limit used up): the collective's
+    // own failure is reported without the peers' answers.
+    return "the peers could not be asked (no thread could be started)";
+  }
   if (future.wait_for(window + std::chrono::milliseconds(1000)) == std::future_status::ready) return future.get();
   return external ? "the rendezvous store (torchrun's agent) did not answer" : silent_host;
 }

@@ -7,6 +7,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <c10/util/hash.h>
+
 #include <algorithm>
 #include <exception>
 #include <sstream>
@@ -70,7 +72,45 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const CommunicatorOptions& o, con
   }
   // TCPStore takes over the socket bound to MASTER_ADDR (never every interface).
   so.masterListenFd = listen_on_master(master, o.master_addr(), o.master_port());
+  if (!is_loopback(master)) {
+    TORCH_WARN("contrax: the rendezvous store listens on MASTER_ADDR ", o.master_addr(), ":", o.master_port(),
+               ", which other hosts can reach; ",
+               o.job_secret().empty()
+                   ? "no CONTRAX_JOB_SECRET is set, so whoever reaches it can read the job's keys, stop the job or "
+                     "join it as a rank: give every rank the same CONTRAX_JOB_SECRET (docs/reliability.md)"
+                   : "its keys are bound to CONTRAX_JOB_SECRET, so no one without the secret can read them, stop the "
+                     "job or join it, but anyone can connect (docs/reliability.md)");
+  }
   return c10::make_intrusive<c10d::TCPStore>(host, so);
+}
+
+// The prefix of every key of a job with secret `secret`: a hash of it, so
+// that the keys (which c10d prints in its timeouts) never show the secret
+// itself, and nobody without it can name one of them.
+std::string secret_prefix(const std::string& secret) {
+  return "contrax/job_" + c10::sha1("contrax job secret\n" + secret).str() + "/";
+}
+
+// With a secret, rank 0 marks the store as its job's at once, and the other
+// ranks look for the mark (under their own secret's prefix): a rank that
+// reached another job's store (or was given another secret) is told so
+// within seconds instead of waiting out the timeout for peers that are not
+// there.
+void check_host(c10d::Store& store, const CommunicatorOptions& o) {
+  const std::string key = "contrax/host";
+  if (o.rank() == 0) {
+    store.set(key, std::vector<uint8_t>{1});
+    return;
+  }
+  const auto grace = std::min<std::chrono::milliseconds>(o.timeout(), std::chrono::seconds(10));
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (!store.check({key})) {
+    TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "Communicator::create(): rank ", o.rank(),
+                " reached a rendezvous store at MASTER_ADDR ", o.master_addr(), ":", o.master_port(),
+                " whose rank 0 is not of this job: no rank 0 with this job's CONTRAX_JOB_SECRET serves it (another job "
+                "holds MASTER_PORT, or the ranks were given different secrets)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 // Every rank announces itself and its world size in the store, and waits
@@ -90,8 +130,9 @@ void await_ranks(c10d::Store& store, int64_t rank, int64_t world, std::chrono::s
   };
   const int64_t arrivals = store.add("contrax/rdzv/rank/" + std::to_string(rank), 1);
   if (arrivals > 1) {
-    const std::string msg = "rank " + std::to_string(rank) + " was started twice (duplicate RANK " +
-                            std::to_string(rank) + "; every process needs its own RANK in [0, WORLD_SIZE))";
+    const std::string msg = "rank " + std::to_string(rank) + " was started twice, or MASTER_PORT is another job's " +
+                            "(duplicate RANK " + std::to_string(rank) + "; every process needs its own RANK in [0, " +
+                            "WORLD_SIZE), and each job its own MASTER_PORT or CONTRAX_JOB_SECRET)";
     store.set(error_key, bytes(msg));
     TORCH_CHECK(false, "Communicator::create(): ", msg);
   }
@@ -142,8 +183,10 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const CommunicatorOptions& o) {
   const sockaddr_storage master = resolve_master(o.master_addr(), o.rank());
   store = make_tcp_store(o, master, o.timeout());
   store->setTimeout(o.timeout());
+  if (!o.job_secret().empty()) store = c10::make_intrusive<c10d::PrefixStore>(secret_prefix(o.job_secret()), store);
   if (!o.store_prefix().empty()) store = c10::make_intrusive<c10d::PrefixStore>(o.store_prefix(), store);
   try {
+    if (!o.job_secret().empty() && !o.external_store()) check_host(*store, o);
     await_ranks(*store, o.rank(), o.world_size(), deadline, o.timeout());
   } catch (const std::exception& e) {
     const std::string m = e.what();

@@ -2,6 +2,7 @@
 #include "launch/diagnosis.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,13 +89,21 @@ bool process_stopped(pid_t pid) {
          (stat[close + 2] == 'T' || stat[close + 2] == 't');
 }
 
-LaunchResult summarize(const std::vector<Worker>& workers, const Worker* first_failed, int interrupted_by) {
+LaunchResult summarize(const std::vector<Worker>& workers, const Worker* first_failed, int interrupted_by,
+                       const OomWatch& oom) {
   LaunchResult r;
   const Worker* culprit = first_failed != nullptr ? root_cause(workers, first_failed) : nullptr;
   if (culprit != nullptr) {
     const int st = culprit->status;
     r.failed_rank = culprit->rank;
-    if (WIFSIGNALED(st)) {
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && oom.fired()) {
+      // The killer sends SIGKILL, which nobody can catch: only its counters
+      // tell its kill from any other.
+      r.exit_code = 128 + SIGKILL;
+      const std::string note = worker_memory_note(culprit->error_file);
+      r.message = "rank " + std::to_string(culprit->rank) + " was killed by the out-of-memory killer: " +
+                  memory_limit_text() + (note.empty() ? "" : "; the rank was " + note);
+    } else if (WIFSIGNALED(st)) {
       r.exit_code = 128 + WTERMSIG(st);
       r.message = "rank " + std::to_string(culprit->rank) + " was killed by signal " + std::to_string(WTERMSIG(st)) +
                   " (" + ::strsignal(WTERMSIG(st)) + ")";
@@ -138,7 +147,10 @@ std::string ErrorFileDir::file(int64_t rank) {
 }
 
 void ErrorFileDir::clear() {
-  for (const auto& f : files_) ::unlink(f.c_str());
+  for (const auto& f : files_) {
+    ::unlink(f.c_str());
+    ::unlink(memory_note_file(f).c_str());
+  }
 }
 
 }  // namespace contrax::detail

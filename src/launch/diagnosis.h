@@ -12,6 +12,7 @@
 #include <c10/macros/Macros.h>
 
 #include "contrax/launch/launcher.h"
+#include "launch/out_of_memory.h"
 #include "launch/worker.h"
 
 namespace contrax::detail {
@@ -33,7 +34,11 @@ bool process_stopped(pid_t pid);
 /// seen failing that recorded nothing; else `first_failed`, the first the
 /// launcher saw failing), its exit and reason; or the interruption by signal
 /// `interrupted_by`; or success.
-LaunchResult summarize(const std::vector<Worker>& workers, const Worker* first_failed, int interrupted_by);
+/// A rank killed by SIGKILL while `oom` saw the out-of-memory killer fire is
+/// reported as killed by it, with the memory limit and the rank's memory
+/// note.
+LaunchResult summarize(const std::vector<Worker>& workers, const Worker* first_failed, int interrupted_by,
+                       const OomWatch& oom);
 
 /// The per-launch directory of the workers' failure records, removed with it.
 class ErrorFileDir {

@@ -19,9 +19,11 @@
 #include <mutex>
 
 #include "launch/diagnosis.h"
+#include "launch/out_of_memory.h"
 #include "launch/posix.h"
 #include "launch/spawn.h"
 #include "launch/supervisor.h"
+#include "util/secret.h"
 
 namespace contrax {
 
@@ -61,7 +63,7 @@ std::vector<std::string> create_logs(const LaunchOptions& options) {
   for (int64_t local = 0; local < options.nproc; ++local) {
     const std::string path =
         options.log_dir + "/rank_" + std::to_string(options.node_rank * options.nproc + local) + ".log";
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     TORCH_CHECK(fd >= 0, "launch(): cannot create log file '", path, "': ", errno_text(errno));
     ::close(fd);
     paths[static_cast<size_t>(local)] = path;
@@ -72,7 +74,7 @@ std::vector<std::string> create_logs(const LaunchOptions& options) {
 // One attempt: every local worker started and supervised to its end.
 LaunchResult run_attempt(const std::vector<std::string>& argv, const LaunchOptions& options, int64_t attempt,
                          const std::vector<std::string>& log_paths, detail::ErrorFileDir& error_dir,
-                         bool& interrupted) {
+                         const std::string& secret, bool& interrupted) {
   // A fresh port per attempt when the launcher picks it: the previous
   // store's port may linger in TIME_WAIT or be taken meanwhile.
   const int64_t port = options.master_port != 0 ? options.master_port : find_free_port(options.master_addr);
@@ -85,7 +87,7 @@ LaunchResult run_attempt(const std::vector<std::string>& argv, const LaunchOptio
   for (int64_t local = 0; local < options.nproc; ++local) {
     const int64_t rank = options.node_rank * options.nproc + local;
     const std::string error_file = error_dir.file(rank);
-    const int exec_errno = sup.start(argv, rank, detail::worker_environment(options, local, port, attempt, error_file),
+    const int exec_errno = sup.start(argv, rank, detail::worker_environment(options, local, port, attempt, error_file, secret),
                                      log_paths[static_cast<size_t>(local)], error_file);
     // Same program for every rank: once one cannot start, none can. The
     // Supervisor's destructor kills and reaps the ones already running.
@@ -96,6 +98,22 @@ LaunchResult run_attempt(const std::vector<std::string>& argv, const LaunchOptio
   return r;
 }
 
+// The secret the workers' rendezvous store binds its keys to
+// (CommunicatorOptions::job_secret): the user's CONTRAX_JOB_SECRET, else
+// one made here for a one-node job. A job over several nodes needs the same
+// secret on every node, which only the user can give: without one it runs
+// as c10d does, open to whoever reaches the store, and says so.
+std::string job_secret(const LaunchOptions& options) {
+  const char* given = std::getenv(detail::kJobSecretVar);
+  if (given != nullptr && *given != '\0') return given;
+  if (options.nnodes == 1) return detail::random_hex(32);
+  const std::string note = "launch: warning: no CONTRAX_JOB_SECRET is set for this " + std::to_string(options.nnodes) +
+                           "-node job, so anyone who reaches its rendezvous store can read its keys, stop it or join "
+                           "it as a rank; give every node the same secret (docs/reliability.md)\n";
+  detail::write_all(2, note.data(), note.size());
+  return "";
+}
+
 // Says on stderr, and in every log, that all workers restart after `r`.
 void note_restart(const LaunchResult& r, int64_t attempt, const LaunchOptions& options,
                   const std::vector<std::string>& log_paths) {
@@ -104,7 +122,7 @@ void note_restart(const LaunchResult& r, int64_t attempt, const LaunchOptions& o
   detail::write_all(2, note.data(), note.size());
   for (const auto& path : log_paths) {
     if (path.empty()) continue;
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
     if (fd >= 0) {
       detail::write_all(fd, note.data(), note.size());
       ::close(fd);
@@ -120,15 +138,26 @@ void record_worker_failure(bool caused_by_peer, const std::string& what) noexcep
   detail::write_failure_record(path, caused_by_peer, what);
 }
 
+void note_worker_memory(const std::string& what) noexcept {
+  const char* path = std::getenv(detail::kErrorFileVar);
+  if (path == nullptr || *path == '\0') return;
+  const std::string file = detail::memory_note_file(path), text = what.substr(0, what.find('\n')) + "\n";
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return;
+  detail::write_all(fd, text.data(), text.size());
+  ::close(fd);
+}
+
 LaunchResult launch(const std::vector<std::string>& argv, const LaunchOptions& options) {
   check_options(argv, options);
   std::lock_guard<std::mutex> lock(g_launch_mutex);
   const auto log_paths = create_logs(options);
   detail::ErrorFileDir error_dir;
+  const std::string secret = job_secret(options);
   LaunchResult r;
   for (int64_t attempt = 0;; ++attempt) {
     bool interrupted = false;
-    r = run_attempt(argv, options, attempt, log_paths, error_dir, interrupted);
+    r = run_attempt(argv, options, attempt, log_paths, error_dir, secret, interrupted);
     r.restarts = attempt;
     if (r.exit_code == 0 || interrupted || attempt >= options.max_restarts) break;
     note_restart(r, attempt, options, log_paths);

@@ -18,8 +18,6 @@ int64_t monotonic_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-std::string errno_text(int err) { return std::strerror(err); }
-
 void close_fd(int& fd) {
   if (fd >= 0) {
     ::close(fd);

@@ -7,14 +7,13 @@
 #include <cstdint>
 #include <string>
 
+#include "util/files.h"  // errno_text
+
 namespace contrax::detail {
 
 /// CLOCK_MONOTONIC in nanoseconds: the workers' failure records and the
 /// launcher compare on it.
 int64_t monotonic_ns();
-
-/// strerror(err).
-std::string errno_text(int err);
 
 /// Closes `fd` (when >= 0) and sets it to -1. Linux closes the descriptor
 /// even when close() reports EINTR; retrying could close a descriptor another

@@ -22,9 +22,12 @@ namespace {
 
 // Variables the launcher owns; inherited copies are dropped so that a launch
 // from inside a launched worker does not hand its children two RANKs.
-constexpr std::array<const char*, 9> kLauncherVars = {
+constexpr std::array<const char*, 10> kLauncherVars = {
     "RANK",        "LOCAL_RANK",  "WORLD_SIZE",         "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", kErrorFileVar};
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", kErrorFileVar, kJobSecretVar};
+
+constexpr int kWorkerOomScoreAdj = 1000;
+constexpr char kWorkerOomScoreAdjText[] = "1000";
 
 // The child between fork and exec: it may only make async-signal-safe calls,
 // so everything it needs was prepared by the parent.
@@ -39,6 +42,25 @@ constexpr std::array<const char*, 9> kLauncherVars = {
   // its workers must not live on unsupervised.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);
+  // Where memory runs out, the out-of-memory killer must take a worker, not
+  // the launcher, which has to live to say what happened: a worker raises
+  // its own score to the most (anyone may raise theirs). The killer ranks
+  // by resident memory plus score / 1000 of the memory it may use, so a
+  // worker at 1000 goes before the launcher, whose own resident memory
+  // (LibTorch's libraries: about 500 MiB, 190 MiB of it anonymous, on PyPI
+  // torch 2.15) is below that memory.
+  if (const int adj = ::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC); adj >= 0) {
+    // Parsed by hand: between fork and exec only async-signal-safe calls.
+    char now[16] = {};
+    const bool negative = ::read(adj, now, sizeof now - 1) > 0 && now[0] == '-';
+    int value = 0;
+    for (const char* c = now + (negative ? 1 : 0); *c >= '0' && *c <= '9'; ++c) value = value * 10 + (*c - '0');
+    if (negative || value < kWorkerOomScoreAdj) {
+      ssize_t ignored = ::pwrite(adj, kWorkerOomScoreAdjText, sizeof kWorkerOomScoreAdjText - 1, 0);
+      (void)ignored;
+    }
+    ::close(adj);
+  }
   signals.restore_dispositions();
   ::pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   // Workers run in a background process group, where reading the terminal
@@ -72,7 +94,8 @@ int exec_errno(int fd) {
 }  // namespace
 
 std::vector<std::string> worker_environment(const LaunchOptions& o, int64_t local_rank, int64_t port,
-                                            int64_t restart, const std::string& error_file) {
+                                            int64_t restart, const std::string& error_file,
+                                            const std::string& secret) {
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -90,6 +113,9 @@ std::vector<std::string> worker_environment(const LaunchOptions& o, int64_t loca
   // torchrun's name for the attempt number, so a worker can tell a restart.
   env.push_back("TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart));
   if (!error_file.empty()) env.push_back(std::string(kErrorFileVar) + "=" + error_file);
+  // In the environment, which only this user (and root) can read
+  // (/proc/<pid>/environ is 0400), never on a command line.
+  if (!secret.empty()) env.push_back(std::string(kJobSecretVar) + "=" + secret);
   return env;
 }
 

@@ -17,13 +17,18 @@ namespace contrax::detail {
 /// The variable that tells a worker where to record its failure
 /// (record_worker_failure).
 constexpr const char* kErrorFileVar = "CONTRAX_ERROR_FILE";
+/// The job's secret (CommunicatorOptions::job_secret): the user's, or one the
+/// launcher makes for a one-node job.
+constexpr const char* kJobSecretVar = "CONTRAX_JOB_SECRET";
 
 /// This process's environment without the variables the launcher owns, plus
 /// RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
-/// MASTER_PORT, TORCHELASTIC_RESTART_COUNT (`restart`) and, when
-/// `error_file` is set, CONTRAX_ERROR_FILE.
+/// MASTER_PORT, TORCHELASTIC_RESTART_COUNT (`restart`), CONTRAX_JOB_SECRET
+/// (`secret`, when not empty) and, when `error_file` is set,
+/// CONTRAX_ERROR_FILE.
 std::vector<std::string> worker_environment(const LaunchOptions& o, int64_t local_rank, int64_t port,
-                                            int64_t restart, const std::string& error_file);
+                                            int64_t restart, const std::string& error_file,
+                                            const std::string& secret);
 
 /// Forks and execs `argv` with `env` as `w` (rank, error file and log file
 /// already set; its pid, running state and read ends filled in here).

@@ -44,7 +44,7 @@ int Supervisor::start(const std::vector<std::string>& argv, int64_t rank, const 
   w.rank = rank;
   w.error_file = error_file;
   if (!log_path.empty()) {
-    w.log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    w.log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
     TORCH_CHECK(w.log_fd >= 0, "launch(): cannot open log file '", log_path, "': ", errno_text(errno));
   }
   workers_.push_back(std::move(w));  // from here on the destructor closes its descriptors
@@ -101,7 +101,7 @@ LaunchResult Supervisor::supervise() {
       close_fd(s.fd);
     }
   }
-  return summarize(workers_, failed_, interrupted_by_);
+  return summarize(workers_, failed_, interrupted_by_, oom_);
 }
 
 bool Supervisor::any_running() const {

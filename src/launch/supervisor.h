@@ -15,6 +15,7 @@
 #include <c10/macros/Macros.h>
 
 #include "contrax/launch/launcher.h"
+#include "launch/out_of_memory.h"
 #include "launch/output.h"
 #include "launch/signals.h"
 #include "launch/worker.h"
@@ -51,6 +52,7 @@ class Supervisor {
   std::chrono::milliseconds grace_;
   OutputOptions output_;
   std::vector<Worker> workers_;
+  OomWatch oom_;  // the out-of-memory killer's counters when the attempt began
   SignalPipe signals_;
   bool stopping_ = false, killed_ = false;
   std::chrono::steady_clock::time_point kill_deadline_;

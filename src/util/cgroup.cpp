@@ -1,6 +1,7 @@
 // This process's control groups (see util/cgroup.h).
 #include "util/cgroup.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -83,6 +84,47 @@ int64_t cgroup_number(const std::string& dir, const std::string& file) {
   } catch (const std::exception&) {
     return -1;
   }
+}
+
+int64_t keyed_number(const std::string& dir, const std::string& file, const std::string& key) {
+  std::ifstream f(dir.empty() ? file : dir + "/" + file);
+  std::string k;
+  int64_t v = 0;
+  while (f >> k >> v) {
+    if (k == key) return v;
+  }
+  return 0;
+}
+
+MemoryLimit memory_limit_of(const std::vector<std::string>& v2_dirs, const std::vector<std::string>& v1_dirs) {
+  MemoryLimit best;
+  auto consider = [&](const std::string& dir, const char* limit_file, const char* usage_file) {
+    const int64_t limit = cgroup_number(dir, limit_file);
+    // v1 writes "no limit" as the largest page-aligned int64 (2^63 - 4096).
+    if (limit < 0 || limit >= (int64_t{1} << 62)) return;
+    const int64_t used = std::max<int64_t>(0, cgroup_number(dir, usage_file));
+    if (best.limit < 0 || limit - used < best.limit - best.used) best = {limit, used, dir + "/" + limit_file};
+  };
+  for (const auto& d : v2_dirs) consider(d, "memory.max", "memory.current");
+  for (const auto& d : v1_dirs) consider(d, "memory.limit_in_bytes", "memory.usage_in_bytes");
+  return best;
+}
+
+MemoryLimit memory_limit() {
+  return memory_limit_of(cgroup_dirs("", /*ancestors=*/true), cgroup_dirs("memory", /*ancestors=*/true));
+}
+
+OomKills oom_kills_of(const std::vector<std::string>& v2_dirs, const std::vector<std::string>& v1_dirs,
+                      const std::string& vmstat) {
+  OomKills k;
+  for (const auto& d : v2_dirs) k.cgroup += keyed_number(d, "memory.events", "oom_kill");
+  for (const auto& d : v1_dirs) k.cgroup += keyed_number(d, "memory.oom_control", "oom_kill");
+  k.machine = keyed_number("", vmstat, "oom_kill");
+  return k;
+}
+
+OomKills oom_kills() {
+  return oom_kills_of(cgroup_dirs("", /*ancestors=*/true), cgroup_dirs("memory", /*ancestors=*/true), "/proc/vmstat");
 }
 
 }  // namespace contrax::detail

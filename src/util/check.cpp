@@ -42,6 +42,8 @@ ArgChecker& ArgChecker::paired_features(const torch::Tensor& a, const char* a_na
           a.size(1), " and ", b.size(1));
   require(a.scalar_type() == b.scalar_type(), "arguments '", a_name, "' and '", b_name,
           "' must have the same dtype, but got ", a.scalar_type(), " and ", b.scalar_type());
+  require(a.device() == b.device(), "arguments '", a_name, "' and '", b_name,
+          "' must be on the same device, but got ", a.device(), " and ", b.device());
   return *this;
 }
 

@@ -21,7 +21,7 @@ class ArgChecker {
   /// `name` must have the same shape, dtype and device as `ref_name`.
   ArgChecker& same_as(const torch::Tensor& t, const char* name, const torch::Tensor& ref, const char* ref_name);
   /// Two towers of paired rows: both `features`, with the same row count on
-  /// this rank, the same width and the same dtype (CLIP, SigLIP).
+  /// this rank, the same width, dtype and device (CLIP, SigLIP).
   ArgChecker& paired_features(const torch::Tensor& a, const char* a_name, const torch::Tensor& b, const char* b_name);
   /// `name` must be a 0-dim floating tensor (a learnable scalar).
   ArgChecker& scalar(const torch::Tensor& t, const char* name);

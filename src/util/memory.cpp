@@ -113,17 +113,6 @@ PeakScope::PeakScope() {
 
 int64_t PeakScope::peak_above_start() const { return MemoryTracker::peak_bytes() - start_; }
 
-namespace {
-
-// One number from a cgroup v2 file of this process's cgroup; -1 for "max",
-// a missing file or no cgroup v2.
-int64_t cgroup_value(const std::string& file) {
-  const auto dirs = detail::cgroup_dirs("", /*ancestors=*/false);
-  return dirs.empty() ? -1 : detail::cgroup_number(dirs.front(), file);
-}
-
-}  // namespace
-
 int64_t available_memory_bytes() {
   int64_t avail = 0;
   std::ifstream f("/proc/meminfo");
@@ -135,9 +124,9 @@ int64_t available_memory_bytes() {
       break;
     }
   }
-  const int64_t limit = cgroup_value("memory.max"), used = cgroup_value("memory.current");
-  if (limit >= 0) {
-    const int64_t left = std::max<int64_t>(limit - std::max<int64_t>(used, 0), 0);
+  const auto m = detail::memory_limit();
+  if (m.limit >= 0) {
+    const int64_t left = std::max<int64_t>(m.limit - m.used, 0);
     avail = avail > 0 ? std::min(avail, left) : left;
   }
   return avail;

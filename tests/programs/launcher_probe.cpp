@@ -15,6 +15,10 @@
 //                                  exits 2 as if its collective had timed out
 //   launcher_probe chatter         every rank writes 200 lines in many small
 //                                  pieces: lines must arrive whole
+//   launcher_probe hog             rank 1 leaves a memory note (as
+//                                  contrax::note_worker_memory does), then
+//                                  allocates and touches 16 MiB blocks until
+//                                  something stops it; the others sleep
 //
 // With a DIR, every sleeping rank first writes DIR/<rank>.pid, and a failing
 // rank waits until all the others have done so: the test then knows exactly
@@ -138,6 +142,20 @@ int main(int argc, char** argv) {
     usleep(200000);  // let rank 1 reach its stop
     std::fprintf(stderr, "collective timed out\n");
     return 2;
+  }
+  if (mode == "hog") {
+    if (rank != 1) sleep_forever();
+    if (const char* err = std::getenv("CONTRAX_ERROR_FILE")) {
+      if (FILE* f = std::fopen((std::string(err) + ".memory").c_str(), "w")) {
+        std::fprintf(f, "allocating 16 MiB blocks until it is stopped\n");
+        std::fclose(f);
+      }
+    }
+    for (;;) {
+      char* block = static_cast<char*>(std::malloc(16 << 20));
+      if (block == nullptr) return 5;
+      for (size_t i = 0; i < (16u << 20); i += 4096) block[i] = 1;
+    }
   }
   if (mode == "chatter") {
     // Unbuffered pieces of lines, so a launcher that forwarded raw reads

@@ -31,16 +31,17 @@ struct Gathered {
 
 /// Differentiable all-gather of rows. `local`: [b_r, ...] on every rank, same
 /// trailing shape and dtype everywhere (checked). Backward: reduce-scatter-sum.
-/// A null or world-1 `comm` returns `local` itself.
+/// A null or world-1 `comm` returns `local` itself. Errors start with
+/// `caller`() and name the tensor `arg` (a binding passes its own names).
 ///
 ///   auto g = contrax::gather_with_grad(features, comm);   // g.all: [B, d]
 Gathered gather_with_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
-                          const char* caller = "gather_with_grad");
+                          const char* caller = "gather_with_grad", const char* arg = "local");
 
 /// All-gather of rows without gradient (for momentum keys and evaluation):
 /// the result is detached. Same checks and uneven-size support.
 Gathered gather_no_grad(const torch::Tensor& local, const CommunicatorPtr& comm,
-                        const char* caller = "gather_no_grad");
+                        const char* caller = "gather_no_grad", const char* arg = "local");
 
 namespace detail {
 /// Exchanges row count, trailing shape and dtype of `local`; throws on every

@@ -64,6 +64,13 @@ struct CommunicatorOptions {
   /// Prefix of every key written to the store, so that runs sharing one store
   /// (torchrun's restarts of a job) never read each other's keys.
   TORCH_ARG(std::string, store_prefix) = "";
+  /// A secret every rank of the job shares (from_env: CONTRAX_JOB_SECRET,
+  /// which `contrax launch` and `contrax train` make for a one-node job).
+  /// Every key of the rendezvous store lives under a prefix derived from it,
+  /// so that a process without it can neither read the job's keys, nor stop
+  /// the job, nor join it as a rank. Empty: keys are c10d's plain names,
+  /// open to anyone who can reach the store (docs/reliability.md).
+  TORCH_ARG(std::string, job_secret) = "";
   /// "auto" (NCCL for CUDA `device`, Gloo otherwise), "gloo", "nccl" or "mpi".
   TORCH_ARG(std::string, backend) = "auto";
   /// The device the collectives will see tensors on; picks the "auto" backend.
@@ -139,9 +146,10 @@ class Communicator {
   /// `contrax/attempt_<TORCHELASTIC_RESTART_COUNT>/`, as PyTorch's `env://` does.
   ///
   /// Otherwise rank 0 serves the store, listening on MASTER_ADDR only (never on
-  /// every interface). Within `timeout` a missing rank, a WORLD_SIZE that
-  /// differs between ranks, a rank started twice or an unresolvable
-  /// MASTER_ADDR each end in an error saying so.
+  /// every interface; a warning when that is beyond loopback). Within
+  /// `timeout` a missing rank, a WORLD_SIZE that differs between ranks, a
+  /// rank started twice or an unresolvable MASTER_ADDR each end in an error
+  /// saying so. CONTRAX_JOB_SECRET, when set, is the `job_secret`.
   static std::shared_ptr<Communicator> from_env(
       const CommunicatorOptions& base = CommunicatorOptions());
 

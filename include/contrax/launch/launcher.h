@@ -85,4 +85,14 @@ std::string self_executable();
 ///   contrax::record_worker_failure(false, e.what());
 void record_worker_failure(bool caused_by_peer, const std::string& what) noexcept;
 
+/// For the launcher that started this process (a no-op without one): what
+/// this rank is doing and the memory it expects to need, quoted should the
+/// kernel's out-of-memory killer end the rank ("rank 0 was killed by the
+/// out-of-memory killer: the memory limit is 600 MiB (...); the rank was
+/// training: a step needs about ..."). A later note replaces an earlier one;
+/// never throws.
+///
+///   contrax::note_worker_memory("evaluating the trained encoder");
+void note_worker_memory(const std::string& what) noexcept;
+
 }  // namespace contrax

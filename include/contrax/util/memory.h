@@ -44,8 +44,9 @@ class PeakScope {
 };
 
 /// Bytes this process may still allocate on the host: /proc/meminfo's
-/// MemAvailable, capped by the cgroup's limit (memory.max - memory.current,
-/// cgroup v2) where one is set; 0 when neither can be read.
+/// MemAvailable, capped by the tightest memory limit of its cgroup and their
+/// ancestors (cgroup v2 memory.max - memory.current, v1 memory.limit_in_bytes
+/// - memory.usage_in_bytes) where one is set; 0 when neither can be read.
 int64_t available_memory_bytes();
 
 /// Bytes still free where `device` allocates: available_memory_bytes() for

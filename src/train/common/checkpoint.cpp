@@ -1,168 +1,36 @@
-// Atomic checkpoints over torch::serialize archives (see checkpoint.h).
+// Checkpoints as safetensors files (see checkpoint.h).
 #include "contrax/train/common/checkpoint.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <set>
+
+#include "train/common/optimizer_state.h"
+#include "train/common/safetensors.h"
+#include "util/files.h"
 
 namespace contrax::train {
 namespace {
 
-// Written first and checked first: a zip archive that opens but was not
-// written by Checkpoint::save is reported as such, not as a missing module.
-constexpr const char* kFormatKey = "contrax_checkpoint_format";
-// Version 2 adds the floating dtype of every module ("module.<name>.dtype"),
-// so that a resume in another dtype is refused by name before any tensor
-// is copied. Version 1 files still load: their tensors carry their dtype and
-// check_module_matches compares it.
-constexpr int64_t kFormatVersion = 2;
-constexpr int64_t kOldestReadableVersion = 1;
+using contrax::detail::Directory;
+using detail::SafetensorsReader;
 
-// "No space left on device (ENOSPC)": the symbolic name is what people search
-// for, the text is what they read.
-std::string errno_text(int err = errno) {
-  const char* name = ::strerrorname_np(err);
-  return std::string(std::strerror(err)) + (name != nullptr ? std::string(" (") + name + ")" : std::string());
-}
+// The header's __metadata__ holds two strings: the format's name, checked
+// first (a safetensors file of something else is told so, not that it
+// lacks a module), and everything that is not a tensor, as one JSON text
+// (kStateKey). Version 3 is the first safetensors version; 1 and 2 were
+// TorchScript archives (legacy_checkpoint.cpp).
+constexpr const char* kFormatKey = "format";
+constexpr const char* kFormatName = "contrax.checkpoint";
+constexpr const char* kStateKey = "contrax";
+constexpr int64_t kFormatVersion = 3;
 
-std::string dir_of(const std::string& path) {
-  const auto dir = std::filesystem::path(path).parent_path();
-  return dir.empty() ? "." : dir.string();
-}
-
-void fsync_dir(const std::string& dir, const std::string& caller) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  TORCH_CHECK(fd >= 0, caller, ": cannot open directory '", dir, "' to sync it: ", errno_text());
-  const int rc = ::fsync(fd);
-  const int saved_errno = errno;
-  ::close(fd);
-  // Some file systems (e.g. certain network mounts) refuse fsync on
-  // directories; the rename is still atomic there, only durability is weaker.
-  TORCH_CHECK(rc == 0 || saved_errno == EINVAL || saved_errno == EROFS, caller, ": fsync of directory '", dir,
-              "' failed: ", errno_text(saved_errno));
-}
-
-// Writes `bytes` to `path`.tmp.<pid> with checked POSIX calls, syncs and
-// renames it over `path`, then syncs the directory. Every failure (ENOSPC,
-// EIO, EROFS, EFBIG, ...) becomes one c10::Error naming the file and the
-// cause; the temporary is removed and `path` is untouched until the rename.
-// The bytes are complete before the first write: a serialiser that throws
-// from its destructor on a short write (LibTorch's archive writer aborts the
-// process that way) never sees the disk.
-void write_atomically(const std::string& path, const std::string& caller, const std::string& bytes) {
-  TORCH_CHECK(!path.empty(), caller, ": argument 'path' must not be empty");
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  // What a failure leaves: the file as it was, or (a first write) none.
-  struct stat before {};
-  const std::string unchanged = ::stat(path.c_str(), &before) == 0
-                                    ? "; the previous '" + path + "' is unchanged"
-                                    : "; '" + path + "' was not written (there was none before)";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    TORCH_CHECK(false, caller, ": cannot create '", tmp, "': ", errno_text(err), " (does the directory '",
-                dir_of(path), "' exist and is it writable?)", unchanged);
-  }
-  std::string write_error;
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      write_error = errno_text(errno);
-      break;
-    }
-    if (w == 0) {  // not expected from a regular file; never spin on it
-      write_error = "write returned 0";
-      break;
-    }
-    done += static_cast<size_t>(w);
-  }
-  if (write_error.empty() && ::fsync(fd) != 0) write_error = "fsync: " + errno_text(errno);
-  if (::close(fd) != 0 && write_error.empty()) write_error = "close: " + errno_text(errno);
-  if (!write_error.empty()) {
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": writing '", tmp, "' failed after ", done, " of ", bytes.size(),
-                " bytes: ", write_error, unchanged);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = errno_text(errno);
-    ::unlink(tmp.c_str());
-    TORCH_CHECK(false, caller, ": renaming '", tmp, "' to '", path, "' failed: ", err, unchanged);
-  }
-  fsync_dir(dir_of(path), caller);
-}
-
-template <typename T>
-void write_map(torch::serialize::OutputArchive& ar, const std::string& name, const std::map<std::string, T>& m) {
-  c10::List<std::string> keys;
-  c10::List<T> values;
-  for (const auto& kv : m) {
-    keys.push_back(kv.first);
-    values.push_back(kv.second);
-  }
-  ar.write(name + ".keys", c10::IValue(keys));
-  ar.write(name + ".values", c10::IValue(values));
-}
-
-template <typename T>
-std::map<std::string, T> read_map(torch::serialize::InputArchive& ar, const std::string& name) {
-  c10::IValue keys, values;
-  ar.read(name + ".keys", keys);
-  ar.read(name + ".values", values);
-  auto k = c10::impl::toTypedList<std::string>(keys.toList());
-  auto v = c10::impl::toTypedList<T>(values.toList());
-  TORCH_CHECK(k.size() == v.size(), "keys and values of '", name, "' differ in length");
-  std::map<std::string, T> m;
-  for (size_t i = 0; i < k.size(); ++i) m[k.get(i)] = v.get(i);
-  return m;
-}
-
-// First line of an exception message: LibTorch appends long backtraces.
-std::string first_line(const std::exception& e) {
-  std::string s = e.what();
-  const auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
-
-// The reader's own words, without the advice PyTorch 2.15 appends to
-// miniz's ("This is an internal miniz error. If you are seeing this error,
-// there is a high likelihood ..."): the message before it says the file is
-// truncated or corrupt.
-std::string archive_error(const std::exception& e) {
-  std::string s = first_line(e);
-  const auto advice = s.find(". This is an internal miniz error");
-  return advice == std::string::npos ? s : s.substr(0, advice);
-}
-
-// Module::load replaces a tensor with whatever the archive holds, whatever its
-// shape; check names and shapes first so a mismatch is an error, not a
-// silently different model.
-void check_module_matches(torch::nn::Module& m, torch::serialize::InputArchive& ar, const std::string& prefix) {
-  auto check = [&](const char* what, const std::string& key, const torch::Tensor& want, bool is_buffer) {
-    torch::Tensor t;
-    TORCH_CHECK(ar.try_read(key, t, is_buffer), what, " '", prefix + key, "' is missing in the checkpoint");
-    TORCH_CHECK(t.sizes() == want.sizes(), what, " '", prefix + key, "' has shape ", t.sizes(),
-                " in the checkpoint but ", want.sizes(), " in the model");
-    // Module::load copies with set_ semantics: a float tensor loaded into a
-    // double parameter reinterprets its storage (heap corruption, SIGSEGV).
-    TORCH_CHECK(t.scalar_type() == want.scalar_type(), what, " '", prefix + key, "' has dtype ", t.scalar_type(),
-                " in the checkpoint but ", want.scalar_type(), " in the model");
-  };
-  for (const auto& p : m.named_parameters(/*recurse=*/false)) check("parameter", p.key(), p.value(), false);
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) check("buffer", b.key(), b.value(), true);
-  for (const auto& c : m.named_children()) {
-    torch::serialize::InputArchive sub;
-    TORCH_CHECK(ar.try_read(c.key(), sub), "submodule '", prefix + c.key(), "' is missing in the checkpoint");
-    check_module_matches(*c.value(), sub, prefix + c.key() + ".");
-  }
-}
+std::string base_of(const std::string& path) { return std::filesystem::path(path).filename().string(); }
 
 // The floating dtype of a module's parameters and buffers ("Float",
 // "Double", ...), "mixed" when they differ, "none" when it has none.
@@ -179,14 +47,55 @@ std::string module_dtype(torch::nn::Module& m) {
   return found.empty() ? "none" : found;
 }
 
-// The device of the first registered module that has parameters (none: the
-// archive's own).
-c10::optional<torch::Device> device_of(const std::vector<std::pair<std::string, torch::nn::Module*>>& modules) {
-  for (const auto& m : modules) {
-    const auto params = m.second->parameters();
-    if (!params.empty()) return params.front().device();
+// A module's tensors as records: "module.<name>.<dotted path>", parameters
+// and buffers alike (their names cannot collide within a module).
+struct ModuleRecord {
+  std::string record;
+  torch::Tensor tensor;
+  const char* kind;  // "parameter" or "buffer", for messages
+};
+std::vector<ModuleRecord> module_records(const std::string& name, torch::nn::Module& m) {
+  std::vector<ModuleRecord> out;
+  for (const auto& p : m.named_parameters(/*recurse=*/true)) {
+    out.push_back({"module." + name + "." + p.key(), p.value(), "parameter"});
   }
-  return c10::nullopt;
+  for (const auto& b : m.named_buffers(/*recurse=*/true)) out.push_back({"module." + name + "." + b.key(), b.value(), "buffer"});
+  return out;
+}
+
+// Every record under "module.<name>." must be one of the model's, with the
+// model's dtype and shape, and every one of the model's must be there.
+void check_module(const SafetensorsReader& in, const std::string& name, torch::nn::Module& m) {
+  const std::string prefix = "module." + name + ".";
+  std::set<std::string> wanted;
+  for (const auto& r : module_records(name, m)) {
+    const std::string key = r.record.substr(prefix.size());
+    wanted.insert(r.record);
+    TORCH_CHECK(in.has(r.record), r.kind, " '", key, "' is missing in the checkpoint");
+    TORCH_CHECK(in.shape(r.record) == r.tensor.sizes().vec(), r.kind, " '", key, "' has shape ",
+                c10::IntArrayRef(in.shape(r.record)), " in the checkpoint but ", r.tensor.sizes(), " in the model");
+    TORCH_CHECK(in.dtype(r.record) == r.tensor.scalar_type(), r.kind, " '", key, "' has dtype ", in.dtype(r.record),
+                " in the checkpoint but ", r.tensor.scalar_type(), " in the model");
+  }
+  for (const auto& record : in.names()) {
+    TORCH_CHECK(record.rfind(prefix, 0) != 0 || wanted.count(record) != 0, "the checkpoint holds '",
+                record.substr(prefix.size()), "', which the model lacks");
+  }
+}
+
+// The current state's size: a generator's state has one length per kind
+// (the CPU's Mersenne Twister 5,056 bytes, CUDA's Philox 16).
+int64_t state_bytes(at::Generator g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state().numel();
+}
+
+template <typename T, typename F>
+std::map<std::string, T> read_scalars(const nlohmann::json& state, const char* key, F&& get) {
+  std::map<std::string, T> out;
+  if (!state.contains(key)) return out;
+  for (const auto& [k, v] : state.at(key).items()) out[k] = get(k, v);
+  return out;
 }
 
 }  // namespace
@@ -197,6 +106,7 @@ Checkpoint& Checkpoint::module(const std::string& name, torch::nn::Module& m) {
 }
 
 Checkpoint& Checkpoint::optimizer(const std::string& name, torch::optim::Optimizer& o) {
+  detail::optimizer_kind(o, name);  // refuses, by name, a kind whose state it cannot store
   optimizers_.emplace_back(name, &o);
   return *this;
 }
@@ -221,150 +131,164 @@ torch::Tensor generator_state_on_cpu(const torch::Tensor& state, const std::stri
   return state.to(torch::kCPU).contiguous();
 }
 
+
 void Checkpoint::save(const std::string& path) const {
-  torch::serialize::OutputArchive ar;
-  ar.write(kFormatKey, c10::IValue(kFormatVersion));
+  TORCH_CHECK(!path.empty(), "Checkpoint::save(): argument 'path' must not be empty");
+  detail::SafetensorsWriter out;
+  nlohmann::json state;
+  state["version"] = kFormatVersion;
+  state["modules"] = nlohmann::json::object();
   for (const auto& m : modules_) {
-    torch::serialize::OutputArchive sub;
-    m.second->save(sub);
-    ar.write("module." + m.first, sub);
-    ar.write("module." + m.first + ".dtype", c10::IValue(module_dtype(*m.second)));
+    for (const auto& r : module_records(m.first, *m.second)) out.add(r.record, r.tensor);
+    state["modules"][m.first] = {{"dtype", module_dtype(*m.second)}};
   }
+  state["optimizers"] = nlohmann::json::object();
   for (const auto& o : optimizers_) {
-    torch::serialize::OutputArchive sub;
-    o.second->save(sub);
-    ar.write("optimizer." + o.first, sub);
+    state["optimizers"][o.first] = detail::save_optimizer(*o.second, "optimizer." + o.first + ".", out);
   }
   for (const auto& g : generators_) {
     at::Generator gen = g.generator;  // a handle: mutex() is non-const
-    torch::Tensor state;
-    {
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      state = gen.get_state();
-    }
-    ar.write("generator." + g.name, state.to(torch::kCPU), /*is_buffer=*/true);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.add("generator." + g.name, gen.get_state());
   }
-  write_map(ar, "ints", ints);
-  write_map(ar, "doubles", doubles);
-  write_map(ar, "strings", strings);
-  ar.write("metadata", c10::IValue(metadata));
-  // Serialised to memory first: the archive writer cannot fail there, and the
-  // disk sees only the checked writes of write_atomically.
-  std::string bytes;
-  ar.save_to([&bytes](const void* data, size_t n) -> size_t {
-    bytes.append(static_cast<const char*>(data), n);
-    return n;
-  });
-  write_atomically(path, "Checkpoint::save()", bytes);
+  state["ints"] = ints;
+  state["strings"] = strings;
+  state["doubles"] = nlohmann::json::object();
+  for (const auto& [k, v] : doubles) state["doubles"][k] = detail::exact_double(v);
+  state["metadata"] = metadata;
+  out.metadata(kFormatKey, kFormatName);
+  out.metadata(kStateKey, state.dump());
+  Directory::of_file(path, "Checkpoint::save()").write_atomically(base_of(path), out.bytes());
 }
 
 void Checkpoint::load(const std::string& path) {
+  const Directory dir = Directory::of_file(path, "Checkpoint::load()");
   struct stat st {};
-  TORCH_CHECK(::stat(path.c_str(), &st) == 0, "Checkpoint::load(): checkpoint '", path, "' does not exist");
+  TORCH_CHECK(dir.stat(base_of(path), &st), "Checkpoint::load(): checkpoint '", path, "' does not exist");
   TORCH_CHECK(!S_ISDIR(st.st_mode), "Checkpoint::load(): '", path, "' is a directory, not a checkpoint file");
-  // Tensors are read onto the device of the registered model: a checkpoint
-  // that rank 0 wrote from cuda:0 must land on each rank's own GPU, since
-  // Module::load adopts the loaded tensors themselves.
-  torch::serialize::InputArchive ar;
+  auto fd = dir.open(base_of(path), O_RDONLY);
+  TORCH_CHECK(fd.valid(), "Checkpoint::load(): checkpoint '", path, "' does not exist");
+  TORCH_CHECK(!is_legacy_checkpoint(path), "Checkpoint::load(): '", path, "' is a checkpoint of Contrax's earlier ",
+              "format (a TorchScript archive), and reading one runs the code it holds, so it is not read. If you ",
+              "wrote it yourself, resume with 'contrax train --resume --trust-legacy-checkpoint', which reads it and ",
+              "rewrites it as safetensors (C++: Checkpoint::load_legacy); otherwise start the run again");
+  std::unique_ptr<SafetensorsReader> in;
+  nlohmann::json state;
   try {
-    ar.load_from(path, device_of(modules_));
-  } catch (const std::exception& e) {
+    in = std::make_unique<SafetensorsReader>(std::move(fd), path);
+  } catch (const c10::Error& e) {
     TORCH_CHECK(false, "Checkpoint::load(): '", path, "' is not a readable checkpoint (truncated or corrupt; ",
-                st.st_size, " bytes): ", archive_error(e));
+                st.st_size, " bytes): ", e.what_without_backtrace());
   }
-  c10::IValue version;
-  TORCH_CHECK(ar.try_read(kFormatKey, version) && version.isInt(), "Checkpoint::load(): '", path,
-              "' is not a contrax checkpoint (no format marker)");
-  TORCH_CHECK(version.toInt() >= kOldestReadableVersion && version.toInt() <= kFormatVersion,
-              "Checkpoint::load(): '", path, "' has format version ", version.toInt(), ", this build reads versions ",
-              kOldestReadableVersion, " to ", kFormatVersion);
-  for (auto& m : modules_) {
-    torch::serialize::InputArchive sub;
-    TORCH_CHECK(ar.try_read("module." + m.first, sub), "Checkpoint::load(): '", path, "' holds no module '",
-                m.first, "'");
-    c10::IValue saved_dtype;
-    if (ar.try_read("module." + m.first + ".dtype", saved_dtype) && saved_dtype.isString()) {
-      const std::string want = module_dtype(*m.second);
-      TORCH_CHECK(saved_dtype.toStringRef() == want, "Checkpoint::load(): module '", m.first, "' in '", path,
-                  "' was saved in dtype ", saved_dtype.toStringRef(), " but the model is ", want,
-                  " (resume with the dtype the run was started with, ",
-                  saved_dtype.toStringRef(), ")");
-    }
-    try {
-      check_module_matches(*m.second, sub, "");
-      m.second->load(sub);
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "Checkpoint::load(): module '", m.first, "' in '", path,
-                  "' does not match the model: ", first_line(e));
-    }
-  }
-  for (auto& o : optimizers_) {
-    torch::serialize::InputArchive sub;
-    TORCH_CHECK(ar.try_read("optimizer." + o.first, sub), "Checkpoint::load(): '", path,
-                "' holds no optimizer '", o.first, "'");
-    try {
-      o.second->load(sub);
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "Checkpoint::load(): optimizer '", o.first, "' in '", path,
-                  "' does not match the optimizer: ", first_line(e));
-    }
-  }
-  // The archive put every tensor on the model's device, generator states
-  // too; set_state takes a CPU byte tensor whatever the generator's device.
-  for (auto& g : generators_) {
-    torch::Tensor state;
-    const bool found = ar.try_read("generator." + g.name, state, /*is_buffer=*/true);
-    TORCH_CHECK(found || !g.required, "Checkpoint::load(): '", path, "' holds no generator '", g.name, "'");
-    if (!found) continue;
-    auto cpu_state = generator_state_on_cpu(state, g.name);
-    std::lock_guard<std::mutex> lock(g.generator.mutex());
-    g.generator.set_state(cpu_state);
-  }
+  const auto& meta = in->metadata();
+  TORCH_CHECK(meta.count(kFormatKey) != 0 && meta.at(kFormatKey) == kFormatName && meta.count(kStateKey) != 0,
+              "Checkpoint::load(): '", path, "' is not a contrax checkpoint (no format marker)");
   try {
-    ints = read_map<int64_t>(ar, "ints");
-    doubles = read_map<double>(ar, "doubles");
-    strings = read_map<std::string>(ar, "strings");
-    c10::IValue meta;
-    ar.read("metadata", meta);
-    metadata = meta.toStringRef();
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "Checkpoint::load(): scalar state in '", path, "' is corrupt: ", first_line(e));
+    state = nlohmann::json::parse(meta.at(kStateKey));
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "Checkpoint::load(): scalar state in '", path, "' is corrupt: ", e.what());
+  }
+  const int64_t version = state.is_object() && state.contains("version") && state["version"].is_number_integer()
+                              ? state["version"].get<int64_t>()
+                              : -1;
+  TORCH_CHECK(version == kFormatVersion, "Checkpoint::load(): '", path, "' has format version ", version,
+              ", this build reads version ", kFormatVersion, " (and, on request, 1 and 2: Checkpoint::load_legacy)");
+  try {
+    // Everything is checked before anything is assigned: a checkpoint that
+    // does not fit leaves the model, the optimizers and the scalars as
+    // they were. (An optimizer checks itself whole before it assigns.)
+    for (auto& m : modules_) {
+      TORCH_CHECK(state["modules"].contains(m.first), "Checkpoint::load(): '", path, "' holds no module '", m.first,
+                  "'");
+      const nlohmann::json& saved = state["modules"][m.first];
+      const std::string want = module_dtype(*m.second);
+      const std::string was = saved.value("dtype", want);
+      TORCH_CHECK(was == want, "Checkpoint::load(): module '", m.first, "' in '", path, "' was saved in dtype ", was,
+                  " but the model is ", want, " (resume with the dtype the run was started with, ", was, ")");
+      try {
+        check_module(*in, m.first, *m.second);
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, "Checkpoint::load(): module '", m.first, "' in '", path, "' does not match the model: ",
+                    e.what_without_backtrace());
+      }
+    }
+    for (const auto& g : generators_) {
+      const std::string record = "generator." + g.name;
+      TORCH_CHECK(in->has(record) || !g.required, "Checkpoint::load(): '", path, "' holds no generator '", g.name,
+                  "'");
+      if (!in->has(record)) continue;
+      const int64_t want = state_bytes(g.generator);
+      TORCH_CHECK(in->dtype(record) == torch::kByte && in->shape(record) == std::vector<int64_t>{want},
+                  "Checkpoint::load(): generator '", g.name, "' in '", path, "' holds ", in->dtype(record), " ",
+                  c10::IntArrayRef(in->shape(record)), ", not the ", want, " bytes of its state");
+    }
+    auto new_ints = read_scalars<int64_t>(state, "ints", [](const std::string&, const nlohmann::json& v) {
+      return v.get<int64_t>();
+    });
+    auto new_doubles = read_scalars<double>(state, "doubles", [&](const std::string& k, const nlohmann::json& v) {
+      return detail::parse_exact_double(v.get<std::string>(), "scalar '" + k + "'");
+    });
+    auto new_strings = read_scalars<std::string>(state, "strings", [](const std::string&, const nlohmann::json& v) {
+      return v.get<std::string>();
+    });
+    std::string new_metadata = state.value("metadata", std::string());
+    for (auto& o : optimizers_) {
+      TORCH_CHECK(state["optimizers"].contains(o.first), "Checkpoint::load(): '", path, "' holds no optimizer '",
+                  o.first, "'");
+      try {
+        detail::load_optimizer(*o.second, state["optimizers"][o.first], "optimizer." + o.first + ".", *in);
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, "Checkpoint::load(): optimizer '", o.first, "' in '", path,
+                    "' does not match the optimizer: ", e.what_without_backtrace());
+      }
+    }
+    torch::NoGradGuard no_grad;
+    for (auto& m : modules_) {
+      for (const auto& r : module_records(m.first, *m.second)) in->read_into(r.record, r.tensor);
+    }
+    for (auto& g : generators_) {
+      const std::string record = "generator." + g.name;
+      if (!in->has(record)) continue;
+      torch::Tensor bytes = torch::empty({in->shape(record)[0]}, torch::kByte);
+      in->read_into(record, bytes);
+      std::lock_guard<std::mutex> lock(g.generator.mutex());
+      g.generator.set_state(bytes);
+    }
+    ints = std::move(new_ints);
+    doubles = std::move(new_doubles);
+    strings = std::move(new_strings);
+    metadata = std::move(new_metadata);
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "Checkpoint::load(): scalar state in '", path, "' is corrupt: ", e.what());
   }
 }
 
 bool is_valid_checkpoint(const std::string& path) {
   try {
-    torch::serialize::InputArchive ar;
-    ar.load_from(path);
-    c10::IValue version;
-    return ar.try_read(kFormatKey, version) && version.isInt() && version.toInt() >= kOldestReadableVersion &&
-           version.toInt() <= kFormatVersion;
+    const Directory dir = Directory::of_file(path, "is_valid_checkpoint()");
+    auto fd = dir.open(base_of(path), O_RDONLY);
+    if (!fd.valid()) return false;
+    const SafetensorsReader in(std::move(fd), path);
+    const auto& meta = in.metadata();
+    if (meta.count(kFormatKey) == 0 || meta.at(kFormatKey) != kFormatName || meta.count(kStateKey) == 0) return false;
+    const nlohmann::json state = nlohmann::json::parse(meta.at(kStateKey));
+    return state.value("version", int64_t{-1}) == kFormatVersion;
   } catch (...) {
     return false;
   }
 }
 
 int64_t remove_stale_temporaries(const std::string& path) {
-  const std::string dir = dir_of(path);
-  const std::string prefix = std::filesystem::path(path).filename().string() + ".tmp.";
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return 0;
-  int64_t removed = 0;
-  while (dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string pid_text = name.substr(prefix.size());
-    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
-    const long pid = std::stol(pid_text);
-    const bool alive = pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
-    if (!alive && ::unlink((dir + "/" + name).c_str()) == 0) ++removed;
+  try {
+    return Directory::of_file(path, "remove_stale_temporaries()").remove_stale_temporaries(base_of(path));
+  } catch (const c10::Error&) {
+    return 0;  // no directory: nothing stale
   }
-  ::closedir(d);
-  return removed;
 }
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {
-  write_atomically(path, "write_file_atomically()", bytes);
+  TORCH_CHECK(!path.empty(), "write_file_atomically(): argument 'path' must not be empty");
+  Directory::of_file(path, "write_file_atomically()").write_atomically(base_of(path), bytes);
 }
 
 }  // namespace contrax::train

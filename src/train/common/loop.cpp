@@ -155,8 +155,17 @@ TrainLoop::TrainLoop(CommunicatorPtr comm, const RunOptions& options, LoopModel 
     checkpoint_.optional_generator(d.str(), at::globalContext().defaultGenerator(d));
   }
   if (options_.resume()) {
-    check_resumable(run_dir_.checkpoint());
-    checkpoint_.load(run_dir_.checkpoint());
+    const std::string file = run_dir_.checkpoint();
+    const bool legacy = options_.trust_legacy_checkpoint() && is_legacy_checkpoint(file);
+    check_resumable(file, legacy);
+    if (legacy) {
+      checkpoint_.load_legacy(file);
+      // Every rank has read the old file before rank 0 replaces it.
+      comm_->barrier();
+      if (comm_->rank() == 0) checkpoint_.save(file);
+    } else {
+      checkpoint_.load(file);
+    }
     start_ = checkpoint_.ints["step"];
   }
 }
@@ -167,9 +176,13 @@ TrainLoop::~TrainLoop() = default;
 // settings first (a checkpoint with nothing registered reads only its
 // scalars), so that a MoCo checkpoint resumed as SimCLR is told so, not that
 // its modules do not match.
-void TrainLoop::check_resumable(const std::string& file) const {
+void TrainLoop::check_resumable(const std::string& file, bool legacy) const {
   Checkpoint saved;
-  saved.load(file);
+  if (legacy) {
+    saved.load_legacy(file);
+  } else {
+    saved.load(file);
+  }
   const auto& o = options_;
   TORCH_CHECK(saved.strings["recipe"] == model_.recipe, "checkpoint ", file, " is of recipe '",
               saved.strings["recipe"], "', not '", model_.recipe, "'");

@@ -11,10 +11,12 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "contrax/train/common/checkpoint.h"
+#include "util/files.h"
 
 namespace contrax::train {
 
@@ -55,9 +57,18 @@ std::string metrics_json(const StepMetrics& m) {
 
 std::vector<StepMetrics> read_metrics(const std::string& path) {
   std::vector<StepMetrics> out;
-  std::ifstream in(path);
-  if (!in) return out;
-  std::string line;
+  // Read through no link at the file's name (util/files.h).
+  const auto fd = contrax::detail::Directory::of_file(path, "read_metrics()")
+                      .open(std::filesystem::path(path).filename().string(), O_RDONLY);
+  if (!fd.valid()) return out;
+  std::string text, line;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd.get(), buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    TORCH_CHECK(n > 0, "read_metrics(): cannot read ", path, ": ", contrax::detail::errno_text(errno));
+    text.append(buf, static_cast<size_t>(n));
+  }
+  std::istringstream in(text);
   int64_t n = 0;
   while (std::getline(in, line)) {
     ++n;
@@ -95,7 +106,9 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_through_step)
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "cannot write ", path, ": ", e.what_without_backtrace());
   }
-  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  fd_ = contrax::detail::Directory::of_file(path, "cannot write " + path)
+            .open(std::filesystem::path(path).filename().string(), O_WRONLY | O_APPEND)
+            .release();
   TORCH_CHECK(fd_ >= 0, "cannot write ", path, ": ", std::strerror(errno));
 }
 

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <c10/util/Exception.h>
@@ -10,11 +11,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "contrax/train/common/checkpoint.h"
 #include "contrax/train/common/errors.h"
+#include "util/files.h"
 
 namespace fs = std::filesystem;
 
@@ -35,33 +37,85 @@ const std::vector<std::string>& RunDir::run_files() {
   return files;
 }
 
+namespace {
+
+// The run directory, opened: refused (kRunDirUnsafe) when it belongs to
+// another user, or when its last component is a link that another user
+// made (a link of one's own, runs -> /scratch/runs, is followed). Files in
+// it are opened by name with O_NOFOLLOW (util/files.h).
+contrax::detail::Directory open_dir(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != ::geteuid()) {
+    throw RunDirRefused(TrainErrorKind::kRunDirUnsafe, path, "",
+                        c10::str("run directory '", path, "' is a symbolic link made by another user (uid ",
+                                 st.st_uid, "); Contrax follows no link it did not make"),
+                        "; choose a directory of your own");
+  }
+  try {
+    return contrax::detail::Directory(path, "run directory", /*owned=*/true);
+  } catch (const c10::Error& e) {
+    if (::lstat(path.c_str(), &st) != 0 || st.st_uid == ::geteuid()) throw;
+    throw RunDirRefused(TrainErrorKind::kRunDirUnsafe, path, "", e.what_without_backtrace(), "");
+  }
+}
+
+// Every run file (and the lock) is refused by name where it is a link or
+// another user's, before anything is opened, truncated or removed.
+void check_run_files(const contrax::detail::Directory& d, const std::string& path) {
+  for (const auto& f : RunDir::run_files()) {
+    try {
+      d.check_entry(f);
+    } catch (const c10::Error& e) {
+      throw RunDirRefused(TrainErrorKind::kRunDirUnsafe, path, f, e.what_without_backtrace(), "");
+    }
+  }
+}
+
+}  // namespace
+
 bool RunDir::has_checkpoint() const {
-  std::error_code ec;
-  return fs::exists(checkpoint(), ec);
+  struct stat st {};
+  return ::lstat(checkpoint().c_str(), &st) == 0;
 }
 
 void RunDir::create() const {
   std::error_code ec;
   fs::create_directories(path_, ec);
   TORCH_CHECK(!ec, "cannot create run directory '", path_, "': ", ec.message());
+  open_dir(path_);
 }
 
 void RunDir::write(const std::string& name, const std::string& bytes) const {
   try {
-    write_file_atomically(file(name), bytes);
+    open_dir(path_).write_atomically(name, bytes);
+  } catch (const RunDirRefused&) {
+    throw;
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "cannot write ", file(name), ": ", e.what_without_backtrace());
   }
 }
 
+int RunDir::open_append(const std::string& name, bool truncate) const {
+  return open_dir(path_).open(name, O_WRONLY | O_APPEND | O_CREAT | (truncate ? O_TRUNC : 0)).release();
+}
+
+// The lock file is never truncated: the holder's pid is written over its
+// first bytes, padded to a fixed width, and only once the lock is held.
 RunDir::Lock::Lock(const RunDir& dir) {
+  const auto d = open_dir(dir.path());
   const std::string path = dir.file(".lock");
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd_ >= 0, "cannot open the run directory's lock file ", path, ": ", std::strerror(errno));
+  try {
+    d.check_entry(".lock");
+    fd_ = d.open(".lock", O_RDWR | O_CREAT, 0600).release();
+  } catch (const c10::Error& e) {
+    throw RunDirRefused(TrainErrorKind::kRunDirUnsafe, dir.path(), ".lock", e.what_without_backtrace(), "");
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    std::string holder;
-    std::ifstream(path) >> holder;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+    holder = holder.substr(0, holder.find_first_not_of("0123456789"));
     ::close(fd_);
     fd_ = -1;
     TORCH_CHECK(err == EWOULDBLOCK, "cannot lock ", path, ": ", std::strerror(err));
@@ -71,8 +125,9 @@ RunDir::Lock::Lock(const RunDir& dir) {
                         "; wait for it to finish or choose another run directory");
   }
   // The holder's pid, for the message above (the lock itself is the flock).
-  const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) < 0) {
+  char pid[24];
+  const int len = std::snprintf(pid, sizeof pid, "%-20d\n", static_cast<int>(::getpid()));
+  if (::pwrite(fd_, pid, static_cast<size_t>(len), 0) < 0) {
     // Only the message of a competing run loses its pid; the lock holds.
   }
 }
@@ -98,15 +153,16 @@ RunDir::Claim RunDir::claim(ResumeMode mode, bool overwrite) const {
                         " (ResumeMode::kAuto starts fresh when there is none)");
   }
   create();
+  const auto d = open_dir(path_);
   Claim c;
   c.lock = std::make_unique<Lock>(*this);
-  for (const auto& f : run_files()) remove_stale_temporaries(file(f));
+  check_run_files(d, path_);
+  for (const auto& f : run_files()) d.remove_stale_temporaries(f);
   c.resume = resumes(mode);
   if (c.resume) return c;
   std::string present;
   for (const char* f : {kCheckpoint, kMetrics, kResults}) {
-    std::error_code ec;
-    if (fs::exists(file(f), ec)) present += (present.empty() ? "" : ", ") + std::string(f);
+    if (d.exists(f)) present += (present.empty() ? "" : ", ") + std::string(f);
   }
   if (!present.empty() && mode == ResumeMode::kNever && !overwrite) {
     throw RunDirRefused(TrainErrorKind::kRunExists, path_, present,
@@ -115,11 +171,7 @@ RunDir::Claim RunDir::claim(ResumeMode mode, bool overwrite) const {
   }
   // Fresh: overwriting, or ResumeMode::kAuto after a run that never reached its
   // first checkpoint. Only the run's own files go.
-  for (const auto& f : run_files()) {
-    std::error_code ec;
-    fs::remove(file(f), ec);
-    TORCH_CHECK(!ec, "cannot remove ", file(f), ": ", ec.message());
-  }
+  for (const auto& f : run_files()) d.remove(f);
   return c;
 }
 

@@ -5,12 +5,23 @@
 // named optimizers, named random generators, integer/float/string scalars
 // (step, epoch, schedule state, ...) and a free-form metadata string (JSON).
 //
-// Writing is atomic: the archive goes to `<path>.tmp.<pid>`, is fsync'ed,
-// renamed over `<path>`, and the directory is fsync'ed; rename(2) replaces the
-// old file in one step, so a crash (even SIGKILL or power loss after the
-// fsyncs) leaves the old or the new checkpoint, never a torn one. Stale
-// temporaries of crashed writers are ignored by `load` and removed by
-// `remove_stale_temporaries`.
+// On disk a checkpoint is a safetensors file (Hugging Face's format): the
+// tensors as records "module.<name>.<parameter>", "optimizer.<name>.<group>.
+// <index>.<field>" and "generator.<name>", everything else as JSON in the
+// header's metadata. Reading it runs nothing and inflates nothing: every
+// record's dtype and shape is checked against the registered model,
+// optimizer and generator before it is read, so a crafted file can neither
+// run code nor take more memory than its own size. It also opens in Python:
+// `safetensors.torch.load_file("runs/simclr/checkpoint.pt")`.
+//
+// Writing is atomic: the file goes to a temporary `<path>.tmp.<pid>.<random>`
+// created exclusively (a link planted there is never written through), is
+// fsync'ed, renamed over `<path>`, and the directory is fsync'ed; rename(2)
+// replaces the old file in one step, so a crash (even SIGKILL or power loss
+// after the fsyncs) leaves the old or the new checkpoint, never a torn one.
+// Stale temporaries of crashed writers are ignored by `load` and removed by
+// `remove_stale_temporaries`. Neither `load` nor `save` follows a symbolic
+// link at `path` itself.
 #pragma once
 
 #include <torch/torch.h>
@@ -39,7 +50,9 @@ class Checkpoint {
  public:
   /// Registers module `name` (parameters and buffers, recursively).
   Checkpoint& module(const std::string& name, torch::nn::Module& module);
-  /// Registers optimizer `name` (Adam, AdamW, SGD, ... through their serialize()).
+  /// Registers optimizer `name`: a torch::optim::Adam, AdamW, SGD, Adagrad or
+  /// RMSprop (their options per group and state per parameter are saved);
+  /// any other kind is refused here, naming it.
   Checkpoint& optimizer(const std::string& name, torch::optim::Optimizer& optimizer);
   /// Registers a random generator; `at::Generator` is a handle, so the copy
   /// restores the caller's generator.
@@ -60,9 +73,18 @@ class Checkpoint {
 
   /// Restores every registered module, optimizer and generator from `path`
   /// and refills the scalars and metadata. Throws naming the path for a
-  /// missing, truncated or corrupt file, and naming the entry when a registered
-  /// module/optimizer/generator is absent from the file or does not match it.
+  /// missing, truncated or corrupt file, a symbolic link, or a checkpoint of
+  /// the earlier format (see load_legacy), and naming the entry when a
+  /// registered module/optimizer/generator is absent from the file or does
+  /// not match it (name, dtype, shape, size); nothing is changed then.
   void load(const std::string& path);
+
+  /// Restores from a checkpoint of Contrax's earlier format (versions 1 and
+  /// 2, TorchScript archives). **Reading one runs the TorchScript code it
+  /// holds**: call this only for a file you wrote yourself. `save` then
+  /// writes the current format (what `contrax train --resume
+  /// --trust-legacy-checkpoint` does).
+  void load_legacy(const std::string& path);
 
  private:
   std::vector<std::pair<std::string, torch::nn::Module*>> modules_;
@@ -82,15 +104,19 @@ class Checkpoint {
 torch::Tensor generator_state_on_cpu(const torch::Tensor& state, const std::string& name);
 
 /// True when `path` holds a complete checkpoint written by `Checkpoint::save`
-/// (opens it and checks the format marker); never throws.
+/// (reads its header and checks the format marker); never throws.
 bool is_valid_checkpoint(const std::string& path);
 
-/// Removes `<path>.tmp.<pid>` files whose writer process no longer runs
+/// True when `path` starts like a checkpoint of the earlier format (a zip
+/// archive); reads 4 bytes, runs nothing, never throws.
+bool is_legacy_checkpoint(const std::string& path);
+
+/// Removes `<path>.tmp.<pid>[.<random>]` files whose writer process no longer runs
 /// (left behind by a crash). Returns how many were removed.
 int64_t remove_stale_temporaries(const std::string& path);
 
-/// Writes `bytes` to `path` atomically: `<path>.tmp.<pid>`, fsync, rename,
-/// fsync of the directory. The building block of `Checkpoint::save`, also
+/// Writes `bytes` to `path` atomically: an exclusively created temporary,
+/// fsync, rename, fsync of the directory. The building block of `Checkpoint::save`, also
 /// useful for small files such as a run summary.
 ///
 ///   contrax::train::write_file_atomically(dir + "/summary.json", json);

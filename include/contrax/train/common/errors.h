@@ -33,6 +33,7 @@ enum class TrainErrorKind {
   kOverwriteAndResume,  ///< RunDirRefused: asked to overwrite the run and to resume it at once
   kNothingToResume,     ///< RunDirRefused: asked to resume (ResumeMode::kAlways), but there is no checkpoint
   kRunExists,           ///< RunDirRefused: the directory holds a run, neither resumed nor overwritten
+  kRunDirUnsafe,        ///< RunDirRefused: the directory, or a run's file in it, is another user's or a link
 };
 
 /// A problem the trainer reports by kind: `fact()` says what happened (with
@@ -115,7 +116,8 @@ class CheckpointMismatch : public TrainError {
 };
 
 /// A start the run directory refuses because of what was asked (kinds
-/// kRunDirInUse, kOverwriteAndResume, kNothingToResume, kRunExists): a
+/// kRunDirInUse, kOverwriteAndResume, kNothingToResume, kRunExists,
+/// kRunDirUnsafe): a
 /// caller reports it as a usage error.
 class RunDirRefused : public TrainError {
  public:

@@ -107,6 +107,10 @@ struct RunOptions {
   TORCH_ARG(int64_t, checkpoint_every) = 200;
   /// Load run_dir/checkpoint.pt first and continue from it.
   TORCH_ARG(bool, resume) = false;
+  /// With `resume`: a checkpoint of the earlier format (a TorchScript
+  /// archive, whose reading runs the code it holds) is read and rewritten
+  /// as safetensors instead of refused. Only for a checkpoint you wrote.
+  TORCH_ARG(bool, trust_legacy_checkpoint) = false;
   /// Progress line on rank 0 every this many steps (0: never).
   TORCH_ARG(int64_t, log_every) = 10;
   /// Progress lines go to stderr instead of stdout (keeps a caller's JSON on stdout clean).
@@ -224,7 +228,7 @@ class TrainLoop {
 
  private:
   struct Row;
-  void check_resumable(const std::string& file) const;
+  void check_resumable(const std::string& file, bool legacy) const;
   void save(int64_t step);
   bool stop_agreed(int64_t step);
   void checked(const std::function<void()>& write);

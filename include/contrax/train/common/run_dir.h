@@ -10,7 +10,10 @@
 //   .lock           flock'ed while a run uses the directory
 //
 // Every file is written atomically (checkpoint.h): a crash leaves the old file
-// or the new one. A directory that holds a run is refused unless the caller
+// or the new one. No file is opened through a symbolic link: a directory
+// that belongs to another user (or is a link another user made), and a
+// link or another user's file where a run's file should be, are refused by
+// name (RunDirRefused, kRunDirUnsafe) before anything is written. A directory that holds a run is refused unless the caller
 // resumes or overwrites it; `ResumeMode::kAuto` resumes when there is a
 // checkpoint and starts fresh otherwise, so a preempted job can be requeued
 // with the same command.
@@ -70,6 +73,10 @@ class RunDir {
   void create() const;
   /// Writes PATH/NAME atomically; throws naming the file and the cause.
   void write(const std::string& name, const std::string& bytes) const;
+  /// Opens PATH/NAME for appending (created 0644 when absent; emptied first
+  /// with `truncate`), following no link and refusing another user's file;
+  /// returns the descriptor, which the caller closes.
+  int open_append(const std::string& name, bool truncate) const;
 
   /// An exclusive flock on PATH/.lock for the life of the object. A second run
   /// on the same directory is refused (RunDirRefused) naming the directory and
