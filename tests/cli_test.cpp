@@ -167,6 +167,22 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
 // Issue 27, item 5: `contrax env` prints what a bug report needs, as text and
 // as one JSON object: versions and ABI, BLAS, CPU and the kernels' ISA, CUDA,
 // the backends, where Gloo binds, and the launcher variables that are set.
+TEST(Cli, AFlagWithoutItsValueIsNamed) {
+  // Round five, item 6: CLI11 said "--lr: 1 required  missing", or took the
+  // next flag's value: "The following argument was not expected: 1".
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train --lr", "contrax train: error: flag '--lr' needs a value, but got none (see contrax train --help)"},
+      {"train --lr=", "contrax train: error: flag '--lr' needs a value, but got none after '='"},
+      {"train --lr --epochs 1", "contrax train: error: flag '--lr' needs a value, but is followed by flag '--epochs'"},
+      {"launch --nproc", "contrax launch: error: flag '--nproc' needs a value (an integer), but got none"},
+      {"verify --tol --nproc 1", "contrax verify: error: flag '--tol' needs a value (a number), but is followed by "
+                                 "flag '--nproc'"},
+  };
+  for (const auto& [args, text] : cases) expect_exit(run_cli(args), 2, text);
+  // A negative number is a value, not a flag.
+  expect_exit(run_cli("train --lr -1e-3 --max-steps 1"), 2, "flag '--lr' must be > 0, but got -1e-3");
+}
+
 TEST(Cli, EnvPrintsWhatABugReportNeedsAsTextAndJson) {
   const std::string env = "env -u GLOO_SOCKET_IFNAME MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 SLURM_JOB_ID=7 ";
   auto j = run_shell(env + CONTRAX_CLI_PATH + " env --json 2>/dev/null");

@@ -86,3 +86,46 @@ def _errors_worker(rank, world):
 
 def test_errors_on_every_rank():
     run(2, _errors_worker)
+
+
+def test_an_argument_of_the_wrong_kind_is_named():
+    # Round five, item 6: pybind11's "incompatible function arguments" list
+    # named no argument; the table's types now check each one by name.
+    a, b, s = torch.randn(4, 3), torch.randn(4, 3), torch.tensor(1.0)
+    cases = [
+        (lambda: contrax.clip_loss(a, "b", s), "clip_loss(): argument 'b' must be a Tensor, but got str"),
+        (lambda: contrax.clip_loss(a, b, 2.0), "clip_loss(): argument 'logit_scale' must be a Tensor, but got float"),
+        (lambda: contrax.clip_loss(a, b, s, logit_bias=1.0),
+         "clip_loss(): argument 'logit_bias' must be a Tensor or None, but got float"),
+        (lambda: contrax.nt_xent_loss(a, b, temperature="0.1"),
+         "nt_xent_loss(): argument 'temperature' must be a number, but got str"),
+        (lambda: contrax.nt_xent_loss(a, b, temperature=None),
+         "nt_xent_loss(): argument 'temperature' must be a number, but got NoneType"),
+        (lambda: contrax.clip_loss(a, b, s, tile_size=2.5), "clip_loss(): argument 'tile_size' must be an integer, "
+         "but got float"),
+        (lambda: contrax.clip_loss(a, b, s, symmetric="no"), "clip_loss(): argument 'symmetric' must be True or "
+         "False, but got str"),
+        (lambda: contrax.clip_loss(a, b, s, path=1), "clip_loss(): argument 'path' must be a string, but got int"),
+        (lambda: contrax.ClipLoss(max_logit_scale="big"), "ClipLoss(): argument 'max_logit_scale' must be a "
+         "number, but got str"),
+    ]
+    for call, message in cases:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert str(info.value) == message
+
+
+def test_features_on_two_devices_are_named():
+    # Round five, item 6: clip_loss and siglip_loss did not check (nt_xent_loss did).
+    a, b = torch.randn(4, 3), torch.randn(4, 3, device="meta")
+    with pytest.raises(ValueError, match=r"clip_loss\(\): arguments 'a' and 'b' must be on the same device, but got "
+                                         r"cpu and meta"):
+        contrax.clip_loss(a, b, torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"siglip_loss\(\): arguments 'a' and 'b' must be on the same device"):
+        contrax.siglip_loss(a, b, torch.tensor(1.0), torch.tensor(0.0))
+
+
+def test_gather_names_its_own_argument():
+    # Round five, item 6: the message said 'local', the C++ name.
+    with pytest.raises(ValueError, match=r"gather_with_grad\(\): argument 'x' must"):
+        contrax.gather_with_grad(torch.tensor(1.0))

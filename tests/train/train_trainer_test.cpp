@@ -82,6 +82,43 @@ std::string temp_dir(const std::string& name) { return contrax::testing::scratch
 // `contrax train ARGS`, its status and what it printed.
 contrax::testing::CliRun run_cli(const std::string& args) { return contrax::testing::run_cli("train " + args); }
 
+// Rewrites the checkpoint of TrainLoop.ARecipeIsAStepAndItsData's loop (a
+// Linear(3, 1) in double, its AdamW, the CPU generator) in the format
+// Checkpoint::save wrote before safetensors (version 2: a TorchScript
+// archive of sub-archives, scalars as key and value lists).
+void rewrite_as_legacy(const std::string& path) {
+  torch::nn::Linear model(torch::nn::LinearOptions(3, 1).bias(false));
+  model->to(torch::kDouble);
+  torch::optim::AdamW adamw(model->parameters());
+  auto gen = at::detail::createCPUGenerator();
+  ct::Checkpoint c;
+  c.module("model", *model).optimizer("adamw", adamw).generator("cpu", gen);
+  c.load(path);
+  torch::serialize::OutputArchive ar, m, o;
+  ar.write("contrax_checkpoint_format", c10::IValue(int64_t{2}));
+  model->save(m);
+  ar.write("module.model", m);
+  ar.write("module.model.dtype", c10::IValue(std::string("Double")));
+  adamw.save(o);
+  ar.write("optimizer.adamw", o);
+  ar.write("generator.cpu", gen.get_state(), /*is_buffer=*/true);
+  auto lists = [&ar](const std::string& name, auto keys, auto values) {
+    ar.write(name + ".keys", c10::IValue(keys));
+    ar.write(name + ".values", c10::IValue(values));
+  };
+  c10::List<std::string> int_keys, double_keys, string_keys, string_values;
+  c10::List<int64_t> int_values;
+  c10::List<double> double_values;
+  for (const auto& [k, v] : c.ints) int_keys.push_back(k), int_values.push_back(v);
+  for (const auto& [k, v] : c.doubles) double_keys.push_back(k), double_values.push_back(v);
+  for (const auto& [k, v] : c.strings) string_keys.push_back(k), string_values.push_back(v);
+  lists("ints", int_keys, int_values);
+  lists("doubles", double_keys, double_values);
+  lists("strings", string_keys, string_values);
+  ar.write("metadata", c10::IValue(c.metadata));
+  ar.save_to(path);
+}
+
 const char* kFastCli =
     "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --no-plot --log-every 0 --threads 1";
 
@@ -285,6 +322,22 @@ TEST(TrainLoop, ARecipeIsAStepAndItsData) {
   auto both = first.result.losses;
   both.insert(both.end(), rest.result.losses.begin(), rest.result.losses.end());
   EXPECT_EQ(both, full.result.losses);
+  // The same stop with a checkpoint of the earlier format: refused (reading
+  // it runs the code it holds); resumed only when trusted, on the same
+  // curve, and rewritten as safetensors.
+  const std::string c = temp_dir("loop_legacy");
+  train(ct::RunOptions().run_dir(c).stop_at_step(3), 3);
+  rewrite_as_legacy(ct::checkpoint_path(c));
+  ASSERT_TRUE(ct::is_legacy_checkpoint(ct::checkpoint_path(c)));
+  try {
+    train(ct::RunOptions().run_dir(c).resume(true), 3);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a checkpoint of Contrax's earlier format"), std::string::npos) << e.what();
+  }
+  const auto trusted = train(ct::RunOptions().run_dir(c).resume(true).trust_legacy_checkpoint(true), 3);
+  EXPECT_EQ(trusted.result.losses, rest.result.losses);
+  EXPECT_TRUE(ct::is_valid_checkpoint(ct::checkpoint_path(c)));
   // The recipe's own setting must match too.
   try {
     train(ct::RunOptions().run_dir(a).resume(true), 4);

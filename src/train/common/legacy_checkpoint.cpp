@@ -8,7 +8,10 @@
 // resumed, and converted, by the person who wrote its checkpoint.
 #include "contrax/train/common/checkpoint.h"
 
+#include <c10/util/Type.h>
+
 #include <fstream>
+#include <typeinfo>
 
 
 namespace contrax::train {
@@ -44,7 +47,9 @@ std::string first_line(const std::exception& e) {
 std::string archive_error(const std::exception& e) {
   std::string s = first_line(e);
   const auto advice = s.find(". This is an internal miniz error");
-  return advice == std::string::npos ? s : s.substr(0, advice);
+  if (advice != std::string::npos) s = s.substr(0, advice);
+  // A crafted pickle can fail with an empty message (round five, item 6).
+  return s.empty() ? "the reader gave no reason (" + c10::demangle(typeid(e).name()) + ")" : s;
 }
 
 // Module::load replaces a tensor with whatever the archive holds, whatever its
