@@ -160,7 +160,7 @@ TEST(TrainErrors, ACheckpointOfAnotherDtypeNamesDtypeAndALostRecordResume) {
 }
 
 // What the memory check refuses, in the tool's flags, for each part that
-// holds the most (the texts of the library's step_memory_problem before).
+// holds the most.
 TEST(TrainErrors, AStepThatCannotFitNamesTheFlagThatShrinksTheLargestPart) {
   ct::StepMemory need;
   need.activations = 10 * kGiB;

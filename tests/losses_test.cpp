@@ -2,8 +2,6 @@
 // concatenated batch (fp64, W = 1..4, equal, uneven and empty-rank batches),
 // finite-difference checks, the error messages, and a negative control showing
 // that the exactness check catches the classic all_gather-without-gradient bug.
-// A few cases call the deprecated always-tiled entry points, kept one release.
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -424,8 +422,11 @@ TEST(LossEngine, BackwardErrorsNameTheCaller) {
     CONTRAX_EXPECT_ERROR(grad_of_grad(grouped(path)), "grouped_loss(): double backward (create_graph=true)");
     CONTRAX_EXPECT_ERROR(grad_of_grad(moco(path)), "moco_v3_loss(): double backward (create_graph=true)");
   }
-  CONTRAX_EXPECT_ERROR(grad_of_grad(tiled_clip_loss(q, q * 2, s)), "tiled_clip_loss(): double backward");
-  CONTRAX_EXPECT_ERROR(grad_of_grad(tiled_nt_xent_loss(q, q * 2)), "tiled_nt_xent_loss(): double backward");
+  const auto tiles = MemoryPathOptions().path(MemoryPath::kTiled);
+  CONTRAX_EXPECT_ERROR(grad_of_grad(clip_loss(q, q * 2, s, c10::nullopt, ClipLossOptions().memory(tiles))),
+                       "clip_loss(): double backward");
+  CONTRAX_EXPECT_ERROR(grad_of_grad(nt_xent_loss(q, q * 2, NTXentLossOptions().memory(tiles))),
+                       "nt_xent_loss(): double backward");
 }
 
 // The materialised path holds one logits buffer per rank and no second one:
@@ -520,7 +521,9 @@ TEST(LossExtremes, NaNInAnyScalarGivesNaN) {
     EXPECT_TRUE(std::isnan(ls.grad().item<double>())) << "clip scale gradient, tile " << tile;
     EXPECT_TRUE(is_nan(clip_loss(a, b, ok, bad, o))) << "clip bias, tile " << tile;
     EXPECT_TRUE(is_nan(clip_loss(a, b, bad, c10::nullopt, ClipLossOptions(o).normalize(true)))) << tile;
-    EXPECT_TRUE(is_nan(tiled_clip_loss(a, b, bad))) << tile;
+    EXPECT_TRUE(is_nan(clip_loss(a, b, bad, c10::nullopt, ClipLossOptions().memory(MemoryPathOptions().path(
+                                                                 MemoryPath::kTiled)))))
+        << tile;
     EXPECT_TRUE(is_nan(grouped_loss(a, torch::cat({b, b}, 0), bad, c10::nullopt,
                                     GroupedLossOptions().memory(memory_of(tile))))) << "grouped scale, tile " << tile;
     EXPECT_TRUE(is_nan(grouped_loss(a, torch::cat({b, b}, 0), ok, bad, GroupedLossOptions().memory(memory_of(tile)))))
@@ -555,7 +558,8 @@ TEST(LossErrors, ZeroWidthFeaturesAreRefusedByName) {
     EXPECT_NE(msg.find(want), std::string::npos) << msg;
   };
   has(error_of([&] { nt_xent_loss(e, e); }), "nt_xent_loss(): argument 'z1'");
-  has(error_of([&] { tiled_nt_xent_loss(e, e); }), "tiled_nt_xent_loss(): argument 'z1'");
+  has(error_of([&] { nt_xent_loss(e, e, NTXentLossOptions().memory(MemoryPathOptions().path(MemoryPath::kTiled))); }),
+      "nt_xent_loss(): argument 'z1'");
   has(error_of([&] { moco_v3_loss(e, e, e, e); }), "moco_v3_loss(): argument 'q1'");
   has(error_of([&] { clip_loss(e, e, s); }), "clip_loss(): argument 'a'");
 }

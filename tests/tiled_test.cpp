@@ -3,10 +3,9 @@
 // 1e-10 for W = 1..4 with uneven (even empty) ranks, the ring over both of its
 // transports (send/receive pairs and one all-to-all), tiles that do not divide
 // the batch, 1-row tiles and extreme logits; finite differences for the
-// autograd function; every argument error. The always-tiled entry points
-// (tiled_clip_loss & co.) are deprecated and kept one release as the front
-// ends with path kTiled; this file tests them for that release.
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+// autograd function; every argument error. Each loss takes the tiled path
+// with its options' `path(MemoryPath::kTiled)` (the always-tiled entry points
+// tiled_clip_loss & co. were removed after their one release).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -30,6 +29,12 @@ using Tensors = std::vector<torch::Tensor>;
 constexpr double kTol = 1e-10;
 
 torch::Tensor randn(std::vector<int64_t> shape) { return torch::randn(shape, torch::kFloat64); }
+
+// A loss's options on the tiled path, with the tiles (and ring) of `t`.
+template <typename Options>
+Options tiled(Options options, contrax::MemoryPathOptions t = {}) {
+  return options.memory(t.path(contrax::MemoryPath::kTiled));
+}
 
 // Dense per-row InfoNCE for the core's contract.
 torch::Tensor dense_info_nce(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& s,
@@ -176,34 +181,38 @@ TEST(TiledInfoNce, ArgumentErrors) {
 }
 
 TEST(TiledLosses, ArgumentErrors) {
+  using contrax::MemoryPathOptions;
   auto a = randn({3, 2}), b = randn({3, 2}), ls = torch::tensor(1.0, torch::kFloat64);
-  expect_error([&] { contrax::tiled_clip_loss(a, b, ls, {}, {}, contrax::MemoryPathOptions().tile_size(-2)); },
-               "tiled_clip_loss(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), "
+  const auto clip = tiled(contrax::ClipLossOptions());
+  const auto nt_xent = tiled(contrax::NTXentLossOptions());
+  const auto moco = tiled(contrax::MocoV3LossOptions());
+  expect_error([&] { contrax::clip_loss(a, b, ls, {}, tiled(clip, MemoryPathOptions().tile_size(-2))); },
+               "clip_loss(): argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes), "
                "but got -2");
-  expect_error([&] { contrax::tiled_clip_loss(a, b, ls, {}, {}, contrax::MemoryPathOptions().tile_bytes(-1)); },
-               "tiled_clip_loss(): argument 'tile_bytes' must be positive");
-  expect_error([&] { contrax::tiled_clip_loss(a, randn({4, 2}), ls); },
-               "tiled_clip_loss(): arguments 'a' and 'b' must have the same number of rows");
-  expect_error([&] { contrax::tiled_clip_loss(a, b, torch::ones({2}, torch::kFloat64)); },
-               "tiled_clip_loss(): argument 'logit_scale' must be a 0-dim tensor, but got shape [2]");
-  expect_error([&] { contrax::tiled_nt_xent_loss(a, b, contrax::NTXentLossOptions().temperature(0)); },
-               "tiled_nt_xent_loss(): argument 'temperature' must be a positive finite number");
-  expect_error([&] { contrax::tiled_nt_xent_loss(a, randn({2, 2})); },
-               "tiled_nt_xent_loss(): argument 'z2' must have the same shape as 'z1'");
-  expect_error([&] { contrax::tiled_moco_v3_loss(a, a, b, randn({3, 5})); },
-               "tiled_moco_v3_loss(): argument 'k2' must have the same shape as 'q1'");
-  expect_error([&] { contrax::tiled_moco_v3_loss(a, a, b, b, {}, contrax::MemoryPathOptions().tile_size(-1)); },
-               "tiled_moco_v3_loss(): argument 'tile_size' must be >= 0");
-  expect_error([&] { contrax::tiled_clip_loss(torch::zeros({0, 2}, torch::kFloat64), torch::zeros({0, 2}, torch::kFloat64), ls); },
-               "tiled_clip_loss(): the global batch is empty");
-  expect_error([&] { contrax::tiled_clip_loss(a, b, ls, torch::ones({2}, torch::kFloat64)); },
-               "tiled_clip_loss(): argument 'logit_bias' must be a 0-dim tensor");
-  expect_error([&] { contrax::tiled_clip_loss(a, b, ls, {}, contrax::ClipLossOptions().max_logit_scale(0)); },
-               "tiled_clip_loss(): argument 'max_logit_scale' must be a positive finite number");
-  expect_error([&] { contrax::tiled_nt_xent_loss(a, b, {}, contrax::MemoryPathOptions().tile_size(-1)); },
-               "tiled_nt_xent_loss(): argument 'tile_size' must be >= 0");
-  expect_error([&] { contrax::tiled_moco_v3_loss(a, a, b, b, contrax::MocoV3LossOptions().temperature(-1)); },
-               "tiled_moco_v3_loss(): argument 'temperature' must be a positive finite number");
+  expect_error([&] { contrax::clip_loss(a, b, ls, {}, tiled(clip, MemoryPathOptions().tile_bytes(-1))); },
+               "clip_loss(): argument 'tile_bytes' must be positive");
+  expect_error([&] { contrax::clip_loss(a, randn({4, 2}), ls, {}, clip); },
+               "clip_loss(): arguments 'a' and 'b' must have the same number of rows");
+  expect_error([&] { contrax::clip_loss(a, b, torch::ones({2}, torch::kFloat64), {}, clip); },
+               "clip_loss(): argument 'logit_scale' must be a 0-dim tensor, but got shape [2]");
+  expect_error([&] { contrax::nt_xent_loss(a, b, tiled(contrax::NTXentLossOptions().temperature(0))); },
+               "nt_xent_loss(): argument 'temperature' must be a positive finite number");
+  expect_error([&] { contrax::nt_xent_loss(a, randn({2, 2}), nt_xent); },
+               "nt_xent_loss(): argument 'z2' must have the same shape as 'z1'");
+  expect_error([&] { contrax::moco_v3_loss(a, a, b, randn({3, 5}), moco); },
+               "moco_v3_loss(): argument 'k2' must have the same shape as 'q1'");
+  expect_error([&] { contrax::moco_v3_loss(a, a, b, b, tiled(moco, MemoryPathOptions().tile_size(-1))); },
+               "moco_v3_loss(): argument 'tile_size' must be >= 0");
+  const auto empty = torch::zeros({0, 2}, torch::kFloat64);
+  expect_error([&] { contrax::clip_loss(empty, empty, ls, {}, clip); }, "clip_loss(): the global batch is empty");
+  expect_error([&] { contrax::clip_loss(a, b, ls, torch::ones({2}, torch::kFloat64), clip); },
+               "clip_loss(): argument 'logit_bias' must be a 0-dim tensor");
+  expect_error([&] { contrax::clip_loss(a, b, ls, {}, tiled(contrax::ClipLossOptions().max_logit_scale(0))); },
+               "clip_loss(): argument 'max_logit_scale' must be a positive finite number");
+  expect_error([&] { contrax::nt_xent_loss(a, b, tiled(nt_xent, MemoryPathOptions().tile_size(-1))); },
+               "nt_xent_loss(): argument 'tile_size' must be >= 0");
+  expect_error([&] { contrax::moco_v3_loss(a, a, b, b, tiled(contrax::MocoV3LossOptions().temperature(-1))); },
+               "moco_v3_loss(): argument 'temperature' must be a positive finite number");
 }
 
 // A bad argument on one rank is an error on every rank (ring or gather), not a hang.
@@ -212,10 +221,10 @@ TEST(TiledLosses, OneRankBadArgumentFailsEveryRank) {
     auto errors = contrax::testing::run_ranks_collect_errors(2, [&](const CommunicatorPtr& comm) {
       auto a = randn({3, 2});
       auto b = comm->rank() == 1 ? randn({2, 2}) : randn({3, 2});
-      contrax::tiled_clip_loss(a, b, torch::tensor(0.0, torch::kFloat64), {}, contrax::ClipLossOptions().comm(comm),
-                               contrax::MemoryPathOptions().ring(ring));
+      contrax::clip_loss(a, b, torch::tensor(0.0, torch::kFloat64), {},
+                         tiled(contrax::ClipLossOptions().comm(comm), contrax::MemoryPathOptions().ring(ring)));
     });
-    EXPECT_NE(errors[1].find("tiled_clip_loss(): arguments 'a' and 'b' must have the same number of rows"),
+    EXPECT_NE(errors[1].find("clip_loss(): arguments 'a' and 'b' must have the same number of rows"),
               std::string::npos)
         << errors[1];
     EXPECT_FALSE(errors[0].empty());
@@ -234,7 +243,7 @@ TEST(TiledLosses, SingleDeviceMatchesMaterialisedForEveryTile) {
     t.tile_size(tile);
     Tensors x = {a.clone().requires_grad_(true), b.clone().requires_grad_(true), ls.clone().requires_grad_(true)};
     Tensors y = {a.clone().requires_grad_(true), b.clone().requires_grad_(true), ls.clone().requires_grad_(true)};
-    auto lt = contrax::tiled_clip_loss(x[0], x[1], x[2], {}, {}, t);
+    auto lt = contrax::clip_loss(x[0], x[1], x[2], {}, tiled(contrax::ClipLossOptions(), t));
     auto lm = contrax::clip_loss(y[0], y[1], y[2]);
     EXPECT_LE(rel_err(lt, lm), kTol);
     lt.backward();
@@ -243,7 +252,7 @@ TEST(TiledLosses, SingleDeviceMatchesMaterialisedForEveryTile) {
 
     auto z1 = a.clone().requires_grad_(true), z2 = b.clone().requires_grad_(true);
     auto w1 = a.clone().requires_grad_(true), w2 = b.clone().requires_grad_(true);
-    auto nt = contrax::tiled_nt_xent_loss(z1, z2, contrax::NTXentLossOptions().temperature(0.3), t);
+    auto nt = contrax::nt_xent_loss(z1, z2, tiled(contrax::NTXentLossOptions().temperature(0.3), t));
     auto nm = contrax::nt_xent_loss(w1, w2, contrax::NTXentLossOptions().temperature(0.3));
     EXPECT_LE(rel_err(nt, nm), kTol);
     nt.backward();
@@ -292,11 +301,11 @@ TEST_P(TiledDistributed, ClipMatchesReference) {
         {torch::tensor(std::log(4.0), torch::kFloat64), torch::tensor(-0.7, torch::kFloat64)},
         [&](const Tensors& f, const Tensors& s, const CommunicatorPtr& comm) {
           auto o = contrax::ClipLossOptions().comm(comm).symmetric(symmetric).normalize(true);
-          auto tiled = contrax::tiled_clip_loss(f[0], f[1], s[0], s[1], o, t);
+          auto on_tiles = contrax::clip_loss(f[0], f[1], s[0], s[1], tiled(o, t));
           // The materialised path on the same shards agrees too.
           auto mat = contrax::clip_loss(f[0].detach(), f[1].detach(), s[0].detach(), s[1].detach(), o);
-          EXPECT_LE(rel_err(tiled.detach(), mat), kTol);
-          return tiled;
+          EXPECT_LE(rel_err(on_tiles.detach(), mat), kTol);
+          return on_tiles;
         },
         [&](const Tensors& f, const Tensors& s) {
           return contrax::reference::clip_loss(f[0], f[1], s[0], s[1], symmetric, 100.0, true);
@@ -309,7 +318,7 @@ TEST_P(TiledDistributed, NTXentMatchesReference) {
   expect(
       {randn({B, 5}), randn({B, 5})}, {},
       [&](const Tensors& f, const Tensors&, const CommunicatorPtr& comm) {
-        return contrax::tiled_nt_xent_loss(f[0], f[1], contrax::NTXentLossOptions().temperature(0.2).comm(comm), t);
+        return contrax::nt_xent_loss(f[0], f[1], tiled(contrax::NTXentLossOptions().temperature(0.2).comm(comm), t));
       },
       [&](const Tensors& f, const Tensors&) { return contrax::reference::nt_xent_loss(f[0], f[1], 0.2); });
 }
@@ -319,8 +328,8 @@ TEST_P(TiledDistributed, MocoV3MatchesReference) {
   expect(
       {randn({B, 4}), randn({B, 4}), randn({B, 4}), randn({B, 4})}, {},
       [&](const Tensors& f, const Tensors&, const CommunicatorPtr& comm) {
-        return contrax::tiled_moco_v3_loss(f[0], f[1], f[2], f[3],
-                                           contrax::MocoV3LossOptions().temperature(0.2).comm(comm), t);
+        const auto o = contrax::MocoV3LossOptions().temperature(0.2).comm(comm);
+        return contrax::moco_v3_loss(f[0], f[1], f[2], f[3], tiled(o, t));
       },
       [&](const Tensors& f, const Tensors&) { return contrax::reference::moco_v3_loss(f[0], f[1], f[2], f[3], 0.2); });
 }
@@ -334,7 +343,7 @@ TEST_P(TiledDistributed, ExtremeLogits) {
   expect(
       {z1, z2}, {},
       [&](const Tensors& f, const Tensors&, const CommunicatorPtr& comm) {
-        auto l = contrax::tiled_nt_xent_loss(f[0], f[1], contrax::NTXentLossOptions().temperature(0.01).comm(comm), t);
+        auto l = contrax::nt_xent_loss(f[0], f[1], tiled(contrax::NTXentLossOptions().temperature(0.01).comm(comm), t));
         EXPECT_TRUE(std::isfinite(l.item<double>()));
         return l;
       },
@@ -343,7 +352,7 @@ TEST_P(TiledDistributed, ExtremeLogits) {
   expect(
       {z1, z2}, {torch::tensor(std::log(100.0), torch::kFloat64)},
       [&](const Tensors& f, const Tensors& s, const CommunicatorPtr& comm) {
-        return contrax::tiled_clip_loss(f[0], f[1], s[0], {}, contrax::ClipLossOptions().comm(comm), t);
+        return contrax::clip_loss(f[0], f[1], s[0], {}, tiled(contrax::ClipLossOptions().comm(comm), t));
       },
       [&](const Tensors& f, const Tensors& s) { return contrax::reference::clip_loss(f[0], f[1], s[0], {}); });
 }

@@ -1,5 +1,5 @@
 """The generated parts of python/contrax/__init__.pyi: the losses' functions,
-from their table (``_signatures.LOSSES`` and ``TILED``), and the losses'
+from their table (``_signatures.LOSSES``), and the losses'
 Modules, from the classes themselves (their options come from the same table).
 A development tool, not shipped with the package (as PyTorch keeps its stub
 generator in its tools/):
@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List
 import torch
 
 from contrax import _signatures
-from contrax._signatures import REQUIRED, TILED, Loss, annotation, deprecation
+from contrax._signatures import REQUIRED, Loss, annotation
 from contrax.modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 _WIDTH = 116
@@ -37,11 +37,10 @@ def _wrap(head: str, parts: Iterable[str], tail: str, indent: str) -> str:
 
 
 def function(loss: Loss) -> str:
-    """The loss's declaration (the always-tiled ones marked ``@deprecated``)."""
+    """The loss's declaration."""
     params = ["%s: %s%s" % (p.name, annotation(p), "" if p.default is REQUIRED else " = ...") for p in loss.params]
     params.insert(loss.positional, "*")
-    text = _wrap("def %s(" % loss.name, params, ") -> torch.Tensor: ...", "    ")
-    return ('@deprecated("%s")\n' % deprecation(loss) if loss.name in TILED else "") + text
+    return _wrap("def %s(" % loss.name, params, ") -> torch.Tensor: ...", "    ")
 
 
 def _method(name: str, sig: inspect.Signature) -> str:
@@ -91,8 +90,7 @@ def blocks() -> str:
     classes: List[type] = []
     for m in _MODULES:
         classes += [c for c in reversed(m.__mro__[:m.__mro__.index(torch.nn.Module)]) if c not in classes]
-    losses = (*_signatures.LOSSES.values(), *TILED.values())
-    return "\n\n".join([*map(function, losses), *map(module, classes)])
+    return "\n\n".join([*map(function, _signatures.LOSSES.values()), *map(module, classes)])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ over a batch larger than activation memory allows, with the exact big-batch
 gradients: see its docstring.
 """
 import atexit
-import warnings
 from typing import List, Tuple, Union
 
 import torch
@@ -79,7 +78,6 @@ __all__ = [
     "set_keep_loss_workspace",
     "loss_workspace_bytes",
     "release_loss_workspace",
-    *_signatures.TILED,
     "GradCache",
     "GradCacheEncoder",
     *modules.__all__,
@@ -164,11 +162,7 @@ def _loss(name: str):
     at = names.index("group")
     eager, op = getattr(_contrax, name), getattr(torch.ops.contrax, name)
 
-    def impl(*values, **renamed):
-        if renamed:
-            values = list(values)
-            for k, v in _signatures.renamed(loss, name, renamed, stacklevel=3).items():
-                values[names.index(k)] = v
+    def impl(*values):
         values = [c(v, name) for c, v in zip(casts, values)]
         if torch.compiler.is_compiling():
             values[at] = _ops.group_name(values[at])
@@ -184,31 +178,6 @@ grouped_loss = _loss("grouped_loss")
 nt_xent_loss = _loss("nt_xent_loss")
 moco_v3_loss = _loss("moco_v3_loss")
 siglip_loss = _loss("siglip_loss")
-
-
-def _tiled(name: str):
-    """The always-tiled entry point ``name`` (``_signatures.TILED``), deprecated
-    for one release: it warns, naming its replacement, and returns its loss with
-    ``path="tiled"``, its errors naming it."""
-    tiled = _signatures.TILED[name]
-    loss, names = globals()[name[len("tiled_"):]], [p.name for p in tiled.params]
-    message = _signatures.deprecation(tiled)
-
-    def impl(*values):
-        warnings.warn(message, DeprecationWarning, stacklevel=3)
-        try:
-            return loss(**dict(zip(names, values)), path="tiled")
-        except ValueError as e:
-            if str(e).startswith(loss.__name__ + "("):
-                raise ValueError("tiled_" + str(e)) from None
-            raise
-
-    return _signatures.function(tiled, impl, __name__)
-
-
-tiled_clip_loss = _tiled("tiled_clip_loss")
-tiled_nt_xent_loss = _tiled("tiled_nt_xent_loss")
-tiled_moco_v3_loss = _tiled("tiled_moco_v3_loss")
 
 
 def gather_with_grad(x: torch.Tensor, group=None, *, return_counts: bool = False

@@ -14,8 +14,7 @@ Adding a parameter is an edit here and one in C++.
 """
 import inspect
 import textwrap
-import warnings
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Callable, NamedTuple, Tuple
 
 REQUIRED = inspect.Parameter.empty
 
@@ -35,15 +34,13 @@ class Param(NamedTuple):
 
 class Loss(NamedTuple):
     """One loss: its parameters, the first ``positional`` of which may be
-    passed by position; ``grad``, the tensors it is differentiable in;
-    ``renamed``, old keyword names still accepted for one release."""
+    passed by position; ``grad``, the tensors it is differentiable in."""
     name: str
     summary: str
     positional: int
     params: Tuple[Param, ...]
     grad: Tuple[str, ...]
     returns: str
-    renamed: Dict[str, str] = {}
     raises: Tuple[str, ...] = ()
 
 
@@ -150,36 +147,10 @@ LOSSES = {loss.name: loss for loss in (
              _BIAS._replace(doc="optional 0-dim bias (SigLIP: -10)."),
              _MAX_SCALE._replace(default=float("inf"), doc="clamp of ``exp(logit_scale)`` (default none)."),
              Param("normalize", "bool", False, "L2-normalise ``a`` and ``b`` inside the loss."),
-             _PATH, _TILE, _RING._replace(doc="the memory path (see ``clip_loss``; ``chunk_size`` is the "
-                                          "deprecated name of ``tile_size``)."),
-             _GROUP,
+             _PATH, _TILE, _RING, _GROUP,
          ), ("a", "b", "logit_scale", "logit_bias"),
-         "0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale`` and ``logit_bias``.",
-         {"chunk_size": "tile_size"}),
+         "0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale`` and ``logit_bias``."),
 )}
-
-
-def _tiled(loss: Loss, drop: Tuple[str, ...]) -> Loss:
-    """``tiled_<loss>``: the loss on the tiled path, without the parameters ``drop`` (nor ``path``)."""
-    return loss._replace(name="tiled_" + loss.name, renamed={},
-                         summary="Deprecated: ``%s(..., path=\"tiled\")``, which it calls.\n\nIt warns (a "
-                                 "DeprecationWarning) and goes in the next release." % loss.name,
-                         params=tuple(p for p in loss.params if p.name not in drop + ("path",)),
-                         returns="0-dim tensor ``L_r``, as ``%s``." % loss.name)
-
-
-#: The always-tiled entry points, deprecated for one release: the losses with
-#: ``path="tiled"``, labels unsupported and the mean reduction.
-TILED = {loss.name: loss for loss in (
-    _tiled(LOSSES["clip_loss"], ("labels", "label_mode", "reduction")),
-    _tiled(LOSSES["nt_xent_loss"], ("reduction",)),
-    _tiled(LOSSES["moco_v3_loss"], ("reduction",)),
-)}
-
-
-def deprecation(tiled: Loss) -> str:
-    """The warning an always-tiled entry point gives (the stub's ``@deprecated`` says the same)."""
-    return "contrax.%s is deprecated; use contrax.%s(..., path='tiled')" % (tiled.name, tiled.name[len("tiled_"):])
 
 
 _ANNOTATIONS = {"Tensor": "torch.Tensor", "Tensor?": "Optional[torch.Tensor]", "group": "Optional[ProcessGroup]"}
@@ -224,18 +195,6 @@ def cast(p: Param) -> Callable[[Any, str], Any]:
              "float": convert(float, "a number"), "int": convert(operator.index, "an integer"),
              "bool": convert(bool, "True or False"), "str": convert(str, "a string")}
     return kinds[p.type]
-
-
-def renamed(loss: Loss, what: str, old: Dict[str, Any], stacklevel: int) -> Dict[str, Any]:
-    """The keyword arguments ``old``, passed to ``what`` by deprecated names,
-    under their new names (warns; a name the loss never had is a TypeError)."""
-    for name in old:
-        if name not in loss.renamed:
-            raise TypeError("%s() got an unexpected keyword argument '%s'" % (what, name))
-        warnings.warn("%s(): argument '%s' is deprecated and will be removed in the next release; use '%s' (the "
-                      "name every loss uses)" % (what, name, loss.renamed[name]), DeprecationWarning,
-                      stacklevel=stacklevel + 1)
-    return {loss.renamed[name]: value for name, value in old.items()}
 
 
 def options(loss: Loss) -> Tuple[Param, ...]:
@@ -290,15 +249,12 @@ class _Default:
 
 def function(loss: Loss, impl: Callable[..., Any], module: str) -> Callable[..., Any]:
     """A plain Python function with the loss's signature and docstring that
-    returns ``impl(*arguments in the table's order, **renamed ones)``. It is
-    generated as source (as ``collections.namedtuple`` does) so that calling
+    returns ``impl(*arguments in the table's order)``. It is generated as source (as ``collections.namedtuple`` does) so that calling
     it costs what any function call costs and ``torch.compile`` traces it."""
     sig = signature(loss)
     params = [p.replace(default=_Default(p.name)) if p.default is not REQUIRED else p
               for p in sig.parameters.values()]
-    if loss.renamed:
-        params.append(inspect.Parameter("renamed", inspect.Parameter.VAR_KEYWORD))
-    names = ", ".join(p.name for p in loss.params) + (", **renamed" if loss.renamed else "")
+    names = ", ".join(p.name for p in loss.params)
     # ``_impl`` is a closure variable, not a global of the generated source:
     # torch 2.6's Dynamo guards a global of an inlined function by looking it
     # up as an attribute of the module named by ``__name__`` (``contrax._impl``,
@@ -309,5 +265,5 @@ def function(loss: Loss, impl: Callable[..., Any], module: str) -> Callable[...,
     exec(source, namespace)
     fn = namespace["_make"](impl, {p.name: p.default for p in loss.params})
     fn.__doc__ = docstring(loss)
-    fn.__signature__ = sig  # without the renamed ones
+    fn.__signature__ = sig
     return fn

@@ -20,7 +20,6 @@ import inspect
 import math
 import sys
 import textwrap
-import warnings
 from typing import Any, Dict, Optional
 
 import torch
@@ -75,8 +74,6 @@ class _LossModule(torch.nn.Module):
     def __init__(self, options: Dict[str, Any]):
         super().__init__()
         what, loss = type(self).__name__, self._loss
-        options.update(_signatures.renamed(loss, what, {k: options.pop(k) for k in set(options) & set(loss.renamed)},
-                                           stacklevel=3))
         params = _signatures.options(loss)
         unknown = set(options) - {p.name for p in params}
         if unknown:
@@ -174,8 +171,6 @@ class SigLIPLoss(_LossModule, loss="siglip_loss"):
     Args:
         init_scale: initial ``exp(logit_scale)`` (SigLIP: 10).
         init_bias: initial bias (SigLIP: -10); None for no bias.
-
-    ``chunk_size`` is the deprecated name of ``tile_size``.
     """
 
     logit_scale: torch.nn.Parameter
@@ -184,13 +179,6 @@ class SigLIPLoss(_LossModule, loss="siglip_loss"):
     def __init__(self, *, init_scale: float = 10.0, init_bias: Optional[float] = -10.0, **options):
         super().__init__(options)
         _register_scale_and_bias(self, init_scale, True, init_bias, "SigLIPLoss")
-
-    @property
-    def chunk_size(self) -> int:
-        """Deprecated name of ``tile_size``."""
-        warnings.warn("SigLIPLoss.chunk_size is deprecated and will be removed in the next release; use tile_size",
-                      DeprecationWarning, stacklevel=2)
-        return self.tile_size
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """The sigmoid loss of paired rows ``a``, ``b`` with this Module's scale and bias."""

@@ -21,16 +21,11 @@ def test_value_error_single_process():
     assert "Exception raised from" not in str(info.value)  # no C++ backtrace
 
 
-def _deprecated(fn, *args):
-    with pytest.warns(DeprecationWarning, match="is deprecated"):
-        return fn(*args)
-
-
 def test_zero_width_features_are_value_errors():
     # Issue 29, item 7: these reached ATen's amax() error before.
     e = torch.randn(4, 0)
     for name, call in [("nt_xent_loss", lambda: contrax.nt_xent_loss(e, e)),
-                       ("tiled_nt_xent_loss", lambda: _deprecated(contrax.tiled_nt_xent_loss, e, e)),
+                       ("nt_xent_loss", lambda: contrax.nt_xent_loss(e, e, path="tiled")),
                        ("moco_v3_loss", lambda: contrax.moco_v3_loss(e, e, e, e)),
                        ("clip_loss", lambda: contrax.clip_loss(e, e, torch.tensor(1.0)))]:
         with pytest.raises(ValueError, match=name + r"\(\): argument '(z1|q1|a)' must have a width of at least 1"):

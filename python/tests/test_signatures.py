@@ -2,9 +2,7 @@
 the public function (its code's parameters, signature and docstring), the
 binding's function (python/src/bind_losses.cpp), the C++ options' defaults,
 the operators' schemas, the type stub and the nn.Module's constructor; the
-deprecated ``chunk_size`` still works, with a warning naming ``tile_size``, and
-the deprecated ``tiled_*`` functions still work, with a warning naming their
-replacement."""
+names removed after their deprecation (``chunk_size``, ``tiled_*``) are gone."""
 import importlib.util
 import inspect
 import os
@@ -29,7 +27,7 @@ def _load_stub_generator():
 _stub = _load_stub_generator()
 
 LOSSES = list(table.LOSSES.values())
-FUNCTIONS = LOSSES + list(table.TILED.values())
+FUNCTIONS = LOSSES
 MODULES = {"clip_loss": contrax.ClipLoss, "grouped_loss": contrax.GroupedLoss, "nt_xent_loss": contrax.NTXentLoss,
            "moco_v3_loss": contrax.MoCoV3Loss, "siglip_loss": contrax.SigLIPLoss}
 SCHEMA_TYPES = {"Tensor": "Tensor", "Tensor?": "Optional[Tensor]", "bool": "bool", "float": "float", "int": "int",
@@ -82,42 +80,6 @@ def test_defaults_are_the_cpp_options_defaults(loss):
     assert {k: type(v) for k, v in cpp[loss.name].items()} == {k: type(v) for k, v in want.items()}
 
 
-@pytest.mark.parametrize("tiled", list(table.TILED.values()), ids=lambda x: x.name)
-def test_tiled_functions_are_deprecated_and_call_the_tiled_loss(tiled):
-    loss = getattr(contrax, tiled.name[len("tiled_"):])
-
-    def inputs():
-        g = torch.Generator().manual_seed(7)
-        return [torch.randn(() if p.name.startswith("logit_") else (6, 4), generator=g, dtype=torch.float64,
-                            requires_grad=True) for p in tiled.params[:tiled.positional]]
-
-    want_in, got_in = inputs(), inputs()
-    want = loss(*want_in, tile_size=2, ring=True, path="tiled")
-    message = f"contrax.{tiled.name} is deprecated; use contrax.{loss.__name__}(..., path='tiled')"
-    with pytest.warns(DeprecationWarning, match=re.escape(message)) as record:
-        got = getattr(contrax, tiled.name)(*got_in, tile_size=2, ring=True)
-    assert [w.filename for w in record] == [__file__]  # one warning, pointing at the caller
-    assert torch.equal(got, want)
-    got.backward()
-    want.backward()
-    for g, w in zip(got_in, want_in):
-        assert (g.grad is None and w.grad is None) or torch.equal(g.grad, w.grad)
-    assert any(g.grad is not None for g in got_in)
-    assert tiled.summary.startswith("Deprecated") and f'@deprecated("{message}")' in _stub_text()
-
-
-@pytest.mark.parametrize("loss", LOSSES, ids=lambda x: x.name)
-def test_operator_schemas_follow_the_table(loss):
-    want = [(p.name, SCHEMA_TYPES[p.type]) for p in loss.params]
-    forward = getattr(torch.ops.contrax, loss.name).default._schema
-    assert [(a.name, str(a.type)) for a in forward.arguments] == want
-    assert all(not a.has_default_value() for a in forward.arguments)
-    assert len(forward.returns) == 1
-    backward = getattr(torch.ops.contrax, loss.name + "_backward").default._schema
-    assert [(a.name, str(a.type)) for a in backward.arguments] == [("grad", "Tensor")] + want
-    assert len(backward.returns) == len(loss.grad)
-
-
 def _stub_text():
     return open(os.path.join(os.path.dirname(contrax.__file__), "__init__.pyi")).read()
 
@@ -156,19 +118,14 @@ def test_module_passes_its_options_on():
     assert "tile_size=3" in repr(m) and "path='tiled'" in repr(m)
 
 
-def test_chunk_size_is_the_deprecated_name_of_tile_size():
-    g = torch.Generator().manual_seed(6)
-    a, b = torch.randn(6, 4, generator=g, dtype=torch.float64), torch.randn(6, 4, generator=g, dtype=torch.float64)
-    s, t = torch.tensor(1.1, dtype=torch.float64), torch.tensor(-2.0, dtype=torch.float64)
-    want = contrax.siglip_loss(a, b, s, t, tile_size=2)
-    with pytest.warns(DeprecationWarning, match=r"siglip_loss\(\): argument 'chunk_size' is deprecated .*use "
-                                                r"'tile_size'"):
-        assert torch.equal(contrax.siglip_loss(a, b, s, t, chunk_size=2), want)
-    with pytest.raises(TypeError, match=r"siglip_loss\(\) got an unexpected keyword argument 'chunk_sise'"):
-        contrax.siglip_loss(a, b, s, t, chunk_sise=2)
-    with pytest.warns(DeprecationWarning, match=r"SigLIPLoss\(\): argument 'chunk_size' is deprecated .*use "
-                                                r"'tile_size'"):
-        m = contrax.SigLIPLoss(chunk_size=2)
-    assert m.tile_size == 2
-    with pytest.warns(DeprecationWarning, match="SigLIPLoss.chunk_size is deprecated"):
-        assert m.chunk_size == 2
+def test_the_names_removed_after_their_release_are_gone():
+    # chunk_size (siglip_loss, SigLIPLoss; now tile_size) and the always-tiled
+    # tiled_clip_loss & co. (now the loss with path="tiled"): docs/releases.md.
+    a, b, s = torch.randn(4, 3), torch.randn(4, 3), torch.tensor(1.0)
+    with pytest.raises(TypeError, match=r"siglip_loss\(\) got an unexpected keyword argument 'chunk_size'"):
+        contrax.siglip_loss(a, b, s, None, chunk_size=2)
+    with pytest.raises(TypeError, match=r"SigLIPLoss\(\) got an unexpected keyword argument 'chunk_size'"):
+        contrax.SigLIPLoss(chunk_size=2)
+    for name in ("tiled_clip_loss", "tiled_nt_xent_loss", "tiled_moco_v3_loss"):
+        assert not hasattr(contrax, name) and name not in contrax.__all__
+

@@ -1,42 +1,12 @@
-// The deprecated always-tiled entry points: tiled_clip_loss, tiled_nt_xent_loss
-// and tiled_moco_v3_loss (the InfoNCE-family front ends of infonce.h with path
-// kTiled), and tiled_info_nce, the InfoNCE core with arbitrary
-// positive and masked offsets, as a front end of the engine's tiled
-// one-directional block (see contrax/losses/tiled.h).
+// tiled_info_nce, the InfoNCE core with arbitrary positive and masked
+// offsets, as a front end of the engine's tiled one-directional block (see
+// contrax/losses/tiled.h).
 #include "contrax/losses/tiled.h"
 
 #include "contrax/comm/collectives.h"
 #include "engine/engine.h"
-#include "losses/infonce.h"
 
 namespace contrax {
-
-namespace {
-
-// A deprecated entry point's options: its memory path `tiled`, on the tiled path.
-template <typename Options>
-Options on_tiled_path(Options options, const MemoryPathOptions& tiled) {
-  return options.memory(MemoryPathOptions(tiled).path(MemoryPath::kTiled));
-}
-
-}  // namespace
-
-torch::Tensor tiled_clip_loss(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-                              const c10::optional<torch::Tensor>& logit_bias, const ClipLossOptions& options,
-                              const MemoryPathOptions& tiled) {
-  return detail::clip_front("tiled_clip_loss", a, b, logit_scale, logit_bias, on_tiled_path(options, tiled));
-}
-
-torch::Tensor tiled_nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options,
-                                 const MemoryPathOptions& tiled) {
-  return detail::nt_xent_front("tiled_nt_xent_loss", z1, z2, on_tiled_path(options, tiled));
-}
-
-torch::Tensor tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1,
-                                 const torch::Tensor& k2, const MocoV3LossOptions& options,
-                                 const MemoryPathOptions& tiled) {
-  return detail::moco_v3_front("tiled_moco_v3_loss", q1, q2, k1, k2, on_tiled_path(options, tiled));
-}
 
 torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
                              const c10::optional<torch::Tensor>& bias, const InfoNceOptions& options) {

@@ -108,16 +108,6 @@ TEST(MemoryEstimate, RefusalSaysWhatShrinksTheLargestPart) {
   EXPECT_EQ(ct::step_memory_fit(need, 4096, 1, 1, 20 * kGiB).shrink, S::kBatch);
   need.model = 40 * kGiB;
   EXPECT_EQ(ct::step_memory_fit(need, 4096, 1, 1, 20 * kGiB).shrink, S::kModel);
-  // The words of earlier releases, kept one release, name no flag now.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-  EXPECT_EQ(ct::step_memory_problem(need, 4096, 2, 2, 400 * kGiB), "");
-  EXPECT_EQ(ct::step_memory_problem(need, 4096, 1, 1, 20 * kGiB)
-                .rfind("a global batch of 4096 rows (up to 4096 per process) needs about ", 0),
-            0u);
-  EXPECT_NE(ct::step_memory_problem(need, 4096, 1, 1, 20 * kGiB).find("allows 20 GiB; try a smaller model"),
-            std::string::npos);
-#pragma GCC diagnostic pop
 }
 
 // Free memory where a device allocates: the host's for the CPU; a GPU's from

@@ -23,8 +23,8 @@
 //
 // The per-rank weighting is the materialised losses' one, L_r = (W/B) sum l_i,
 // so routing `clip_loss` & co. here changes nothing for the caller. Every loss
-// takes this path with `path(MemoryPath::kTiled)`; the always-tiled entry
-// points below are the same front ends with that path, kept one release.
+// takes this path with `path(MemoryPath::kTiled)` (or `kAuto` when its logits
+// would not fit); this header adds the InfoNCE core with arbitrary offsets.
 #pragma once
 
 #include <torch/torch.h>
@@ -33,11 +33,6 @@
 #include "contrax/losses/losses.h"
 
 namespace contrax {
-
-/// Deprecated (kept one release): the tiled entry points' options are the
-/// memory path every loss takes (same setters: tile_size, tile_bytes, ring).
-using TiledOptions [[deprecated("use MemoryPathOptions, or the loss's own options with path(MemoryPath::kTiled)")]] =
-    MemoryPathOptions;
 
 /// Options of the InfoNCE core `tiled_info_nce`.
 ///
@@ -72,23 +67,5 @@ struct InfoNceOptions : detail::WithMemoryPath<InfoNceOptions> {
 torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
                              const c10::optional<torch::Tensor>& bias = c10::nullopt,
                              const InfoNceOptions& options = {});
-
-/// Deprecated (kept one release): `clip_loss` with `path(MemoryPath::kTiled)`
-/// and the memory path `tiled` (its `path` is ignored). Same value and errors,
-/// which name tiled_clip_loss.
-[[deprecated("use clip_loss with ClipLossOptions().path(MemoryPath::kTiled)")]] torch::Tensor tiled_clip_loss(
-    const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& logit_scale,
-    const c10::optional<torch::Tensor>& logit_bias = c10::nullopt, const ClipLossOptions& options = {},
-    const MemoryPathOptions& tiled = {});
-
-/// Deprecated (kept one release): `nt_xent_loss` with `path(MemoryPath::kTiled)`.
-[[deprecated("use nt_xent_loss with NTXentLossOptions().path(MemoryPath::kTiled)")]] torch::Tensor
-tiled_nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options = {},
-                   const MemoryPathOptions& tiled = {});
-
-/// Deprecated (kept one release): `moco_v3_loss` with `path(MemoryPath::kTiled)`.
-[[deprecated("use moco_v3_loss with MocoV3LossOptions().path(MemoryPath::kTiled)")]] torch::Tensor
-tiled_moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, const torch::Tensor& k1, const torch::Tensor& k2,
-                   const MocoV3LossOptions& options = {}, const MemoryPathOptions& tiled = {});
 
 }  // namespace contrax

@@ -40,16 +40,4 @@ StepMemoryFit step_memory_fit(const StepMemory& need, int64_t global_rows, int64
   return fit;
 }
 
-std::string step_memory_problem(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
-                                int64_t available, const std::string& where) {
-  const auto fit = step_memory_fit(need, global_rows, world, processes, available, where);
-  if (fit.fits) return {};
-  using S = StepMemoryShrink;
-  const char* advice = fit.shrink == S::kModel   ? "try a smaller model"
-                       : fit.shrink == S::kBatch ? "try a smaller batch size"
-                                                 : "try a gradient cache (chunk size) or a smaller batch size";
-  return c10::str("a global batch of ", global_rows, " rows (up to ", fit.rows_per_process, " per process) ",
-                  fit.shortfall(), "; ", advice);
-}
-
 }  // namespace contrax::train

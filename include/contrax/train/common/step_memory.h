@@ -66,12 +66,4 @@ struct StepMemoryFit {
 StepMemoryFit step_memory_fit(const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes,
                               int64_t available, const std::string& where = "this machine (or its memory limit)");
 
-/// Empty when the step fits (step_memory_fit), else why not in the library's
-/// terms: "a global batch of 60000 rows (up to 30000 per process) needs about
-/// ...; try a gradient cache (chunk size) or a smaller batch size". Kept for
-/// one release: use step_memory_fit.
-[[deprecated("use step_memory_fit()")]] std::string step_memory_problem(
-    const StepMemory& need, int64_t global_rows, int64_t world, int64_t processes, int64_t available,
-    const std::string& where = "this machine (or its memory limit)");
-
 }  // namespace contrax::train
