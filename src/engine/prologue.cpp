@@ -51,19 +51,6 @@ int64_t logits_blocks(const std::string& loss) {
   return 1;
 }
 
-void check_memory_path(ArgChecker& check, const MemoryPathOptions& o) {
-  // -1 was the spelling of path kMaterialised until the release that
-  // deprecated it; the message says what replaced it.
-  check.require(o.tile_size() >= 0, "argument 'tile_size' must be >= 0 (the tile side; 0 chooses it from tile_bytes",
-                o.tile_size() == -1 ? "; the materialised path is path kMaterialised" : "", "), but got ",
-                o.tile_size());
-  check.require(o.tile_bytes() > 0, "argument 'tile_bytes' must be positive, but got ", o.tile_bytes());
-  check.require(o.max_logits_bytes() > 0, "argument 'max_logits_bytes' must be positive, but got ",
-                o.max_logits_bytes());
-  check.require(!o.ring() || o.path() != MemoryPath::kMaterialised,
-                "'ring' needs the tiled path, but the path is materialised ('path' is kMaterialised)");
-}
-
 Prologue make_prologue(const char* caller, const CommunicatorPtr& comm, std::vector<int64_t> counts,
                        const torch::Tensor& features, const MemoryPathOptions& memory, int64_t blocks) {
   Prologue p;

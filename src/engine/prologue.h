@@ -82,10 +82,6 @@ bool route_tiled(MemoryPath path, int64_t tile_size, bool ring, int64_t logits_b
 /// automatic routing and `plan_loss` compare this with `max_logits_bytes`.
 int64_t logits_blocks(const std::string& loss);
 
-/// Checks the memory-path options into `check` (inconsistent ones are an
-/// argument error).
-void check_memory_path(ArgChecker& check, const MemoryPathOptions& o);
-
 /// What the ranks decided from the agreed counts, identically on every rank.
 struct Prologue {
   EngineLayout layout;

@@ -9,6 +9,8 @@
 
 #include <string>
 
+#include "contrax/util/vocabulary.h"
+
 namespace contrax::detail {
 
 /// Collects the first failed check's message.
@@ -47,5 +49,9 @@ class ArgChecker {
   const char* caller_;
   std::string error_;
 };
+
+/// Checks the memory-path options into `check` (inconsistent ones are an
+/// argument error; src/util/vocabulary.cpp, beside the option set).
+void check_memory_path(ArgChecker& check, const MemoryPathOptions& o);
 
 }  // namespace contrax::detail

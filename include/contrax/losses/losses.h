@@ -112,8 +112,8 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
 
 /// Momentum (EMA) update: target = m * target + (1 - m) * online, parameter by
 /// parameter, without gradient. Both modules must have the same parameter
-/// names and shapes (checked). Buffers are copied as they are (e.g. BatchNorm
-/// running statistics are kept by the target).
+/// names and shapes (checked). Buffers are not touched: the target keeps its
+/// own (e.g. its BatchNorm running statistics).
 void momentum_update(torch::nn::Module& target, const torch::nn::Module& online, double momentum);
 
 /// MoCo v3's cosine momentum schedule: m(t) = 1 - (1 - base) * (cos(pi t / T) + 1) / 2,

@@ -25,7 +25,7 @@ namespace contrax {
 enum class Reduction { kMean, kSum, kNone };
 
 /// Which memory path a loss takes (`path` of MemoryPathOptions; the same
-/// words in every loss, SigLIP and the tiled functions included):
+/// words in every loss, SigLIP and the InfoNCE core `tiled_info_nce` included):
 ///   kAuto: materialise the logits while the largest rank's take at most
 ///     `max_logits_bytes`, otherwise tiled (the choice is made from the
 ///     exchanged row counts, identically on every rank);
@@ -42,9 +42,10 @@ enum class MemoryPath { kAuto, kMaterialised, kTiled };
 ///   removed from the softmax (-inf): duplicate / false-negative masking.
 enum class LabelMode { kMultiPositive, kMaskDuplicates };
 
-/// How an InfoNCE-family loss holds its logits: the option set nested in
-/// ClipLossOptions, GroupedLossOptions, NTXentLossOptions, MocoV3LossOptions
-/// and PlanOptions (`memory()`), as LibTorch nests option sets.
+/// How a loss holds its logits: the option set nested in ClipLossOptions,
+/// GroupedLossOptions, NTXentLossOptions, MocoV3LossOptions,
+/// SigLipLossOptions, InfoNceOptions and PlanOptions (`memory()`), as
+/// LibTorch nests option sets. Its checks are src/util/vocabulary.cpp's.
 ///
 /// Defaults: automatic path, materialised up to 256 MiB of logits per rank,
 /// otherwise tiles of about 16 MiB, keys gathered.
