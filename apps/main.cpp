@@ -15,6 +15,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "cli.h"
 #include "train_threads.h"
 #include "contrax/launch/launcher.h"
@@ -334,6 +336,40 @@ void keep_heap() {
 
 }  // namespace
 
+namespace {
+
+// Runs `cmd`; an error becomes its message on stderr and the exit status (2
+// for a usage error, else 1), and, for a launcher's worker, its failure
+// record (the first record counts: a failure caused by a peer, recorded
+// when the collective failed, stays so).
+int run_command(const contrax::cli::CommandInfo& command, const std::string& cmd,
+                const std::vector<std::string>& args) {
+  using namespace contrax::cli;
+  std::string message;
+  int status = 1;
+  try {
+    return command.run(args);
+  } catch (const UsageError& e) {
+    message = e.what() + std::string(" (see contrax ") + cmd + " --help)";
+    status = 2;
+  } catch (const c10::Error& e) {
+    message = e.what_without_backtrace();
+  } catch (const std::system_error& e) {
+    // A thread that could not start, wherever: said with the tasks limit,
+    // not as a bare "Resource temporarily unavailable".
+    const bool threads = e.code() == std::errc::resource_unavailable_try_again;
+    message = threads ? threads_failed_message(std::string("a thread could not be started: ") + e.what()) : e.what();
+  } catch (const std::exception& e) {
+    message = e.what();
+  }
+  const std::string line = "contrax " + cmd + ": error: " + message;
+  std::cerr << line << "\n";
+  contrax::record_worker_failure(/*caused_by_peer=*/false, line);
+  return status;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   keep_heap();
   using namespace contrax::cli;
@@ -363,25 +399,17 @@ int main(int argc, char** argv) {
   }
   install_stop_signals(cmd);
   std::vector<std::string> args(argv + 2, argv + argc);
-  try {
-    return it->second.run(args);
-  } catch (const UsageError& e) {
-    std::cerr << "contrax " << cmd << ": error: " << e.what() << " (see contrax " << cmd << " --help)\n";
-    return 2;
-  } catch (const c10::Error& e) {
-    std::cerr << "contrax " << cmd << ": error: " << e.what_without_backtrace() << "\n";
-    return 1;
-  } catch (const std::system_error& e) {
-    // A thread that could not start, wherever: said with the tasks limit,
-    // not as a bare "Resource temporarily unavailable".
-    const bool threads = e.code() == std::errc::resource_unavailable_try_again;
-    std::cerr << "contrax " << cmd << ": error: "
-              << (threads ? threads_failed_message(std::string("a thread could not be started: ") + e.what())
-                          : std::string(e.what()))
-              << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "contrax " << cmd << ": error: " << e.what() << "\n";
-    return 1;
+  const int status = run_command(it->second, cmd, args);
+  if (status != 0 && contrax::in_launched_worker()) {
+    // A failed worker ends here, without the exit handlers: after a peer or
+    // its own threads failed, c10d's and PyTorch's teardown of a broken
+    // process group can crash (SIGSEGV seen at exit after 'Connection closed
+    // by peer'), and the launcher would then report the crash, not the
+    // error just printed. Its record and its output are out already.
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    ::_exit(status);
   }
+  return status;
 }
