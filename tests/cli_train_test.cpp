@@ -536,7 +536,10 @@ TEST(Cli, FaultInjectionVariableIsCheckedAndSkippedAfterARestart) {
                         " --overwrite --run-dir " + d + " 2>&1");
   EXPECT_EQ(once.status, 1) << once.out;
   EXPECT_NE(once.out.find("rank 0 failed before step 2"), std::string::npos) << once.out;
-  auto restarted = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 TORCHELASTIC_RESTART_COUNT=1 " +
+  // A worker of a restarted attempt (as the launcher starts one: its
+  // environment; `contrax train` itself runs even one process under its own
+  // launcher, which numbers the attempts).
+  auto restarted = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 TORCHELASTIC_RESTART_COUNT=1 WORLD_SIZE=1 RANK=0 " +
                              std::string(CONTRAX_CLI_PATH) + " " + kTiny + " --overwrite --run-dir " + d + " 2>&1");
   EXPECT_EQ(restarted.status, 0) << restarted.out;
 }

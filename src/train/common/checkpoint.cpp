@@ -177,8 +177,12 @@ void Checkpoint::load(const std::string& path) {
   try {
     in = std::make_unique<SafetensorsReader>(std::move(fd), path);
   } catch (const c10::Error& e) {
+    // The reader's words start with the path, which this message has said.
+    std::string why = e.what_without_backtrace();
+    const std::string named = "'" + path + "' is ";
+    if (why.rfind(named, 0) == 0) why = why.substr(named.size());
     TORCH_CHECK(false, "Checkpoint::load(): '", path, "' is not a readable checkpoint (truncated or corrupt; ",
-                st.st_size, " bytes): ", e.what_without_backtrace());
+                st.st_size, " bytes): ", why);
   }
   const auto& meta = in->metadata();
   TORCH_CHECK(meta.count(kFormatKey) != 0 && meta.at(kFormatKey) == kFormatName && meta.count(kStateKey) != 0,
