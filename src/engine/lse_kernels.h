@@ -3,8 +3,10 @@
 // CPU float/double tiles with unit column stride go to vectorised kernels
 // (AVX-512, AVX2 or baseline, chosen at run time; src/engine/kernels/) split
 // across LibTorch's intra-op threads; CUDA float/double tiles to the CUDA panel
-// kernels where built and switched on (opt-in: cuda_fused_kernels_enabled);
-// any other tile (a transposed view) to the equivalent ATen operations.
+// kernels where built and switched on (opt-in: cuda_fused_kernels_enabled;
+// engine/panel_kernels.h, which also lets a test send CPU tiles to the same
+// kernels under the SIMT emulator); any other tile (a transposed view) to the
+// equivalent ATen operations.
 // Internal to the engine (src/engine/), not installed.
 #pragma once
 

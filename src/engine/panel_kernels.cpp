@@ -1,0 +1,102 @@
+// The panel kernels on tensors (see engine/panel_kernels.h): the arguments
+// and workspace of each call, the same whichever table runs it, and the
+// choice of table by device.
+#include "engine/panel_kernels.h"
+
+#include <ATen/Dispatch.h>
+#include <c10/core/DeviceGuard.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "engine/cuda_kernels_built.h"  // generated: CONTRAX_CUDA_KERNELS_BUILT
+
+namespace contrax::detail {
+
+namespace {
+
+struct Emulated {
+  std::atomic<const PanelKernels*> kernels{nullptr};
+  std::atomic<int> sm_count{1};
+};
+Emulated& emulated() {
+  static Emulated e;
+  return e;
+}
+
+void check_launch(const PanelDevice& d, int err, const char* kernel) {
+  TORCH_CHECK(err == 0, "contrax: the CUDA kernel ", kernel, " failed to launch: ", d.kernels->error_string(err));
+}
+
+// The table's entry for each argument type.
+int run(const PanelDevice& d, const panels::LseArgs<float>& a) { return d.kernels->lse_f(a, d.sm_count, d.stream); }
+int run(const PanelDevice& d, const panels::LseArgs<double>& a) { return d.kernels->lse_d(a, d.sm_count, d.stream); }
+int run(const PanelDevice& d, const panels::GradArgs<float, float>& a) { return d.kernels->grad_f(a, d.stream); }
+int run(const PanelDevice& d, const panels::GradArgs<double, double>& a) { return d.kernels->grad_d(a, d.stream); }
+
+template <typename T>
+T* data_or_null(const torch::Tensor& t) {
+  return t.defined() ? t.data_ptr<T>() : nullptr;
+}
+
+int64_t lead_stride(const torch::Tensor& t) { return std::max<int64_t>(t.stride(0), 1); }
+
+}  // namespace
+
+std::optional<PanelDevice> panel_device(const torch::TensorOptions& options) {
+  if (options.device().is_cpu()) {
+    const PanelKernels* k = emulated().kernels.load(std::memory_order_relaxed);
+    if (k == nullptr) return std::nullopt;
+    return PanelDevice{k, emulated().sm_count.load(std::memory_order_relaxed), nullptr};
+  }
+#if CONTRAX_CUDA_KERNELS_BUILT
+  if (options.device().is_cuda()) return cuda_panel_device(options.device());
+#endif
+  return std::nullopt;
+}
+
+void set_emulated_panel_kernels(const PanelKernels* kernels, int sm_count) {
+  TORCH_CHECK(sm_count >= 1, "set_emulated_panel_kernels(): argument 'sm_count' must be >= 1, but got ", sm_count);
+  emulated().sm_count.store(sm_count);
+  emulated().kernels.store(kernels);
+}
+
+bool emulated_panel_kernels_installed() { return emulated().kernels.load() != nullptr; }
+
+torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, bool rows, const torch::Tensor& col_m,
+                             const torch::Tensor& col_s) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
+  TORCH_INTERNAL_ASSERT(!col_m.defined() || (col_m.is_contiguous() && col_s.is_contiguous() &&
+                                             col_m.numel() == t.size(1) && col_s.numel() == t.size(1)));
+  const c10::DeviceGuard guard(t.device());
+  const int64_t R = t.size(0), C = t.size(1);
+  torch::Tensor row = rows ? torch::empty({R}, t.options()) : torch::Tensor();
+  if (!rows && !col_m.defined()) return row;
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "panel_tile_lse", [&] {
+    const auto g = panels::strip_grid(R, C, dev.sm_count);
+    auto ws = torch::empty({std::max<int64_t>(1, panels::strip_workspace(g, R, C))}, t.options());
+    panels::LseArgs<scalar_t> a;
+    a.logits = t.data_ptr<scalar_t>(), a.rows = R, a.cols = C, a.ld = lead_stride(t);
+    a.row_lse = data_or_null<scalar_t>(row), a.col_m = data_or_null<scalar_t>(col_m);
+    a.col_s = data_or_null<scalar_t>(col_s);
+    a.ws = ws.data_ptr<scalar_t>();
+    check_launch(dev, run(dev, a), "lse_panel");
+  });
+  return row;
+}
+
+void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t, const torch::Tensor& lse_row,
+                         const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
+  const c10::DeviceGuard guard(t.device());
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "panel_softmax_grad_", [&] {
+    panels::GradArgs<scalar_t, scalar_t> a;
+    a.logits = t.data_ptr<scalar_t>(), a.rows = t.size(0), a.cols = t.size(1), a.ld = lead_stride(t);
+    a.lse_row = data_or_null<scalar_t>(lse_row), a.w_row = data_or_null<scalar_t>(w_row);
+    a.lse_col = data_or_null<scalar_t>(lse_col), a.w_col = data_or_null<scalar_t>(w_col);
+    a.out = t.data_ptr<scalar_t>(), a.ld_out = a.ld;  // in place: each entry read and written by one thread
+    check_launch(dev, run(dev, a), "grad_panel");
+  });
+}
+
+}  // namespace contrax::detail

@@ -1,0 +1,73 @@
+// The engine's panel kernels (src/engine/kernels/cuda_*_panel.cuh) on
+// tensors: pointers, strides and the workspace for the kernels' host API
+// (kernels/cuda_panels_api.h), on the device a tensor lives on. That API is
+// reached through a table (PanelKernels): the CUDA build's kernels on CUDA
+// tensors (engine/cuda_panels.cpp), or, while a test installs it, the same
+// kernels run on the CPU by the SIMT emulator (tests/support/emulated_panels.h),
+// on CPU tensors. So the code between the engine and the kernels is the same
+// on a GPU and in the CPU tests. Internal (src/engine/), not installed.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+
+#include "engine/kernels/cuda_panels_api.h"
+
+namespace contrax::detail {
+
+/// The kernels' host API as a table (one entry per overload of
+/// kernels/cuda_panels_api.h), and the words for an error it returns.
+struct PanelKernels {
+  int (*lse_f)(const panels::LseArgs<float>&, int, cudaStream_t);
+  int (*lse_d)(const panels::LseArgs<double>&, int, cudaStream_t);
+  int (*grad_f)(const panels::GradArgs<float, float>&, cudaStream_t);
+  int (*grad_bf16)(const panels::GradArgs<float, panels::Bf16>&, cudaStream_t);
+  int (*grad_fp16)(const panels::GradArgs<float, panels::Fp16>&, cudaStream_t);
+  int (*grad_d)(const panels::GradArgs<double, double>&, cudaStream_t);
+  int (*siglip_f)(const panels::SiglipArgs<float, float>&, int, cudaStream_t);
+  int (*siglip_bf16)(const panels::SiglipArgs<float, panels::Bf16>&, int, cudaStream_t);
+  int (*siglip_fp16)(const panels::SiglipArgs<float, panels::Fp16>&, int, cudaStream_t);
+  int (*siglip_d)(const panels::SiglipArgs<double, double>&, int, cudaStream_t);
+  const char* (*error_string)(int);
+};
+
+/// Where a call's kernels run: their table, the device's multiprocessors
+/// (they size the grids only) and the stream.
+struct PanelDevice {
+  const PanelKernels* kernels = nullptr;
+  int sm_count = 1;
+  cudaStream_t stream = nullptr;
+};
+
+/// The panel kernels of tensors like `options`: the CUDA build's for a CUDA
+/// device (where built), the emulated ones for the CPU while installed;
+/// nothing otherwise. No switch is consulted here (engine/lse_kernels.h's
+/// cuda_fused_kernels_enabled decides whether they are used).
+std::optional<PanelDevice> panel_device(const torch::TensorOptions& options);
+
+/// Makes CPU tensors run `kernels` (null: none, the default) on a device of
+/// `sm_count` multiprocessors: what the tests install to run the engine's
+/// CUDA walk on the CPU with the kernels under the SIMT emulator.
+void set_emulated_panel_kernels(const PanelKernels* kernels, int sm_count);
+bool emulated_panel_kernels_installed();
+
+/// The CUDA build's kernels on `device` (engine/cuda_panels.cpp; only in
+/// builds with CONTRAX_CUDA_KERNELS).
+PanelDevice cuda_panel_device(const c10::Device& device);
+
+/// Row log-sum-exps of the float/double tile `t` ([R, C], unit column
+/// stride) when `rows` (else undefined), and, when `col_m` is defined, its
+/// columns merged into the running pairs (col_m, col_s) ([C] each,
+/// contiguous, t's dtype; log-sum-exp = col_m + log(col_s)). One kernel pass
+/// over the tile and one small finishing kernel.
+torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t /* [R, C] */, bool rows,
+                             const torch::Tensor& col_m /* [C] or undefined */, const torch::Tensor& col_s);
+
+/// softmax_grad_ (engine/lse_kernels.h) on a float/double tile, in place:
+/// t_ij <- w_row_i exp(t_ij - lse_row_i) [+ w_col_j exp(t_ij - lse_col_j)],
+/// masked (-inf) entries 0. The vectors contiguous, t's dtype and device.
+void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row,
+                         const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col);
+
+}  // namespace contrax::detail
