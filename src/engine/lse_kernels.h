@@ -13,7 +13,10 @@
 #include <torch/torch.h>
 
 #include <limits>
+#include <optional>
 #include <string>
+
+#include "engine/panel_kernels.h"
 
 namespace contrax::detail {
 
@@ -32,7 +35,15 @@ struct TileLse {
 /// results NaN or +inf, as `torch::logsumexp` would.
 ///
 ///   auto s = tile_lse(S, /*rows=*/true, /*cols=*/false);   // s.row: [R]
-TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols);
+///
+/// `masks` (entries masked and positives designated by index, the panel
+/// kernels' way): only for a tile that panel_kernels_take.
+TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols, const panels::Masks* masks = nullptr);
+
+/// Whether the tile `t` goes to the panel kernels (cuda_fused_device, and
+/// rows and columns the kernels can walk): where the engine may leave masks
+/// and positives to them, by index.
+bool panel_kernels_take(const torch::Tensor& t);
 
 /// Column log-sum-exps of a matrix seen one tile at a time (online: a running
 /// maximum and a sum of exponentials under a shift per column, rescaled only
@@ -48,7 +59,8 @@ class ColumnLse {
   ColumnLse(int64_t n_cols, const torch::TensorOptions& options);
   /// Adds the rows of `tile` ([R, C]) to columns [c0, c0 + C). Returns the
   /// tile's row log-sum-exps ([R], over its C columns) when `rows`, else undefined.
-  torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows);
+  /// `masks` as tile_lse's (the panel kernels only).
+  torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows, const panels::Masks* masks = nullptr);
   /// [n_cols]; -inf for a column that only -inf (or nothing) was added to.
   torch::Tensor lse() const;
 
@@ -62,10 +74,12 @@ class ColumnLse {
 ///   t_ij <- w_row_i exp(t_ij - lse_row_i) + w_col_j exp(t_ij - lse_col_j),
 /// an undefined weight meaning 1 and an undefined `lse_col` dropping the
 /// column term. The vectors have t's dtype and device, and lengths R and C.
+/// With `masks` (a tile that panel_kernels_take only), its masked entries
+/// give 0 and its designated positives lose w_row_i [+ w_col_j].
 void softmax_grad_(torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row /* [R] */,
                    const torch::Tensor& w_row /* [R] or undefined */,
                    const torch::Tensor& lse_col /* [C] or undefined */,
-                   const torch::Tensor& w_col /* [C] or undefined */);
+                   const torch::Tensor& w_col /* [C] or undefined */, const panels::Masks* masks = nullptr);
 
 /// In place t_ij <- exp(t_ij - shift); returns the row sums [R] of the new t.
 /// For rows known to be bounded by `shift` (e.g. cosine logits: |S| <= 1/T),
@@ -100,6 +114,13 @@ void set_cuda_fused_kernels_enabled(bool on);
 /// How many tiles this process has sent to the CUDA panel kernels (for the
 /// GPU tests: that the kernels, not the ATen path, ran).
 int64_t cuda_panel_calls();
+
+/// The panel kernels that a float/double tile of `options` goes to while the
+/// CUDA kernels are switched on (cuda_fused_kernels_enabled): CUDA tiles
+/// where built, CPU tiles while emulated ones are installed; none otherwise.
+/// A caller that launches one counts it with count_cuda_panel_call().
+std::optional<PanelDevice> cuda_fused_device(const torch::TensorOptions& options);
+void count_cuda_panel_call();
 
 /// Whether the engine may use a known bound of the logits as the shift of its
 /// softmaxes (NT-Xent on unit rows, CLIP within s max|a| max|b| + |bias|):

@@ -33,6 +33,37 @@ int run(const PanelDevice& d, const panels::LseArgs<float>& a) { return d.kernel
 int run(const PanelDevice& d, const panels::LseArgs<double>& a) { return d.kernels->lse_d(a, d.sm_count, d.stream); }
 int run(const PanelDevice& d, const panels::GradArgs<float, float>& a) { return d.kernels->grad_f(a, d.stream); }
 int run(const PanelDevice& d, const panels::GradArgs<double, double>& a) { return d.kernels->grad_d(a, d.stream); }
+int run(const PanelDevice& d, const panels::SiglipArgs<float, float>& a) {
+  return d.kernels->siglip_f(a, d.sm_count, d.stream);
+}
+int run(const PanelDevice& d, const panels::SiglipArgs<float, panels::Bf16>& a) {
+  return d.kernels->siglip_bf16(a, d.sm_count, d.stream);
+}
+int run(const PanelDevice& d, const panels::SiglipArgs<float, panels::Fp16>& a) {
+  return d.kernels->siglip_fp16(a, d.sm_count, d.stream);
+}
+int run(const PanelDevice& d, const panels::SiglipArgs<double, double>& a) {
+  return d.kernels->siglip_d(a, d.sm_count, d.stream);
+}
+
+// SigLIP's arguments with the gradient written as `Out` (null: none).
+template <typename T, typename Out>
+void siglip_into(const PanelDevice& d, const torch::Tensor& t, const torch::Tensor& bias, int64_t row0, int64_t col0,
+                 bool own, const torch::Tensor& grad, const torch::Tensor& loss, const torch::Tensor& grad_sum) {
+  const int64_t R = t.size(0), C = t.size(1);
+  const auto g = panels::strip_grid(R, C, d.sm_count);
+  auto ws = torch::empty({std::max<int64_t>(1, panels::strip_workspace(g, R, 0))}, t.options());
+  panels::SiglipArgs<T, Out> a;
+  a.logits = t.data_ptr<T>(), a.rows = R, a.cols = C, a.ld = std::max<int64_t>(t.stride(0), 1);
+  a.bias = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  a.row0 = row0, a.col0 = col0, a.own = own;
+  a.grad = grad.defined() ? static_cast<Out*>(grad.data_ptr()) : nullptr;
+  a.ld_grad = grad.defined() ? std::max<int64_t>(grad.stride(0), 1) : 0;
+  a.row_loss = loss.data_ptr<T>();
+  a.row_grad = grad_sum.defined() ? grad_sum.data_ptr<T>() : nullptr;
+  a.ws = ws.data_ptr<T>();
+  check_launch(d, run(d, a), "siglip_panel");
+}
 
 template <typename T>
 T* data_or_null(const torch::Tensor& t) {
@@ -64,7 +95,7 @@ void set_emulated_panel_kernels(const PanelKernels* kernels, int sm_count) {
 bool emulated_panel_kernels_installed() { return emulated().kernels.load() != nullptr; }
 
 torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, bool rows, const torch::Tensor& col_m,
-                             const torch::Tensor& col_s) {
+                             const torch::Tensor& col_s, const panels::Masks* masks) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
   TORCH_INTERNAL_ASSERT(!col_m.defined() || (col_m.is_contiguous() && col_s.is_contiguous() &&
                                              col_m.numel() == t.size(1) && col_s.numel() == t.size(1)));
@@ -77,6 +108,7 @@ torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, boo
     auto ws = torch::empty({std::max<int64_t>(1, panels::strip_workspace(g, R, C))}, t.options());
     panels::LseArgs<scalar_t> a;
     a.logits = t.data_ptr<scalar_t>(), a.rows = R, a.cols = C, a.ld = lead_stride(t);
+    if (masks) a.masks = *masks;
     a.row_lse = data_or_null<scalar_t>(row), a.col_m = data_or_null<scalar_t>(col_m);
     a.col_s = data_or_null<scalar_t>(col_s);
     a.ws = ws.data_ptr<scalar_t>();
@@ -86,17 +118,47 @@ torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, boo
 }
 
 void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t, const torch::Tensor& lse_row,
-                         const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col) {
+                         const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
+                         const panels::Masks* masks) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
   const c10::DeviceGuard guard(t.device());
   AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "panel_softmax_grad_", [&] {
     panels::GradArgs<scalar_t, scalar_t> a;
     a.logits = t.data_ptr<scalar_t>(), a.rows = t.size(0), a.cols = t.size(1), a.ld = lead_stride(t);
+    if (masks) a.masks = *masks;
     a.lse_row = data_or_null<scalar_t>(lse_row), a.w_row = data_or_null<scalar_t>(w_row);
     a.lse_col = data_or_null<scalar_t>(lse_col), a.w_col = data_or_null<scalar_t>(w_col);
     a.out = t.data_ptr<scalar_t>(), a.ld_out = a.ld;  // in place: each entry read and written by one thread
     check_launch(dev, run(dev, a), "grad_panel");
   });
+}
+
+std::pair<torch::Tensor, torch::Tensor> panel_siglip(const PanelDevice& dev, const torch::Tensor& t,
+                                                     const torch::Tensor& bias, int64_t row0, int64_t col0, bool own,
+                                                     const torch::Tensor& grad) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
+  TORCH_INTERNAL_ASSERT(!grad.defined() || (grad.sizes() == t.sizes() && (grad.size(1) <= 1 || grad.stride(1) == 1)));
+  const c10::DeviceGuard guard(t.device());
+  const auto b = bias.defined() ? bias.to(t.options()).contiguous() : bias;
+  auto loss = torch::empty({t.size(0)}, t.options());
+  auto sums = grad.defined() ? torch::empty({t.size(0)}, t.options()) : torch::Tensor();
+  if (t.size(0) == 0) return {loss, sums};
+  const auto out = grad.defined() ? grad.scalar_type() : t.scalar_type();
+  if (t.scalar_type() == torch::kDouble) {
+    TORCH_INTERNAL_ASSERT(out == torch::kDouble, "panel_siglip: an fp64 tile writes an fp64 gradient");
+    siglip_into<double, double>(dev, t, b, row0, col0, own, grad, loss, sums);
+  } else {
+    TORCH_INTERNAL_ASSERT(t.scalar_type() == torch::kFloat);
+    if (out == torch::kBFloat16) {
+      siglip_into<float, panels::Bf16>(dev, t, b, row0, col0, own, grad, loss, sums);
+    } else if (out == torch::kHalf) {
+      siglip_into<float, panels::Fp16>(dev, t, b, row0, col0, own, grad, loss, sums);
+    } else {
+      TORCH_INTERNAL_ASSERT(out == torch::kFloat, "panel_siglip: an fp32 tile writes an fp32, bf16 or fp16 gradient");
+      siglip_into<float, float>(dev, t, b, row0, col0, own, grad, loss, sums);
+    }
+  }
+  return {loss, sums};
 }
 
 }  // namespace contrax::detail

@@ -61,13 +61,30 @@ PanelDevice cuda_panel_device(const c10::Device& device);
 /// columns merged into the running pairs (col_m, col_s) ([C] each,
 /// contiguous, t's dtype; log-sum-exp = col_m + log(col_s)). One kernel pass
 /// over the tile and one small finishing kernel.
+/// `masks` (or null): entries masked and positives designated by index
+/// (kernels/panel_grid.h), its label pointers on t's device.
 torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t /* [R, C] */, bool rows,
-                             const torch::Tensor& col_m /* [C] or undefined */, const torch::Tensor& col_s);
+                             const torch::Tensor& col_m /* [C] or undefined */, const torch::Tensor& col_s,
+                             const panels::Masks* masks = nullptr);
 
 /// softmax_grad_ (engine/lse_kernels.h) on a float/double tile, in place:
 /// t_ij <- w_row_i exp(t_ij - lse_row_i) [+ w_col_j exp(t_ij - lse_col_j)],
 /// masked (-inf) entries 0. The vectors contiguous, t's dtype and device.
+/// With `masks`, its masked entries give 0 and its designated positives lose
+/// w_row_i [+ w_col_j] (the -Y terms).
 void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row,
-                         const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col);
+                         const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
+                         const panels::Masks* masks = nullptr);
+
+/// SigLIP's sums over a float/double tile of raw logits `t` (x = s a_i.b_j,
+/// [R, C], unit column stride) with the 0-dim `bias` (t's dtype, or
+/// undefined) added: returns each row's sum_j softplus(-z (x + bias)) ([R])
+/// and, with `grad` defined ([R, C], unit column stride; t's dtype, or bf16 /
+/// fp16 for fp32 `t`), writes d loss_i / d x_ij = -z sigmoid(-z (x + bias))
+/// there and returns its row sums as `.second` (else undefined). z = +1 on
+/// the entries with row0 + r == col0 + c when `own`, -1 elsewhere.
+std::pair<torch::Tensor, torch::Tensor> panel_siglip(const PanelDevice& dev, const torch::Tensor& t /* [R, C] */,
+                                                     const torch::Tensor& bias, int64_t row0, int64_t col0, bool own,
+                                                     const torch::Tensor& grad /* [R, C] or undefined */);
 
 }  // namespace contrax::detail
