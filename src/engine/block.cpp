@@ -79,9 +79,12 @@ void ForwardStats::add(const torch::Tensor& t, const torch::Tensor& P, int64_t r
   const int64_t R = t.size(0), C = t.size(1);
   const auto m = kernel_masks(state, t, r0, c0);
   const panels::Masks* masks = m ? &*m : nullptr;
-  auto row = cols ? cols->add(t, c0, /*rows=*/true, masks) : tile_lse(t, /*rows=*/true, /*cols=*/false, masks).row;
   auto lr = lse_row.narrow(0, r0, R);
-  lr.copy_(whole_rows ? row : torch::logaddexp(lr, row));
+  // Final rows on the panel kernels: written into lse_row by the kernel itself.
+  const auto direct = whole_rows && m ? lr : torch::Tensor();
+  auto row = cols ? cols->add(t, c0, /*rows=*/true, masks, direct)
+                  : tile_lse(t, /*rows=*/true, /*cols=*/false, masks, direct).row;
+  if (!direct.defined()) lr.copy_(whole_rows ? row : torch::logaddexp(lr, row));
   if (P.defined()) {
     auto tp = t * P;  // multi-positive masks nothing: t is finite
     pos_row.narrow(0, r0, R).add_(tp.sum(1));
@@ -185,6 +188,22 @@ void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor
   }
   diag.sub_(w.row.narrow(0, r0 + run.row, run.n));
   if (sym) diag.sub_(w.col.narrow(0, c0 + run.col, run.n));  // group 1: columns consecutive
+}
+
+torch::Tensor kernel_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,
+                              int64_t r0, int64_t c0, c10::ScalarType op) {
+  if (state.multi()) return {};
+  const auto m = kernel_masks(state, t, r0, c0);
+  const bool writable = op == t.scalar_type() || (t.scalar_type() == torch::kFloat &&
+                                                  (op == torch::kBFloat16 || op == torch::kHalf));
+  if (!m || !writable) return {};
+  const int64_t R = t.size(0), C = t.size(1);
+  const bool sym = state.spec.symmetric;
+  auto out = op == t.scalar_type() ? t : torch::empty(t.sizes(), t.options().dtype(op));  // [R, C]
+  softmax_grad_into(t, rt.lse_row.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
+                    sym ? rt.lse_col.narrow(0, c0, C) : torch::Tensor(),
+                    sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor(), &*m, w.c, out);
+  return out;
 }
 
 void tile_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,

@@ -159,6 +159,14 @@ Weights backward_weights(const BlockState& state, const torch::Tensor& grad, c10
 /// multi-positive labels): w_i, plus w_j when symmetric (1 each unweighted).
 void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor& t, int64_t r0, int64_t c0);
 
+/// S tile -> G (c folded in) in the operand dtype `op`, in one pass of the
+/// panel kernels, where the tile goes to them and has no multi-positive
+/// labels (kernel_masks): `t` itself when `op` is its dtype, else a new
+/// [R, C] tensor of `op`. Undefined otherwise: the caller takes tile_gradient
+/// and scaled_operand.
+torch::Tensor kernel_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,
+                              int64_t r0, int64_t c0, c10::ScalarType op);
+
 /// S tile -> G / c in place (see the derivation above). `P` as apply_labels.
 void tile_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,
                    const torch::Tensor& P, int64_t r0, int64_t c0);

@@ -38,7 +38,9 @@ struct TileLse {
 ///
 /// `masks` (entries masked and positives designated by index, the panel
 /// kernels' way): only for a tile that panel_kernels_take.
-TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols, const panels::Masks* masks = nullptr);
+/// `row_out` as ColumnLse::add's.
+TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols, const panels::Masks* masks = nullptr,
+                 const torch::Tensor& row_out = {});
 
 /// Whether the tile `t` goes to the panel kernels (cuda_fused_device, and
 /// rows and columns the kernels can walk): where the engine may leave masks
@@ -59,8 +61,11 @@ class ColumnLse {
   ColumnLse(int64_t n_cols, const torch::TensorOptions& options);
   /// Adds the rows of `tile` ([R, C]) to columns [c0, c0 + C). Returns the
   /// tile's row log-sum-exps ([R], over its C columns) when `rows`, else undefined.
-  /// `masks` as tile_lse's (the panel kernels only).
-  torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows, const panels::Masks* masks = nullptr);
+  /// `masks` as tile_lse's (the panel kernels only). `row_out` ([R],
+  /// contiguous, or undefined): where the panel kernels write the rows
+  /// directly (then returned); other paths return a new tensor.
+  torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows, const panels::Masks* masks = nullptr,
+                    const torch::Tensor& row_out = {});
   /// [n_cols]; -inf for a column that only -inf (or nothing) was added to.
   torch::Tensor lse() const;
 
@@ -69,6 +74,16 @@ class ColumnLse {
   torch::Tensor max_, sum_, shift_;  // fused state, [n_cols] each (CUDA: max_ and sum_, the running pairs)
   torch::Tensor lse_;                // ATen state, [n_cols]
 };
+
+/// The gradient panel in one pass of the panel kernels, for a tile that
+/// panel_kernels_take: out = c softmax_grad_(t) (the -Y terms from `masks`),
+/// c the 0-dim `factor`, `out` ([R, C]) of t's dtype or, for fp32 tiles,
+/// bf16 / fp16: the GEMMs' operand, cast and scaled in the same pass. `t` is
+/// left as it was unless `out` is `t`.
+void softmax_grad_into(const torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row,
+                       const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
+                       const panels::Masks* masks, const torch::Tensor& factor /* [] */,
+                       const torch::Tensor& out /* [R, C] */);
 
 /// Turns the tile into softmax gradients in place:
 ///   t_ij <- w_row_i exp(t_ij - lse_row_i) + w_col_j exp(t_ij - lse_col_j),

@@ -33,6 +33,8 @@ int run(const PanelDevice& d, const panels::LseArgs<float>& a) { return d.kernel
 int run(const PanelDevice& d, const panels::LseArgs<double>& a) { return d.kernels->lse_d(a, d.sm_count, d.stream); }
 int run(const PanelDevice& d, const panels::GradArgs<float, float>& a) { return d.kernels->grad_f(a, d.stream); }
 int run(const PanelDevice& d, const panels::GradArgs<double, double>& a) { return d.kernels->grad_d(a, d.stream); }
+int run(const PanelDevice& d, const panels::GradArgs<float, panels::Bf16>& a) { return d.kernels->grad_bf16(a, d.stream); }
+int run(const PanelDevice& d, const panels::GradArgs<float, panels::Fp16>& a) { return d.kernels->grad_fp16(a, d.stream); }
 int run(const PanelDevice& d, const panels::SiglipArgs<float, float>& a) {
   return d.kernels->siglip_f(a, d.sm_count, d.stream);
 }
@@ -95,13 +97,15 @@ void set_emulated_panel_kernels(const PanelKernels* kernels, int sm_count) {
 bool emulated_panel_kernels_installed() { return emulated().kernels.load() != nullptr; }
 
 torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, bool rows, const torch::Tensor& col_m,
-                             const torch::Tensor& col_s, const panels::Masks* masks) {
+                             const torch::Tensor& col_s, const panels::Masks* masks, const torch::Tensor& row_out) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
   TORCH_INTERNAL_ASSERT(!col_m.defined() || (col_m.is_contiguous() && col_s.is_contiguous() &&
                                              col_m.numel() == t.size(1) && col_s.numel() == t.size(1)));
   const c10::DeviceGuard guard(t.device());
   const int64_t R = t.size(0), C = t.size(1);
-  torch::Tensor row = rows ? torch::empty({R}, t.options()) : torch::Tensor();
+  TORCH_INTERNAL_ASSERT(!row_out.defined() || (row_out.is_contiguous() && row_out.numel() == t.size(0) &&
+                                                row_out.scalar_type() == t.scalar_type()));
+  torch::Tensor row = !rows ? torch::Tensor() : row_out.defined() ? row_out : torch::empty({R}, t.options());
   if (!rows && !col_m.defined()) return row;
   AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "panel_tile_lse", [&] {
     const auto g = panels::strip_grid(R, C, dev.sm_count);
@@ -119,18 +123,31 @@ torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, boo
 
 void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t, const torch::Tensor& lse_row,
                          const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
-                         const panels::Masks* masks) {
+                         const panels::Masks* masks, const torch::Tensor& factor, const torch::Tensor& out) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
+  TORCH_INTERNAL_ASSERT(!out.defined() || (out.sizes() == t.sizes() && (out.size(1) <= 1 || out.stride(1) == 1)));
   const c10::DeviceGuard guard(t.device());
-  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "panel_softmax_grad_", [&] {
-    panels::GradArgs<scalar_t, scalar_t> a;
-    a.logits = t.data_ptr<scalar_t>(), a.rows = t.size(0), a.cols = t.size(1), a.ld = lead_stride(t);
+  const auto c = factor.defined() ? factor.to(t.options()).contiguous() : factor;
+  const auto dst = out.defined() ? out : t;  // in place: each entry read and written by one thread
+  const auto launch = [&](auto logits_tag, auto out_tag) {
+    using T = decltype(logits_tag);
+    using Out = decltype(out_tag);
+    panels::GradArgs<T, Out> a;
+    a.logits = t.data_ptr<T>(), a.rows = t.size(0), a.cols = t.size(1), a.ld = lead_stride(t);
     if (masks) a.masks = *masks;
-    a.lse_row = data_or_null<scalar_t>(lse_row), a.w_row = data_or_null<scalar_t>(w_row);
-    a.lse_col = data_or_null<scalar_t>(lse_col), a.w_col = data_or_null<scalar_t>(w_col);
-    a.out = t.data_ptr<scalar_t>(), a.ld_out = a.ld;  // in place: each entry read and written by one thread
+    a.lse_row = data_or_null<T>(lse_row), a.w_row = data_or_null<T>(w_row);
+    a.lse_col = data_or_null<T>(lse_col), a.w_col = data_or_null<T>(w_col);
+    a.factor = data_or_null<T>(c);
+    a.out = static_cast<Out*>(dst.data_ptr()), a.ld_out = lead_stride(dst);
     check_launch(dev, run(dev, a), "grad_panel");
-  });
+  };
+  const auto in = t.scalar_type(), to = dst.scalar_type();
+  if (in == torch::kDouble && to == torch::kDouble) return launch(double{}, double{});
+  TORCH_INTERNAL_ASSERT(in == torch::kFloat, "panel_softmax_grad_: float or double logits");
+  if (to == torch::kBFloat16) return launch(float{}, panels::Bf16{});
+  if (to == torch::kHalf) return launch(float{}, panels::Fp16{});
+  TORCH_INTERNAL_ASSERT(to == torch::kFloat, "panel_softmax_grad_: fp32 logits write fp32, bf16 or fp16");
+  launch(float{}, float{});
 }
 
 std::pair<torch::Tensor, torch::Tensor> panel_siglip(const PanelDevice& dev, const torch::Tensor& t,

@@ -62,19 +62,24 @@ PanelDevice cuda_panel_device(const c10::Device& device);
 /// contiguous, t's dtype; log-sum-exp = col_m + log(col_s)). One kernel pass
 /// over the tile and one small finishing kernel.
 /// `masks` (or null): entries masked and positives designated by index
-/// (kernels/panel_grid.h), its label pointers on t's device.
+/// (kernels/panel_grid.h), its label pointers on t's device. `row_out`
+/// ([R], contiguous, t's dtype, or undefined): where the rows are written
+/// (and returned) instead of a new tensor.
 torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t /* [R, C] */, bool rows,
                              const torch::Tensor& col_m /* [C] or undefined */, const torch::Tensor& col_s,
-                             const panels::Masks* masks = nullptr);
+                             const panels::Masks* masks = nullptr, const torch::Tensor& row_out = {});
 
-/// softmax_grad_ (engine/lse_kernels.h) on a float/double tile, in place:
-/// t_ij <- w_row_i exp(t_ij - lse_row_i) [+ w_col_j exp(t_ij - lse_col_j)],
-/// masked (-inf) entries 0. The vectors contiguous, t's dtype and device.
-/// With `masks`, its masked entries give 0 and its designated positives lose
-/// w_row_i [+ w_col_j] (the -Y terms).
+/// softmax_grad_ (engine/lse_kernels.h) on a float/double tile:
+/// G_ij = c [w_row_i exp(t_ij - lse_row_i) [+ w_col_j exp(t_ij - lse_col_j)]],
+/// masked (-inf) entries 0, c the 0-dim `factor` (undefined: 1), written into
+/// `out` ([R, C], unit column stride; t's dtype, or bf16 / fp16 for fp32 `t`)
+/// or, undefined, into `t` itself. The vectors contiguous, t's dtype and
+/// device. With `masks`, its masked entries give 0 and its designated
+/// positives lose c (w_row_i [+ w_col_j]) (the -Y terms).
 void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row,
                          const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
-                         const panels::Masks* masks = nullptr);
+                         const panels::Masks* masks = nullptr, const torch::Tensor& factor = {},
+                         const torch::Tensor& out = {});
 
 /// SigLIP's sums over a float/double tile of raw logits `t` (x = s a_i.b_j,
 /// [R, C], unit column stride) with the 0-dim `bias` (t's dtype, or

@@ -69,6 +69,8 @@ int emulated_siglip_panel(const panels::SiglipArgs<double, double>& a, int sm_co
   return panels::siglip_launches(a, sm_count, kLaunch);
 }
 
+int64_t emulated_launches() { return contrax::simt::launches(); }
+
 const detail::PanelKernels& emulated_panel_kernels() {
   using namespace panels;
   static const detail::PanelKernels table{&lse_entry<LseArgs<float>>,

@@ -27,6 +27,10 @@ int emulated_siglip_panel(const panels::SiglipArgs<float, panels::Bf16>& a, int 
 int emulated_siglip_panel(const panels::SiglipArgs<float, panels::Fp16>& a, int sm_count);
 int emulated_siglip_panel(const panels::SiglipArgs<double, double>& a, int sm_count);
 
+/// Kernel launches the emulator has run in this process (simt::launches,
+/// without the emulator's CUDA names in the caller).
+int64_t emulated_launches();
+
 /// The same as the engine's table.
 const detail::PanelKernels& emulated_panel_kernels();
 
