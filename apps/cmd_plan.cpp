@@ -9,6 +9,7 @@
 //   contrax plan --loss nt_xent --batch 4096 --world 2 --dtype half --json
 //   contrax plan --loss grouped --group 8 --batch 4096 --world 4   # 7 hard negatives per query
 //   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --panel-bytes 1610612736   # an H100
+//   CONTRAX_FUSED_KERNELS=1 contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --loss siglip
 #include <iostream>
 
 #include "cli.h"
@@ -34,9 +35,9 @@ int run_plan(const std::vector<std::string>& args) {
   bool ring = defaults.ring(), json = false;
   int64_t group = defaults.group();
   cli::add_choice(app, "--loss", loss,
-                  "clip (symmetric), infonce, grouped (--group candidates per query), nt_xent or "
-                  "moco_v3",
-                  {"clip", "infonce", "grouped", "nt_xent", "moco_v3"});
+                  "clip (symmetric), infonce, grouped (--group candidates per query), nt_xent, "
+                  "moco_v3 or siglip",
+                  {"clip", "infonce", "grouped", "nt_xent", "moco_v3", "siglip"});
   cli::add_int(app, "--group", group, "grouped: candidates per query g (the positive and g - 1 hard negatives)", 1,
                int64_t{1} << 20);
   cli::add_int(app, "--batch", batch, "global batch B (rows per view)", 1, int64_t{1} << 40);

@@ -47,4 +47,29 @@ log=$($same "$out/a.jsonl" "$out/b.jsonl")
 head -n 1 "$out/a.jsonl" >"$out/b.jsonl"
 log=$($same "$out/a.jsonl" "$out/b.jsonl")
 [ $? -eq 1 ] && grep -q "lacks steps \[2\]" <<<"$log" || fail "same_curve: a missing step not found: $log"
+# tools/fused_verdict.py, the check's last line: switch on only when exact
+# and faster at every loss and batch size.
+verdict="$py $(dirname "$0")/../tools/fused_verdict.py"
+run() {  # run LOSS IMPL B MS ...: one gpu_losses.py --json line
+  local results="" sep=""
+  while [ $# -ge 4 ]; do
+    results="$results$sep{\"loss\": \"$1\", \"impl\": \"$2\", \"B\": $3, \"result\": [$4, $4, $4, 10]}"
+    sep=", "
+    shift 4
+  done
+  echo "{\"device\": \"GPU X\", \"torch\": \"t\", \"cuda\": \"c\", \"dtype\": \"bf16\", \"width\": 768, \"results\": [$results]}"
+}
+run clip "Contrax clip_loss" 4096 2.0 clip "plain PyTorch (autocast)" 4096 3.0 siglip "Contrax siglip_loss" 4096 2.5 >"$out/aten.json"
+run clip "Contrax clip_loss" 4096 1.5 siglip "Contrax siglip_loss" 4096 2.0 >"$out/fused.json"
+log=$($verdict "$out/aten.json" "$out/fused.json" --exact 1)
+[ $? -eq 0 ] && [ "$(tail -n 1 <<<"$log" | cut -c1-63)" = "VERDICT: the fused CUDA kernels are exact and faster on GPU X a" ] ||
+  fail "fused_verdict: exact and faster not a switch-on: $log"
+grep -q "| clip | 4096 | 1.50 ms | 2.00 ms | plain PyTorch (autocast) 3.00 ms |" <<<"$log" || fail "fused_verdict table: $log"
+log=$($verdict "$out/aten.json" "$out/fused.json" --exact 0)
+[ $? -eq 1 ] && grep -q "^VERDICT: keep the fused CUDA kernels opt-in on GPU X: an exactness step failed$" <<<"$log" ||
+  fail "fused_verdict: an inexact run switched on: $log"
+run clip "Contrax clip_loss" 4096 2.5 siglip "Contrax siglip_loss" 4096 2.0 >"$out/fused.json"
+log=$($verdict "$out/aten.json" "$out/fused.json" --exact 1)
+[ $? -eq 1 ] && grep -q "not faster at clip B = 4096 (2.50 ms fused, 2.00 ms ATen)" <<<"$log" ||
+  fail "fused_verdict: a slower kernel switched on: $log"
 echo "ok"

@@ -675,8 +675,8 @@ TEST(LossPlan, RoutingAndErrors) {
   EXPECT_EQ(gp.paths[0].logits_bytes, int64_t{512} * 1024 * 4 * 4);
   EXPECT_NE(to_string(gp).find("plan: grouped (g = 4)"), std::string::npos) << to_string(gp);
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("triplet")),
-                       "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent or moco_v3, but got "
-                       "'triplet'");
+                       "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3 or siglip, but "
+                       "got 'triplet'");
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("clip").group(2)),
                        "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is 'clip'");
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("grouped").group(0)),

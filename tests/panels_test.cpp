@@ -2,14 +2,16 @@
 // pure sizing function at GPU shapes; the CUDA walk itself (row panels of
 // every column, set_panels_everywhere) against the materialised path and the
 // reference in fp64, with several panels and a short last one, on the
-// gathered keys and the ring, for CLIP, NT-Xent, MoCo v3 and SigLIP; the ATen
-// operators a CUDA-sized call launches, against a bound derived from the
-// walk; and plan_loss's panels, launches and workspace bytes against the walk
-// actually taken and the counting allocator.
+// gathered keys and the ring, for CLIP, NT-Xent, MoCo v3 and SigLIP; labels
+// and positives by index on the CUDA kernels (run by the SIMT emulator); the
+// launches a CUDA-sized call makes, with the ATen forms and with the fused
+// kernels, against plan_loss's model; and plan_loss's panels, launches and
+// workspace bytes against the walk actually taken and the counting allocator.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <functional>
+#include <memory>
 #include <iostream>
 #include <mutex>
 
@@ -25,6 +27,7 @@
 #include "engine/panels.h"
 #include "engine/precision.h"
 #include "support/cli.h"
+#include "support/emulated_panels.h"
 #include "support/errors.h"
 #include "support/op_counter.h"
 #include "support/ranks.h"
@@ -317,24 +320,90 @@ TEST(PanelWalk, RingMatchesTheReference) {
   }
 }
 
+// Labels and positives by index: on the emulated CUDA walk the kernels mask
+// equal-label duplicates (kMaskDuplicates) and subtract the designated
+// positives themselves, so no [R, C] label mask is built (no aten::eq, no
+// masked_fill_) and no positives pass runs (no sub_ on their diagonal); the
+// ATen walk builds them. Both exact in fp64 against the reference, tiled and
+// materialised, symmetric CLIP with labels and grouped with g = 2.
+TEST(PanelWalk, LabelsAndPositivesByIndexOnTheKernels) {
+  torch::manual_seed(9);
+  const int64_t B = 300, d = 8;
+  const auto a = randn({B, d}), cands = randn({2 * B, d}), b = randn({B, d});
+  const auto ls = torch::tensor(std::log(10.0), torch::kFloat64);
+  const auto labels = torch::randint(0, 40, {B}, torch::kLong), cand_labels = torch::randint(0, 40, {2 * B}, torch::kLong);
+  const auto mode = contrax::LabelMode::kMaskDuplicates;
+  for (bool grouped : {false, true}) {
+    const auto want = loss_and_grads({a, grouped ? cands : b}, [&](const Tensors& x) {
+      auto rows = grouped ? contrax::reference::grouped_rows(x[0], x[1], ls, c10::nullopt, 100.0, false, labels,
+                                                             cand_labels, mode)
+                          : contrax::reference::clip_rows(x[0], x[1], ls, c10::nullopt, true, 100.0, false, labels,
+                                                          mode);
+      return rows.mean();
+    });
+    for (bool emulated : {false, true}) {
+      for (auto path : {contrax::MemoryPath::kTiled, contrax::MemoryPath::kMaterialised}) {
+        const std::string what = std::string(grouped ? "grouped" : "clip") + (emulated ? ", kernels" : ", ATen") +
+                                 (path == contrax::MemoryPath::kTiled ? ", tiled" : ", materialised");
+        std::unique_ptr<contrax::testing::EmulatedCudaWalk> walk;
+        std::unique_ptr<CudaWalk> aten;
+        if (emulated) {
+          walk = std::make_unique<contrax::testing::EmulatedCudaWalk>(4);
+        } else {
+          aten = std::make_unique<CudaWalk>(0, true);
+        }
+        contrax::detail::set_bounded_shift_enabled(false);
+        contrax::testing::OpCounter ops;
+        const auto got = loss_and_grads({a, grouped ? cands : b}, [&](const Tensors& x) {
+          if (grouped) {
+            return contrax::grouped_loss(x[0], x[1], ls, {},
+                                         contrax::GroupedLossOptions().labels(labels).candidate_labels(cand_labels)
+                                             .label_mode(mode).path(path));
+          }
+          return contrax::clip_loss(x[0], x[1], ls, {},
+                                    contrax::ClipLossOptions().labels(labels).label_mode(mode).path(path));
+        });
+        const auto names = ops.by_name();
+        contrax::detail::set_bounded_shift_enabled(true);
+        expect_close(got, want, what);
+        const bool masked = names.count("aten::masked_fill_") > 0 && names.count("aten::eq") > 0;
+        EXPECT_EQ(masked, !emulated) << what << ": " << ops.summary();
+      }
+    }
+  }
+}
+
 // ---- launches: the ATen operators of a call walking as CUDA does
 
 // A forward + backward of `loss` on B rows of width d, fp32, W = 1, the
 // losses' defaults (CLIP without bias or normalisation; NT-Xent and MoCo v3
-// normalised), walking as CUDA walks: panels of `panel_rows` rows, the ATen
-// forms of the element-wise passes, and except for NT-Xent no bounded shift
-// (the CLIP block's is CPU-only: it reads the bound on the host, which CUDA
-// never does; NT-Xent's bound on unit rows is taken on every device).
+// normalised), walking as CUDA walks: panels of `panel_rows` rows and except
+// for NT-Xent no bounded shift (the CLIP block's is CPU-only: it reads the
+// bound on the host, which CUDA never does; NT-Xent's bound on unit rows is
+// taken on every device). The element-wise passes are the ATen forms, or
+// with `fused` the CUDA panel kernels run by the SIMT emulator
+// (support/emulated_panels.h), whose launches count beside the operators.
 struct Counted {
   int64_t launches = 0, steps = 0;
   std::string summary;
   contrax::PathCost planned;  // plan_loss's cost of the same path and walk
+  bool plan_fused = false;
 };
-Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B, int64_t d, int64_t panel_rows) {
+Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B, int64_t d, int64_t panel_rows,
+                   bool fused = false) {
   torch::manual_seed(6);
   const int64_t cols = loss == "nt_xent" ? 2 * B : loss == "grouped" ? 2 * B : B;
-  contrax::detail::set_fused_kernels_enabled(false);
-  CudaWalk on(contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {panel_rows, cols}, d), true);
+  std::unique_ptr<CudaWalk> aten;
+  std::unique_ptr<contrax::testing::EmulatedCudaWalk> emulated;
+  if (fused) {
+    emulated = std::make_unique<contrax::testing::EmulatedCudaWalk>(4);
+    contrax::set_loss_panel_bytes(
+        contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {panel_rows, cols}, d));
+  } else {
+    contrax::detail::set_fused_kernels_enabled(false);
+    aten = std::make_unique<CudaWalk>(
+        contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {panel_rows, cols}, d), true);
+  }
   if (loss != "nt_xent") contrax::detail::set_bounded_shift_enabled(false);
   auto x = torch::randn({B, d}).requires_grad_(true), y = torch::randn({B, d}).requires_grad_(true);
   auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
@@ -343,6 +412,7 @@ Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B,
   Counted c;
   const int64_t steps = contrax::detail::steps_walked();
   {
+    const int64_t kernels = contrax::testing::emulated_launches();
     contrax::testing::OpCounter ops;
     torch::Tensor l;
     if (loss == "clip" || loss == "infonce") {
@@ -351,12 +421,15 @@ Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B,
       l = contrax::grouped_loss(x, cands, ls, {}, contrax::GroupedLossOptions().path(path));
     } else if (loss == "nt_xent") {
       l = contrax::nt_xent_loss(x, y, contrax::NTXentLossOptions().path(path));
+    } else if (loss == "siglip") {
+      l = contrax::siglip_loss(x, y, ls, {}, contrax::SigLipLossOptions().path(path));
     } else {
       l = contrax::moco_v3_loss(x, y, k1, k2, contrax::MocoV3LossOptions().path(path));
     }
     l.backward();
-    c.launches = ops.launches();
-    c.summary = ops.summary();
+    const int64_t launched = contrax::testing::emulated_launches() - kernels;
+    c.launches = ops.launches() + launched;
+    c.summary = ops.summary() + (fused ? ", panel kernels " + std::to_string(launched) : std::string());
   }
   c.steps = contrax::detail::steps_walked() - steps;
   // The plan of the same call under the same walk (the CPU walking as CUDA).
@@ -368,38 +441,53 @@ Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B,
                                            .panel_bytes(contrax::loss_panel_bytes())
                                            .path(path));
   c.planned = plan.paths[path == contrax::MemoryPath::kTiled ? 1 : 0];
+  c.plan_fused = plan.fused;
   contrax::detail::set_bounded_shift_enabled(true);
   return c;
 }
 
-// What the constants of plan_loss's launch model come from: the operators of
-// a call at 1, 2 and 3 panels (run with --gtest_also_run_disabled_tests).
+const std::vector<std::string> kLosses = {"clip", "infonce", "grouped", "nt_xent", "moco_v3", "siglip"};
+
+// What the constants of plan_loss's launch model come from: the launches of
+// a call at 1, 2 and 3 panels, ATen forms and fused kernels (run with
+// --gtest_also_run_disabled_tests).
 TEST(PanelLaunches, DISABLED_Measure) {
-  for (std::string loss : {"clip", "infonce", "grouped", "nt_xent", "moco_v3"}) {
-    for (auto path : {contrax::MemoryPath::kTiled, contrax::MemoryPath::kMaterialised}) {
-      for (int64_t B : {256, 512, 768}) {
-        auto c = count_call(loss, path, B, 8, 256);
-        std::cout << loss << (path == contrax::MemoryPath::kTiled ? " tiled" : " materialised") << " B=" << B
-                  << ": steps " << c.steps << ", launches " << c.launches << "\n  " << c.summary << "\n";
+  for (bool fused : {false, true}) {
+    for (const auto& loss : kLosses) {
+      for (auto path : {contrax::MemoryPath::kTiled, contrax::MemoryPath::kMaterialised}) {
+        for (int64_t B : {256, 512, 768}) {
+          auto c = count_call(loss, path, B, 8, 256, fused);
+          std::cout << (fused ? "fused " : "aten ") << loss
+                    << (path == contrax::MemoryPath::kTiled ? " tiled" : " materialised") << " B=" << B << ": steps "
+                    << c.steps << ", launches " << c.launches << "\n  " << c.summary << "\n";
+        }
       }
     }
   }
 }
 
-// The op count of a call walking as CUDA does stays at or below plan_loss's
-// launches (the bound derived in src/check/plan.cpp: a fixed count plus so many per
-// panel), and that bound is not loose; the steps walked are the plan's panels,
-// forward and backward. Every loss, both paths, at 1 and 3 panels.
+// The launches of a call walking as CUDA does stay at or below plan_loss's
+// (the bound derived in src/check/plan.cpp: a fixed count plus so many per
+// panel), and that bound is not loose; the steps walked are the plan's
+// panels, forward and backward (SigLIP's fused forward runs the gradient's
+// GEMMs: its backward walks none). Every loss, both paths, at 1 and 3
+// panels; with the ATen forms, and with the fused kernels on the emulated
+// CUDA walk (their launches counted by the emulator), within 10%.
 TEST(PanelLaunches, CallsStayWithinThePlansLaunches) {
-  for (std::string loss : {"clip", "infonce", "grouped", "nt_xent", "moco_v3"}) {
-    for (auto path : {contrax::MemoryPath::kTiled, contrax::MemoryPath::kMaterialised}) {
-      for (int64_t B : {256, 768}) {
-        const auto c = count_call(loss, path, B, 8, 256);
-        const std::string what = loss + (path == contrax::MemoryPath::kTiled ? " tiled" : " materialised") +
-                                 " B=" + std::to_string(B) + ": " + c.summary;
-        EXPECT_EQ(c.steps, 2 * c.planned.panels) << what;
-        EXPECT_LE(c.launches, c.planned.launches) << what;
-        EXPECT_GE(c.launches, c.planned.launches - c.planned.launches / 10) << what;
+  for (bool fused : {false, true}) {
+    for (const auto& loss : kLosses) {
+      for (auto path : {contrax::MemoryPath::kTiled, contrax::MemoryPath::kMaterialised}) {
+        for (int64_t B : {256, 768}) {
+          const auto c = count_call(loss, path, B, 8, 256, fused);
+          const std::string what = std::string(fused ? "fused " : "aten ") + loss +
+                                   (path == contrax::MemoryPath::kTiled ? " tiled" : " materialised") +
+                                   " B=" + std::to_string(B) + ": " + c.summary;
+          EXPECT_EQ(c.plan_fused, fused) << what;
+          const bool forward_only = fused && loss == "siglip";
+          EXPECT_EQ(c.steps, (forward_only ? 1 : 2) * c.planned.panels) << what;
+          EXPECT_LE(c.launches, c.planned.launches) << what;
+          EXPECT_GE(c.launches, c.planned.launches - c.planned.launches / 10) << what;
+        }
       }
     }
   }
@@ -430,6 +518,60 @@ TEST(PanelLaunches, ClipAtB65536OnAnH100) {
   const auto cpu = contrax::plan_loss(contrax::PlanOptions().batch(65536).width(768));
   EXPECT_EQ(cpu.paths[1].panel_rows, 2048);
   EXPECT_EQ(cpu.paths[1].panels, 32 * 32);
+}
+
+// The same case with the fused CUDA kernels (CONTRAX_FUSED_KERNELS=1): a
+// panel holds 6 bytes a logit (fp32 logits and the bf16 gradient panel the
+// kernel writes; no ATen temporary), so an H100's 1.5 GiB takes 4,096 rows:
+// 16 panels, 1.5 GiB, and 29 + 2 (the bf16 gradients cast back) + 7 x 16 =
+// 143 launches for CLIP; SigLIP 19 + 2 + 6 x 16 = 117 (its gradient's GEMMs
+// in the forward: 3 GEMM units, not 4). Without a GPU to read the memory of,
+// the budget is 1 GiB: 2,560 rows, 26 panels, 213 launches, which is what
+// `contrax plan` prints here unless --panel-bytes names the H100's budget.
+TEST(PanelLaunches, FusedClipAndSiglipAtB65536) {
+  if (!contrax::detail::mixed_gemm_available()) GTEST_SKIP() << "the sizes assume the mixed-dtype GEMMs";
+  if (!contrax::detail::cuda_fused_kernels_built()) GTEST_SKIP() << "a build without the CUDA kernels plans without them";
+  const bool was = contrax::detail::cuda_fused_kernels_enabled();
+  contrax::detail::set_cuda_fused_kernels_enabled(true);
+  const auto h100 = [](const std::string& loss) {
+    return contrax::plan_loss(contrax::PlanOptions()
+                                  .loss(loss)
+                                  .batch(65536)
+                                  .width(768)
+                                  .dtype(torch::kBFloat16)
+                                  .device(torch::kCUDA)
+                                  .panel_bytes(kGiB + kGiB / 2));
+  };
+  const auto clip = h100("clip");
+  EXPECT_TRUE(clip.fused);
+  EXPECT_EQ(clip.chosen, "tiled");
+  const auto& t = clip.paths[1];
+  EXPECT_EQ(t.panel_rows, 4096);
+  EXPECT_EQ(t.panels, 16);
+  EXPECT_EQ(t.workspace_bytes, int64_t{4096} * 65536 * 6);
+  EXPECT_LE(t.workspace_bytes, 2 * kGiB);
+  EXPECT_EQ(t.launches, 29 + 2 + 7 * 16);
+  EXPECT_LE(t.launches, 150);
+  const auto siglip = h100("siglip");
+  EXPECT_EQ(siglip.paths[1].panels, 16);
+  EXPECT_EQ(siglip.paths[1].gemms, 3);
+  EXPECT_EQ(siglip.paths[1].launches, 19 + 2 + 6 * 16);
+  // The tool, as the issue runs it (no GPU here: the 1 GiB budget), and with
+  // the H100's budget named.
+  auto run = contrax::testing::run_shell("CONTRAX_FUSED_KERNELS=1 " CONTRAX_CLI_PATH
+                                         " plan --device cuda --dtype bf16 --batch 65536 --width 768 --json");
+  EXPECT_EQ(run.status, 0) << run.out;
+  for (const char* want : {"\"fused\": true", "\"path\": \"tiled\", \"available\": true", "\"panels\": 26",
+                           "\"panel_rows\": 2560", "\"launches\": 213"}) {
+    EXPECT_NE(run.out.find(want), std::string::npos) << want << " in " << run.out;
+  }
+  run = contrax::testing::run_shell("CONTRAX_FUSED_KERNELS=1 " CONTRAX_CLI_PATH
+                                    " plan --device cuda --dtype bf16 --batch 65536 --width 768 --json"
+                                    " --panel-bytes 1610612736 --loss siglip");
+  EXPECT_EQ(run.status, 0) << run.out;
+  EXPECT_NE(run.out.find("\"panels\": 16"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("\"launches\": 117"), std::string::npos) << run.out;
+  contrax::detail::set_cuda_fused_kernels_enabled(was);
 }
 
 // The workspace plan_loss reports is what the walk holds: the counting CPU

@@ -22,6 +22,11 @@
 #                    recipe), where this checkout has one, for the side-by-side run
 #   pylib/           memeff and siglip-kernel (requirements/gpu_peers.txt), pure-Python
 #                    wheels unpacked, for python/bench/gpu_losses.py
+#   sanitizer.tar.xz NVIDIA's compute-sanitizer from PyPI's nvidia-cuda-sanitizer-api
+#                    (requirements/gpu_sanitizer.txt): its executable and libraries
+#                    without the HTML documentation (about 9 MB), which
+#                    tools/gpu_check.sh --quick unpacks to run memcheck, racecheck
+#                    and synccheck on the panel kernels' test
 #   MANIFEST         every package with its version and SHA-256, and the sizes
 #
 # Environment: CONTRAX_BUNDLE (the folder, default .bundle), CONTRAX_PEERS (the
@@ -89,6 +94,17 @@ for whl in "$tmp"/wheels/*.whl; do
   python3 -m zipfile -e "$whl" "$OUT.part/pylib"
   echo "$(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1)" >>"$OUT.part/MANIFEST"
 done
+
+python3 -m pip download -q --no-deps --no-cache-dir -d "$tmp/sanitizer" -r requirements/gpu_sanitizer.txt >/dev/null ||
+  { say "pip could not download requirements/gpu_sanitizer.txt from PyPI"; exit 1; }
+whl=$(ls "$tmp"/sanitizer/*.whl)
+python3 -m zipfile -e "$whl" "$tmp/sanitizer/x"
+root=$(dirname "$(find "$tmp/sanitizer/x" -type f -path '*/compute-sanitizer/compute-sanitizer' | head -n 1)")
+[ -n "$root" ] && [ "$root" != . ] || { say "$(basename "$whl") holds no compute-sanitizer executable"; exit 1; }
+chmod +x "$root/compute-sanitizer" "$root"/TreeLauncher* 2>/dev/null || true
+tar -C "$(dirname "$root")" --exclude=compute-sanitizer/docs --exclude=compute-sanitizer/include \
+  -cJf "$OUT.part/sanitizer.tar.xz" compute-sanitizer
+echo "$(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1) (compute-sanitizer, as sanitizer.tar.xz)" >>"$OUT.part/MANIFEST"
 
 mb=$(du -sm "$OUT.part" | cut -f1)
 echo "# size ${mb} MB" >>"$OUT.part/MANIFEST"

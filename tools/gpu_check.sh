@@ -19,9 +19,17 @@
 #      against the ATen path (cuda_panels_test) and in `contrax verify` fp64,
 #   4. `contrax train --device cuda` stopped at step 50 and resumed, its curve
 #      bitwise equal to an uninterrupted run's,
-#   5. the losses against plain PyTorch, memeff and siglip-kernel
+#   5. compute-sanitizer's memcheck, racecheck and synccheck on the panel
+#      kernels' test (cuda_panels_test; the sanitizer from the bundle's
+#      sanitizer.tar.xz, PyPI's nvidia-cuda-sanitizer-api where installed, or
+#      the PATH), the hazards the CPU's SIMT emulator does not model,
+#   6. the losses against plain PyTorch, memeff and siglip-kernel
 #      (python/bench/gpu_losses.py; the peers from the bundle where carried),
-#   6. the default recipe's examples/s beside the plain PyTorch DDP program of
+#      at B = 4,096, 16,384 and 65,536, once with the ATen passes and once with
+#      the fused kernels (CONTRAX_FUSED_KERNELS=1), side by side, ending with
+#      one line (tools/fused_verdict.py): whether the fused kernels are exact
+#      and faster on this GPU and may become the default (docs/engine.md),
+#   7. the default recipe's examples/s beside the plain PyTorch DDP program of
 #      the same recipe (the bundle's peers/, through tools/peer_gpu.py) on the
 #      same GPU.
 #
@@ -136,6 +144,20 @@ no_gpu() {  # no_gpu WHAT-WAS-BUILT
 }
 has_gpu() { [ "$gpus" -gt 0 ] 2>/dev/null; }
 
+# compute-sanitizer: the bundle's (unpacked into the report folder), PyPI's
+# where installed in the interpreter's environment, or the PATH's; empty when
+# none is found.
+sanitizer() {
+  if [ -f "$BUNDLE/sanitizer.tar.xz" ]; then
+    mkdir -p "$OUT/sanitizer" && tar -C "$OUT/sanitizer" -xJf "$BUNDLE/sanitizer.tar.xz" &&
+      echo "$OUT/sanitizer/compute-sanitizer/compute-sanitizer" && return
+  fi
+  local pypi
+  pypi=$("$PY" -c 'import glob, nvidia, os; print(next(iter(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], "cu*", "compute-sanitizer", "compute-sanitizer")))), ""))' 2>/dev/null)
+  [ -n "$pypi" ] && echo "$pypi" && return
+  command -v compute-sanitizer || true
+}
+
 # The quick checks (see the top): one GPU, the machine's own torch.
 quick_checks() {
   local name
@@ -155,9 +177,24 @@ quick_checks() {
   step "device_test (the CUDA cases)" "$BUILD/tests/device_test" --gtest_filter='*cuda*:*Cuda*:*CUDA*'
   step "precision_test" "$BUILD/tests/precision_test"
   step "grad_cache_test" "$BUILD/tests/grad_cache_test"
+  # The fused kernels' exactness: each of these steps must pass for the verdict.
+  local before=$failures exact=1
   step "the CUDA panel kernels against the ATen path (cuda_panels_test)" "$BUILD/tests/cuda_panels_test"
   step "contrax verify, CUDA, one process, fp64, with the CUDA panel kernels (CONTRAX_FUSED_KERNELS=1)" \
     env CONTRAX_FUSED_KERNELS=1 "$BUILD/contrax" verify --device cuda --nproc 1 --dtype fp64
+  local san
+  san=$(sanitizer)
+  if [ -n "$san" ]; then
+    for tool in memcheck racecheck synccheck; do
+      step "compute-sanitizer --tool $tool on the CUDA panel kernels (cuda_panels_test)" \
+        "$san" --tool "$tool" --error-exitcode 1 --target-processes all "$BUILD/tests/cuda_panels_test"
+    done
+  else
+    exact=0
+    say "no compute-sanitizer (bundle, PyPI's nvidia-cuda-sanitizer-api or PATH): the kernels are not sanitized"
+    echo "no compute-sanitizer found: memcheck, racecheck and synccheck were not run" >>"$REPORT"
+  fi
+  [ $failures -eq "$before" ] || exact=0
   local train=("$BUILD/contrax" train --device cuda --nproc 1 --max-steps 100 --no-eval --no-verify --no-plot
                --data "$DATA")
   step "contrax train --device cuda: 100 steps, and 50 + 50 stopped and resumed, bitwise the same curve" bash -c \
@@ -165,8 +202,15 @@ quick_checks() {
      $(printf '%q ' "${train[@]}") --overwrite --stop-at-step 50 --run-dir '$OUT/train_resumed' &&
      $(printf '%q ' "${train[@]}") --resume --run-dir '$OUT/train_resumed' &&
      '$PY' tools/same_curve.py '$OUT/train_whole/metrics.jsonl' '$OUT/train_resumed/metrics.jsonl'"
-  step "the losses against plain PyTorch and the peers (python/bench/gpu_losses.py)" \
-    env PYTHONPATH="$pypath" "$PY" python/bench/gpu_losses.py --iters 5
+  step "the losses against plain PyTorch and the peers, ATen passes (python/bench/gpu_losses.py)" \
+    bash -c "PYTHONPATH='$pypath' '$PY' python/bench/gpu_losses.py --iters 5 --json >'$OUT/losses_aten.json'"
+  step "the losses against plain PyTorch and the peers, fused kernels (CONTRAX_FUSED_KERNELS=1)" \
+    bash -c "CONTRAX_FUSED_KERNELS=1 PYTHONPATH='$pypath' '$PY' python/bench/gpu_losses.py --iters 5 --json \
+      >'$OUT/losses_fused.json'"
+  # The verdict's own status is not a failure of the check: "keep them opt-in" is an answer.
+  "$PY" tools/fused_verdict.py "$OUT/losses_aten.json" "$OUT/losses_fused.json" --exact "$exact" \
+    >"$OUT/verdict.md" 2>&1
+  { echo; echo "## the fused CUDA kernels on this GPU"; echo; cat "$OUT/verdict.md"; } >>"$REPORT"
   step "the default recipe's examples/s: contrax train --device cuda, 300 steps" \
     "$BUILD/contrax" train --device cuda --nproc 1 --max-steps 300 --no-eval --no-verify --no-plot --overwrite \
     --data "$DATA" --run-dir "$OUT/train_speed"
@@ -191,6 +235,7 @@ if [ $QUICK = 1 ]; then
   fi
   quick_checks
   say "report: $REPORT ($failures failed step(s))"
+  say "$(grep -h '^VERDICT' "$OUT/verdict.md" 2>/dev/null || echo 'VERDICT: none (the benchmarks did not run)')"
   [ $failures -eq 0 ]
   exit
 fi

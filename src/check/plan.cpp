@@ -8,6 +8,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include "engine/lse_kernels.h"
+#include "engine/panels.h"
 #include "engine/prologue.h"
 
 namespace contrax {
@@ -16,8 +18,10 @@ namespace {
 
 void check_plan_options(const PlanOptions& o) {
   const std::string& loss = o.loss();
-  TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "grouped" || loss == "nt_xent" || loss == "moco_v3",
-              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent or moco_v3, but got '", loss, "'");
+  TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "grouped" || loss == "nt_xent" || loss == "moco_v3" ||
+                  loss == "siglip",
+              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3 or siglip, but got '", loss,
+              "'");
   TORCH_CHECK(o.group() >= 1, "plan_loss(): argument 'group' must be >= 1, but got ", o.group());
   TORCH_CHECK(o.group() == 1 || loss == "grouped",
               "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is '", loss, "'");
@@ -38,8 +42,8 @@ void check_plan_options(const PlanOptions& o) {
 // element of the compute dtype (logits, log-sum-exps, gradient sums); `f`: of
 // the operand dtype (features gathered or sent around the ring, and the
 // gradients returned to them: engine/precision.h).
-int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
-                    PathCost& ring) {
+int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, bool fused, PathCost& mat,
+                    PathCost& tiled, PathCost& ring) {
   const std::string& loss = o.loss();
   const int64_t W = o.world(), B = o.batch(), d = o.width();
   const int64_t gather = (W - 1) * b * d * f;    // one [b, d] tower all-gathered
@@ -88,6 +92,20 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathC
     mat.feature_bytes = tiled.feature_bytes = 2 * B * d * f;
     ring.feature_bytes = 4 * b * d * f;  // the block in hand and the arriving one
     old_gemms = 12;
+  } else if (loss == "siglip") {
+    // S = A B^T, dA = H B, dB = H^T A. Tiled recomputes S in the backward,
+    // except with the fused kernel and gathered keys, whose forward runs the
+    // gradient's GEMMs. B is gathered with gradient (or travels the ring);
+    // no column statistics.
+    mat.gemms = 3;
+    tiled.gemms = fused ? 3 : 4;
+    ring.gemms = 4;
+    mat.bytes_sent_forward = tiled.bytes_sent_forward = ring.bytes_sent_forward = gather;
+    mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * f;
+    ring.bytes_sent_backward = gather + partials;
+    mat.feature_bytes = tiled.feature_bytes = B * d * (f + e);
+    ring.feature_bytes = 2 * b * d * (f + e);
+    old_gemms = 3;
   } else {  // moco_v3: two directions, keys without gradient
     mat.gemms = 4;
     tiled.gemms = ring.gemms = 6;
@@ -145,13 +163,45 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / std::max<int64_t>(
 // has no mixed-dtype GEMM and widens instead) add about 2 fixed launches (the
 // gradients cast back to the features' dtype) and, on a materialised CLIP
 // panel, 2 (the cast of G with c folded in, and dk's accumulating GEMM).
-int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panels) {
-  struct Model {
-    int64_t fixed, per_panel;
-  };
+struct LaunchModel {
+  int64_t fixed, per_panel;
+};
+
+// The same with the fused CUDA panel kernels (CONTRAX_FUSED_KERNELS=1),
+// counted on the CPU walking as CUDA does with the kernels under the SIMT
+// emulator (panels_test: the operators plus the emulator's launches). Per
+// CLIP panel on the tiled path, 7: forward 3 (the GEMM; the log-sum-exp
+// kernels, strips and their finishing pass, writing the row log-sum-exps in
+// place and merging the column pairs); backward 4 (the GEMM again; the
+// gradient kernel, positives and masks by index, c folded in and written in
+// the operand dtype; dq's and dk's accumulating GEMMs). A materialised
+// panel, 6 (its GEMM, the two kernels; the gradient kernel in place and the
+// panel's rows of G k, dk one GEMM after the walk). One direction the same
+// (its kernels skip the columns). NT-Xent's materialised block keeps its
+// bounded shift (ATen forms: as above); its tiled panel 12, MoCo v3's 6.
+// SigLIP, 6 a panel, all in the forward: the GEMM, the kernel's strips and
+// finishing pass, the gradient's two GEMMs and the bias sums' add; its
+// materialised block is one step. The fixed counts are the ATen path's plus
+// the running column pairs' and the kernels' bookkeeping (CLIP 29, one
+// direction 22, NT-Xent tiled 62, MoCo v3 93 tiled and 87 materialised,
+// SigLIP 19).
+LaunchModel fused_model(const std::string& loss, bool materialised) {
+  if (loss == "clip") return materialised ? LaunchModel{29, 6} : LaunchModel{29, 7};
+  if (loss == "infonce" || loss == "grouped") return materialised ? LaunchModel{22, 6} : LaunchModel{22, 7};
+  if (loss == "nt_xent") return materialised ? LaunchModel{78, 16} : LaunchModel{62, 12};
+  if (loss == "siglip") return LaunchModel{19, 6};
+  return materialised ? LaunchModel{87, 6} : LaunchModel{93, 6};  // moco_v3
+}
+
+int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panels, bool fused) {
+  using Model = LaunchModel;
   const std::string& loss = o.loss();
   Model m{0, 0};
-  if (loss == "clip") {
+  if (fused) {
+    m = fused_model(loss, materialised);
+  } else if (loss == "siglip") {
+    m = Model{19, 12};  // a panel: the GEMM and the loss's passes; the backward's GEMM again, h, and two GEMMs
+  } else if (loss == "clip") {
     m = materialised ? Model{27, 25} : Model{27, 27};
   } else if (loss == "infonce" || loss == "grouped") {
     m = materialised ? Model{22, 14} : Model{22, 16};
@@ -163,14 +213,16 @@ int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panel
   const bool reduced = detail::operand_dtype(o.dtype(), o.device()) != detail::compute_dtype(o.dtype());
   if (reduced) {
     m.fixed += 2;
-    if (materialised && loss != "nt_xent") m.per_panel += 2;
+    // A materialised panel's G cast with c folded, and dk's accumulating GEMM
+    // (the fused tiled panel writes G in the operand dtype itself).
+    if (materialised && loss != "nt_xent" && loss != "siglip") m.per_panel += 2;
   }
   return m.fixed + m.per_panel * panels;
 }
 
 // The walk of each path: steps, their shape, the workspace held at once and
 // the launches.
-void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled, PathCost& ring) {
+void walk_costs(const PlanOptions& o, int64_t b, bool fused, PathCost& mat, PathCost& tiled, PathCost& ring) {
   const auto dev = o.device().type();
   const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
   const int64_t budget = o.panel_bytes() > 0 ? o.panel_bytes() : detail::panel_budget(o.device());
@@ -185,14 +237,17 @@ void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled,
     c->workspace_bytes = walk.panels ? detail::panel_workspace_bytes(dev, o.dtype(), {c->panel_rows, c->panel_cols},
                                                                      o.width())
                                      : c->logits_bytes;
-    c->launches = !walk.panels || (c == &ring && o.world() > 1) ? -1 : estimate_launches(o, false, c->panels);
+    c->launches = !walk.panels || (c == &ring && o.world() > 1) ? -1 : estimate_launches(o, false, c->panels, fused);
     if (walk.panels) c->logits_bytes = c->panel_rows * c->panel_cols * e;  // one panel
   }
   // The materialised buffer, walked in panels of every column: NT-Xent's one
   // [2b x 2B] buffer, MoCo v3's two [b x B] ones.
   auto blocks = walked_blocks(o, b, false);
   if (o.loss() == "nt_xent") blocks = {1, 2 * b, blocks.cols};
-  const int64_t R = detail::buffer_panel_rows(dev, o.dtype(), blocks.rows, blocks.cols, o.width(), budget);
+  // SigLIP's materialised block is one step of every row (siglip.cpp).
+  const int64_t R = o.loss() == "siglip"
+                        ? std::max<int64_t>(b, 1)
+                        : detail::buffer_panel_rows(dev, o.dtype(), blocks.rows, blocks.cols, o.width(), budget);
   mat.panel_rows = R;
   mat.panel_cols = blocks.cols;
   mat.panels = blocks.count * ceil_div(blocks.rows, R);
@@ -200,7 +255,7 @@ void walk_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& tiled,
   // own logits (none with the CPU's fused passes).
   const int64_t panel = detail::panel_workspace_bytes(dev, o.dtype(), {R, blocks.cols}, o.width());
   mat.workspace_bytes = mat.logits_bytes + panel - R * blocks.cols * e;
-  mat.launches = detail::panels_on(dev) ? estimate_launches(o, true, mat.panels) : -1;
+  mat.launches = detail::panels_on(dev) ? estimate_launches(o, true, mat.panels, fused) : -1;
 }
 
 std::string mib(int64_t bytes) {
@@ -228,11 +283,15 @@ LossPlan plan_loss(const PlanOptions& o) {
   const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
   PathCost mat{"materialised"}, tiled{"tiled"}, ring{"ring"};
   ring.available = W > 1;
-  p.old_gemms = count_costs(o, b, e, f, mat, tiled, ring);
+  // The fused kernels where a walk in panels would take them (the switch, a
+  // device that has them; the CPU's emulated stand-in for CUDA too).
+  p.fused = detail::panels_on(o.device().type()) && detail::fused_passes(o.device().type()) &&
+            !(o.device().is_cpu() && !detail::emulated_panel_kernels_installed());
+  p.old_gemms = count_costs(o, b, e, f, p.fused, mat, tiled, ring);
   mat.logits_bytes = blocks * b * B * e;
   tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
   for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
-  walk_costs(o, b, mat, tiled, ring);
+  walk_costs(o, b, p.fused, mat, tiled, ring);
   p.paths = {mat, tiled, ring};
 
   // The losses' own routing, on the largest rank.
@@ -250,7 +309,8 @@ std::string to_string(const LossPlan& p) {
      << ", W = " << o.world() << ", " << o.dtype() << (o.device().is_cuda() ? " on CUDA" : "") << "\n";
   os << "steps: " << (o.device().is_cuda() ? "row panels of every column of a block" : "square tiles")
      << " (each walked once forward, once backward); launches: GPU kernel launches of a forward + backward "
-        "(estimate, ATen forms)\n";
+        "(estimate, "
+     << (p.fused ? "the fused CUDA kernels" : "ATen forms") << ")\n";
   os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd | steps "
         "(rows x cols) | workspace | launches |\n";
   os << "|---|---|---|---|---|---|---|---|---|---|\n";
@@ -274,7 +334,8 @@ std::string to_json(const LossPlan& p) {
   const auto& o = p.options;
   os << "{\"loss\": \"" << o.loss() << "\", \"group\": " << o.group() << ", \"batch\": " << o.batch()
      << ", \"width\": " << o.width() << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank
-     << ", \"chosen\": \"" << p.chosen << "\", \"old_gemms\": " << p.old_gemms << ", \"paths\": [";
+     << ", \"chosen\": \"" << p.chosen << "\", \"old_gemms\": " << p.old_gemms
+     << ", \"fused\": " << (p.fused ? "true" : "false") << ", \"paths\": [";
   for (size_t i = 0; i < p.paths.size(); ++i) {
     const auto& c = p.paths[i];
     os << (i ? ", " : "") << "{\"path\": \"" << c.path << "\", \"available\": " << (c.available ? "true" : "false")

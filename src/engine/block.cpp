@@ -35,8 +35,23 @@ torch::Tensor run_view(const torch::Tensor& t, const PositiveRun& p, int64_t g) 
                       t.storage_offset() + p.row * t.stride(0) + p.col * t.stride(1));
 }
 
+std::optional<panels::Masks> kernel_masks(const BlockState& state, const torch::Tensor& t, int64_t r0, int64_t c0) {
+  if (!state.by_index.has_value()) state.by_index = panel_kernels_take(t);
+  if (!*state.by_index) return std::nullopt;
+  panels::Masks m;
+  m.row0 = r0, m.col0 = c0;
+  m.positives = !state.multi();
+  m.pos_offset = state.layout.offset, m.group = state.spec.group;
+  if (state.labeled() && !state.multi()) {
+    m.row_labels = state.spec.row_labels.data_ptr<int64_t>() + r0;
+    m.col_labels = state.spec.col_labels.data_ptr<int64_t>() + c0;
+  }
+  return m;
+}
+
 torch::Tensor apply_labels(const BlockState& state, torch::Tensor& t, int64_t r0, int64_t c0) {
   if (!state.labeled()) return {};
+  if (!state.multi() && kernel_masks(state, t, r0, c0)) return {};  // masked by index in the kernels
   const int64_t R = t.size(0), C = t.size(1), g = state.spec.group;
   auto eq = state.spec.row_labels.narrow(0, r0, R).unsqueeze(1) ==
             state.spec.col_labels.narrow(0, c0, C).unsqueeze(0);  // [R, C] bool, contiguous
@@ -50,7 +65,8 @@ torch::Tensor apply_labels(const BlockState& state, torch::Tensor& t, int64_t r0
   return eq.to(t.scalar_type());
 }
 
-ForwardStats::ForwardStats(const BlockState& state, int64_t b, const torch::TensorOptions& opt, bool online_cols) {
+ForwardStats::ForwardStats(const BlockState& state_, int64_t b, const torch::TensorOptions& opt, bool online_cols)
+    : state(state_) {
   const bool sym = state.spec.symmetric, multi = state.multi();
   const int64_t N = state.n_cols();
   lse_row = torch::full({b}, -kInf, opt);
@@ -61,9 +77,14 @@ ForwardStats::ForwardStats(const BlockState& state, int64_t b, const torch::Tens
 
 void ForwardStats::add(const torch::Tensor& t, const torch::Tensor& P, int64_t r0, int64_t c0, bool whole_rows) {
   const int64_t R = t.size(0), C = t.size(1);
-  auto row = cols ? cols->add(t, c0, /*rows=*/true) : tile_lse(t, /*rows=*/true, /*cols=*/false).row;
+  const auto m = kernel_masks(state, t, r0, c0);
+  const panels::Masks* masks = m ? &*m : nullptr;
   auto lr = lse_row.narrow(0, r0, R);
-  lr.copy_(whole_rows ? row : torch::logaddexp(lr, row));
+  // Final rows on the panel kernels: written into lse_row by the kernel itself.
+  const auto direct = whole_rows && m ? lr : torch::Tensor();
+  auto row = cols ? cols->add(t, c0, /*rows=*/true, masks, direct)
+                  : tile_lse(t, /*rows=*/true, /*cols=*/false, masks, direct).row;
+  if (!direct.defined()) lr.copy_(whole_rows ? row : torch::logaddexp(lr, row));
   if (P.defined()) {
     auto tp = t * P;  // multi-positive masks nothing: t is finite
     pos_row.narrow(0, r0, R).add_(tp.sum(1));
@@ -169,14 +190,33 @@ void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor
   if (sym) diag.sub_(w.col.narrow(0, c0 + run.col, run.n));  // group 1: columns consecutive
 }
 
+torch::Tensor kernel_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,
+                              int64_t r0, int64_t c0, c10::ScalarType op) {
+  if (state.multi()) return {};
+  const auto m = kernel_masks(state, t, r0, c0);
+  const bool writable = op == t.scalar_type() || (t.scalar_type() == torch::kFloat &&
+                                                  (op == torch::kBFloat16 || op == torch::kHalf));
+  if (!m || !writable) return {};
+  const int64_t R = t.size(0), C = t.size(1);
+  const bool sym = state.spec.symmetric;
+  auto out = op == t.scalar_type() ? t : torch::empty(t.sizes(), t.options().dtype(op));  // [R, C]
+  softmax_grad_into(t, rt.lse_row.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
+                    sym ? rt.lse_col.narrow(0, c0, C) : torch::Tensor(),
+                    sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor(), &*m, w.c, out);
+  return out;
+}
+
 void tile_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,
                    const torch::Tensor& P, int64_t r0, int64_t c0) {
   const int64_t R = t.size(0), C = t.size(1);
   const bool sym = state.spec.symmetric;
-  // w_i exp(S_ij - lse_row_i) [+ w_j exp(S_ij - lse_col_j)], fused, in place.
+  // w_i exp(S_ij - lse_row_i) [+ w_j exp(S_ij - lse_col_j)], fused, in place;
+  // on the panel kernels, masked entries and the designated positives' -Y
+  // terms by index in the same pass.
+  const auto m = kernel_masks(state, t, r0, c0);
   softmax_grad_(t, rt.lse_row.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
                 sym ? rt.lse_col.narrow(0, c0, C) : torch::Tensor(),
-                sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor());
+                sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor(), m ? &*m : nullptr);
   if (P.defined()) {
     auto yr = rt.inv_n_row.narrow(0, r0, R);
     if (w.row.defined()) yr = yr * w.row.narrow(0, r0, R);
@@ -188,7 +228,7 @@ void tile_gradient(const BlockState& state, const RowTerms& rt, const Weights& w
     }
     return;
   }
-  subtract_positives(state, w, t, r0, c0);
+  if (!m) subtract_positives(state, w, t, r0, c0);
 }
 
 NtWeights nt_weights(const BlockState& state, const torch::Tensor& grad, c10::ScalarType dt) {

@@ -68,6 +68,10 @@ struct BlockState : torch::CustomClassHolder {
   std::optional<double> shift;             // bound M of |S|, every softmax's shift: the buffer holds exp(S - M)
   Reduction reduction = Reduction::kMean;  // NT-Xent
   bool consumed = false;                   // the buffer has become G: a second backward would be wrong
+  // Whether tiles go to the panel kernels with masks and positives by index
+  // (kernel_masks): decided by the forward's first tile and kept, so that
+  // the backward treats a kept buffer the way its forward did.
+  mutable std::optional<bool> by_index;
 
   bool labeled() const { return spec.row_labels.defined(); }
   bool multi() const { return labeled() && spec.label_mode == LabelMode::kMultiPositive; }
@@ -90,9 +94,17 @@ torch::Tensor run_view(const torch::Tensor& t, const PositiveRun& p, int64_t g);
 
 /// Label structure of a tile (local rows [r0, r0+R), global columns
 /// [c0, c0+C)): kMaskDuplicates masks the duplicates of `t` in place and
-/// returns undefined; kMultiPositive returns P as a [R, C] tensor of t's dtype;
-/// no labels: undefined.
+/// returns undefined (unless kernel_masks leaves them to the kernels);
+/// kMultiPositive returns P as a [R, C] tensor of t's dtype; no labels:
+/// undefined.
 torch::Tensor apply_labels(const BlockState& state, torch::Tensor& t, int64_t r0, int64_t c0);
+
+/// For a tile that goes to the panel kernels (engine/lse_kernels.h:
+/// panel_kernels_take): its designated positives (unless multi-positive) and
+/// kMaskDuplicates' equal labels as the kernels' masks by index, so that no
+/// ATen pass builds a label mask or subtracts the positives; nullopt for a
+/// tile that takes another path.
+std::optional<panels::Masks> kernel_masks(const BlockState& state, const torch::Tensor& t, int64_t r0, int64_t c0);
 
 // ---- the forward
 
@@ -100,6 +112,7 @@ torch::Tensor apply_labels(const BlockState& state, torch::Tensor& t, int64_t r0
 /// columns). The column log-sum-exps are running ones (ColumnLse): no [N]
 /// vector is rebuilt per tile.
 struct ForwardStats {
+  const BlockState& state;
   torch::Tensor lse_row, pos_row, n_row;  // [b]; pos/n only for multi-positive
   torch::Tensor lse_col, pos_col, n_col;  // [N] partials over this rank's rows (symmetric); lse_col set by finish()
   std::unique_ptr<ColumnLse> cols;        // symmetric only
@@ -145,6 +158,14 @@ Weights backward_weights(const BlockState& state, const torch::Tensor& grad, c10
 /// The -Y terms of G / c on the designated positives of a tile (no
 /// multi-positive labels): w_i, plus w_j when symmetric (1 each unweighted).
 void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor& t, int64_t r0, int64_t c0);
+
+/// S tile -> G (c folded in) in the operand dtype `op`, in one pass of the
+/// panel kernels, where the tile goes to them and has no multi-positive
+/// labels (kernel_masks): `t` itself when `op` is its dtype, else a new
+/// [R, C] tensor of `op`. Undefined otherwise: the caller takes tile_gradient
+/// and scaled_operand.
+torch::Tensor kernel_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,
+                              int64_t r0, int64_t c0, c10::ScalarType op);
 
 /// S tile -> G / c in place (see the derivation above). `P` as apply_labels.
 void tile_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,

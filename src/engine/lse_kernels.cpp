@@ -14,10 +14,8 @@
 
 #include "engine/cuda_kernels_built.h"  // generated: CONTRAX_CUDA_KERNELS_BUILT
 #include "engine/kernels/lse_simd_api.h"
+#include "engine/panel_kernels.h"
 #include "util/env.h"
-#if CONTRAX_CUDA_KERNELS_BUILT
-#include "engine/cuda_panels.h"
-#endif
 
 namespace contrax::detail {
 
@@ -81,23 +79,16 @@ std::atomic<bool>& bounded_flag() {
   return on;
 }
 
+// The CPU kernels: not while the CPU stands in for CUDA (emulated panel
+// kernels installed), where CUDA's kernels and ATen forms run instead.
 bool fused_applies(const torch::Tensor& t) {
-  return enabled_flag().load(std::memory_order_relaxed) && t.device().is_cpu() && t.dim() == 2 &&
+  return enabled_flag().load(std::memory_order_relaxed) && t.device().is_cpu() &&
+         !emulated_panel_kernels_installed() && t.dim() == 2 &&
          (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble) &&
          (t.size(1) <= 1 || t.stride(0) >= t.size(1)) && (t.size(1) <= 1 || t.stride(1) == 1);
 }
 
-// Whether a tensor of `options` goes to the CUDA panel kernels: a build with
-// them, both switches on, a CUDA float/double tensor.
-bool cuda_fused_options(const torch::TensorOptions& options) {
-#if CONTRAX_CUDA_KERNELS_BUILT
-  return enabled_flag().load(std::memory_order_relaxed) && cuda_flag().load(std::memory_order_relaxed) &&
-         options.device().is_cuda() && (options.dtype() == torch::kFloat || options.dtype() == torch::kDouble);
-#else
-  (void)options;
-  return false;
-#endif
-}
+bool cuda_fused_options(const torch::TensorOptions& options) { return cuda_fused_device(options).has_value(); }
 
 // Tiles sent to the CUDA panel kernels (cuda_panel_calls).
 std::atomic<int64_t>& cuda_calls() {
@@ -212,21 +203,23 @@ torch::Tensor aten_cols_lse(const torch::Tensor& x) {
 
 }  // namespace
 
-TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols) {
+bool panel_kernels_take(const torch::Tensor& t) { return cuda_fused_applies(t); }
+
+TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols, const panels::Masks* masks,
+                 const torch::Tensor& row_out) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2, "tile_lse: expected a 2-D tile, got ", t.sizes());
+  TORCH_INTERNAL_ASSERT(!masks || cuda_fused_applies(t), "tile_lse: masks by index are the panel kernels'");
   TileLse out;
   if (cols) {
     ColumnLse acc(t.size(1), t.options());
-    out.row = acc.add(t, 0, rows);
+    out.row = acc.add(t, 0, rows, masks, row_out);
     out.col = acc.lse();
   } else if (rows && fused_applies(t)) {
     AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "tile_lse",
                                [&] { out.row = fused_tile<scalar_t>(t, true, nullptr, nullptr, nullptr); });
   } else if (rows && cuda_fused_applies(t)) {
-#if CONTRAX_CUDA_KERNELS_BUILT
     ++cuda_calls();
-    out.row = cuda_tile_lse(t, true, {}, {});
-#endif
+    out.row = panel_tile_lse(*cuda_fused_device(t.options()), t, true, {}, {}, masks, row_out);
   } else if (rows) {
     out.row = aten_rows_lse(t);
   }
@@ -235,6 +228,7 @@ TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols) {
 
 ColumnLse::ColumnLse(int64_t n_cols, const torch::TensorOptions& options)
     : fused_(enabled_flag().load(std::memory_order_relaxed) && options.device().is_cpu() &&
+             !emulated_panel_kernels_installed() &&
              (options.dtype() == torch::kFloat || options.dtype() == torch::kDouble)),
       cuda_(cuda_fused_options(options)) {
   if (cuda_ || fused_) {
@@ -248,16 +242,17 @@ ColumnLse::ColumnLse(int64_t n_cols, const torch::TensorOptions& options)
   }
 }
 
-torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows) {
+torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows, const panels::Masks* masks,
+                             const torch::Tensor& row_out) {
+  TORCH_INTERNAL_ASSERT(!masks || (cuda_ && cuda_fused_applies(tile)), "ColumnLse: masks by index are the panel kernels'");
   TORCH_INTERNAL_ASSERT(tile.dim() == 2 && c0 >= 0 && c0 + tile.size(1) <= (fused_ || cuda_ ? max_ : lse_).size(0));
   if (cuda_) {
-#if CONTRAX_CUDA_KERNELS_BUILT
     TORCH_INTERNAL_ASSERT(tile.scalar_type() == max_.scalar_type() && tile.device() == max_.device());
     const auto t = cuda_fused_applies(tile) ? tile : tile.contiguous();
     const int64_t C = t.size(1);
     ++cuda_calls();
-    return cuda_tile_lse(t, rows, max_.narrow(0, c0, C), sum_.narrow(0, c0, C));
-#endif
+    return panel_tile_lse(*cuda_fused_device(t.options()), t, rows, max_.narrow(0, c0, C), sum_.narrow(0, c0, C),
+                          masks, rows ? row_out : torch::Tensor());
   }
   if (!fused_) {
     auto lc = lse_.narrow(0, c0, tile.size(1));
@@ -281,15 +276,31 @@ torch::Tensor ColumnLse::lse() const {
   return fused_ ? shift_ + sum_.log() : lse_.clone();
 }
 
+void softmax_grad_into(const torch::Tensor& t, const torch::Tensor& lse_row, const torch::Tensor& w_row,
+                       const torch::Tensor& lse_col, const torch::Tensor& w_col, const panels::Masks* masks,
+                       const torch::Tensor& factor, const torch::Tensor& out) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 2 && lse_row.numel() == t.size(0) && cuda_fused_applies(t));
+  ++cuda_calls();
+  if (t.numel() == 0) return;
+  auto src = t;
+  panel_softmax_grad_(*cuda_fused_device(t.options()), src, vec(lse_row, t), vec(w_row, t), vec(lse_col, t),
+                      vec(w_col, t), masks, factor, out);
+}
+
 void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::Tensor& w_row,
-                   const torch::Tensor& lse_col, const torch::Tensor& w_col) {
+                   const torch::Tensor& lse_col, const torch::Tensor& w_col, const panels::Masks* masks) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && lse_row.numel() == t.size(0));
+  // A tile left unmasked for the kernels must reach them (the switch turned
+  // off between a forward and its backward would be a wrong gradient).
+  TORCH_CHECK(!masks || cuda_fused_applies(t), "contrax: the fused CUDA kernels were switched off between a loss's "
+              "forward and its backward; switch them (CONTRAX_FUSED_KERNELS) only between steps");
   TORCH_INTERNAL_ASSERT(!lse_col.defined() || lse_col.numel() == t.size(1));
   if (cuda_fused_applies(t)) {
-#if CONTRAX_CUDA_KERNELS_BUILT
     ++cuda_calls();
-    if (t.numel() > 0) cuda_softmax_grad_(t, vec(lse_row, t), vec(w_row, t), vec(lse_col, t), vec(w_col, t));
-#endif
+    if (t.numel() > 0) {
+      panel_softmax_grad_(*cuda_fused_device(t.options()), t, vec(lse_row, t), vec(w_row, t), vec(lse_col, t),
+                          vec(w_col, t), masks);
+    }
     return;
   }
   if (!fused_applies(t)) {
@@ -374,6 +385,18 @@ void set_bounded_shift_enabled(bool on) { bounded_flag().store(on); }
 
 bool fused_kernels_enabled() { return enabled_flag().load(); }
 void set_fused_kernels_enabled(bool on) { enabled_flag().store(on); }
+
+// Both switches on, a float/double tensor on a device that has the kernels
+// (engine/panel_kernels.h).
+std::optional<PanelDevice> cuda_fused_device(const torch::TensorOptions& options) {
+  if (!enabled_flag().load(std::memory_order_relaxed) || !cuda_flag().load(std::memory_order_relaxed) ||
+      !(options.dtype() == torch::kFloat || options.dtype() == torch::kDouble)) {
+    return std::nullopt;
+  }
+  return panel_device(options);
+}
+
+void count_cuda_panel_call() { ++cuda_calls(); }
 
 bool cuda_fused_kernels_built() { return CONTRAX_CUDA_KERNELS_BUILT != 0; }
 bool cuda_fused_kernels_enabled() { return cuda_flag().load(); }

@@ -3,15 +3,20 @@
 // CPU float/double tiles with unit column stride go to vectorised kernels
 // (AVX-512, AVX2 or baseline, chosen at run time; src/engine/kernels/) split
 // across LibTorch's intra-op threads; CUDA float/double tiles to the CUDA panel
-// kernels where built and switched on (opt-in: cuda_fused_kernels_enabled);
-// any other tile (a transposed view) to the equivalent ATen operations.
+// kernels where built and switched on (opt-in: cuda_fused_kernels_enabled;
+// engine/panel_kernels.h, which also lets a test send CPU tiles to the same
+// kernels under the SIMT emulator); any other tile (a transposed view) to the
+// equivalent ATen operations.
 // Internal to the engine (src/engine/), not installed.
 #pragma once
 
 #include <torch/torch.h>
 
 #include <limits>
+#include <optional>
 #include <string>
+
+#include "engine/panel_kernels.h"
 
 namespace contrax::detail {
 
@@ -30,7 +35,17 @@ struct TileLse {
 /// results NaN or +inf, as `torch::logsumexp` would.
 ///
 ///   auto s = tile_lse(S, /*rows=*/true, /*cols=*/false);   // s.row: [R]
-TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols);
+///
+/// `masks` (entries masked and positives designated by index, the panel
+/// kernels' way): only for a tile that panel_kernels_take.
+/// `row_out` as ColumnLse::add's.
+TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols, const panels::Masks* masks = nullptr,
+                 const torch::Tensor& row_out = {});
+
+/// Whether the tile `t` goes to the panel kernels (cuda_fused_device, and
+/// rows and columns the kernels can walk): where the engine may leave masks
+/// and positives to them, by index.
+bool panel_kernels_take(const torch::Tensor& t);
 
 /// Column log-sum-exps of a matrix seen one tile at a time (online: a running
 /// maximum and a sum of exponentials under a shift per column, rescaled only
@@ -46,7 +61,11 @@ class ColumnLse {
   ColumnLse(int64_t n_cols, const torch::TensorOptions& options);
   /// Adds the rows of `tile` ([R, C]) to columns [c0, c0 + C). Returns the
   /// tile's row log-sum-exps ([R], over its C columns) when `rows`, else undefined.
-  torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows);
+  /// `masks` as tile_lse's (the panel kernels only). `row_out` ([R],
+  /// contiguous, or undefined): where the panel kernels write the rows
+  /// directly (then returned); other paths return a new tensor.
+  torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows, const panels::Masks* masks = nullptr,
+                    const torch::Tensor& row_out = {});
   /// [n_cols]; -inf for a column that only -inf (or nothing) was added to.
   torch::Tensor lse() const;
 
@@ -56,14 +75,26 @@ class ColumnLse {
   torch::Tensor lse_;                // ATen state, [n_cols]
 };
 
+/// The gradient panel in one pass of the panel kernels, for a tile that
+/// panel_kernels_take: out = c softmax_grad_(t) (the -Y terms from `masks`),
+/// c the 0-dim `factor`, `out` ([R, C]) of t's dtype or, for fp32 tiles,
+/// bf16 / fp16: the GEMMs' operand, cast and scaled in the same pass. `t` is
+/// left as it was unless `out` is `t`.
+void softmax_grad_into(const torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row,
+                       const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
+                       const panels::Masks* masks, const torch::Tensor& factor /* [] */,
+                       const torch::Tensor& out /* [R, C] */);
+
 /// Turns the tile into softmax gradients in place:
 ///   t_ij <- w_row_i exp(t_ij - lse_row_i) + w_col_j exp(t_ij - lse_col_j),
 /// an undefined weight meaning 1 and an undefined `lse_col` dropping the
 /// column term. The vectors have t's dtype and device, and lengths R and C.
+/// With `masks` (a tile that panel_kernels_take only), its masked entries
+/// give 0 and its designated positives lose w_row_i [+ w_col_j].
 void softmax_grad_(torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row /* [R] */,
                    const torch::Tensor& w_row /* [R] or undefined */,
                    const torch::Tensor& lse_col /* [C] or undefined */,
-                   const torch::Tensor& w_col /* [C] or undefined */);
+                   const torch::Tensor& w_col /* [C] or undefined */, const panels::Masks* masks = nullptr);
 
 /// In place t_ij <- exp(t_ij - shift); returns the row sums [R] of the new t.
 /// For rows known to be bounded by `shift` (e.g. cosine logits: |S| <= 1/T),
@@ -98,6 +129,13 @@ void set_cuda_fused_kernels_enabled(bool on);
 /// How many tiles this process has sent to the CUDA panel kernels (for the
 /// GPU tests: that the kernels, not the ATen path, ran).
 int64_t cuda_panel_calls();
+
+/// The panel kernels that a float/double tile of `options` goes to while the
+/// CUDA kernels are switched on (cuda_fused_kernels_enabled): CUDA tiles
+/// where built, CPU tiles while emulated ones are installed; none otherwise.
+/// A caller that launches one counts it with count_cuda_panel_call().
+std::optional<PanelDevice> cuda_fused_device(const torch::TensorOptions& options);
+void count_cuda_panel_call();
 
 /// Whether the engine may use a known bound of the logits as the shift of its
 /// softmaxes (NT-Xent on unit rows, CLIP within s max|a| max|b| + |bias|):

@@ -112,7 +112,9 @@ class ClipBlock : public torch::autograd::Function<ClipBlock> {
     // Off the CPU the bound is not taken: its factors live on the device, and
     // reading them would be a host synchronisation every call (the general
     // path's max pass costs the GPU less than the CPU waiting for it).
-    if (!state->multi() && b > 0 && N > 0 && q.device().is_cpu() && bounded_shift_enabled()) {
+    // (A CPU standing in for CUDA, its kernels emulated, walks as CUDA does.)
+    if (!state->multi() && b > 0 && N > 0 && q.device().is_cpu() && !emulated_panel_kernels_installed() &&
+        bounded_shift_enabled()) {
       // The bound's factors in one host read.
       std::vector<torch::Tensor> parts{scale.reshape({}), q.norm(2, 1).max(), k_all.norm(2, 1).max()};
       if (has_bias) parts.push_back(bias->abs().reshape({}));

@@ -69,7 +69,13 @@ bool panels_on(c10::DeviceType device) { return device == c10::kCUDA || panels_e
 bool panels_everywhere() { return panels_everywhere_flag().load(std::memory_order_relaxed); }
 void set_panels_everywhere(bool on) { panels_everywhere_flag().store(on); }
 
-bool fused_passes(c10::DeviceType device) { return device == c10::kCPU && fused_kernels_enabled(); }
+bool fused_passes(c10::DeviceType device) {
+  if (!fused_kernels_enabled()) return false;
+  // The CPU standing in for CUDA (emulated panel kernels) is fused where
+  // CUDA would be.
+  if (device == c10::kCPU) return !emulated_panel_kernels_installed() || cuda_fused_kernels_enabled();
+  return device == c10::kCUDA && cuda_fused_kernels_enabled() && cuda_fused_kernels_built();
+}
 
 int64_t panel_entry_bytes(c10::DeviceType device, c10::ScalarType dtype) {
   const auto compute = compute_dtype(dtype), operand = operand_dtype(dtype, c10::Device(device));

@@ -40,7 +40,8 @@ void set_panels_everywhere(bool on);
 
 /// Whether the element-wise passes over a panel hold no panel-sized
 /// temporary on `device`: the CPU's fused kernels (engine/lse_kernels.h) where
-/// enabled; the ATen forms (every other device) hold one.
+/// enabled, CUDA's panel kernels where built and switched on (and the CPU's
+/// walk while emulated ones stand in for them); the ATen forms hold one.
 bool fused_passes(c10::DeviceType device);
 
 /// Bytes a panel holds per logit on `device` for features of `dtype`: the
@@ -49,7 +50,8 @@ bool fused_passes(c10::DeviceType device);
 /// backward the gradient panel cast to the operand dtype f (reduced operands
 /// only; plus its widened copy e where there is no mixed-dtype GEMM: off
 /// CUDA, or on a LibTorch without it).
-/// CUDA, bf16 features, ATen passes: 4 + max(4, 2) = 8.
+/// CUDA, bf16 features, ATen passes: 4 + max(4, 2) = 8; the fused CUDA
+/// kernels: 4 + 2 = 6.
 int64_t panel_entry_bytes(c10::DeviceType device, c10::ScalarType dtype);
 
 /// The panel over a block of `rows` x `cols` logits for features of `dtype`

@@ -111,10 +111,16 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
             auto kt = block.narrow(0, t.c0, t.cols);            // [C, d]
             auto s = tile_logits(*state, qs, block, bias, t, col0);  // [R, C], then in place G / c
             auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
-            tile_gradient(*state, rt, w, s, P, t.r0, col0 + t.c0);
-            if (want_bias) g_sum.add_(s.sum());  // sum of G / c (c applied once at the end)
-            // G in the keys' dtype, cast once with c folded in, for both GEMMs.
-            auto G = scaled_operand(s, w.c, kt.scalar_type());
+            // G in the keys' dtype with c folded in, for both GEMMs: one
+            // kernel pass on the panel kernels (the bias's sum wants G / c:
+            // then, and elsewhere, the gradient in place and one cast).
+            torch::Tensor G =
+                want_bias ? torch::Tensor() : kernel_gradient(*state, rt, w, s, t.r0, col0 + t.c0, kt.scalar_type());
+            if (!G.defined()) {
+              tile_gradient(*state, rt, w, s, P, t.r0, col0 + t.c0);
+              if (want_bias) g_sum.add_(s.sum());  // sum of G / c (c applied once at the end)
+              G = scaled_operand(s, w.c, kt.scalar_type());
+            }
             gemm_into_(A.narrow(0, t.r0, t.rows), G, kt, one_block && t.c0 == 0);
             if (want_dk) gemm_into_(dk_block.narrow(0, t.c0, t.cols), G.t(), qs.narrow(0, t.r0, t.rows), t.r0 == 0);
           },
@@ -228,8 +234,12 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     const int64_t b = z.size(0) / 2;
     const auto w = nt_weights(*state, grads[0], compute_dtype(z.scalar_type()));
     auto zs = z * state->inv_temperature;
-    auto A = torch::zeros(z.sizes(), compute_options(z));  // [2b, d]
-    state->key_blocks().for_each(keys, [&](int64_t owner, int64_t col0, const torch::Tensor& block) {
+    // A's rows take their first product by assignment (no zero fill): at the
+    // first column step of this rank's own block, the first visited (on the
+    // ring too), which holds this rank's 2b rows' own columns.
+    auto A = torch::empty(z.sizes(), compute_options(z));  // [2b, d]
+    const auto blocks = state->key_blocks();
+    blocks.for_each(keys, [&](int64_t owner, int64_t col0, const torch::Tensor& block) {
       const auto dg = diagonals(*state, owner);
       const auto lse_cols = block_cols(*state, col0, block, lse_all);
       const auto w_cols = block_cols(*state, col0, block, w.all);
@@ -250,7 +260,8 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
             pos.sub_(2.0);
           }
         }
-        gemm_add_(A.narrow(0, t.r0, t.rows), scaled_operand(s, w.c, zt.scalar_type()), zt);  // cast once, c folded
+        gemm_into_(A.narrow(0, t.r0, t.rows), scaled_operand(s, w.c, zt.scalar_type()), zt,  // cast once, c folded
+                   owner == blocks.rank() && t.c0 == 0);
       });
     });
     return {A.to(z.scalar_type()), torch::Tensor(), torch::Tensor()};

@@ -23,7 +23,8 @@ namespace contrax {
 ///   std::cout << contrax::to_string(p);
 struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
   /// "clip" (symmetric), "infonce" (one direction), "grouped" (one direction,
-  /// `group` candidates per query: grouped_loss), "nt_xent" or "moco_v3".
+  /// `group` candidates per query: grouped_loss), "nt_xent", "moco_v3" or
+  /// "siglip".
   TORCH_ARG(std::string, loss) = "clip";
   /// grouped only: candidates per query (its positive and group - 1 hard negatives).
   TORCH_ARG(int64_t, group) = 1;
@@ -69,8 +70,9 @@ struct PathCost {
   /// temporaries (materialised).
   int64_t workspace_bytes = 0;
   /// Kernel launches of a forward + backward on a GPU (the ATen operators
-  /// that launch work), estimated from the same walk: the prologue's fixed
-  /// count plus, per step, its GEMMs and element-wise passes (the ATen forms;
+  /// that launch work, and the panel kernels'), estimated from the same walk:
+  /// the prologue's fixed count plus, per step, its GEMMs and element-wise
+  /// passes (the ATen forms, or the fused kernels where on: LossPlan::fused;
   /// src/check/plan.cpp derives the counts). -1 where not modelled: the CPU's
   /// walk (no launches; its tiles run fused kernels), and the ring (its
   /// per-block communication copies are not counted).
@@ -87,6 +89,11 @@ struct LossPlan {
   /// The old algorithm's GEMMs for the same loss (both directions with their
   /// own products; NT-Xent's four [b x B] products), for comparison.
   int64_t old_gemms = 0;
+  /// Whether the walk's element-wise passes are the fused CUDA panel kernels
+  /// (a CUDA plan with the kernels built and switched on:
+  /// CONTRAX_FUSED_KERNELS=1): panels without ATen temporaries, fewer
+  /// launches, and SigLIP's gradient GEMMs in the forward.
+  bool fused = false;
 };
 
 /// Plans a loss call. Throws on an unknown loss or a non-positive size.

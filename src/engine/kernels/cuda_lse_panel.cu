@@ -1,81 +1,16 @@
-// CUDA kernels of the CLIP / InfoNCE / NT-Xent / MoCo v3 / grouped forward:
-// the row log-sum-exps of a panel of logits and its columns' (max, sum) pairs
-// merged into running ones, in one read of the logits (online maxima, so no
-// underflow at any temperature; the masked diagonal and equal-label
-// duplicates by index). LibTorch-free: CUDA runtime and panel_grid.h only.
-//
-// Grid (panel_grid.h, "strips"): blocks of 256 threads, grid
-// (ceil(rows / 32) strips, splits column ranges), splits chosen so that there
-// are at least twice as many blocks as multiprocessors. Thread t of a block
-// walks columns t, t + 256, ... of its range; for each column it reads the
-// strip's 32 rows (coalesced: a warp reads 32 consecutive floats of a row),
-// keeps the column's pair over them (stored as the strip's partial pair of
-// that column: workspace [strips][cols]) and adds each entry to its own
-// partial of that row (32 pairs in registers). The block merges its threads'
-// row partials (warp butterfly, then the 8 warps in shared memory,
-// cuda_strip_reduce.cuh) into the split's partial of each row (workspace
-// [splits][rows]). A second kernel, one thread per row and per column
-// (ceil(max(rows, cols) / 256) blocks), merges the splits into each row's
-// log-sum-exp and the strips into each column's running pair. Tails (rows
-// past the last full strip, columns past the last full 256) are skipped by
-// index. Traffic: 4 bytes per logit read, 0.25 per logit of column partials.
-#include <cuda_runtime.h>
-
+// The host API of the log-sum-exp panel kernels (cuda_panels_api.h):
+// cuda_lse_panel.cuh's launches on a CUDA stream. CUDA only (nvcc).
+#include "engine/kernels/cuda_lse_panel.cuh"
 #include "engine/kernels/cuda_panels_api.h"
-#include "engine/kernels/cuda_strip_reduce.cuh"
+#include "engine/kernels/cuda_stream_launch.cuh"
 
 namespace contrax::detail::panels {
 
-namespace {
-
-struct MergePairs {
-  template <typename T>
-  __device__ MaxSum<T> operator()(MaxSum<T> a, MaxSum<T> b) const {
-    return math::merge(a, b);
-  }
-};
-
-template <typename T>
-struct StoreRow {
-  const LseArgs<T>& a;
-  const StripGrid& g;
-  int64_t strip, split;
-  __device__ void operator()(int k, MaxSum<T> p) const { lse_store_row(a, g, strip, split, k, p); }
-};
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) lse_strips(const LseArgs<T> a, const StripGrid g) {
-  MaxSum<T> acc[kStripRows];
-  const int64_t strip = blockIdx.x, split = blockIdx.y;
-  lse_thread(a, g, strip, split, static_cast<int>(threadIdx.x), acc);
-  if (a.row_lse == nullptr) return;  // the same for every thread of the block
-  reduce_strip_rows(acc, MergePairs{}, StoreRow<T>{a, g, strip, split});
+int lse_panel(const LseArgs<float>& a, int sm_count, cudaStream_t stream) {
+  return lse_launches(a, sm_count, StreamLaunch{stream});
 }
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads) lse_finish(const LseArgs<T> a, const StripGrid g) {
-  lse_finish_thread(a, g, static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x);
+int lse_panel(const LseArgs<double>& a, int sm_count, cudaStream_t stream) {
+  return lse_launches(a, sm_count, StreamLaunch{stream});
 }
-
-template <typename T>
-int launch(const LseArgs<T>& a, int sm_count, cudaStream_t stream) {
-  if (a.rows <= 0 && a.cols <= 0) return 0;
-  const StripGrid g = strip_grid(a.rows, a.cols, sm_count);
-  if (g.strips > 0 && g.splits > 0 && (a.row_lse || a.col_m)) {
-    const dim3 grid(static_cast<unsigned>(g.strips), static_cast<unsigned>(g.splits));
-    lse_strips<T><<<grid, kThreads, 0, stream>>>(a, g);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return static_cast<int>(e);
-  }
-  const int64_t n = a.rows > a.cols ? a.rows : a.cols;
-  if (a.row_lse || (a.col_m && g.strips > 0)) {
-    lse_finish<T><<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a, g);
-  }
-  return static_cast<int>(cudaGetLastError());
-}
-
-}  // namespace
-
-int lse_panel(const LseArgs<float>& a, int sm_count, cudaStream_t stream) { return launch(a, sm_count, stream); }
-int lse_panel(const LseArgs<double>& a, int sm_count, cudaStream_t stream) { return launch(a, sm_count, stream); }
 
 }  // namespace contrax::detail::panels

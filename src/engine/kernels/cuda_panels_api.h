@@ -3,10 +3,10 @@
 // pointers, sizes, strides and a stream, with every scalar (bias, factors,
 // weights) a device pointer, so that no launch reads device memory from the
 // host (no synchronisation; capturable in a CUDA graph). The argument structs
-// are panel_grid.h's, the same ones the CPU emulation (tests/support/panel_emulation.h)
-// takes. No CUDA or LibTorch header here: the LibTorch-side launcher
-// (engine/cuda_panels.cpp) includes it, and only builds with
-// CONTRAX_CUDA_KERNELS compile it.
+// are panel_grid.h's, the same ones the kernels take under the SIMT emulator
+// (tests/support/emulated_panels.h). No CUDA or LibTorch header here: the
+// engine's table of the kernels (engine/panel_kernels.h) includes it; only
+// builds with CONTRAX_CUDA_KERNELS define these functions.
 //
 // Each launch returns the CUDA error of its launches as an int (0 = success;
 // cudaError_t's value otherwise), for the caller to check.

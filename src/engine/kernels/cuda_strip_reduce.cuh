@@ -1,10 +1,9 @@
-// The block reduction of the strip kernels (cuda_lse_panel.cu,
-// cuda_siglip_panel.cu): every thread holds a partial of each of a strip's
-// kStripRows rows (panel_grid.h); a warp butterfly (__shfl_xor_sync, offsets
+// The block reduction of the strip kernels (cuda_lse_panel.cuh): every
+// thread holds a partial of each of a strip's kStripRows rows (panel_grid.h); a warp butterfly (__shfl_xor_sync, offsets
 // 16, 8, 4, 2, 1) leaves each warp's partial of every row in its lane 0, which
 // writes it to shared memory, and warp 0 merges the kWarps warps' partials of
-// row `lane` in warp order. tests/support/panel_emulation.cpp runs the same order as
-// loops. CUDA only (nvcc).
+// row `lane` in warp order. Device code: nvcc's, or the SIMT emulator's
+// (tests/support/simt.h) on the CPU.
 #pragma once
 
 #include "engine/kernels/panel_grid.h"

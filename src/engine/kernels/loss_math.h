@@ -1,9 +1,10 @@
 // The per-element math of the loss engine, one definition for every place that
 // computes it: the CPU kernels (lse_simd.h's scalar loops and its fp64 path),
-// the CUDA panel kernels (cuda_*_panel.cu) and their CPU emulation
-// (tests/support/panel_emulation.cpp). Every function is `__host__ __device__` under
-// nvcc and plain `inline` C++ elsewhere, templated on the scalar type so that
-// the tests run it in fp64 (tests/loss_math_test.cpp). No LibTorch and no
+// the CUDA panel kernels (cuda_*_panel.cuh), also when the SIMT emulator
+// (tests/support/simt.h) runs them on the CPU. Every function is
+// `__host__ __device__` under nvcc and plain `inline` C++ elsewhere,
+// templated on the scalar type so that the tests run it in fp64
+// (tests/loss_math_test.cpp). No LibTorch and no
 // standard-library call that device code lacks: only exp, log and log1p
 // through the overloads below.
 //

@@ -1,10 +1,9 @@
-// The grid decomposition of the CUDA panel kernels (cuda_*_panel.cu), written
-// once and run twice: by the kernels on a GPU and, as plain loops, by their
-// CPU emulation (tests/support/panel_emulation.cpp), which the tests check against
-// ATen on odd shapes so that an indexing bug shows without a GPU. What a
-// thread does is here (`*_thread` functions, `__host__ __device__`); how
-// threads are combined (warp shuffles and shared memory on the GPU, the same
-// butterfly as loops on the CPU) is in the kernels and the emulation.
+// The grid decomposition of the CUDA panel kernels (cuda_*_panel.cuh): what a
+// thread does (`*_thread` functions, `__host__ __device__`) and the argument
+// structs of their host API. How threads are combined (warp shuffles and
+// shared memory) is in the kernels, which run on a GPU or, unchanged, under
+// the SIMT emulator on the CPU (tests/support/simt.h), where the tests check
+// them against ATen on odd shapes so that an indexing bug shows without a GPU.
 //
 // A panel is a [rows x cols] block of logits (row stride ld, unit column
 // stride) at global row `row0` (rank-local, as the engine's tiles count rows)
@@ -240,6 +239,19 @@ CONTRAX_HD void grad_thread(const GradArgs<T, Out>& a, int64_t col_tile, int64_t
   }
 }
 
+/// The same arguments with the output seen as `Dev`, a type of the same
+/// storage (the API's Bf16 / Fp16 as CUDA's __nv_bfloat16 / __half, or the
+/// emulator's c10 types).
+template <typename Dev, typename T, typename Out>
+GradArgs<T, Dev> with_output(const GradArgs<T, Out>& a) {
+  static_assert(sizeof(Dev) == sizeof(Out), "an output type of the same storage");
+  GradArgs<T, Dev> d;
+  d.logits = a.logits, d.rows = a.rows, d.cols = a.cols, d.ld = a.ld, d.bias = a.bias, d.masks = a.masks;
+  d.lse_row = a.lse_row, d.w_row = a.w_row, d.lse_col = a.lse_col, d.w_col = a.w_col, d.factor = a.factor;
+  d.out = reinterpret_cast<Dev*>(a.out), d.ld_out = a.ld_out;
+  return d;
+}
+
 // ---- SigLIP (strips)
 
 template <typename T, typename Out>
@@ -304,6 +316,18 @@ CONTRAX_HD void siglip_finish_thread(const SiglipArgs<T, Out>& a, const StripGri
   for (int64_t s = 0; s < g.splits; ++s) loss += w.rm[s * a.rows + t], grad += w.rs[s * a.rows + t];
   if (a.row_loss) a.row_loss[t] = loss;
   if (a.row_grad) a.row_grad[t] = grad;
+}
+
+/// The same arguments with the gradient seen as `Dev` (as GradArgs' with_output).
+template <typename Dev, typename T, typename Out>
+SiglipArgs<T, Dev> with_output(const SiglipArgs<T, Out>& a) {
+  static_assert(sizeof(Dev) == sizeof(Out), "an output type of the same storage");
+  SiglipArgs<T, Dev> d;
+  d.logits = a.logits, d.rows = a.rows, d.cols = a.cols, d.ld = a.ld, d.bias = a.bias;
+  d.row0 = a.row0, d.col0 = a.col0, d.own = a.own, d.factor = a.factor;
+  d.grad = reinterpret_cast<Dev*>(a.grad), d.ld_grad = a.ld_grad;
+  d.row_loss = a.row_loss, d.row_grad = a.row_grad, d.ws = a.ws;
+  return d;
 }
 
 /// Combines two partial sums of SigLIP rows (the warp reduction's step).
