@@ -20,8 +20,8 @@ void check_plan_options(const PlanOptions& o) {
   const std::string& loss = o.loss();
   TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "grouped" || loss == "nt_xent" || loss == "moco_v3" ||
                   loss == "siglip",
-              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3 or siglip, but got '", loss,
-              "'");
+              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3 or siglip, but got '",
+              loss, "'");
   TORCH_CHECK(o.group() >= 1, "plan_loss(): argument 'group' must be >= 1, but got ", o.group());
   TORCH_CHECK(o.group() == 1 || loss == "grouped",
               "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is '", loss, "'");
