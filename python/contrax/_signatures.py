@@ -93,7 +93,7 @@ LOSSES = {loss.name: loss for loss in (
                         "else single device)."),
     ), ("a", "b", "logit_scale", "logit_bias"),
         "0-dim tensor ``L_r = (W/B) * sum of this rank's per-row losses`` (see ``reduction``); differentiable in "
-        "``a``, ``b``, ``logit_scale`` and ``logit_bias``.", {},
+        "``a``, ``b``, ``logit_scale`` and ``logit_bias``.",
         ("ValueError: bad argument (on every rank; the others name the failing rank).",
          "RuntimeError: a collective failed (e.g. a peer died).")),
     Loss("grouped_loss", "DPR/Tevatron-style retrieval loss with hard negatives over the global batch.", 4, (
