@@ -53,7 +53,9 @@ def run(world, fn, *args):
     """Runs fn(rank, world, *args) on `world` Gloo ranks (FileStore rendezvous)
     of the session's rank processes (rank_pool.py: each call a fresh group,
     and a fresh process's settings); an exception on any rank fails the
-    caller with its traceback."""
+    caller with its traceback. The first call of a world larger than any
+    before starts the processes it lacks (seconds each): --durations charges
+    them to that case (in python_tests, test_ddp's two)."""
     run_ranks(world, fn, args)
 
 
