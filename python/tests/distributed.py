@@ -1,4 +1,5 @@
-"""Helpers for the contrax Python tests: spawn Gloo ranks, reference losses."""
+"""Helpers for the contrax Python tests: Gloo ranks (on the session's shared
+rank processes, rank_pool.py), reference losses."""
 import datetime
 import gc
 import os
@@ -10,16 +11,17 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 import contrax
+import rank_pool
 
 F64 = torch.float64
 
 
-def _entry(rank, world, init_file, fn, args):
+def _entry(rank, world, init_file, fn, args, timeout_s=60):
     torch.set_num_threads(1)
     # A short timeout: a test whose ranks issue mismatched collectives fails
     # in a minute instead of hanging for torch's default 30.
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=timeout_s))
     try:
         fn(rank, world, *args)
     finally:
@@ -40,12 +42,38 @@ def _teardown():
     contrax.clear_cache()
 
 
-def run(world, fn, *args):
-    """Runs fn(rank, world, *args) on `world` spawned Gloo ranks (FileStore
-    rendezvous); an exception on any rank fails the caller with its traceback."""
+def _init_file():
     fd, init_file = tempfile.mkstemp(prefix="contrax_pytest_")
     os.close(fd)
     os.unlink(init_file)  # FileStore creates it
+    return init_file
+
+
+def run(world, fn, *args):
+    """Runs fn(rank, world, *args) on `world` Gloo ranks (FileStore rendezvous)
+    of the session's rank processes (rank_pool.py: each call a fresh group,
+    and a fresh process's settings); an exception on any rank fails the
+    caller with its traceback. The first call of a world larger than any
+    before starts the processes it lacks (seconds each): --durations charges
+    them to that case (in python_tests, test_ddp's two)."""
+    run_ranks(world, fn, args)
+
+
+def run_ranks(world, fn, args, timeout_s=60):
+    """run() with the group's timeout (seconds) as a parameter."""
+    init_file = _init_file()
+    try:
+        rank_pool.shared().run(world, _entry, (world, init_file, fn, args, timeout_s),
+                               f"{fn.__module__}.{fn.__qualname__}")
+    finally:
+        if os.path.exists(init_file):
+            os.unlink(init_file)
+
+
+def spawn(world, fn, *args):
+    """run() on `world` freshly spawned processes, for a case that needs what
+    only a new process has (say why where it is called): seconds slower."""
+    init_file = _init_file()
     try:
         mp.spawn(_entry, args=(world, init_file, fn, args), nprocs=world, join=True)
     finally:

@@ -84,6 +84,7 @@ def _nccl_worker(rank, world, init_file):
 
 @pytest.mark.skipif(GPUS < 2, reason="needs two CUDA devices (one per rank, NCCL)")
 def test_two_gpus_with_static_shapes_have_no_hidden_sync(tmp_path):
+    # Its own processes, not the shared Gloo ranks (distributed.run): NCCL, one GPU per rank.
     mp.spawn(_nccl_worker, args=(2, os.path.join(tmp_path, "init")), nprocs=2)
 
 

@@ -516,7 +516,7 @@ def _no_sync_control(rank, world):
 def _ddp_worker(rank, world, rows):
     _ddp_two_towers(rank, world, rows)
     _ddp_tied_ring(rank, world, rows)
-    if world == 2:  # in this spawn rather than its own: a spawn costs seconds
+    if world == 2:  # in this run() rather than its own: each run() makes and tears down a group
         _no_sync_control(rank, world)
 
 

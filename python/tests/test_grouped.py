@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import contrax
-from distributed import F64, offsets, rel_err, run
+from distributed import F64, offsets, rel_err, run, spawn
 
 TOL = 1e-10
 D = 5
@@ -172,4 +172,7 @@ def _warn_worker(rank, world):
 
 
 def test_scale_passed_instead_of_its_log_warns_once():
-    run(1, _warn_worker)  # a fresh process: the warning is once per process
+    # A fresh process, not the shared ones: the warning is a C++
+    # TORCH_WARN_ONCE, shown once per process, which no reset between cases
+    # brings back (any earlier case with a large scale would have used it up).
+    spawn(1, _warn_worker)

@@ -218,6 +218,8 @@ def test_sentence_transformers_duplicates_of_the_positive_are_masked():
     g = torch.Generator().manual_seed(6)
     cols = [torch.randn(4, 3, generator=g, dtype=F64, requires_grad=True) for _ in range(3)]
     texts = [positives, negatives]
+    # Slow where it is the first (seconds): the default similarity is
+    # sentence-transformers' own cos_sim where installed, whose import loads transformers.
     loss = cx_st.MultipleNegativesRankingLoss(None)
     got = loss.compute_loss_from_embeddings(cols, ids=ids)
     want = _mnrl_formula(cols, 20.0, True, lambda i, c, j: texts[c][j] == positives[i])

@@ -1,6 +1,7 @@
-"""What the torchrun workers of the integration tests share: the process
-group from torchrun's environment, comparisons, a data loader of uneven
-per-rank shares, and a report line per check."""
+"""What the rank workers of the integration tests share: the process group
+(from torchrun's environment, or the one a test's rank process made),
+comparisons, a data loader of uneven per-rank shares, and a report line per
+check."""
 import datetime
 import gc
 import os
@@ -11,24 +12,33 @@ import torch.distributed as dist
 import contrax
 
 F64 = torch.float64
+GROUP_TIMEOUT_S = 120
+
+_own_group = False
 
 
 def init():
-    """Gloo from torchrun's environment; returns (rank, world)."""
+    """Gloo from torchrun's environment, unless the caller made the group
+    already (launch.ranks: the tests' shared rank processes); returns (rank, world)."""
+    global _own_group
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    _own_group = not dist.is_initialized()
+    if _own_group:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     return dist.get_rank(), dist.get_world_size()
 
 
 def finish(rank):
     """Frees the default group the way python/tests/distributed.py explains
-    (contrax's cache holds it last and frees it without the GIL), then says on
-    rank 0 that every check held (each report() asserts its own)."""
-    dist.barrier()
-    contrax.communicator()
-    dist.destroy_process_group()
-    gc.collect()
-    contrax.clear_cache()
+    (contrax's cache holds it last and frees it without the GIL), if init()
+    made it (else its maker does the same), then says on rank 0 that every
+    check held (each report() asserts its own)."""
+    if _own_group:
+        dist.barrier()
+        contrax.communicator()
+        dist.destroy_process_group()
+        gc.collect()
+        contrax.clear_cache()
     if rank == 0:
         print("ALL CHECKS PASSED", flush=True)
 

@@ -1,6 +1,7 @@
 """SimCLR steps with lightly's NTXentLoss(gather_distributed=True) and with
 contrax.integrations.lightly's, against one process on the concatenated
-global batch. Run by test_lightly.py:
+global batch. Run by test_lightly.py (main() on the suite's shared rank
+processes), or by hand:
 
     torchrun --nproc_per_node W lightly_steps.py
 

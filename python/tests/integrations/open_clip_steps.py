@@ -1,7 +1,8 @@
 """The same steps of a tiny open_clip model through open_clip's own training
 loop (open_clip_train.train.train_one_epoch), with open_clip's losses and with
 contrax.integrations.open_clip's, against one process on the concatenated
-global batch. Run by test_open_clip_integration.py:
+global batch. Run by test_open_clip.py (main() on the suite's shared rank
+processes), or by hand:
 
     torchrun --nproc_per_node W open_clip_steps.py
 

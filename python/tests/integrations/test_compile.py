@@ -39,6 +39,7 @@ def _opcheck(op, args):
 
 
 def test_operators_pass_opcheck():
+    # Slow (seconds): opcheck's test_aot_dispatch_dynamic traces every operator through AOTAutograd.
     a, b = _leaf(6, 4, seed=1), _leaf(6, 4, seed=2)
     s, bias = torch.tensor(1.2, dtype=F64, requires_grad=True), torch.tensor(-0.3, dtype=F64, requires_grad=True)
     labels = torch.tensor([0, 1, 0, 2, 3, 1])
@@ -236,5 +237,10 @@ def test_grad_cache_with_compiled_encoders():
 
 
 def test_compiled_step_distributed():
+    # Under torchrun, not the shared rank processes: compiling leaves process
+    # state that no reset undoes (Dynamo's and Inductor's caches and config,
+    # a communicator in the operators' registry), so the pool would replace
+    # its processes after it anyway. Slow: a launcher, two new workers that
+    # import torch, and each loss compiled on each rank.
     out = torchrun("compile_steps.py", 2)
     assert "ALL CHECKS PASSED" in out

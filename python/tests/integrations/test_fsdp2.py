@@ -13,5 +13,9 @@ from launch import torchrun  # noqa: E402
 
 
 def test_fsdp2_gradients_equal_ddp():
+    # Under torchrun, not the shared rank processes: DTensor's sharding
+    # propagation caches its operators' schemas process-wide, device mesh and
+    # so process group with them, which a reused process would carry into
+    # later cases. Slow: a launcher and two new workers that import torch.
     out = torchrun("fsdp2_steps.py", 2)
     assert "ALL CHECKS PASSED" in out

@@ -26,6 +26,11 @@ def _python(*args):
 
 
 def test_trainer_steps_match(tmp_path):
+    # Under torchrun, as users run the Trainer: it (accelerate) starts the
+    # process group itself from torchrun's environment and keeps its state in
+    # process-wide singletons. The slowest case: one reference process and
+    # then a launcher and two workers, each importing transformers, with 3
+    # Trainer runs of two steps in the reference and 8 on each rank.
     model_dir, ref = tmp_path / "model", tmp_path / "reference.pt"
     _python("reference", model_dir, ref)
     out = torchrun("st_steps.py", 2, "dist", model_dir, ref)
