@@ -5,7 +5,7 @@
 // statistics and per-row losses, and the gradient of a tile. Internal to the
 // engine (src/engine/), not installed.
 //
-// Notation (BlockSpec in engine/engine.h): S = s Q K^T + bias over this rank's
+// Notation (BlockSpec below): S = s Q K^T + bias over this rank's
 // b rows and all N columns; pos(i) = (off + i) g the designated positive; P_ij
 // the positive set (designated, or equal labels in kMultiPositive, where
 // n_i = sum_j P_ij and, for columns, m_j = sum_{all rows i} P_ij); duplicates
@@ -52,13 +52,39 @@
 #include <memory>
 #include <optional>
 
-#include "engine/engine.h"
+#include "contrax/util/vocabulary.h"
 #include "engine/lse_kernels.h"
+#include "engine/prologue.h"
 
 namespace contrax::detail {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+/// The shape of an InfoNCE-family problem beyond plain CLIP.
+///
+/// Columns: the keys of every rank in rank order, `group` per row (N = B g);
+/// the designated positive of global row u is column u g. With labels,
+/// P_ij = [row_labels_i == col_labels_j] or j the designated positive of i:
+///   kMaskDuplicates: the P_ij other than the designated one are -inf in S
+///     (out of both softmaxes), the positive term stays S_{i,pos(i)};
+///   kMultiPositive: nothing is masked and the positive term of row i is
+///     (1/n_i) sum_j P_ij S_ij, n_i = sum_j P_ij (of column j, when symmetric,
+///     (1/m_j) sum_i P_ij S_ij over all ranks' rows, m_j = sum_i P_ij).
+/// Per-row loss l_i = l^row_i, or (l^row_i + l^col_{off+i}) / 2 when symmetric
+/// (group 1 only). Reduction as in contrax/util/vocabulary.h:
+///   kMean: L_r = (W/B) sum_{i in r} l_i; kSum: W sum_{i in r} l_i; kNone: [b] l_i.
+struct BlockSpec {
+  bool symmetric = false;
+  int64_t group = 1;
+  Reduction reduction = Reduction::kMean;
+  torch::Tensor row_labels;  // int64 [b] (this rank's rows) or undefined
+  torch::Tensor col_labels;  // int64 [N] (every column, global order) or undefined
+  LabelMode label_mode = LabelMode::kMultiPositive;
+  /// Tiled path, one direction: column `masked + i` is out of row i's softmax
+  /// (-inf), e.g. tiled_info_nce's masked_offset; -1: none.
+  int64_t masked = -1;
+};
 
 /// What an autograd call of the engine keeps besides tensors.
 struct BlockState : torch::CustomClassHolder {

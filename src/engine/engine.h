@@ -32,7 +32,7 @@
 // does; the per-rank L_r value is exact regardless.
 //
 // Grouped candidates, labels and the per-row reductions take the same block
-// form (BlockSpec; the derivation is in engine/block.h). With kNone rank r's
+// form (BlockSpec in engine/block.h, with the derivation). With kNone rank r's
 // upstream is a [b_r] vector g_r and the gradient held for rank r's rows is
 // that of sum_{all rows u} g_u l_u; the symmetric column term then needs every
 // column owner's g, all-gathered in backward (O(B)), so every rank must run
@@ -53,34 +53,10 @@
 #include <torch/torch.h>
 
 #include "contrax/util/vocabulary.h"
+#include "engine/block.h"
 #include "engine/prologue.h"
 
 namespace contrax::detail {
-
-/// The shape of an InfoNCE-family problem beyond plain CLIP.
-///
-/// Columns: the keys of every rank in rank order, `group` per row (N = B g);
-/// the designated positive of global row u is column u g. With labels,
-/// P_ij = [row_labels_i == col_labels_j] or j the designated positive of i:
-///   kMaskDuplicates: the P_ij other than the designated one are -inf in S
-///     (out of both softmaxes), the positive term stays S_{i,pos(i)};
-///   kMultiPositive: nothing is masked and the positive term of row i is
-///     (1/n_i) sum_j P_ij S_ij, n_i = sum_j P_ij (of column j, when symmetric,
-///     (1/m_j) sum_i P_ij S_ij over all ranks' rows, m_j = sum_i P_ij).
-/// Per-row loss l_i = l^row_i, or (l^row_i + l^col_{off+i}) / 2 when symmetric
-/// (group 1 only). Reduction as in contrax/util/vocabulary.h:
-///   kMean: L_r = (W/B) sum_{i in r} l_i; kSum: W sum_{i in r} l_i; kNone: [b] l_i.
-struct BlockSpec {
-  bool symmetric = false;
-  int64_t group = 1;
-  Reduction reduction = Reduction::kMean;
-  torch::Tensor row_labels;  // int64 [b] (this rank's rows) or undefined
-  torch::Tensor col_labels;  // int64 [N] (every column, global order) or undefined
-  LabelMode label_mode = LabelMode::kMultiPositive;
-  /// Tiled path, one direction: column `masked + i` is out of row i's softmax
-  /// (-inf), e.g. tiled_info_nce's masked_offset; -1: none.
-  int64_t masked = -1;
-};
 
 /// CLIP / InfoNCE / grouped on one row block. q: [b, d] this rank's queries
 /// (image tower); k: [N, d] every rank's keys in rank order (gathered with
@@ -111,5 +87,15 @@ torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k, co
 /// exponentials.
 torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
                                  const Prologue& p, Reduction reduction, bool unit_rows);
+
+/// SigLIP on one row block (engine/siglip_block.cpp). a: [b, d] this rank's
+/// prepared features (with gradient); keys: [B, d] every rank's, gathered with
+/// gradient, or on the ring (`p.ring`) this rank's own [b, d] while the blocks
+/// travel (forward and backward); scale: 0-dim, the scale itself (clamped);
+/// bias: 0-dim or none. Returns L_r = (W/B) sum_{i in r} sum_j softplus(-z_ij x_ij),
+/// x = s a keys^T + bias, z_ij = +1 on the positives (i, offset + i), -1
+/// elsewhere (the derivation of its backward is beside the autograd function).
+torch::Tensor siglip_block_loss(const torch::Tensor& a, const torch::Tensor& keys, const torch::Tensor& scale,
+                                const c10::optional<torch::Tensor>& bias, const Prologue& p);
 
 }  // namespace contrax::detail

@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "engine/engine.h"
+#include "engine/block.h"
 
 namespace contrax::detail {
 

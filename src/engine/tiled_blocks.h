@@ -11,7 +11,7 @@
 
 #include <torch/torch.h>
 
-#include "engine/engine.h"
+#include "engine/block.h"
 
 namespace contrax::detail {
 
