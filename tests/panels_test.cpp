@@ -10,10 +10,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
 #include <functional>
-#include <memory>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <mutex>
+#include <set>
+#include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "contrax/check/plan.h"
 #include "contrax/engine/workspace.h"
@@ -383,6 +389,47 @@ TEST(PanelWalk, LabelsAndPositivesByIndexOnTheKernels) {
 // taken on every device). The element-wise passes are the ATen forms, or
 // with `fused` the CUDA panel kernels run by the SIMT emulator
 // (support/emulated_panels.h), whose launches count beside the operators.
+// The CPU walking as CUDA does for one call of `loss` on B rows of width d:
+// panels of `panel_rows` rows, the ATen forms of the element-wise passes or
+// the fused kernels under the SIMT emulator, and except for NT-Xent no
+// bounded shift.
+class WalkingAsCuda {
+ public:
+  WalkingAsCuda(const std::string& loss, int64_t B, int64_t d, int64_t panel_rows, bool fused) {
+    const int64_t cols = loss == "nt_xent" ? 2 * B : loss == "grouped" ? 2 * B : B;
+    const int64_t budget = contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {panel_rows, cols}, d);
+    if (fused) {
+      emulated_ = std::make_unique<contrax::testing::EmulatedCudaWalk>(4);
+      contrax::set_loss_panel_bytes(budget);
+    } else {
+      contrax::detail::set_fused_kernels_enabled(false);
+      aten_ = std::make_unique<CudaWalk>(budget, true);
+    }
+    if (loss != "nt_xent") contrax::detail::set_bounded_shift_enabled(false);
+  }
+  ~WalkingAsCuda() {
+    contrax::detail::set_bounded_shift_enabled(true);
+    if (emulated_) contrax::set_loss_panel_bytes(0);
+  }
+
+ private:
+  std::unique_ptr<CudaWalk> aten_;
+  std::unique_ptr<contrax::testing::EmulatedCudaWalk> emulated_;
+};
+
+// plan_loss's cost of that call on `path` under the walk in force, and
+// whether it planned the fused kernels.
+std::pair<contrax::PathCost, bool> plan_call(const std::string& loss, contrax::MemoryPath path, int64_t B, int64_t d) {
+  const auto plan = contrax::plan_loss(contrax::PlanOptions()
+                                           .loss(loss)
+                                           .group(loss == "grouped" ? 2 : 1)
+                                           .batch(B)
+                                           .width(d)
+                                           .panel_bytes(contrax::loss_panel_bytes())
+                                           .path(path));
+  return {plan.paths[path == contrax::MemoryPath::kTiled ? 1 : 0], plan.fused};
+}
+
 struct Counted {
   int64_t launches = 0, steps = 0;
   std::string summary;
@@ -392,19 +439,7 @@ struct Counted {
 Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B, int64_t d, int64_t panel_rows,
                    bool fused = false) {
   torch::manual_seed(6);
-  const int64_t cols = loss == "nt_xent" ? 2 * B : loss == "grouped" ? 2 * B : B;
-  std::unique_ptr<CudaWalk> aten;
-  std::unique_ptr<contrax::testing::EmulatedCudaWalk> emulated;
-  if (fused) {
-    emulated = std::make_unique<contrax::testing::EmulatedCudaWalk>(4);
-    contrax::set_loss_panel_bytes(
-        contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {panel_rows, cols}, d));
-  } else {
-    contrax::detail::set_fused_kernels_enabled(false);
-    aten = std::make_unique<CudaWalk>(
-        contrax::detail::panel_workspace_bytes(c10::kCPU, torch::kFloat, {panel_rows, cols}, d), true);
-  }
-  if (loss != "nt_xent") contrax::detail::set_bounded_shift_enabled(false);
+  WalkingAsCuda walking(loss, B, d, panel_rows, fused);
   auto x = torch::randn({B, d}).requires_grad_(true), y = torch::randn({B, d}).requires_grad_(true);
   auto ls = torch::tensor(std::log(10.0f)).requires_grad_(true);
   auto k1 = torch::randn({B, d}), k2 = torch::randn({B, d});
@@ -433,16 +468,7 @@ Counted count_call(const std::string& loss, contrax::MemoryPath path, int64_t B,
   }
   c.steps = contrax::detail::steps_walked() - steps;
   // The plan of the same call under the same walk (the CPU walking as CUDA).
-  const auto plan = contrax::plan_loss(contrax::PlanOptions()
-                                           .loss(loss)
-                                           .group(loss == "grouped" ? 2 : 1)
-                                           .batch(B)
-                                           .width(d)
-                                           .panel_bytes(contrax::loss_panel_bytes())
-                                           .path(path));
-  c.planned = plan.paths[path == contrax::MemoryPath::kTiled ? 1 : 0];
-  c.plan_fused = plan.fused;
-  contrax::detail::set_bounded_shift_enabled(true);
+  std::tie(c.planned, c.plan_fused) = plan_call(loss, path, B, d);
   return c;
 }
 
@@ -491,6 +517,57 @@ TEST(PanelLaunches, CallsStayWithinThePlansLaunches) {
       }
     }
   }
+}
+
+// The launch model is docs/engine.md's table ("What a call launches: the
+// launch model"): each row's fixed and per-panel counts give plan_loss's
+// launches at 1 and 3 panels of a call walking as CUDA does, and every loss,
+// path and kind of kernels has its row.
+TEST(PanelLaunches, TheModelIsTheDocsTable) {
+  const std::string where = std::string(CONTRAX_TEST_SOURCE_DIR) + "/../docs/engine.md";
+  std::ifstream doc(where);
+  ASSERT_TRUE(doc) << "cannot read " << where;
+  const std::map<std::string, std::vector<std::string>> names = {{"CLIP", {"clip"}},
+                                                                 {"InfoNCE / grouped", {"infonce", "grouped"}},
+                                                                 {"NT-Xent", {"nt_xent"}},
+                                                                 {"MoCo v3", {"moco_v3"}},
+                                                                 {"SigLIP", {"siglip"}}};
+  std::set<std::string> rows;
+  std::string line;
+  while (std::getline(doc, line)) {
+    // | loss | path | kernels | fixed | per panel | one panel launches |
+    std::vector<std::string> cells;
+    std::stringstream split(line);
+    for (std::string cell; std::getline(split, cell, '|');) {
+      const auto first = cell.find_first_not_of(' '), last = cell.find_last_not_of(' ');
+      cells.push_back(first == std::string::npos ? "" : cell.substr(first, last - first + 1));
+    }
+    if (cells.size() < 7 || !names.count(cells[1])) continue;
+    const auto path = cells[2] == "tiled" ? contrax::MemoryPath::kTiled : contrax::MemoryPath::kMaterialised;
+    const bool fused = cells[3] == "fused";
+    const int64_t fixed = std::stoll(cells[4]), per_panel = std::stoll(cells[5]);
+    for (const auto& loss : names.at(cells[1])) {
+      std::pair<contrax::PathCost, bool> one, three;
+      {
+        WalkingAsCuda walking(loss, 256, 8, 256, fused);
+        one = plan_call(loss, path, 256, 8);
+      }
+      {
+        WalkingAsCuda walking(loss, 768, 8, 256, fused);
+        three = plan_call(loss, path, 768, 8);
+      }
+      ASSERT_EQ(one.second, fused) << line;
+      EXPECT_EQ(one.first.launches, fixed + per_panel * one.first.panels) << loss << ": " << line;
+      EXPECT_EQ(three.first.launches, fixed + per_panel * three.first.panels) << loss << ": " << line;
+      // Two panel counts pin both numbers (SigLIP's materialised block is
+      // always one step: its sum is what can be checked).
+      if (!(loss == "siglip" && path == contrax::MemoryPath::kMaterialised)) {
+        EXPECT_GT(three.first.panels, one.first.panels) << line;
+      }
+      rows.insert(loss + " " + cells[2] + " " + cells[3]);
+    }
+  }
+  EXPECT_EQ(rows.size(), kLosses.size() * 2 * 2) << "docs/engine.md's table lacks rows";
 }
 
 // The issue's case on paper: CLIP at B = 65,536, d = 768, bf16 features on an

@@ -139,77 +139,40 @@ Blocks walked_blocks(const PlanOptions& o, int64_t b, bool ring) {
 
 int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / std::max<int64_t>(y, 1); }
 
-// Launches of a forward + backward (see PathCost::launches): a fixed count
-// and one per panel of the forward's walk (the backward walks as many), the
-// ATen operators that launch work as support/op_counter.h counts them on the
-// CPU walking as CUDA does (panels, the ATen forms of the element-wise passes,
-// no host-read bound); panels_test checks every entry against a call. fp32
-// features, W = 1, no labels, no bias, the losses' default normalisation
-// (CLIP none; NT-Xent and MoCo v3 L2). Per CLIP panel on the tiled path, 27:
-//   forward 17: the GEMM; the column log-sum-exps (max, its -inf fixed in one
-//     pass, subtract, exp, sum, log, add: 7) merged in place into the running
-//     ones (1); the row log-sum-exps (7) copied out (1);
-//   backward 10: the GEMM again; the softmax gradient (row and column terms:
-//     5), the positives (1), c folded into the one cast (1), dq's and dk's
-//     accumulating GEMMs (2).
-// A materialised panel, 25: forward 18 (the same, plus the copy of its
-// positives), backward 7 (the gradient 5, the positives 1, the panel's rows of
-// G k 1; dk is one GEMM after the walk, a fixed launch). One direction
-// (infonce, grouped: no column statistics): 16 tiled, 14 materialised. The fixed counts hold the prologue
-// (the clamped scale: 5 with its backward), the loss's reduction and the
-// gradients' scaling, and for NT-Xent and MoCo v3 the overflow-safe L2
-// normalisation of each tower with its backward (about 15 a tower). Reduced
-// operands (fp16/bf16 features; derived from the code, not counted: the CPU
-// has no mixed-dtype GEMM and widens instead) add about 2 fixed launches (the
-// gradients cast back to the features' dtype) and, on a materialised CLIP
-// panel, 2 (the cast of G with c folded in, and dk's accumulating GEMM).
+// The launch model of a forward + backward (see PathCost::launches): a fixed
+// count and one per panel of the forward's walk (the backward walks as many),
+// with the ATen forms of the element-wise passes or with the fused CUDA panel
+// kernels. fp32 features, W = 1, no labels, no bias, the losses' default
+// normalisation. Its rows, and what one panel launches, are the table of
+// docs/engine.md ("The launch model"), which panels_test reads and checks
+// against this model, and the model against launches counted on the CPU
+// walking as CUDA does (support/op_counter.h; the fused kernels under the SIMT
+// emulator). The grouped loss is InfoNCE's row.
 struct LaunchModel {
+  const char* loss;
+  bool materialised, fused;
   int64_t fixed, per_panel;
 };
-
-// The same with the fused CUDA panel kernels (CONTRAX_FUSED_KERNELS=1),
-// counted on the CPU walking as CUDA does with the kernels under the SIMT
-// emulator (panels_test: the operators plus the emulator's launches). Per
-// CLIP panel on the tiled path, 7: forward 3 (the GEMM; the log-sum-exp
-// kernels, strips and their finishing pass, writing the row log-sum-exps in
-// place and merging the column pairs); backward 4 (the GEMM again; the
-// gradient kernel, positives and masks by index, c folded in and written in
-// the operand dtype; dq's and dk's accumulating GEMMs). A materialised
-// panel, 6 (its GEMM, the two kernels; the gradient kernel in place and the
-// panel's rows of G k, dk one GEMM after the walk). One direction the same
-// (its kernels skip the columns). NT-Xent's materialised block keeps its
-// bounded shift (ATen forms: as above); its tiled panel 12, MoCo v3's 6.
-// SigLIP, 6 a panel, all in the forward: the GEMM, the kernel's strips and
-// finishing pass, the gradient's two GEMMs and the bias sums' add; its
-// materialised block is one step. The fixed counts are the ATen path's plus
-// the running column pairs' and the kernels' bookkeeping (CLIP 29, one
-// direction 22, NT-Xent tiled 62, MoCo v3 93 tiled and 87 materialised,
-// SigLIP 19).
-LaunchModel fused_model(const std::string& loss, bool materialised) {
-  if (loss == "clip") return materialised ? LaunchModel{29, 6} : LaunchModel{29, 7};
-  if (loss == "infonce" || loss == "grouped") return materialised ? LaunchModel{22, 6} : LaunchModel{22, 7};
-  if (loss == "nt_xent") return materialised ? LaunchModel{78, 16} : LaunchModel{62, 12};
-  if (loss == "siglip") return LaunchModel{19, 6};
-  return materialised ? LaunchModel{87, 6} : LaunchModel{93, 6};  // moco_v3
-}
+constexpr LaunchModel kLaunchModels[] = {
+    {"clip", false, false, 27, 27},    {"clip", true, false, 27, 25},    {"clip", false, true, 29, 7},
+    {"clip", true, true, 29, 6},       {"infonce", false, false, 22, 16}, {"infonce", true, false, 22, 14},
+    {"infonce", false, true, 22, 7},   {"infonce", true, true, 22, 6},    {"nt_xent", false, false, 63, 21},
+    {"nt_xent", true, false, 78, 16},  {"nt_xent", false, true, 62, 12},  {"nt_xent", true, true, 78, 16},
+    {"moco_v3", false, false, 93, 15}, {"moco_v3", true, false, 87, 14},  {"moco_v3", false, true, 93, 6},
+    {"moco_v3", true, true, 87, 6},    {"siglip", false, false, 19, 12},  {"siglip", true, false, 19, 12},
+    {"siglip", false, true, 19, 6},    {"siglip", true, true, 19, 6},
+};
 
 int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panels, bool fused) {
-  using Model = LaunchModel;
-  const std::string& loss = o.loss();
-  Model m{0, 0};
-  if (fused) {
-    m = fused_model(loss, materialised);
-  } else if (loss == "siglip") {
-    m = Model{19, 12};  // a panel: the GEMM and the loss's passes; the backward's GEMM again, h, and two GEMMs
-  } else if (loss == "clip") {
-    m = materialised ? Model{27, 25} : Model{27, 27};
-  } else if (loss == "infonce" || loss == "grouped") {
-    m = materialised ? Model{22, 14} : Model{22, 16};
-  } else if (loss == "nt_xent") {
-    m = materialised ? Model{78, 16} : Model{63, 21};  // materialised: + the mask value's fill (a device scalar)
-  } else {  // moco_v3
-    m = materialised ? Model{87, 14} : Model{93, 15};
+  const std::string loss = o.loss() == "grouped" ? "infonce" : o.loss();
+  LaunchModel m{nullptr, materialised, fused, 0, 0};
+  for (const auto& row : kLaunchModels) {
+    if (row.loss == loss && row.materialised == materialised && row.fused == fused) m = row;
   }
+  TORCH_INTERNAL_ASSERT(m.loss != nullptr, "no launch model for loss '", o.loss(), "'");
+  // Reduced operands (fp16/bf16 features; derived from the code, not counted:
+  // the CPU has no mixed-dtype GEMM and widens instead): the gradients cast
+  // back to the features' dtype, 2 fixed launches.
   const bool reduced = detail::operand_dtype(o.dtype(), o.device()) != detail::compute_dtype(o.dtype());
   if (reduced) {
     m.fixed += 2;
