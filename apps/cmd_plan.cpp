@@ -8,7 +8,8 @@
 //   contrax plan --loss clip --batch 32768 --width 512 --world 4
 //   contrax plan --loss nt_xent --batch 4096 --world 2 --dtype half --json
 //   contrax plan --loss grouped --group 8 --batch 4096 --world 4   # 7 hard negatives per query
-//   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --panel-bytes 1610612736   # an H100
+//   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768      # this GPU's, or an 80 GB one's
+//   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --gpu-memory 24   # a 24 GB GPU
 //   CONTRAX_FUSED_KERNELS=1 contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --loss siglip
 #include <iostream>
 
@@ -57,9 +58,14 @@ int run_plan(const std::vector<std::string>& args) {
   app.add_flag("--ring", ring, "tiled path with key blocks around the ring");
   int64_t panel_bytes = defaults.panel_bytes();
   cli::add_int(app, "--panel-bytes", panel_bytes,
-               "with --device cuda: the panel budget to plan with (0: what a loss would take here, 1 GiB without a "
-               "GPU; a GPU of 40 GB or more takes 1.5 GiB = 1610612736)",
+               "with --device cuda: the panel budget to plan with (0: what a loss would take on the GPU planned "
+               "for: 1 GiB, 1.5 GiB = 1610612736 from 40 GB)",
                0, int64_t{1} << 50);
+  int64_t gpu_gb = 0;
+  cli::add_int(app, "--gpu-memory", gpu_gb,
+               "with --device cuda: the memory in GB of the GPU to plan for (0: this machine's GPU, or an 80 GB "
+               "GPU where none is visible)",
+               0, int64_t{1} << 20);
   cli::add_int(app, "--max-logits-bytes", max_logits, "automatic routing threshold", 1, int64_t{1} << 50);
   app.add_flag("--json", json, "print one JSON object instead of the table");
   if (int st = cli::parse(app, args); st >= 0) return st;
@@ -79,7 +85,8 @@ int run_plan(const std::vector<std::string>& args) {
                                      .tile_size(tile)
                                      .ring(ring)
                                      .max_logits_bytes(max_logits)
-                                     .panel_bytes(panel_bytes));
+                                     .panel_bytes(panel_bytes)
+                                     .gpu_memory(gpu_gb * 1000 * 1000 * 1000));
   std::cout << (json ? contrax::to_json(plan) + "\n" : contrax::to_string(plan)) << std::flush;
   return 0;
 }

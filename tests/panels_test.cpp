@@ -603,8 +603,8 @@ TEST(PanelLaunches, ClipAtB65536OnAnH100) {
 // 16 panels, 1.5 GiB, and 29 + 2 (the bf16 gradients cast back) + 7 x 16 =
 // 143 launches for CLIP; SigLIP 19 + 2 + 6 x 16 = 117 (its gradient's GEMMs
 // in the forward: 3 GEMM units, not 4). Without a GPU to read the memory of,
-// the budget is 1 GiB: 2,560 rows, 26 panels, 213 launches, which is what
-// `contrax plan` prints here unless --panel-bytes names the H100's budget.
+// `contrax plan` plans for an 80 GB GPU and says so; for a 24 GB one
+// (--gpu-memory 24) the budget is 1 GiB: 2,560 rows, 26 panels, 213 launches.
 TEST(PanelLaunches, FusedClipAndSiglipAtB65536) {
   if (!contrax::detail::mixed_gemm_available()) GTEST_SKIP() << "the sizes assume the mixed-dtype GEMMs";
   if (!contrax::detail::cuda_fused_kernels_built()) GTEST_SKIP() << "a build without the CUDA kernels plans without them";
@@ -633,21 +633,29 @@ TEST(PanelLaunches, FusedClipAndSiglipAtB65536) {
   EXPECT_EQ(siglip.paths[1].panels, 16);
   EXPECT_EQ(siglip.paths[1].gemms, 3);
   EXPECT_EQ(siglip.paths[1].launches, 19 + 2 + 6 * 16);
-  // The tool, as the issue runs it (no GPU here: the 1 GiB budget), and with
-  // the H100's budget named.
-  auto run = contrax::testing::run_shell("CONTRAX_FUSED_KERNELS=1 " CONTRAX_CLI_PATH
-                                         " plan --device cuda --dtype bf16 --batch 65536 --width 768 --json");
+  // The tool, as the issue runs it (no GPU here: an 80 GB GPU assumed, which
+  // the plan says), SigLIP beside it, and for a 24 GB GPU.
+  const std::string tool = "CONTRAX_FUSED_KERNELS=1 " CONTRAX_CLI_PATH
+                           " plan --device cuda --dtype bf16 --batch 65536 --width 768 --json";
+  auto run = contrax::testing::run_shell(tool);
   EXPECT_EQ(run.status, 0) << run.out;
-  for (const char* want : {"\"fused\": true", "\"path\": \"tiled\", \"available\": true", "\"panels\": 26",
-                           "\"panel_rows\": 2560", "\"launches\": 213"}) {
+  for (const char* want : {"\"fused\": true", "\"panel_budget\": 1610612736", "assumed: none is visible here",
+                           "\"path\": \"tiled\", \"available\": true", "\"panels\": 16", "\"panel_rows\": 4096",
+                           "\"workspace_bytes\": 1610612736", "\"launches\": 143"}) {
     EXPECT_NE(run.out.find(want), std::string::npos) << want << " in " << run.out;
   }
-  run = contrax::testing::run_shell("CONTRAX_FUSED_KERNELS=1 " CONTRAX_CLI_PATH
-                                    " plan --device cuda --dtype bf16 --batch 65536 --width 768 --json"
-                                    " --panel-bytes 1610612736 --loss siglip");
+  run = contrax::testing::run_shell(tool + " --loss siglip");
   EXPECT_EQ(run.status, 0) << run.out;
   EXPECT_NE(run.out.find("\"panels\": 16"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("\"launches\": 117"), std::string::npos) << run.out;
+  run = contrax::testing::run_shell(tool + " --gpu-memory 24");
+  EXPECT_EQ(run.status, 0) << run.out;
+  for (const char* want : {"\"panel_budget\": 1073741824", "a GPU of 24 GB (--gpu-memory)", "\"panels\": 26",
+                           "\"panel_rows\": 2560", "\"launches\": 213"}) {
+    EXPECT_NE(run.out.find(want), std::string::npos) << want << " in " << run.out;
+  }
+  CONTRAX_EXPECT_ERROR(contrax::plan_loss(contrax::PlanOptions().device(torch::kCUDA).gpu_memory(-1)),
+                   "plan_loss(): argument 'gpu_memory' must be >= 0 (bytes; 0: this machine's GPU), but got -1");
   contrax::detail::set_cuda_fused_kernels_enabled(was);
 }
 

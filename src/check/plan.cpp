@@ -5,9 +5,13 @@
 // own choice.
 #include "contrax/check/plan.h"
 
+#include <torch/cuda.h>
+
 #include <iomanip>
 #include <sstream>
+#include <utility>
 
+#include "contrax/engine/workspace.h"
 #include "engine/lse_kernels.h"
 #include "engine/panels.h"
 #include "engine/prologue.h"
@@ -35,6 +39,24 @@ void check_plan_options(const PlanOptions& o) {
               o.dtype());
   TORCH_CHECK(o.panel_bytes() >= 0, "plan_loss(): argument 'panel_bytes' must be >= 0 (0: automatic), but got ",
               o.panel_bytes());
+  TORCH_CHECK(o.gpu_memory() >= 0,
+              "plan_loss(): argument 'gpu_memory' must be >= 0 (bytes; 0: this machine's GPU), but got ",
+              o.gpu_memory());
+}
+
+// The panel budget of a plan and where it comes from (PlanOptions::gpu_memory).
+std::pair<int64_t, std::string> planned_budget(const PlanOptions& o) {
+  if (o.panel_bytes() > 0) return {o.panel_bytes(), "panel_bytes (--panel-bytes)"};
+  if (!o.device().is_cuda() || loss_panel_bytes() > 0) {
+    return {detail::panel_budget(o.device()), o.device().is_cuda() ? "the loss panel budget set here" : ""};
+  }
+  if (o.gpu_memory() > 0) {
+    return {detail::default_panel_bytes(o.gpu_memory()),
+            c10::str("a GPU of ", static_cast<double>(o.gpu_memory()) / 1e9, " GB (--gpu-memory)")};
+  }
+  if (torch::cuda::device_count() > 0) return {detail::panel_budget(o.device()), "this machine's GPU"};
+  return {detail::default_panel_bytes(kReferenceGpuMemory),
+          "an 80 GB GPU (A100, H100), assumed: none is visible here; --gpu-memory to plan for another"};
 }
 
 // Per loss: the GEMM units, bytes sent and feature bytes of each path, and
@@ -185,10 +207,10 @@ int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panel
 
 // The walk of each path: steps, their shape, the workspace held at once and
 // the launches.
-void walk_costs(const PlanOptions& o, int64_t b, bool fused, PathCost& mat, PathCost& tiled, PathCost& ring) {
+void walk_costs(const PlanOptions& o, int64_t b, bool fused, int64_t budget, PathCost& mat, PathCost& tiled,
+                PathCost& ring) {
   const auto dev = o.device().type();
   const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
-  const int64_t budget = o.panel_bytes() > 0 ? o.panel_bytes() : detail::panel_budget(o.device());
   const auto walk =
       detail::make_walk(dev, o.dtype(), o.width(), std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), budget);
   for (auto* c : {&tiled, &ring}) {
@@ -254,7 +276,9 @@ LossPlan plan_loss(const PlanOptions& o) {
   mat.logits_bytes = blocks * b * B * e;
   tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
   for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
-  walk_costs(o, b, p.fused, mat, tiled, ring);
+  const auto [budget, source] = planned_budget(o);
+  if (o.device().is_cuda()) p.panel_budget = budget, p.budget_source = source;
+  walk_costs(o, b, p.fused, budget, mat, tiled, ring);
   p.paths = {mat, tiled, ring};
 
   // The losses' own routing, on the largest rank.
@@ -274,6 +298,7 @@ std::string to_string(const LossPlan& p) {
      << " (each walked once forward, once backward); launches: GPU kernel launches of a forward + backward "
         "(estimate, "
      << (p.fused ? "the fused CUDA kernels" : "ATen forms") << ")\n";
+  if (p.panel_budget > 0) os << "panel budget: " << mib(p.panel_budget) << ", for " << p.budget_source << "\n";
   os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd | steps "
         "(rows x cols) | workspace | launches |\n";
   os << "|---|---|---|---|---|---|---|---|---|---|\n";
@@ -298,7 +323,8 @@ std::string to_json(const LossPlan& p) {
   os << "{\"loss\": \"" << o.loss() << "\", \"group\": " << o.group() << ", \"batch\": " << o.batch()
      << ", \"width\": " << o.width() << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank
      << ", \"chosen\": \"" << p.chosen << "\", \"old_gemms\": " << p.old_gemms
-     << ", \"fused\": " << (p.fused ? "true" : "false") << ", \"paths\": [";
+     << ", \"fused\": " << (p.fused ? "true" : "false") << ", \"panel_budget\": " << p.panel_budget
+     << ", \"budget_source\": \"" << p.budget_source << "\", \"paths\": [";
   for (size_t i = 0; i < p.paths.size(); ++i) {
     const auto& c = p.paths[i];
     os << (i ? ", " : "") << "{\"path\": \"" << c.path << "\", \"available\": " << (c.available ? "true" : "false")

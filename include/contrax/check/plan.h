@@ -41,11 +41,18 @@ struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
   /// are walked in row panels sized from the panel budget; on the CPU in fp32,
   /// in cache-sized tiles.
   TORCH_ARG(torch::Device, device) = torch::kCPU;
-  /// The panel budget to plan with on CUDA; 0: what a loss would take here
-  /// (loss_panel_bytes() when set, otherwise the automatic budget of this
-  /// machine's GPU: 1 GiB, 1.5 GiB from 40 GB, 1 GiB without a GPU).
+  /// The panel budget to plan with on CUDA; 0: the automatic budget of the
+  /// GPU planned for (1 GiB, 1.5 GiB from 40 GB; see gpu_memory), or
+  /// loss_panel_bytes() when set.
   TORCH_ARG(int64_t, panel_bytes) = 0;
+  /// The memory in bytes of the GPU to plan for on CUDA (it sizes the
+  /// automatic panel budget); 0: this machine's GPU, or where none is visible
+  /// kReferenceGpuMemory (an 80 GB A100/H100), which LossPlan::budget_source says.
+  TORCH_ARG(int64_t, gpu_memory) = 0;
 };
+
+/// The GPU a CUDA plan assumes where none is visible: 80 GB (A100 80GB, H100).
+constexpr int64_t kReferenceGpuMemory = int64_t{80} * 1000 * 1000 * 1000;
 
 /// One path's cost for the rank with the most rows.
 struct PathCost {
@@ -94,6 +101,11 @@ struct LossPlan {
   /// CONTRAX_FUSED_KERNELS=1): panels without ATen temporaries, fewer
   /// launches, and SigLIP's gradient GEMMs in the forward.
   bool fused = false;
+  /// CUDA: the panel budget planned with, in bytes, and where it came from
+  /// ("--panel-bytes", "this machine's GPU", "a GPU of N GB", or the 80 GB GPU
+  /// assumed where none is visible); 0 and empty on the CPU.
+  int64_t panel_budget = 0;
+  std::string budget_source;
 };
 
 /// Plans a loss call. Throws on an unknown loss or a non-positive size.
