@@ -1,5 +1,5 @@
 // The trainer's typed errors and their messages in the library's own terms
-// (see errors.h); the tool's messages are in apps/train_errors.cpp.
+// (see errors.h); the tool's messages are in apps/train/train_errors.cpp.
 #include "contrax/train/common/errors.h"
 
 #include <c10/util/StringUtil.h>

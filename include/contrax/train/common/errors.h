@@ -1,7 +1,7 @@
 // The trainer library's typed errors: what went wrong, with its numbers, so a
 // caller maps each to its own words and exit status without reading the
 // message. The library's messages name only its options (RunOptions::lr,
-// ResumeMode); `contrax train` words them in its flags (apps/train_errors.cpp).
+// ResumeMode); `contrax train` words them in its flags (apps/train/train_errors.cpp).
 //
 //   try {
 //     contrax::train::train_contrastive(comm, data, options);

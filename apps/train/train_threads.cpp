@@ -1,6 +1,6 @@
 // The threads of a `contrax train` run against the tasks limit (see
 // train_threads.h).
-#include "train_threads.h"
+#include "train/train_threads.h"
 
 #include <ATen/Parallel.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <exception>
 #include <mutex>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "contrax/launch/launcher.h"
 #include "contrax/util/tasks.h"
 

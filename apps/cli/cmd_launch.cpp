@@ -10,7 +10,9 @@
 #include <chrono>
 #include <iostream>
 
-#include "cli.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "cli/machine.h"
 #include "contrax/launch/launcher.h"
 
 namespace {

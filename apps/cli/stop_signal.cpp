@@ -1,5 +1,5 @@
 // SIGINT and SIGTERM in the `contrax` tool (see stop_signal.h).
-#include "stop_signal.h"
+#include "cli/stop_signal.h"
 
 #include <signal.h>
 #include <unistd.h>

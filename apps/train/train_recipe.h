@@ -1,9 +1,10 @@
-// The recipes of `contrax train` as the tool sees them. cmd_train.cpp holds
-// what every recipe shares: the flags of the run (bound to the recipe's
-// RunOptions, so their defaults are the recipe's) and of the tool, the run
-// directory, the workers, the console and train.log, config.json,
-// results.json and the summary. A recipe adds its own flags with its
-// defaults, loads its data, trains and evaluates:
+// The recipes of `contrax train` as the tool sees them. What every recipe
+// shares is the command's: the flags of the run (bound to the recipe's
+// RunOptions, so their defaults are the recipe's) and of the tool
+// (train_settings.h), the run directory and the workers (cmd_train.cpp), the
+// console and train.log, config.json, results.json and the summary
+// (train_run.h). A recipe adds its own flags with its defaults, loads its
+// data, trains and evaluates:
 //
 //   train_image.cpp      simclr, moco-v3: Fashion-MNIST, kNN and linear probe
 //   train_retrieval.cpp  retrieval: WordNet reverse dictionary, recall and MRR
@@ -20,7 +21,7 @@
 
 #include "contrax/comm/communicator.h"
 #include "contrax/train/common/loop.h"
-#include "json_util.h"
+#include "cli/json_util.h"
 
 namespace contrax::cli {
 
@@ -29,7 +30,7 @@ namespace contrax::cli {
 constexpr int64_t kMaxBatch = int64_t{1} << 20;
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
 
-/// The tool's flags that every recipe shares (cmd_train.cpp adds them).
+/// The tool's flags that every recipe shares (train_settings.h adds them).
 struct TrainToolFlags {
   int64_t train_limit = -1;  // first N training examples
   int64_t eval_limit = -1;   // first N evaluation examples

@@ -13,7 +13,8 @@
 //   CONTRAX_FUSED_KERNELS=1 contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --loss siglip
 #include <iostream>
 
-#include "cli.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
 #include "contrax/check/plan.h"
 
 namespace {

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "train_recipe.h"
+#include "train/train_recipe.h"
 
 namespace contrax::cli {
 

@@ -15,10 +15,12 @@
 #include <iostream>
 #include <thread>
 
-#include "cli.h"
+#include "cli/build_info.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
 #include "contrax/check/build_info.h"
 #include "contrax/comm/communicator.h"
-#include "json_util.h"
+#include "cli/json_util.h"
 
 namespace {
 

@@ -15,15 +15,16 @@
 #include <mutex>
 #include <ostream>
 
-#include "cli.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
 #include "contrax/train/image/eval.h"
 #include "contrax/train/image/idx.h"
 #include "contrax/launch/launcher.h"
 #include "contrax/train/image/memory_estimate.h"
 #include "contrax/train/image/trainer.h"
 #include "contrax/util/memory.h"
-#include "train_errors.h"
-#include "train_image.h"
+#include "train/train_errors.h"
+#include "train/train_image.h"
 
 namespace contrax::cli {
 

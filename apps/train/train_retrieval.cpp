@@ -9,10 +9,10 @@
 #include <ostream>
 #include <sstream>
 
-#include "cli.h"
+#include "cli/flags.h"
 #include "contrax/train/retrieval/eval.h"
 #include "contrax/train/retrieval/trainer.h"
-#include "train_retrieval.h"
+#include "train/train_retrieval.h"
 
 namespace contrax::cli {
 

@@ -17,7 +17,7 @@
 
 #include "contrax/train/common/loop.h"
 #include "contrax/train/common/run_dir.h"
-#include "live_line.h"
+#include "cli/live_line.h"
 
 namespace contrax::cli {
 

@@ -33,8 +33,11 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "bench_timing.h"
-#include "cli.h"
+#include "bench/bench_timing.h"
+#include "cli/build_info.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "cli/machine.h"
 #include "contrax/comm/collectives.h"
 #include "contrax/comm/communicator.h"
 #include "contrax/launch/launcher.h"

@@ -2,14 +2,14 @@
 // (train_errors.h): where the library says "the learning rate (lr)", the tool
 // says --lr. The texts are the ones the tool printed when the library still
 // wrote them, and its tests assert them.
-#include "train_errors.h"
+#include "train/train_errors.h"
 
 #include <c10/util/StringUtil.h>
 
 #include <map>
 #include <stdexcept>
 
-#include "cli.h"
+#include "cli/cli.h"
 
 namespace contrax::cli {
 

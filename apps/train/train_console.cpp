@@ -1,5 +1,5 @@
 // Rank 0's console and train.log (see train_console.h).
-#include "train_console.h"
+#include "train/train_console.h"
 
 #include <unistd.h>
 

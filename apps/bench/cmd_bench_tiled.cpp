@@ -24,8 +24,11 @@
 #include <cstdio>
 #include <iostream>
 
-#include "bench_timing.h"
-#include "cli.h"
+#include "bench/bench_timing.h"
+#include "cli/build_info.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "cli/machine.h"
 #include "contrax/comm/communicator.h"
 #include "contrax/engine/workspace.h"
 #include "contrax/losses/losses.h"

@@ -8,14 +8,23 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "contrax/util/memory.h"
 
 namespace contrax::cli {
+
+/// "12.3 MiB": a byte count (a Timed's peak) as the benchmarks print it.
+inline std::string mib(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
 
 /// The upper median of `v` (not empty).
 inline double median(std::vector<double> v) {

@@ -1,5 +1,5 @@
 // Drawing a run's curves with the plotting script (see plot.h).
-#include "plot.h"
+#include "cli/plot.h"
 
 #include <fcntl.h>
 #include <sys/wait.h>

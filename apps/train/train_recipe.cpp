@@ -1,11 +1,11 @@
 // The recipes of `contrax train` by name: the list `--recipe` offers and the
 // factory that makes one (train_image.h, train_retrieval.h).
-#include "train_recipe.h"
+#include "train/train_recipe.h"
 
 #include <algorithm>
 
-#include "train_image.h"
-#include "train_retrieval.h"
+#include "train/train_image.h"
+#include "train/train_retrieval.h"
 
 namespace contrax::cli {
 

@@ -3,8 +3,9 @@
 // matplotlib, through the same script `contrax train` runs at the end.
 //
 //   contrax plot runs/simclr
-#include "cli.h"
-#include "plot.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "cli/plot.h"
 
 namespace {
 

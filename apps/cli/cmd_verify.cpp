@@ -15,11 +15,13 @@
 #include <iostream>
 #include <sstream>
 
-#include "cli.h"
+#include "cli/cli.h"
+#include "cli/flags.h"
+#include "cli/machine.h"
 #include "contrax/check/verify.h"
 #include "contrax/comm/communicator.h"
 #include "contrax/launch/launcher.h"
-#include "json_util.h"
+#include "cli/json_util.h"
 
 namespace {
 

@@ -1,108 +1,17 @@
-// Entry point of the `contrax` tool: dispatches to the registered subcommands,
-// and the flag helpers they share (CLI11 with range-checked typed values).
-#include <ATen/Version.h>
-#include <malloc.h>
-#include <torch/torch.h>
-#include <torch/version.h>
+// The typed flags of the `contrax` tool and the parse that reports their
+// mistakes as usage errors (flags.h).
+#include "cli/flags.h"
 
 #include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <sstream>
-#include <thread>
 
-#include <unistd.h>
-
-#include "cli.h"
-#include "train_threads.h"
-#include "contrax/launch/launcher.h"
-#include "stop_signal.h"
+#include "cli/build_info.h"
 
 namespace contrax::cli {
-
-std::map<std::string, CommandInfo>& registry() {
-  static std::map<std::string, CommandInfo> commands;
-  return commands;
-}
-
-std::string blas_library() {
-  // The CPU BLAS LibTorch was built with (its build settings' BLAS_INFO:
-  // "mkl", linked into libtorch_cpu in PyPI's wheels; "open" or "flexi" in
-  // Debian's) and, where it is a shared library, the one loaded. CUDA's
-  // cuBLAS is not the CPU BLAS.
-  const std::string config = at::show_config(), key = "BLAS_INFO=";
-  std::string kind = "unknown";
-  if (auto p = config.find(key); p != std::string::npos) {
-    p += key.size();
-    kind = config.substr(p, config.find_first_of(", \n", p) - p);
-  }
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    auto pos = line.find('/');
-    if (pos == std::string::npos) continue;
-    std::string path = line.substr(pos);
-    const auto name = path.substr(path.rfind('/') + 1);
-    if ((name.find("blas") != std::string::npos || name.find("mkl") != std::string::npos) &&
-        name.find("cublas") == std::string::npos) {
-      return kind + " (" + path + ")";
-    }
-  }
-  return kind == "mkl" ? "mkl (linked into LibTorch)" : kind;
-}
-
-std::string version_string() {
-  std::ostringstream o;
-  o << "contrax " << CONTRAX_VERSION << ", LibTorch " << TORCH_VERSION << ", BLAS " << blas_library() << ", "
-    << at::get_num_threads() << " intra-op thread" << (at::get_num_threads() == 1 ? "" : "s") << " by default, "
-    << std::thread::hardware_concurrency() << " cores";
-  return o.str();
-}
-
-std::string mib(int64_t bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buf;
-}
-
-std::string cuda_unavailable_reason() {
-  if (torch::cuda::is_available()) return "";
-  if (!at::Context::hasCUDART()) return "this LibTorch was built without CUDA (a CPU-only build)";
-  return "no CUDA device is visible (torch::cuda::is_available() is false: no GPU, no driver, or "
-         "CUDA_VISIBLE_DEVICES hides them)";
-}
-
-void check_cuda_device(const std::string& device, int64_t nproc, const std::string& one_gpu_per_rank,
-                       const std::string& hint) {
-  if (device == "cuda") {
-    const std::string why = cuda_unavailable_reason();
-    usage_check(why.empty(), "flag '--device' is 'cuda', but ", why, "; use --device cpu");
-  }
-  if (!one_gpu_per_rank.empty() && !in_launched_worker()) {
-    // NCCL refuses two ranks on one GPU; say so before any process starts.
-    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    usage_check(nproc <= gpus, one_gpu_per_rank, ", which needs one GPU per rank, but --nproc is ", nproc,
-                " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s", hint);
-  }
-}
-
-int64_t max_procs() { return kMaxProcsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
-
-CLI::Option* add_force(CLI::App& app, bool& force) {
-  return app.add_flag("--force", force, "allow --nproc above " + std::to_string(max_procs()) + " (" +
-                                            std::to_string(kMaxProcsPerCore) + " per core)");
-}
-
-void check_procs(const std::string& flag, int64_t n, bool force) {
-  usage_check(force || n <= max_procs(), "flag '", flag, "' must be <= ", max_procs(), " (", kMaxProcsPerCore,
-              " per core; --force allows more), but got ", n);
-}
-
-int64_t max_threads() { return kMaxThreadsPerCore * std::max<int64_t>(1, std::thread::hardware_concurrency()); }
 
 void setup_app(CLI::App& app) {
   // Every option's default is shown by --help and written by --dump-config,
@@ -319,97 +228,3 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 }
 
 }  // namespace contrax::cli
-
-namespace {
-
-// Keeps the heap between steps: glibc's defaults unmap each step's ~40 MB of
-// freed tensors (above the mmap threshold) and trim the heap's top (above
-// 128 KiB free), so the next step page-faults it all in again, a quarter of a
-// training step's time on 2 cores. Big blocks stay in the heap; the footprint
-// is the peak, as with PyTorch's caching allocator. Set before any allocation
-// of size; skipped when GLIBC_TUNABLES is given (mallopt would override it).
-void keep_heap() {
-  if (std::getenv("GLIBC_TUNABLES") != nullptr) return;
-  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
-}
-
-}  // namespace
-
-namespace {
-
-// Runs `cmd`; an error becomes its message on stderr and the exit status (2
-// for a usage error, else 1), and, for a launcher's worker, its failure
-// record (the first record counts: a failure caused by a peer, recorded
-// when the collective failed, stays so).
-int run_command(const contrax::cli::CommandInfo& command, const std::string& cmd,
-                const std::vector<std::string>& args) {
-  using namespace contrax::cli;
-  std::string message;
-  int status = 1;
-  try {
-    return command.run(args);
-  } catch (const UsageError& e) {
-    message = e.what() + std::string(" (see contrax ") + cmd + " --help)";
-    status = 2;
-  } catch (const c10::Error& e) {
-    message = e.what_without_backtrace();
-  } catch (const std::system_error& e) {
-    // A thread that could not start, wherever: said with the tasks limit,
-    // not as a bare "Resource temporarily unavailable".
-    const bool threads = e.code() == std::errc::resource_unavailable_try_again;
-    message = threads ? threads_failed_message(std::string("a thread could not be started: ") + e.what()) : e.what();
-  } catch (const std::exception& e) {
-    message = e.what();
-  }
-  const std::string line = "contrax " + cmd + ": error: " + message;
-  std::cerr << line << "\n";
-  contrax::record_worker_failure(/*caused_by_peer=*/false, line);
-  return status;
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  keep_heap();
-  using namespace contrax::cli;
-  auto usage = [] {
-    std::cout << "usage: contrax COMMAND [flags]   (contrax COMMAND --help for its flags)\n\ncommands:\n";
-    for (const auto& [name, info] : registry()) std::cout << "  " << name << "  " << info.summary << "\n";
-    std::cout << "\n  --version  print the version, LibTorch and BLAS\n";
-  };
-  if (argc < 2) {
-    usage();
-    return 2;
-  }
-  const std::string cmd = argv[1];
-  if (cmd == "--help" || cmd == "-h") {
-    usage();
-    return 0;
-  }
-  if (cmd == "--version") {
-    std::cout << version_string() << "\n";
-    return 0;
-  }
-  auto it = registry().find(cmd);
-  if (it == registry().end()) {
-    std::cerr << "contrax: unknown command '" << cmd << "'\n";
-    usage();
-    return 2;
-  }
-  install_stop_signals(cmd);
-  std::vector<std::string> args(argv + 2, argv + argc);
-  const int status = run_command(it->second, cmd, args);
-  if (status != 0 && contrax::in_launched_worker()) {
-    // A failed worker ends here, without the exit handlers: after a peer or
-    // its own threads failed, c10d's and PyTorch's teardown of a broken
-    // process group can crash (SIGSEGV seen at exit after 'Connection closed
-    // by peer'), and the launcher would then report the crash, not the
-    // error just printed. Its record and its output are out already.
-    std::cout.flush();
-    std::cerr.flush();
-    std::fflush(nullptr);
-    ::_exit(status);
-  }
-  return status;
-}

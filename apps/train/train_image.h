@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "train_recipe.h"
+#include "train/train_recipe.h"
 
 namespace contrax::cli {
 

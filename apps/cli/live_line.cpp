@@ -1,5 +1,5 @@
 // One line of progress on a terminal (see live_line.h).
-#include "live_line.h"
+#include "cli/live_line.h"
 
 #include <sys/ioctl.h>
 #include <unistd.h>
