@@ -11,6 +11,15 @@ using namespace contrax;
 using contrax::testing::error_of;
 using contrax::testing::run_ranks_collect_errors;
 
+namespace {
+
+// Every rank's message (run_ranks_collect_errors) contains `text`.
+void expect_each_rank_says(const std::vector<std::string>& errors, const std::string& text) {
+  for (const auto& e : errors) EXPECT_NE(e.find(text), std::string::npos) << e;
+}
+
+}  // namespace
+
 TEST(LossErrors, LocalArgumentChecks) {
   auto x = torch::randn({4, 3}), s = torch::tensor(1.0);
   CONTRAX_EXPECT_ERROR(clip_loss(torch::randn({4}), x, s),
@@ -84,22 +93,14 @@ TEST(LossErrors, WidthOrDtypeMismatchBetweenRanks) {
     auto z = torch::randn({3, comm->rank() == 0 ? 4 : 6});
     nt_xent_loss(z, z, NTXentLossOptions().comm(comm));
   });
-  for (const auto& e : errors) {
-    EXPECT_NE(e.find("nt_xent_loss(): argument 'z1' must have the same trailing shape on every rank, but it is "
-                     "[b, 6] on rank 1 and [b, 4] on rank 0"),
-              std::string::npos)
-        << e;
-  }
+  expect_each_rank_says(errors, "nt_xent_loss(): argument 'z1' must have the same trailing shape on every rank, but it "
+                                "is [b, 6] on rank 1 and [b, 4] on rank 0");
   errors = run_ranks_collect_errors(2, [](const CommunicatorPtr& comm) {
     auto q = torch::randn({3, 4}, comm->rank() == 0 ? torch::kFloat : torch::kDouble);
     moco_v3_loss(q, q, q, q, MocoV3LossOptions().comm(comm));
   });
-  for (const auto& e : errors) {
-    EXPECT_NE(e.find("moco_v3_loss(): argument 'k1' must have the same dtype on every rank, but it is Double on "
-                     "rank 1 and Float on rank 0"),
-              std::string::npos)
-        << e;
-  }
+  expect_each_rank_says(errors, "moco_v3_loss(): argument 'k1' must have the same dtype on every rank, but it is "
+                                "Double on rank 1 and Float on rank 0");
 }
 
 // Issue 29, item 7: [b, 0] features reached ATen's amax() inside the

@@ -83,3 +83,5 @@ TEST(GradCacheGrouped, CandidatesWithGTimesTheRowsMatchTheOneShotStep) {
     auto loss = gc.step({std::vector<torch::Tensor>{shard(batch.x, counts, r), shard(batch.x_ids, counts, r)},
                          std::vector<torch::Tensor>{shard(batch.y, cand_counts, r), shard(batch.y_ids, cand_counts, r)}});
     expect_match(m.grads(), want, 1e-10, c10::str("grouped, rank ", r));
+  }, std::chrono::seconds(15));
+}

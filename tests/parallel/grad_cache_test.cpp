@@ -258,7 +258,6 @@ TEST(GradCache, Errors) {
   BatchInput n = std::map<std::string, torch::Tensor>{{"x", batch.x}};
   CONTRAX_EXPECT_ERROR(n["y"], "BatchInput[\"y\"]: no input named 'y'; the inputs are 'x'");
 }
-}
 
 // Issue 28, item 5: the generators replayed on CUDA. Before, only the CUDA
 // devices of a chunk's input tensors were saved: an encoder that moves CPU
