@@ -1,5 +1,5 @@
 """Writes tests/vectors/grad_cache.json: the gradient cache's test vectors,
-checked by both the C++ GradCache (tests/grad_cache_vectors_test.cpp) and the
+checked by both the C++ GradCache (tests/parallel/grad_cache_vectors_test.cpp) and the
 Python contrax.GradCache (python/tests/test_grad_cache_vectors.py).
 
 The expected values come from plain PyTorch (no Contrax): the ordinary
@@ -78,7 +78,7 @@ def main():
         chunking.append({"chunk_sizes": [ca, cb], "calls": {"a": once["a"] * 2, "b": once["b"] * 2}})
     vectors = {
         "about": "Gradient-cache test vectors (tools/gen_grad_cache_vectors.py: plain PyTorch, fp64); "
-                 "checked by tests/grad_cache_vectors_test.cpp and python/tests/test_grad_cache_vectors.py",
+                 "checked by tests/parallel/grad_cache_vectors_test.cpp and python/tests/test_grad_cache_vectors.py",
         "towers": {t: {k: v.tolist() for k, v in p[t].items()} for t in ("a", "b")},
         "log_scale": p["log_scale"].item(),
         "inputs": {"x": x.tolist(), "y": y.tolist()},

@@ -1,6 +1,6 @@
 """contrax.GradCache against the gradient cache's shared test vectors
 (tests/vectors/grad_cache.json, written by tools/gen_grad_cache_vectors.py
-from plain PyTorch), the same file tests/grad_cache_vectors_test.cpp checks
+from plain PyTorch), the same file tests/parallel/grad_cache_vectors_test.cpp checks
 the C++ GradCache against: the rows of every encoder call for each chunking,
 the loss and gradients any chunking must give, torch's dropout replayed from
 the saved random state, and on Gloo ranks with uneven rows and an empty one,

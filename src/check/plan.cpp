@@ -1,6 +1,6 @@
 // Cost model of the loss engine's paths (see contrax/check/plan.h). The counts follow
 // the code in src/engine/ and the front ends (src/losses/infonce.cpp,
-// src/losses/grouped.cpp); tests/losses_test.cpp checks the byte counts against the
+// src/losses/grouped.cpp); tests/check/loss_plan_test.cpp checks the byte counts against the
 // communicator's counters of a real call and the routing against the losses'
 // own choice.
 #include "contrax/check/plan.h"

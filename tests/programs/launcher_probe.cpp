@@ -1,4 +1,4 @@
-// A worker for tests/launcher_test.cpp: behaves according to its RANK and
+// A worker for tests/launch/launcher_test.cpp: behaves according to its RANK and
 // argv so that the test can provoke each way a launched job ends.
 //
 //   launcher_probe ok              print the launcher's environment, exit 0

@@ -6,7 +6,7 @@
 // `__shared__` storage per block. No third-party emulator exists in the
 // registries this project uses, and a GPU is at hand only rarely: this is
 // what lets the CPU tests find a fault in the kernels' shuffles, barriers or
-// tails (tests/simt_kernels_test.cpp, tests/kernel_mutation_test.sh).
+// tails (tests/engine/simt_kernels_test.cpp, tests/engine/kernel_mutation_test.sh).
 //
 // What it models (docs/engine.md, "The SIMT emulator"):
 //  * threadIdx, blockIdx, blockDim, gridDim; CUDA's launch limits (1,024

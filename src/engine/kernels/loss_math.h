@@ -4,7 +4,7 @@
 // (tests/support/simt.h) runs them on the CPU. Every function is
 // `__host__ __device__` under nvcc and plain `inline` C++ elsewhere,
 // templated on the scalar type so that the tests run it in fp64
-// (tests/loss_math_test.cpp). No LibTorch and no
+// (tests/engine/loss_math_test.cpp). No LibTorch and no
 // standard-library call that device code lacks: only exp, log and log1p
 // through the overloads below.
 //

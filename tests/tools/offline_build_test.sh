@@ -21,7 +21,7 @@
 # Usage: offline_build_test.sh PYTHON BUILD_DIR (the bundle goes into BUILD_DIR-bundle)
 set -u
 py=$1 build=$2 work=$2-bundle
-repo="$(cd "$(dirname "$0")/.." && pwd)"
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
 fail() { echo "FAIL: $*"; exit 1; }
 # The machines this is for carry a PyPI-style torch (no Gloo headers, no
 # system LibTorch); Debian's python3-torch (the PyTorch 2.6 part of CI) is the

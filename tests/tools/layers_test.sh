@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # The layers' include boundaries: each probe (tests/CMakeLists.txt) includes a
-# header of a layer that is not below the probe's own, with the own layer's
-# include path, and must fail to compile because that header is not found;
-# the control probe includes a header of a layer below and must compile.
-# Usage: layers_test.sh BUILD_DIR CONTROL_TARGET TARGET:HEADER...
+# header of a layer that is not below the probe's own, with the include path
+# of the own layer's sources or of its tests (tests/<layer>), and must fail to
+# compile because that header is not found; each control probe includes a
+# header of a layer below and must compile.
+# Usage: layers_test.sh BUILD_DIR CONTROL_TARGET... -- TARGET:HEADER...
 set -uo pipefail
-build=$1 control=$2
-shift 2
+build=$1
+shift
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-if ! cmake --build "$build" --target "$control" >"$log" 2>&1; then
-  cat "$log"
-  echo "FAIL: $control (a header of a layer below) does not compile"
-  exit 1
-fi
-echo "ok: $control compiles"
+while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
+  control=$1
+  shift
+  if ! cmake --build "$build" --target "$control" >"$log" 2>&1; then
+    cat "$log"
+    echo "FAIL: $control (a header of a layer below) does not compile"
+    exit 1
+  fi
+  echo "ok: $control compiles"
+done
+shift
 failed=0
 for probe in "$@"; do
   target=${probe%%:*} header=${probe#*:}

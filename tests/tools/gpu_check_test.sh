@@ -15,7 +15,7 @@ fi
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 log=$(CONTRAX_GPU_CHECK_BUILD=$build CONTRAX_GPU_CHECK_OUT=$out CONTRAX_GPU_CHECK_PYTHON=$py \
-  bash "$(dirname "$0")/../tools/gpu_check.sh" 2>&1)
+  bash "$(dirname "$0")/../../tools/gpu_check.sh" 2>&1)
 st=$?
 echo "$log"
 fail() { echo "FAIL: $*"; exit 1; }
@@ -26,17 +26,17 @@ grep -q "$build/contrax built (contrax " <<<"$log" || fail "does not name the bu
 grep -q "^no GPU found: " "$out/report.md" || fail "the report does not say so"
 grep -q "^torch: .*GPUs seen by torch: 0" "$out/report.md" || fail "the report does not name torch"
 
-log=$(CONTRAX_GPU_CHECK_OUT=$out/quick CONTRAX_GPU_CHECK_PYTHON=$py bash "$(dirname "$0")/../tools/gpu_check.sh" --quick 2>&1)
+log=$(CONTRAX_GPU_CHECK_OUT=$out/quick CONTRAX_GPU_CHECK_PYTHON=$py bash "$(dirname "$0")/../../tools/gpu_check.sh" --quick 2>&1)
 st=$?
 echo "$log"
 [ $st -eq 3 ] || fail "--quick: exit status $st, expected 3"
 grep -q "gpu_check: no GPU found (torch sees 0 CUDA devices" <<<"$log" || fail "--quick: no 'no GPU found' line"
 grep -q "nothing built (--quick builds only where a GPU is)" <<<"$log" || fail "--quick: does not say it built nothing"
-log=$(bash "$(dirname "$0")/../tools/gpu_check.sh" --fast 2>&1)
+log=$(bash "$(dirname "$0")/../../tools/gpu_check.sh" --fast 2>&1)
 st=$?
 [ $st -eq 2 ] && grep -q "usage: bash tools/gpu_check.sh \[--quick\]" <<<"$log" || fail "--fast: exit $st, $log"
 
-same="$py $(dirname "$0")/../tools/same_curve.py"
+same="$py $(dirname "$0")/../../tools/same_curve.py"
 printf '%s\n' '{"step":1,"loss":5.25,"lr":0.001,"rows":8}' '{"step":2,"loss":4.5,"lr":0.002,"rows":8}' >"$out/a.jsonl"
 cp "$out/a.jsonl" "$out/b.jsonl"
 $same "$out/a.jsonl" "$out/b.jsonl" | grep -q "steps 1-2 equal bit for bit" || fail "same_curve: equal curves not equal"
@@ -49,7 +49,7 @@ log=$($same "$out/a.jsonl" "$out/b.jsonl")
 [ $? -eq 1 ] && grep -q "lacks steps \[2\]" <<<"$log" || fail "same_curve: a missing step not found: $log"
 # tools/fused_verdict.py, the check's last line: switch on only when exact
 # and faster at every loss and batch size.
-verdict="$py $(dirname "$0")/../tools/fused_verdict.py"
+verdict="$py $(dirname "$0")/../../tools/fused_verdict.py"
 run() {  # run LOSS IMPL B MS ...: one gpu_losses.py --json line
   local results="" sep=""
   while [ $# -ge 4 ]; do

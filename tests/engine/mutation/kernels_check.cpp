@@ -1,5 +1,5 @@
 // A LibTorch-free check of the CUDA panel kernels under the SIMT emulator,
-// for the mutation test (tests/kernel_mutation_test.sh): it compiles in
+// for the mutation test (tests/engine/kernel_mutation_test.sh): it compiles in
 // seconds against any copy of src/engine/kernels/ (the include path decides
 // which), runs every kernel (log-sum-exp strips and their finishing pass,
 // gradient tiles, SigLIP) in fp64 and fp32 on shapes with tails, at 1, 4 and
@@ -8,7 +8,7 @@
 // outputs in sentinel-padded ones, so a read or write one past a bound
 // shows. Exit status 0 when everything agrees, 1 otherwise (the first few
 // disagreements printed). The same kernels are checked against ATen, with
-// masks and half-precision outputs, in tests/simt_kernels_test.cpp.
+// masks and half-precision outputs, in tests/engine/simt_kernels_test.cpp.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

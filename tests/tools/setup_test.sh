@@ -6,7 +6,7 @@
 # once with how much it needs and where (1), checked on a 64 MB tmpfs
 # (skipped, 77, where mounting one is not permitted).
 set -u
-setup="$(cd "$(dirname "$0")/.." && pwd)/tools/setup.sh"
+setup="$(cd "$(dirname "$0")/../.." && pwd)/tools/setup.sh"
 fail() { echo "FAIL: $*"; exit 1; }
 small=$(mktemp -d)
 trap 'umount "$small" 2>/dev/null; rm -rf "$small"' EXIT

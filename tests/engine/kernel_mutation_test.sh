@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The mutation test of the CUDA panel kernels (issue 51): faults planted in a
 # copy of src/engine/kernels/ must each make the emulated kernels' check
-# (tests/mutation/kernels_check.cpp, run under the SIMT emulator) fail; the
+# (tests/engine/mutation/kernels_check.cpp, run under the SIMT emulator) fail; the
 # test fails if any goes unnoticed, if the unmutated copy does not pass, or if
 # a mutation no longer applies (its line changed: update it here).
 #
@@ -17,7 +17,7 @@ flags=(-O1 -std=c++17 -Wno-unknown-pragmas -I"$SRC/tests")
 # Builds the check against the kernels in $1 (a folder holding
 # engine/kernels/) and runs it; its status is the check's.
 check() {
-  "$CXX" "${flags[@]}" -I"$1" "$SRC/tests/mutation/kernels_check.cpp" "$work/simt.o" -o "$work/check"
+  "$CXX" "${flags[@]}" -I"$1" "$SRC/tests/engine/mutation/kernels_check.cpp" "$work/simt.o" -o "$work/check"
   timeout 120 "$work/check" >"$work/out" 2>&1
 }
 
