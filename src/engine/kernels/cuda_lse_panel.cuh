@@ -22,6 +22,10 @@
 // log-sum-exp and the strips into each column's running pair. Tails (rows
 // past the last full strip, columns past the last full 256) are skipped by
 // index. Traffic: 4 bytes per logit read, 0.25 per logit of column partials.
+// Multi-positive labels (LseArgs::pos_row): each column's sums of P_ij x_ij
+// and P_ij over the strip in the same walk (two registers), each row's in a
+// second walk of the block's strip, a warp per row as SigLIP's
+// (warp_row_sums), merged by the finishing kernel like the pairs.
 #pragma once
 
 #include "engine/kernels/cuda_strip_reduce.cuh"
