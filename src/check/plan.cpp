@@ -164,32 +164,43 @@ int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / std::max<int64_t>(
 // The launch model of a forward + backward (see PathCost::launches): a fixed
 // count and one per panel of the forward's walk (the backward walks as many),
 // with the ATen forms of the element-wise passes or with the fused CUDA panel
-// kernels. fp32 features, W = 1, no labels, no bias, the losses' default
-// normalisation. Its rows, and what one panel launches, are the table of
-// docs/engine.md ("The launch model"), which panels_test reads and checks
-// against this model, and the model against launches counted on the CPU
-// walking as CUDA does (support/op_counter.h; the fused kernels under the SIMT
-// emulator). The grouped loss is InfoNCE's row.
+// kernels. fp32 features, no labels, no bias, the losses' default
+// normalisation; W = 1, and the ring at W = 2, its panels those of the W
+// blocks it walks (the blocks' sends and receives are no ATen operator: on
+// NCCL they are its own kernels, not counted). Its rows, and what one panel
+// launches, are the table of docs/engine.md ("The launch model"), which
+// panels_test reads and checks against this model, and the model against
+// launches counted on the CPU walking as CUDA does (support/op_counter.h; the
+// fused kernels under the SIMT emulator; the ring on thread ranks). The
+// grouped loss is InfoNCE's row.
+enum class Walked { kTiled, kMaterialised, kRing };
 struct LaunchModel {
   const char* loss;
-  bool materialised, fused;
+  Walked path;
+  bool fused;
   int64_t fixed, per_panel;
 };
+constexpr Walked kT = Walked::kTiled, kM = Walked::kMaterialised, kR = Walked::kRing;
 constexpr LaunchModel kLaunchModels[] = {
-    {"clip", false, false, 27, 27},    {"clip", true, false, 27, 25},    {"clip", false, true, 29, 7},
-    {"clip", true, true, 29, 6},       {"infonce", false, false, 22, 16}, {"infonce", true, false, 22, 14},
-    {"infonce", false, true, 22, 7},   {"infonce", true, true, 22, 6},    {"nt_xent", false, false, 63, 21},
-    {"nt_xent", true, false, 78, 16},  {"nt_xent", false, true, 62, 12},  {"nt_xent", true, true, 78, 16},
-    {"moco_v3", false, false, 93, 15}, {"moco_v3", true, false, 87, 14},  {"moco_v3", false, true, 93, 6},
-    {"moco_v3", true, true, 87, 6},    {"siglip", false, false, 19, 12},  {"siglip", true, false, 19, 12},
-    {"siglip", false, true, 19, 6},    {"siglip", true, true, 19, 6},
+    {"clip", kT, false, 27, 27},    {"clip", kM, false, 27, 25},    {"clip", kT, true, 29, 7},
+    {"clip", kM, true, 29, 6},      {"infonce", kT, false, 22, 16}, {"infonce", kM, false, 22, 14},
+    {"infonce", kT, true, 22, 7},   {"infonce", kM, true, 22, 6},   {"nt_xent", kT, false, 63, 21},
+    {"nt_xent", kM, false, 78, 16}, {"nt_xent", kT, true, 62, 12},  {"nt_xent", kM, true, 78, 16},
+    {"moco_v3", kT, false, 93, 15}, {"moco_v3", kM, false, 87, 14}, {"moco_v3", kT, true, 93, 6},
+    {"moco_v3", kM, true, 87, 6},   {"siglip", kT, false, 19, 12},  {"siglip", kM, false, 19, 12},
+    {"siglip", kT, true, 19, 6},    {"siglip", kM, true, 19, 6},
+    // the ring (W = 2)
+    {"clip", kR, false, 44, 28},    {"clip", kR, true, 47, 9},      {"infonce", kR, false, 27, 17},
+    {"infonce", kR, true, 28, 9},   {"nt_xent", kR, false, 70, 20}, {"nt_xent", kR, true, 70, 11},
+    {"moco_v3", kR, false, 96, 16}, {"moco_v3", kR, true, 98, 8}, {"siglip", kR, false, 23, 11},
+    {"siglip", kR, true, 24, 9},
 };
 
-int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panels, bool fused) {
+int64_t estimate_launches(const PlanOptions& o, Walked path, int64_t panels, bool fused) {
   const std::string loss = o.loss() == "grouped" ? "infonce" : o.loss();
-  LaunchModel m{nullptr, materialised, fused, 0, 0};
+  LaunchModel m{nullptr, path, fused, 0, 0};
   for (const auto& row : kLaunchModels) {
-    if (row.loss == loss && row.materialised == materialised && row.fused == fused) m = row;
+    if (row.loss == loss && row.path == path && row.fused == fused) m = row;
   }
   TORCH_INTERNAL_ASSERT(m.loss != nullptr, "no launch model for loss '", o.loss(), "'");
   // Reduced operands (fp16/bf16 features; derived from the code, not counted:
@@ -200,7 +211,7 @@ int64_t estimate_launches(const PlanOptions& o, bool materialised, int64_t panel
     m.fixed += 2;
     // A materialised panel's G cast with c folded, and dk's accumulating GEMM
     // (the fused tiled panel writes G in the operand dtype itself).
-    if (materialised && loss != "nt_xent" && loss != "siglip") m.per_panel += 2;
+    if (path == Walked::kMaterialised && loss != "nt_xent" && loss != "siglip") m.per_panel += 2;
   }
   return m.fixed + m.per_panel * panels;
 }
@@ -222,7 +233,8 @@ void walk_costs(const PlanOptions& o, int64_t b, bool fused, int64_t budget, Pat
     c->workspace_bytes = walk.panels ? detail::panel_workspace_bytes(dev, o.dtype(), {c->panel_rows, c->panel_cols},
                                                                      o.width())
                                      : c->logits_bytes;
-    c->launches = !walk.panels || (c == &ring && o.world() > 1) ? -1 : estimate_launches(o, false, c->panels, fused);
+    const bool on_ring = c == &ring && o.world() > 1;
+    c->launches = !walk.panels ? -1 : estimate_launches(o, on_ring ? Walked::kRing : Walked::kTiled, c->panels, fused);
     if (walk.panels) c->logits_bytes = c->panel_rows * c->panel_cols * e;  // one panel
   }
   // The materialised buffer, walked in panels of every column: NT-Xent's one
@@ -240,7 +252,7 @@ void walk_costs(const PlanOptions& o, int64_t b, bool fused, int64_t budget, Pat
   // own logits (none with the CPU's fused passes).
   const int64_t panel = detail::panel_workspace_bytes(dev, o.dtype(), {R, blocks.cols}, o.width());
   mat.workspace_bytes = mat.logits_bytes + panel - R * blocks.cols * e;
-  mat.launches = detail::panels_on(dev) ? estimate_launches(o, true, mat.panels, fused) : -1;
+  mat.launches = detail::panels_on(dev) ? estimate_launches(o, Walked::kMaterialised, mat.panels, fused) : -1;
 }
 
 std::string mib(int64_t bytes) {

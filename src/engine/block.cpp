@@ -41,8 +41,9 @@ std::optional<panels::Masks> kernel_masks(const BlockState& state, const torch::
   panels::Masks m;
   m.row0 = r0, m.col0 = c0;
   m.positives = !state.multi();
+  m.multi = state.multi();  // P_ij by index: the labels and the designated positive
   m.pos_offset = state.layout.offset, m.group = state.spec.group;
-  if (state.labeled() && !state.multi()) {
+  if (state.labeled()) {
     m.row_labels = state.spec.row_labels.data_ptr<int64_t>() + r0;
     m.col_labels = state.spec.col_labels.data_ptr<int64_t>() + c0;
   }
@@ -51,7 +52,7 @@ std::optional<panels::Masks> kernel_masks(const BlockState& state, const torch::
 
 torch::Tensor apply_labels(const BlockState& state, torch::Tensor& t, int64_t r0, int64_t c0) {
   if (!state.labeled()) return {};
-  if (!state.multi() && kernel_masks(state, t, r0, c0)) return {};  // masked by index in the kernels
+  if (kernel_masks(state, t, r0, c0)) return {};  // masked, or P summed, by index in the kernels
   const int64_t R = t.size(0), C = t.size(1), g = state.spec.group;
   auto eq = state.spec.row_labels.narrow(0, r0, R).unsqueeze(1) ==
             state.spec.col_labels.narrow(0, c0, C).unsqueeze(0);  // [R, C] bool, contiguous
@@ -82,8 +83,15 @@ void ForwardStats::add(const torch::Tensor& t, const torch::Tensor& P, int64_t r
   auto lr = lse_row.narrow(0, r0, R);
   // Final rows on the panel kernels: written into lse_row by the kernel itself.
   const auto direct = whole_rows && m ? lr : torch::Tensor();
-  auto row = cols ? cols->add(t, c0, /*rows=*/true, masks, direct)
-                  : tile_lse(t, /*rows=*/true, /*cols=*/false, masks, direct).row;
+  // Multi-positive labels on the panel kernels: P's sums added in the same pass.
+  PositiveSums sums;
+  if (m && state.multi()) {
+    sums.row = pos_row.narrow(0, r0, R), sums.row_n = n_row.narrow(0, r0, R);
+    if (pos_col.defined()) sums.col = pos_col.narrow(0, c0, C), sums.col_n = n_col.narrow(0, c0, C);
+  }
+  const PositiveSums* by_index = sums.row.defined() ? &sums : nullptr;
+  auto row = cols ? cols->add(t, c0, /*rows=*/true, masks, direct, by_index)
+                  : tile_lse(t, /*rows=*/true, /*cols=*/false, masks, direct, by_index).row;
   if (!direct.defined()) lr.copy_(whole_rows ? row : torch::logaddexp(lr, row));
   if (P.defined()) {
     auto tp = t * P;  // multi-positive masks nothing: t is finite
@@ -190,9 +198,23 @@ void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor
   if (sym) diag.sub_(w.col.narrow(0, c0 + run.col, run.n));  // group 1: columns consecutive
 }
 
+namespace {
+
+// Multi-positive labels' targets of a tile for the panel kernels (undefined
+// without them).
+PositiveCounts counts_of(const BlockState& state, const RowTerms& rt, const torch::Tensor& t, int64_t r0,
+                         int64_t c0) {
+  if (!state.multi()) return {};
+  PositiveCounts n;
+  n.inv_n_row = rt.inv_n_row.narrow(0, r0, t.size(0));
+  if (state.spec.symmetric) n.inv_n_col = rt.inv_n_col.narrow(0, c0, t.size(1));
+  return n;
+}
+
+}  // namespace
+
 torch::Tensor kernel_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,
                               int64_t r0, int64_t c0, c10::ScalarType op) {
-  if (state.multi()) return {};
   const auto m = kernel_masks(state, t, r0, c0);
   const bool writable = op == t.scalar_type() || (t.scalar_type() == torch::kFloat &&
                                                   (op == torch::kBFloat16 || op == torch::kHalf));
@@ -202,7 +224,8 @@ torch::Tensor kernel_gradient(const BlockState& state, const RowTerms& rt, const
   auto out = op == t.scalar_type() ? t : torch::empty(t.sizes(), t.options().dtype(op));  // [R, C]
   softmax_grad_into(t, rt.lse_row.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
                     sym ? rt.lse_col.narrow(0, c0, C) : torch::Tensor(),
-                    sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor(), &*m, w.c, out);
+                    sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor(), &*m, w.c, out,
+                    counts_of(state, rt, t, r0, c0));
   return out;
 }
 
@@ -211,12 +234,13 @@ void tile_gradient(const BlockState& state, const RowTerms& rt, const Weights& w
   const int64_t R = t.size(0), C = t.size(1);
   const bool sym = state.spec.symmetric;
   // w_i exp(S_ij - lse_row_i) [+ w_j exp(S_ij - lse_col_j)], fused, in place;
-  // on the panel kernels, masked entries and the designated positives' -Y
-  // terms by index in the same pass.
+  // on the panel kernels, masked entries and the -Y terms (the designated
+  // positives', or multi-positive labels') by index in the same pass.
   const auto m = kernel_masks(state, t, r0, c0);
   softmax_grad_(t, rt.lse_row.narrow(0, r0, R), w.row.defined() ? w.row.narrow(0, r0, R) : torch::Tensor(),
                 sym ? rt.lse_col.narrow(0, c0, C) : torch::Tensor(),
-                sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor(), m ? &*m : nullptr);
+                sym && w.col.defined() ? w.col.narrow(0, c0, C) : torch::Tensor(), m ? &*m : nullptr,
+                m ? counts_of(state, rt, t, r0, c0) : PositiveCounts());
   if (P.defined()) {
     auto yr = rt.inv_n_row.narrow(0, r0, R);
     if (w.row.defined()) yr = yr * w.row.narrow(0, r0, R);

@@ -120,16 +120,18 @@ torch::Tensor run_view(const torch::Tensor& t, const PositiveRun& p, int64_t g);
 
 /// Label structure of a tile (local rows [r0, r0+R), global columns
 /// [c0, c0+C)): kMaskDuplicates masks the duplicates of `t` in place and
-/// returns undefined (unless kernel_masks leaves them to the kernels);
-/// kMultiPositive returns P as a [R, C] tensor of t's dtype; no labels:
-/// undefined.
+/// returns undefined; kMultiPositive returns P as a [R, C] tensor of t's
+/// dtype; no labels: undefined. Where kernel_masks leaves the labels to the
+/// panel kernels (by index), nothing is built: undefined.
 torch::Tensor apply_labels(const BlockState& state, torch::Tensor& t, int64_t r0, int64_t c0);
 
 /// For a tile that goes to the panel kernels (engine/lse_kernels.h:
-/// panel_kernels_take): its designated positives (unless multi-positive) and
-/// kMaskDuplicates' equal labels as the kernels' masks by index, so that no
-/// ATen pass builds a label mask or subtracts the positives; nullopt for a
-/// tile that takes another path.
+/// panel_kernels_take): its designated positives and labels as the kernels'
+/// masks by index (kMaskDuplicates: equal labels masked; kMultiPositive: the
+/// positive set P, whose sums the forward's kernels add up and whose -Y
+/// terms the gradient kernel subtracts), so that no ATen pass builds a label
+/// mask or P, or subtracts the positives; nullopt for a tile that takes
+/// another path (the CPU kernels and ATen: P built by apply_labels).
 std::optional<panels::Masks> kernel_masks(const BlockState& state, const torch::Tensor& t, int64_t r0, int64_t c0);
 
 // ---- the forward
@@ -186,8 +188,8 @@ Weights backward_weights(const BlockState& state, const torch::Tensor& grad, c10
 void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor& t, int64_t r0, int64_t c0);
 
 /// S tile -> G (c folded in) in the operand dtype `op`, in one pass of the
-/// panel kernels, where the tile goes to them and has no multi-positive
-/// labels (kernel_masks): `t` itself when `op` is its dtype, else a new
+/// panel kernels, where the tile goes to them (kernel_masks; multi-positive
+/// labels' -Y terms by index too): `t` itself when `op` is its dtype, else a new
 /// [R, C] tensor of `op`. Undefined otherwise: the caller takes tile_gradient
 /// and scaled_operand.
 torch::Tensor kernel_gradient(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& t,

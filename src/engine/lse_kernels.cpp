@@ -206,20 +206,20 @@ torch::Tensor aten_cols_lse(const torch::Tensor& x) {
 bool panel_kernels_take(const torch::Tensor& t) { return cuda_fused_applies(t); }
 
 TileLse tile_lse(const torch::Tensor& t, bool rows, bool cols, const panels::Masks* masks,
-                 const torch::Tensor& row_out) {
+                 const torch::Tensor& row_out, const PositiveSums* sums) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2, "tile_lse: expected a 2-D tile, got ", t.sizes());
   TORCH_INTERNAL_ASSERT(!masks || cuda_fused_applies(t), "tile_lse: masks by index are the panel kernels'");
   TileLse out;
   if (cols) {
     ColumnLse acc(t.size(1), t.options());
-    out.row = acc.add(t, 0, rows, masks, row_out);
+    out.row = acc.add(t, 0, rows, masks, row_out, sums);
     out.col = acc.lse();
   } else if (rows && fused_applies(t)) {
     AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "tile_lse",
                                [&] { out.row = fused_tile<scalar_t>(t, true, nullptr, nullptr, nullptr); });
   } else if (rows && cuda_fused_applies(t)) {
     ++cuda_calls();
-    out.row = panel_tile_lse(*cuda_fused_device(t.options()), t, true, {}, {}, masks, row_out);
+    out.row = panel_tile_lse(*cuda_fused_device(t.options()), t, true, {}, {}, masks, row_out, sums);
   } else if (rows) {
     out.row = aten_rows_lse(t);
   }
@@ -243,7 +243,7 @@ ColumnLse::ColumnLse(int64_t n_cols, const torch::TensorOptions& options)
 }
 
 torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows, const panels::Masks* masks,
-                             const torch::Tensor& row_out) {
+                             const torch::Tensor& row_out, const PositiveSums* sums) {
   TORCH_INTERNAL_ASSERT(!masks || (cuda_ && cuda_fused_applies(tile)), "ColumnLse: masks by index are the panel kernels'");
   TORCH_INTERNAL_ASSERT(tile.dim() == 2 && c0 >= 0 && c0 + tile.size(1) <= (fused_ || cuda_ ? max_ : lse_).size(0));
   if (cuda_) {
@@ -252,7 +252,7 @@ torch::Tensor ColumnLse::add(const torch::Tensor& tile, int64_t c0, bool rows, c
     const int64_t C = t.size(1);
     ++cuda_calls();
     return panel_tile_lse(*cuda_fused_device(t.options()), t, rows, max_.narrow(0, c0, C), sum_.narrow(0, c0, C),
-                          masks, rows ? row_out : torch::Tensor());
+                          masks, rows ? row_out : torch::Tensor(), sums);
   }
   if (!fused_) {
     auto lc = lse_.narrow(0, c0, tile.size(1));
@@ -278,17 +278,18 @@ torch::Tensor ColumnLse::lse() const {
 
 void softmax_grad_into(const torch::Tensor& t, const torch::Tensor& lse_row, const torch::Tensor& w_row,
                        const torch::Tensor& lse_col, const torch::Tensor& w_col, const panels::Masks* masks,
-                       const torch::Tensor& factor, const torch::Tensor& out) {
+                       const torch::Tensor& factor, const torch::Tensor& out, const PositiveCounts& counts) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && lse_row.numel() == t.size(0) && cuda_fused_applies(t));
   ++cuda_calls();
   if (t.numel() == 0) return;
   auto src = t;
   panel_softmax_grad_(*cuda_fused_device(t.options()), src, vec(lse_row, t), vec(w_row, t), vec(lse_col, t),
-                      vec(w_col, t), masks, factor, out);
+                      vec(w_col, t), masks, factor, out, {vec(counts.inv_n_row, t), vec(counts.inv_n_col, t)});
 }
 
 void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::Tensor& w_row,
-                   const torch::Tensor& lse_col, const torch::Tensor& w_col, const panels::Masks* masks) {
+                   const torch::Tensor& lse_col, const torch::Tensor& w_col, const panels::Masks* masks,
+                   const PositiveCounts& counts) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && lse_row.numel() == t.size(0));
   // A tile left unmasked for the kernels must reach them (the switch turned
   // off between a forward and its backward would be a wrong gradient).
@@ -299,7 +300,7 @@ void softmax_grad_(torch::Tensor& t, const torch::Tensor& lse_row, const torch::
     ++cuda_calls();
     if (t.numel() > 0) {
       panel_softmax_grad_(*cuda_fused_device(t.options()), t, vec(lse_row, t), vec(w_row, t), vec(lse_col, t),
-                          vec(w_col, t), masks);
+                          vec(w_col, t), masks, {}, {}, {vec(counts.inv_n_row, t), vec(counts.inv_n_col, t)});
     }
     return;
   }

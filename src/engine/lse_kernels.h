@@ -38,9 +38,9 @@ struct TileLse {
 ///
 /// `masks` (entries masked and positives designated by index, the panel
 /// kernels' way): only for a tile that panel_kernels_take.
-/// `row_out` as ColumnLse::add's.
+/// `row_out` and `sums` as ColumnLse::add's.
 TileLse tile_lse(const torch::Tensor& t /* [R, C] */, bool rows, bool cols, const panels::Masks* masks = nullptr,
-                 const torch::Tensor& row_out = {});
+                 const torch::Tensor& row_out = {}, const PositiveSums* sums = nullptr);
 
 /// Whether the tile `t` goes to the panel kernels (cuda_fused_device, and
 /// rows and columns the kernels can walk): where the engine may leave masks
@@ -63,9 +63,11 @@ class ColumnLse {
   /// tile's row log-sum-exps ([R], over its C columns) when `rows`, else undefined.
   /// `masks` as tile_lse's (the panel kernels only). `row_out` ([R],
   /// contiguous, or undefined): where the panel kernels write the rows
-  /// directly (then returned); other paths return a new tensor.
+  /// directly (then returned); other paths return a new tensor. `sums`
+  /// (multi-positive `masks` only, engine/panel_kernels.h): the positive sums
+  /// the kernels add into in the same pass.
   torch::Tensor add(const torch::Tensor& tile, int64_t c0, bool rows, const panels::Masks* masks = nullptr,
-                    const torch::Tensor& row_out = {});
+                    const torch::Tensor& row_out = {}, const PositiveSums* sums = nullptr);
   /// [n_cols]; -inf for a column that only -inf (or nothing) was added to.
   torch::Tensor lse() const;
 
@@ -79,22 +81,26 @@ class ColumnLse {
 /// panel_kernels_take: out = c softmax_grad_(t) (the -Y terms from `masks`),
 /// c the 0-dim `factor`, `out` ([R, C]) of t's dtype or, for fp32 tiles,
 /// bf16 / fp16: the GEMMs' operand, cast and scaled in the same pass. `t` is
-/// left as it was unless `out` is `t`.
+/// left as it was unless `out` is `t`. `counts`: multi-positive `masks`'
+/// targets (engine/panel_kernels.h).
 void softmax_grad_into(const torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row,
                        const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
                        const panels::Masks* masks, const torch::Tensor& factor /* [] */,
-                       const torch::Tensor& out /* [R, C] */);
+                       const torch::Tensor& out /* [R, C] */, const PositiveCounts& counts = {});
 
 /// Turns the tile into softmax gradients in place:
 ///   t_ij <- w_row_i exp(t_ij - lse_row_i) + w_col_j exp(t_ij - lse_col_j),
 /// an undefined weight meaning 1 and an undefined `lse_col` dropping the
 /// column term. The vectors have t's dtype and device, and lengths R and C.
 /// With `masks` (a tile that panel_kernels_take only), its masked entries
-/// give 0 and its designated positives lose w_row_i [+ w_col_j].
+/// give 0 and its designated positives lose w_row_i [+ w_col_j]; with
+/// multi-positive `masks`, each P_ij loses w_row_i / n_i [+ w_col_j / m_j]
+/// (`counts`).
 void softmax_grad_(torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row /* [R] */,
                    const torch::Tensor& w_row /* [R] or undefined */,
                    const torch::Tensor& lse_col /* [C] or undefined */,
-                   const torch::Tensor& w_col /* [C] or undefined */, const panels::Masks* masks = nullptr);
+                   const torch::Tensor& w_col /* [C] or undefined */, const panels::Masks* masks = nullptr,
+                   const PositiveCounts& counts = {});
 
 /// In place t_ij <- exp(t_ij - shift); returns the row sums [R] of the new t.
 /// For rows known to be bounded by `shift` (e.g. cosine logits: |S| <= 1/T),

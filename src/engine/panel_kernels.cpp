@@ -97,7 +97,8 @@ void set_emulated_panel_kernels(const PanelKernels* kernels, int sm_count) {
 bool emulated_panel_kernels_installed() { return emulated().kernels.load() != nullptr; }
 
 torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, bool rows, const torch::Tensor& col_m,
-                             const torch::Tensor& col_s, const panels::Masks* masks, const torch::Tensor& row_out) {
+                             const torch::Tensor& col_s, const panels::Masks* masks, const torch::Tensor& row_out,
+                             const PositiveSums* sums) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
   TORCH_INTERNAL_ASSERT(!col_m.defined() || (col_m.is_contiguous() && col_s.is_contiguous() &&
                                              col_m.numel() == t.size(1) && col_s.numel() == t.size(1)));
@@ -105,16 +106,22 @@ torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, boo
   const int64_t R = t.size(0), C = t.size(1);
   TORCH_INTERNAL_ASSERT(!row_out.defined() || (row_out.is_contiguous() && row_out.numel() == t.size(0) &&
                                                 row_out.scalar_type() == t.scalar_type()));
+  TORCH_INTERNAL_ASSERT(!sums || (masks && masks->multi && sums->row.numel() == R && sums->row_n.numel() == R &&
+                                    (!sums->col.defined() || (sums->col.numel() == C && sums->col_n.numel() == C))));
   torch::Tensor row = !rows ? torch::Tensor() : row_out.defined() ? row_out : torch::empty({R}, t.options());
-  if (!rows && !col_m.defined()) return row;
+  if (!rows && !col_m.defined() && !sums) return row;
   AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "panel_tile_lse", [&] {
     const auto g = panels::strip_grid(R, C, dev.sm_count);
-    auto ws = torch::empty({std::max<int64_t>(1, panels::strip_workspace(g, R, C))}, t.options());
+    auto ws = torch::empty({std::max<int64_t>(1, panels::strip_workspace(g, R, C, sums != nullptr))}, t.options());
     panels::LseArgs<scalar_t> a;
     a.logits = t.data_ptr<scalar_t>(), a.rows = R, a.cols = C, a.ld = lead_stride(t);
     if (masks) a.masks = *masks;
     a.row_lse = data_or_null<scalar_t>(row), a.col_m = data_or_null<scalar_t>(col_m);
     a.col_s = data_or_null<scalar_t>(col_s);
+    if (sums) {
+      a.pos_row = data_or_null<scalar_t>(sums->row), a.n_row = data_or_null<scalar_t>(sums->row_n);
+      a.pos_col = data_or_null<scalar_t>(sums->col), a.n_col = data_or_null<scalar_t>(sums->col_n);
+    }
     a.ws = ws.data_ptr<scalar_t>();
     check_launch(dev, run(dev, a), "lse_panel");
   });
@@ -123,12 +130,15 @@ torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t, boo
 
 void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t, const torch::Tensor& lse_row,
                          const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
-                         const panels::Masks* masks, const torch::Tensor& factor, const torch::Tensor& out) {
+                         const panels::Masks* masks, const torch::Tensor& factor, const torch::Tensor& out,
+                         const PositiveCounts& counts) {
   TORCH_INTERNAL_ASSERT(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1));
   TORCH_INTERNAL_ASSERT(!out.defined() || (out.sizes() == t.sizes() && (out.size(1) <= 1 || out.stride(1) == 1)));
   const c10::DeviceGuard guard(t.device());
   const auto c = factor.defined() ? factor.to(t.options()).contiguous() : factor;
   const auto dst = out.defined() ? out : t;  // in place: each entry read and written by one thread
+  TORCH_INTERNAL_ASSERT(!(masks && masks->multi) || (counts.inv_n_row.numel() == t.size(0) &&
+                                                     (!lse_col.defined() || counts.inv_n_col.numel() == t.size(1))));
   const auto launch = [&](auto logits_tag, auto out_tag) {
     using T = decltype(logits_tag);
     using Out = decltype(out_tag);
@@ -139,6 +149,7 @@ void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t, const torch::
     a.lse_col = data_or_null<T>(lse_col), a.w_col = data_or_null<T>(w_col);
     a.factor = data_or_null<T>(c);
     a.out = static_cast<Out*>(dst.data_ptr()), a.ld_out = lead_stride(dst);
+    a.inv_n_row = data_or_null<T>(counts.inv_n_row), a.inv_n_col = data_or_null<T>(counts.inv_n_col);
     check_launch(dev, run(dev, a), "grad_panel");
   };
   const auto in = t.scalar_type(), to = dst.scalar_type();

@@ -56,6 +56,22 @@ bool emulated_panel_kernels_installed();
 /// builds with CONTRAX_CUDA_KERNELS).
 PanelDevice cuda_panel_device(const c10::Device& device);
 
+/// Multi-positive labels' running sums (panels::Masks::multi, engine/block.h),
+/// added into by the log-sum-exp kernels: each row's sum_j P_ij x_ij (`row`)
+/// and n_i = sum_j P_ij (`row_n`) ([R] each), and, where defined, each
+/// column's sum_i P_ij x_ij and sum_i P_ij over the tile's rows (`col`,
+/// `col_n`, [C]). Contiguous, the tile's dtype and device.
+struct PositiveSums {
+  torch::Tensor row, row_n, col, col_n;
+};
+
+/// Multi-positive labels' targets in the gradient: 1/n_i of each row
+/// (`inv_n_row`, [R]) and, with the column term, 1/m_j of each column
+/// (`inv_n_col`, [C]).
+struct PositiveCounts {
+  torch::Tensor inv_n_row, inv_n_col;
+};
+
 /// Row log-sum-exps of the float/double tile `t` ([R, C], unit column
 /// stride) when `rows` (else undefined), and, when `col_m` is defined, its
 /// columns merged into the running pairs (col_m, col_s) ([C] each,
@@ -64,10 +80,12 @@ PanelDevice cuda_panel_device(const c10::Device& device);
 /// `masks` (or null): entries masked and positives designated by index
 /// (kernels/panel_grid.h), its label pointers on t's device. `row_out`
 /// ([R], contiguous, t's dtype, or undefined): where the rows are written
-/// (and returned) instead of a new tensor.
+/// (and returned) instead of a new tensor. `sums` (with multi-positive
+/// `masks` only, or null): the positive sums added into, in the same pass.
 torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t /* [R, C] */, bool rows,
                              const torch::Tensor& col_m /* [C] or undefined */, const torch::Tensor& col_s,
-                             const panels::Masks* masks = nullptr, const torch::Tensor& row_out = {});
+                             const panels::Masks* masks = nullptr, const torch::Tensor& row_out = {},
+                             const PositiveSums* sums = nullptr);
 
 /// softmax_grad_ (engine/lse_kernels.h) on a float/double tile:
 /// G_ij = c [w_row_i exp(t_ij - lse_row_i) [+ w_col_j exp(t_ij - lse_col_j)]],
@@ -75,11 +93,12 @@ torch::Tensor panel_tile_lse(const PanelDevice& dev, const torch::Tensor& t /* [
 /// `out` ([R, C], unit column stride; t's dtype, or bf16 / fp16 for fp32 `t`)
 /// or, undefined, into `t` itself. The vectors contiguous, t's dtype and
 /// device. With `masks`, its masked entries give 0 and its designated
-/// positives lose c (w_row_i [+ w_col_j]) (the -Y terms).
+/// positives lose c (w_row_i [+ w_col_j]) (the -Y terms); with multi-positive
+/// `masks`, each P_ij loses c (w_row_i / n_i [+ w_col_j / m_j]) (`counts`).
 void panel_softmax_grad_(const PanelDevice& dev, torch::Tensor& t /* [R, C] */, const torch::Tensor& lse_row,
                          const torch::Tensor& w_row, const torch::Tensor& lse_col, const torch::Tensor& w_col,
                          const panels::Masks* masks = nullptr, const torch::Tensor& factor = {},
-                         const torch::Tensor& out = {});
+                         const torch::Tensor& out = {}, const PositiveCounts& counts = {});
 
 /// SigLIP's sums over a float/double tile of raw logits `t` (x = s a_i.b_j,
 /// [R, C], unit column stride) with the 0-dim `bias` (t's dtype, or

@@ -29,12 +29,13 @@ echo "unmutated: $(tail -n 1 "$work/out")"
 # file | line as it is | line as planted
 mutations=(
   "cuda_strip_reduce.cuh|  __syncthreads();|"
-  "cuda_strip_reduce.cuh|    for (int off = kWarp / 2; off > 0; off /= 2) {|    for (int off = 8; off > 0; off /= 2) {"
-  "cuda_siglip_panel.cuh|    for (int off = kWarp / 2; off > 0; off /= 2) {|    for (int off = 8; off > 0; off /= 2) {"
+  "cuda_strip_reduce.cuh|  for (int off = kWarp / 2; off > 0; off /= 2) {|  for (int off = 8; off > 0; off /= 2) {"
+  "cuda_lse_panel.cuh|  if (a.pos_row != nullptr) {  // multi-positive labels: the rows' positive sums and counts|  if (false) {"
   "panel_grid.h|  for (int64_t c = c_begin + tid; c < c_end; c += kThreads) {|  for (int64_t c = c_begin + tid; c <= c_end; c += kThreads) {"
   "panel_grid.h|  if (a.row_lse && t < a.rows) {|  if (a.row_lse && t <= a.rows) {"
   "panel_grid.h|  if (c >= a.cols) return;|  if (c > a.cols) return;"
   "panel_grid.h|  for (int64_t c = c_begin + lane; c < c_end; c += kWarp) {|  for (int64_t c = c_begin + lane; c <= c_end; c += kWarp) {"
+  "panel_grid.h|  for (int64_t j = q.begin + lane; j < q.end; j += kWarp) {|  for (int64_t j = q.begin + lane; j <= q.end; j += kWarp) {"
 )
 unnoticed=0
 for m in "${mutations[@]}"; do

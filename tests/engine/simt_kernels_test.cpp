@@ -94,13 +94,16 @@ struct Guarded {
 
 // Row log-sum-exps of `x` ([R, C], any row stride) and the running column
 // pairs (m, s) after it, through the emulated kernels in x's dtype.
+// With `sums` (multi-positive masks), the positive sums are added into its
+// tensors (row, row_n: [R]; col, col_n: [C] or undefined).
 struct LseOut {
   torch::Tensor row, col_m, col_s;
   torch::Tensor col() const { return col_m + col_s.log(); }
 };
 template <typename T>
 LseOut emulate_lse(const torch::Tensor& x, int sms, const panels::Masks& masks = {}, const torch::Tensor& bias = {},
-                   torch::Tensor col_m = {}, torch::Tensor col_s = {}) {
+                   torch::Tensor col_m = {}, torch::Tensor col_s = {},
+                   const contrax::detail::PositiveSums* sums = nullptr) {
   const int64_t R = x.size(0), C = x.size(1);
   const torch::ScalarType dt = dtype_of<T>();
   Guarded row(R, dt);
@@ -108,11 +111,15 @@ LseOut emulate_lse(const torch::Tensor& x, int sms, const panels::Masks& masks =
   out.col_m = col_m.defined() ? col_m : torch::full({C}, -kInf, dt);
   out.col_s = col_s.defined() ? col_s : torch::zeros({C}, dt);
   const auto g = panels::strip_grid(R, C, sms);
-  auto ws = torch::full({std::max<int64_t>(1, panels::strip_workspace(g, R, C))}, 12345.0, dt);
+  auto ws = torch::full({std::max<int64_t>(1, panels::strip_workspace(g, R, C, sums != nullptr))}, 12345.0, dt);
   panels::LseArgs<T> a;
   a.logits = ptr<T>(x), a.rows = R, a.cols = C, a.ld = std::max<int64_t>(x.stride(0), 1);
   a.bias = ptr<T>(bias), a.masks = masks;
   a.row_lse = ptr<T>(row.view), a.col_m = ptr<T>(out.col_m), a.col_s = ptr<T>(out.col_s);
+  if (sums) {
+    a.pos_row = ptr<T>(sums->row), a.n_row = ptr<T>(sums->row_n);
+    a.pos_col = ptr<T>(sums->col), a.n_col = ptr<T>(sums->col_n);
+  }
   a.ws = ptr<T>(ws);
   EXPECT_EQ(testing_::emulated_lse_panel(a, sms), 0);
   EXPECT_TRUE(row.intact()) << "a row log-sum-exp written out of bounds";
@@ -223,7 +230,8 @@ TEST(SimtKernels, MasksBiasAndNonFiniteEntriesByIndex) {
 template <typename T, typename Out>
 torch::Tensor emulate_grad(const torch::Tensor& x, const torch::Tensor& lr, const torch::Tensor& wr,
                            const torch::Tensor& lc, const torch::Tensor& wc, const torch::Tensor& factor,
-                           const panels::Masks& m, torch::Tensor out = {}) {
+                           const panels::Masks& m, torch::Tensor out = {},
+                           const contrax::detail::PositiveCounts& counts = {}) {
   const torch::ScalarType out_dtype = dtype_of<Out>();
   const int64_t R = x.size(0), C = x.size(1);
   torch::Tensor buf;
@@ -237,6 +245,7 @@ torch::Tensor emulate_grad(const torch::Tensor& x, const torch::Tensor& lr, cons
   a.lse_row = ptr<T>(lr), a.w_row = ptr<T>(wr), a.lse_col = ptr<T>(lc), a.w_col = ptr<T>(wc);
   a.factor = ptr<T>(factor);
   a.out = reinterpret_cast<Out*>(out.data_ptr()), a.ld_out = std::max<int64_t>(out.stride(0), 1);
+  a.inv_n_row = ptr<T>(counts.inv_n_row), a.inv_n_col = ptr<T>(counts.inv_n_col);
   EXPECT_EQ(testing_::emulated_grad_panel(a), 0);
   if (buf.defined()) {
     auto border = buf.clone();
@@ -334,6 +343,70 @@ TEST(SimtKernels, GradientOfMaskedEntriesAndFullyMaskedRowsIsZero) {
   // Row 3 without its masked diagonal entry: a softmax, summing to 1.
   EXPECT_EQ(g[3][3].item<double>(), 0.0);
   EXPECT_NEAR(g[3].sum().item<double>(), 1.0, 1e-12);
+}
+
+// Multi-positive labels by index (Masks::multi): P_ij = equal labels or the
+// designated positive, nothing masked by the labels. The
+// log-sum-exp kernels add each row's and column's sum of P_ij x_ij and count
+// of P_ij into running sums (started non-zero here, as a second tile finds
+// them), and the gradient kernel subtracts w_i P_ij / n_i (+ w_j P_ij / m_j),
+// against the fp64 reference on every shape and device size.
+template <typename T>
+void multi_positive_matches(double tol) {
+  torch::manual_seed(8);
+  const torch::ScalarType dt = dtype_of<T>();
+  const int64_t row0 = 3, col0 = 5, pos_offset = 2, group = 2;
+  for (auto [R, C] : kShapes) {
+    for (int sms : kSms) {
+      SCOPED_TRACE(testing::Message() << R << " x " << C << ", " << sms << " SMs");
+      contrax::simt::set_schedule(sms == 4 ? Schedule::kHighestFirst : Schedule::kLowestFirst);
+      auto ref = torch::randn({R, C}, torch::kDouble) * 4;
+      auto bias = torch::tensor(0.75, torch::kDouble);
+      auto rl = torch::randint(0, 3, {R}, torch::kLong), cl = torch::randint(0, 3, {C}, torch::kLong);
+      panels::Masks m;
+      m.row0 = row0, m.col0 = col0, m.multi = true, m.pos_offset = pos_offset, m.group = group;
+      rl.masked_fill_(torch::arange(R) % 7 == 6, 100);  // rows whose labels no column shares
+      m.row_labels = ptr<int64_t>(rl), m.col_labels = ptr<int64_t>(cl);
+      auto i = torch::arange(R).unsqueeze(1) + row0, j = torch::arange(C).unsqueeze(0) + col0;
+      auto P = (rl.unsqueeze(1) == cl.unsqueeze(0)) | (j == (i + pos_offset) * group);
+      auto X = ref + bias;  // the reference's logits
+      auto Pd = P.to(torch::kDouble);
+      // Running sums: a previous tile's, non-zero.
+      auto start_r = torch::rand({R}, torch::kDouble), start_c = torch::rand({C}, torch::kDouble);
+      contrax::detail::PositiveSums sums{start_r.to(dt).clone(), start_r.to(dt) + 1, start_c.to(dt).clone(),
+                                        start_c.to(dt) + 2};
+      LseOut got = emulate_lse<T>(padded(ref.to(dt)), sms, m, bias.to(dt), {}, {}, &sums);
+      auto XP = X.masked_fill(~P, 0.0);
+      EXPECT_LE(max_err(sums.row, start_r + XP.sum(1)), tol);
+      EXPECT_LE(max_err(sums.row_n, start_r + 1 + Pd.sum(1)), tol);
+      EXPECT_LE(max_err(sums.col, start_c + XP.sum(0)), tol);
+      EXPECT_LE(max_err(sums.col_n, start_c + 2 + Pd.sum(0)), tol);
+      // The labels mask nothing: the log-sum-exps are the plain ones.
+      if (R) EXPECT_LE(max_err(got.row, X.logsumexp(1)), tol);
+      if (R) EXPECT_LE(max_err(got.col(), X.logsumexp(0)), tol);
+      // The gradient, both forms, against the fp64 formula.
+      auto lr = (R ? X.logsumexp(1) : torch::zeros({0}, torch::kDouble)) + 0.25;
+      auto lc = (R ? X.logsumexp(0) : torch::zeros({C}, torch::kDouble)) - 0.5;
+      auto wr = torch::rand({R}, torch::kDouble), wc = torch::rand({C}, torch::kDouble);
+      auto inr = torch::rand({R}, torch::kDouble) + 0.1, inc = torch::rand({C}, torch::kDouble) + 0.1;
+      auto c = torch::tensor(0.3, torch::kDouble);
+      auto on = [&](const torch::Tensor& v) { return v.to(dt); };
+      for (bool sym : {false, true}) {
+        auto want = (X - lr.unsqueeze(1)).exp() * wr.unsqueeze(1) - Pd * (wr * inr).unsqueeze(1);
+        if (sym) want = want + (X - lc.unsqueeze(0)).exp() * wc.unsqueeze(0) - Pd * (wc * inc).unsqueeze(0);
+        contrax::detail::PositiveCounts counts{on(inr), sym ? on(inc) : torch::Tensor()};
+        auto g = emulate_grad<T, T>(padded(X.to(dt)), on(lr), on(wr), sym ? on(lc) : torch::Tensor(),
+                                    sym ? on(wc) : torch::Tensor(), on(c), m, {}, counts);
+        EXPECT_LE(max_err(g, want * 0.3), tol) << "symmetric " << sym;
+      }
+    }
+  }
+  contrax::simt::set_schedule(Schedule::kLowestFirst);
+}
+
+TEST(SimtKernels, MultiPositiveLabelsByIndexMatchFp64OnOddShapes) {
+  multi_positive_matches<double>(1e-12);
+  multi_positive_matches<float>(2e-5);
 }
 
 // SigLIP: the rows' loss sums, the gradient panel and its row sums against

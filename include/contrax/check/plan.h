@@ -80,9 +80,9 @@ struct PathCost {
   /// that launch work, and the panel kernels'), estimated from the same walk:
   /// the prologue's fixed count plus, per step, its GEMMs and element-wise
   /// passes (the ATen forms, or the fused kernels where on: LossPlan::fused;
-  /// src/check/plan.cpp derives the counts). -1 where not modelled: the CPU's
-  /// walk (no launches; its tiles run fused kernels), and the ring (its
-  /// per-block communication copies are not counted).
+  /// src/check/plan.cpp derives the counts; the ring's from W = 2, its
+  /// sends and receives not counted). -1 where not modelled: the CPU's walk
+  /// (no launches; its tiles run fused kernels).
   int64_t launches = 0;
 };
 

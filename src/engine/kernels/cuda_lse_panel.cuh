@@ -22,6 +22,10 @@
 // log-sum-exp and the strips into each column's running pair. Tails (rows
 // past the last full strip, columns past the last full 256) are skipped by
 // index. Traffic: 4 bytes per logit read, 0.25 per logit of column partials.
+// Multi-positive labels (LseArgs::pos_row): each column's sums of P_ij x_ij
+// and P_ij over the strip in the same walk (two registers), each row's in a
+// second walk of the block's strip, a warp per row as SigLIP's
+// (warp_row_sums), merged by the finishing kernel like the pairs.
 #pragma once
 
 #include "engine/kernels/cuda_strip_reduce.cuh"
@@ -52,8 +56,13 @@ __global__ void __launch_bounds__(kThreads) lse_strips(const LseArgs<T> a, const
   MaxSum<T> acc[kStripRows];
   const int64_t strip = blockIdx.x, split = blockIdx.y;
   lse_thread(a, g, strip, split, static_cast<int>(threadIdx.x), acc);
-  if (a.row_lse == nullptr) return;  // the same for every thread of the block
-  reduce_strip_rows(acc, MergePairs{}, StoreRow<T>{a, g, strip, split});
+  // Both conditions the same for every thread of the block.
+  if (a.row_lse != nullptr) reduce_strip_rows(acc, MergePairs{}, StoreRow<T>{a, g, strip, split});
+  if (a.pos_row != nullptr) {  // multi-positive labels: the rows' positive sums and counts
+    warp_row_sums(
+        a.rows, strip, [&](int k, int lane) { return positive_lane(a, g, strip, split, k, lane); },
+        [&](int k, MaxSum<T> p) { positive_store_row(a, g, strip, split, k, p); });
+  }
 }
 
 template <typename T>
@@ -63,17 +72,19 @@ __global__ void __launch_bounds__(kThreads) lse_finish(const LseArgs<T> a, const
 
 /// lse_panel's launches (cuda_panels_api.h) through `launch`: the strips
 /// pass where there are strips and something to write, then the finishing
-/// pass. Returns 0 or the first failed launch's error.
+/// pass (also with multi-positive labels' sums: no launch of their own).
+/// Returns 0 or the first failed launch's error.
 template <typename T, typename Launch>
 int lse_launches(const LseArgs<T>& a, int sm_count, const Launch& launch) {
   if (a.rows <= 0 && a.cols <= 0) return 0;
   const StripGrid g = strip_grid(a.rows, a.cols, sm_count);
-  if (g.strips > 0 && g.splits > 0 && (a.row_lse || a.col_m)) {
+  const bool rows = a.row_lse || a.pos_row, cols = a.col_m || a.pos_col;
+  if (g.strips > 0 && g.splits > 0 && (rows || cols)) {
     const dim3 grid(static_cast<unsigned>(g.strips), static_cast<unsigned>(g.splits));
     if (const int e = launch(lse_strips<T>, grid, dim3(kThreads), a, g)) return e;
   }
   const int64_t n = a.rows > a.cols ? a.rows : a.cols;
-  if (a.row_lse || (a.col_m && g.strips > 0)) {
+  if (rows || (cols && g.strips > 0)) {
     return launch(lse_finish<T>, dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads), a, g);
   }
   return 0;

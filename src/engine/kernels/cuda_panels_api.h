@@ -31,8 +31,10 @@ struct Fp16 {
 };
 
 /// Row log-sum-exps and running column pairs of a panel (LseArgs), in one
-/// read of its logits. `a.ws` holds strip_workspace(strip_grid(rows, cols,
-/// sm_count), rows, cols) elements of T; `sm_count` is the device's
+/// read of its logits (multi-positive labels' sums in the same launches, their
+/// rows' a second walk of each strip). `a.ws` holds
+/// strip_workspace(strip_grid(rows, cols, sm_count), rows, cols, a.pos_row ||
+/// a.pos_col) elements of T; `sm_count` is the device's
 /// multiprocessor count (it sizes the grid only).
 int lse_panel(const LseArgs<float>& a, int sm_count, cudaStream_t stream);
 int lse_panel(const LseArgs<double>& a, int sm_count, cudaStream_t stream);

@@ -22,7 +22,7 @@
 // log-sum-exp kernel does, spills once softplus and sigmoid are inlined.)
 #pragma once
 
-#include "engine/kernels/panel_grid.h"
+#include "engine/kernels/cuda_strip_reduce.cuh"
 
 namespace contrax::detail::panels {
 
@@ -33,15 +33,9 @@ namespace {
 template <typename T, typename Out>
 __global__ void __launch_bounds__(kThreads) siglip_strips(const SiglipArgs<T, Out> a, const StripGrid g) {
   const int64_t strip = blockIdx.x, split = blockIdx.y;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  for (int k = warp; k < kStripRows && strip * kStripRows + k < a.rows; k += kWarps) {  // uniform per warp
-    MaxSum<T> p = siglip_lane(a, g, strip, split, k, lane);
-#pragma unroll
-    for (int off = kWarp / 2; off > 0; off /= 2) {
-      p = add_sums(p, MaxSum<T>{__shfl_xor_sync(0xffffffffu, p.m, off), __shfl_xor_sync(0xffffffffu, p.s, off)});
-    }
-    if (lane == 0) siglip_store_row(a, g, strip, split, k, p);
-  }
+  warp_row_sums(
+      a.rows, strip, [&](int k, int lane) { return siglip_lane(a, g, strip, split, k, lane); },
+      [&](int k, MaxSum<T> p) { siglip_store_row(a, g, strip, split, k, p); });
 }
 
 template <typename T, typename Out>

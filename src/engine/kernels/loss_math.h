@@ -121,15 +121,22 @@ CONTRAX_HD bool is_positive(int64_t i, int64_t j, int64_t offset, int64_t g) { r
 
 /// The gradient of sum_u w_u l_u with respect to one logit x_ij (derived in
 /// engine/block.h), before the common factor c:
-///   w_row (exp(x - lse_row) - y) [+ w_col (exp(x - lse_col) - y)]
-/// with y = 1 on the designated positive, else 0; `symmetric` adds the
-/// column term. A masked entry (-inf, never a positive) gives 0.
+///   w_row (exp(x - lse_row) - y_row) [+ w_col (exp(x - lse_col) - y_col)]
+/// with the targets y_row = Y_ij, y_col = Yc_ij (multi-positive labels: P_ij
+/// / n_i and P_ij / m_j); `symmetric` adds the column term. A masked entry
+/// (-inf, never a positive) gives 0.
+template <typename T>
+CONTRAX_HD T contrastive_grad_y(T x, T lse_row, T w_row, T y_row, bool symmetric, T lse_col, T w_col, T y_col) {
+  T g = w_row * (softmax_term(x, lse_row) - y_row);
+  if (symmetric) g += w_col * (softmax_term(x, lse_col) - y_col);
+  return g;
+}
+
+/// The same with y_row = y_col = 1 on the designated positive, else 0.
 template <typename T>
 CONTRAX_HD T contrastive_grad(T x, T lse_row, T w_row, bool symmetric, T lse_col, T w_col, bool positive) {
   const T y = positive ? T(1) : T(0);
-  T g = w_row * (softmax_term(x, lse_row) - y);
-  if (symmetric) g += w_col * (softmax_term(x, lse_col) - y);
-  return g;
+  return contrastive_grad_y(x, lse_row, w_row, y, symmetric, lse_col, w_col, y);
 }
 
 // ---- SigLIP: the pairwise sigmoid element

@@ -2,7 +2,7 @@
 // for the mutation test (tests/engine/kernel_mutation_test.sh): it compiles in
 // seconds against any copy of src/engine/kernels/ (the include path decides
 // which), runs every kernel (log-sum-exp strips and their finishing pass,
-// gradient tiles, SigLIP) in fp64 and fp32 on shapes with tails, at 1, 4 and
+// gradient tiles, SigLIP; multi-positive labels' sums and gradient) in fp64 and fp32 on shapes with tails, at 1, 4 and
 // 132 multiprocessors and under both schedules, and compares each output with
 // a textbook computation in long double. Panels lie in NaN-padded buffers and
 // outputs in sentinel-padded ones, so a read or write one past a bound
@@ -139,6 +139,56 @@ void check_grad(long R, long C, double tol, std::mt19937& rng) {
   }
 }
 
+// Multi-positive labels by index: the rows' and columns' sums of P_ij x_ij
+// and P_ij (added into running ones starting at 1), then the gradient with
+// the -Y terms w_i P_ij / n_i + w_j P_ij / m_j (the lse and weights as
+// check_grad's, 1/n and 1/m arbitrary).
+template <typename T>
+void check_multi(long R, long C, int sms, double tol, std::mt19937& rng) {
+  Panel<T> p(R, C, rng, 3.0);
+  std::vector<int64_t> rl(R), cl(C);
+  for (auto& l : rl) l = static_cast<int64_t>(rng() % 3);
+  for (auto& l : cl) l = static_cast<int64_t>(rng() % 3);
+  panels::Masks m;
+  m.multi = true, m.row0 = 1, m.row_labels = rl.data(), m.col_labels = cl.data();  // designated: c = r + 1
+  const auto P = [&](long r, long c) { return rl[r] == cl[c] || c == r + 1; };
+  std::vector<T> pr(R, T(1)), nr(R, T(1)), pc(C, T(1)), nc(C, T(1));
+  const auto g = panels::strip_grid(R, C, sms);
+  std::vector<T> ws(std::max<long>(1, panels::strip_workspace(g, R, C, true)), T(12345));
+  panels::LseArgs<T> a;
+  a.logits = p.data(), a.rows = R, a.cols = C, a.ld = p.ld, a.masks = m;
+  a.pos_row = pr.data(), a.n_row = nr.data(), a.pos_col = pc.data(), a.n_col = nc.data(), a.ws = ws.data();
+  panels::lse_launches(a, sms, contrax::simt::Launch{});
+  std::vector<Real> wpr(R, 1), wnr(R, 1), wpc(C, 1), wnc(C, 1);
+  for (long r = 0; r < R; ++r) {
+    for (long c = 0; c < C; ++c) {
+      if (P(r, c)) wpr[r] += p.at(r, c), wnr[r] += 1, wpc[c] += p.at(r, c), wnc[c] += 1;
+    }
+  }
+  for (long r = 0; r < R; ++r) {
+    if (!close(pr[r], wpr[r], tol) || nr[r] != T(wnr[r])) fail("multi row sums", r, C, pr[r], wpr[r]);
+  }
+  for (long c = 0; c < C; ++c) {
+    if (!close(pc[c], wpc[c], tol) || nc[c] != T(wnc[c])) fail("multi column sums", R, c, pc[c], wpc[c]);
+  }
+  std::vector<T> lr(R, T(2.5)), wr(R, T(0.75)), ir(R, T(0.4)), lc(C, T(3.0)), wc(C, T(1.25)), ic(C, T(0.3));
+  Out<T> out(R * C);
+  panels::GradArgs<T, T> ga;
+  ga.logits = p.data(), ga.rows = R, ga.cols = C, ga.ld = p.ld, ga.masks = m;
+  ga.lse_row = lr.data(), ga.w_row = wr.data(), ga.lse_col = lc.data(), ga.w_col = wc.data();
+  ga.inv_n_row = ir.data(), ga.inv_n_col = ic.data(), ga.out = out.data(), ga.ld_out = C;
+  panels::grad_launches(ga, contrax::simt::Launch{});
+  if (!out.intact()) fail("multi grad: written out of bounds", R, C, 0, 0);
+  for (long r = 0; r < R; ++r) {
+    for (long c = 0; c < C; ++c) {
+      const Real x = p.at(r, c), y = P(r, c) ? 1 : 0;
+      const Real want = Real(0.75) * (std::exp(x - Real(2.5)) - y * Real(T(0.4))) +
+                        Real(1.25) * (std::exp(x - Real(3.0)) - y * Real(T(0.3)));
+      if (!close(out.data()[r * C + c], want, tol)) fail("multi grad", r, c, out.data()[r * C + c], want);
+    }
+  }
+}
+
 template <typename T>
 void check_siglip(long R, long C, int sms, double tol, std::mt19937& rng) {
   Panel<T> p(R, C, rng, 6.0);
@@ -178,6 +228,7 @@ void check_all(double tol) {
       for (int sms : {1, 4, 132}) {
         check_lse<T>(sh[0], sh[1], sms, tol, rng);
         check_siglip<T>(sh[0], sh[1], sms, tol, rng);
+        check_multi<T>(sh[0], sh[1], sms, tol, rng);
       }
       check_grad<T>(sh[0], sh[1], tol, rng);
     }
