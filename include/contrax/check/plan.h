@@ -101,10 +101,10 @@ struct LossPlan {
   /// CONTRAX_FUSED_KERNELS=1): panels without ATen temporaries, fewer
   /// launches, and SigLIP's gradient GEMMs in the forward.
   bool fused = false;
-  /// CUDA: the panel budget planned with, in bytes, and where it came from
-  /// ("--panel-bytes", "this machine's GPU", "a GPU of N GB", or the 80 GB GPU
-  /// assumed where none is visible); 0 and empty on the CPU.
+  /// CUDA: the panel budget planned with, in bytes (0 on the CPU).
   int64_t panel_budget = 0;
+  /// CUDA: where panel_budget came from (panel_bytes, this machine's GPU,
+  /// gpu_memory, or the 80 GB GPU assumed where none is visible); empty on the CPU.
   std::string budget_source;
 };
 

@@ -161,7 +161,17 @@ void Checkpoint::save(const std::string& path) const {
   Directory::of_file(path, "Checkpoint::save()").write_atomically(base_of(path), out.bytes());
 }
 
-void Checkpoint::load(const std::string& path) {
+namespace {
+
+// A checkpoint file opened and its scalar state read, before anything of it
+// is trusted: no link followed, the earlier TorchScript format refused (reading
+// it would run its code), the safetensors header checked by the reader, the
+// format marker and version ours.
+struct OpenedCheckpoint {
+  std::unique_ptr<SafetensorsReader> in;
+  nlohmann::json state;
+};
+OpenedCheckpoint open_checkpoint(const std::string& path) {
   const Directory dir = Directory::of_file(path, "Checkpoint::load()");
   struct stat st {};
   TORCH_CHECK(dir.stat(base_of(path), &st), "Checkpoint::load(): checkpoint '", path, "' does not exist");
@@ -172,8 +182,9 @@ void Checkpoint::load(const std::string& path) {
               "format (a TorchScript archive), and reading one runs the code it holds, so it is not read. If you ",
               "wrote it yourself, resume with 'contrax train --resume --trust-legacy-checkpoint', which reads it and ",
               "rewrites it as safetensors (C++: Checkpoint::load_legacy); otherwise start the run again");
-  std::unique_ptr<SafetensorsReader> in;
-  nlohmann::json state;
+  OpenedCheckpoint c;
+  auto& in = c.in;
+  auto& state = c.state;
   try {
     in = std::make_unique<SafetensorsReader>(std::move(fd), path);
   } catch (const c10::Error& e) {
@@ -197,6 +208,13 @@ void Checkpoint::load(const std::string& path) {
                               : -1;
   TORCH_CHECK(version == kFormatVersion, "Checkpoint::load(): '", path, "' has format version ", version,
               ", this build reads version ", kFormatVersion, " (and, on request, 1 and 2: Checkpoint::load_legacy)");
+  return c;
+}
+
+}  // namespace
+
+void Checkpoint::load(const std::string& path) {
+  auto [in, state] = open_checkpoint(path);
   try {
     // Everything is checked before anything is assigned: a checkpoint that
     // does not fit leaves the model, the optimizers and the scalars as
