@@ -34,32 +34,39 @@ def release_loss_workspace() -> None: ...
 def clip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor, logit_bias: Optional[torch.Tensor] = ...,
     *, symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
     labels: Optional[torch.Tensor] = ..., label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
-    reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ..., matryoshka_dims: Sequence[int] = ...,
+    matryoshka_weights: Sequence[float] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
     tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 def grouped_loss(queries: torch.Tensor, candidates: torch.Tensor, logit_scale: torch.Tensor,
     logit_bias: Optional[torch.Tensor] = ..., *, labels: Optional[torch.Tensor] = ...,
     candidate_labels: Optional[torch.Tensor] = ..., label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
     reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,
+    matryoshka_dims: Sequence[int] = ..., matryoshka_weights: Sequence[float] = ...,
     path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 def nt_xent_loss(z1: torch.Tensor, z2: torch.Tensor, *, temperature: float = ..., normalize: bool = ...,
-    reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+    reduction: Literal["mean", "sum", "none"] = ..., matryoshka_dims: Sequence[int] = ...,
+    matryoshka_weights: Sequence[float] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
     tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 def moco_v3_loss(q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor, *,
     temperature: float = ..., normalize: bool = ..., reduction: Literal["mean", "sum", "none"] = ...,
+    matryoshka_dims: Sequence[int] = ..., matryoshka_weights: Sequence[float] = ...,
     path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
     logit_bias: Optional[torch.Tensor] = ..., *, max_logit_scale: float = ..., normalize: bool = ...,
+    matryoshka_dims: Sequence[int] = ..., matryoshka_weights: Sequence[float] = ...,
     path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 class _LossModule(torch.nn.Module):
     normalize: bool
+    matryoshka_dims: Sequence[int]
+    matryoshka_weights: Sequence[float]
     path: Literal["auto", "materialised", "tiled"]
     tile_size: int
     ring: bool
@@ -76,7 +83,8 @@ class ClipLoss(_LossModule):
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         tiled: bool = ..., symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
-        reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+        reduction: Literal["mean", "sum", "none"] = ..., matryoshka_dims: Sequence[int] = ...,
+        matryoshka_weights: Sequence[float] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
         tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def scale(self) -> torch.Tensor: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
@@ -87,13 +95,15 @@ class _TemperatureLoss(_LossModule):
 
 class NTXentLoss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
-        reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+        reduction: Literal["mean", "sum", "none"] = ..., matryoshka_dims: Sequence[int] = ...,
+        matryoshka_weights: Sequence[float] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
         tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor: ...
 
 class MoCoV3Loss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
-        reduction: Literal["mean", "sum", "none"] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+        reduction: Literal["mean", "sum", "none"] = ..., matryoshka_dims: Sequence[int] = ...,
+        matryoshka_weights: Sequence[float] = ..., path: Literal["auto", "materialised", "tiled"] = ...,
         tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
 
@@ -102,8 +112,9 @@ class SigLIPLoss(_LossModule):
     logit_bias: Optional[torch.nn.Parameter]
     max_logit_scale: float
     def __init__(self, *, init_scale: float = ..., init_bias: Optional[float] = ..., max_logit_scale: float = ...,
-        normalize: bool = ..., path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ...,
-        ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
+        normalize: bool = ..., matryoshka_dims: Sequence[int] = ..., matryoshka_weights: Sequence[float] = ...,
+        path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
+        group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
 
 class GroupedLoss(_LossModule):
@@ -115,6 +126,7 @@ class GroupedLoss(_LossModule):
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
         reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,
+        matryoshka_dims: Sequence[int] = ..., matryoshka_weights: Sequence[float] = ...,
         path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
         group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, queries: torch.Tensor, candidates: torch.Tensor, labels: Optional[torch.Tensor] = ...,

@@ -14,14 +14,15 @@ Adding a parameter is an edit here and one in C++.
 """
 import inspect
 import textwrap
-from typing import Any, Callable, NamedTuple, Tuple
+from typing import Any, Callable, Iterable, NamedTuple, Tuple
 
 REQUIRED = inspect.Parameter.empty
 
 
 class Param(NamedTuple):
     """One parameter: ``type`` is its schema type (``Tensor``, ``Tensor?``,
-    ``bool``, ``float``, ``int``, ``str``, or ``group``: a ProcessGroup in
+    ``bool``, ``float``, ``int``, ``str``, ``int[]``, ``float[]`` (a
+    sequence; the default an empty tuple), or ``group``: a ProcessGroup in
     Python, its name in a schema); ``doc`` is empty when the next parameter's
     line documents both (``a, b: ...``); ``words`` are the strings a ``str``
     takes."""
@@ -52,6 +53,12 @@ _TILE = Param("tile_size", "int", 0)
 _RING = Param("ring", "bool", False, "the memory path (see ``clip_loss``).")
 _GROUP = Param("group", "group", None, "``torch.distributed`` ProcessGroup or None (see ``clip_loss``).")
 _MAX_SCALE = Param("max_logit_scale", "float", 100.0, "clamp of ``exp(logit_scale)``.")
+_DIMS = Param("matryoshka_dims", "int[]", ())
+_WEIGHTS = Param("matryoshka_weights", "float[]", (), "Matryoshka prefixes: widths (any order, each in ``[1, d]``) "
+                 "and their weights (default 1 each); the loss becomes ``sum_p w_p loss(features[:, :m_p])`` with "
+                 "every prefix L2-normalised inside the loss whatever ``normalize`` says, the full width ``d`` always "
+                 "among them (weight 1 when not listed). Empty: one dot product of the whole width.")
+_MATRYOSHKA = (_DIMS, _WEIGHTS)
 
 
 def _temperature_loss(name, tensors, default_t, summary, tensor_docs, t_doc, reduction_doc, returns, grad):
@@ -59,7 +66,8 @@ def _temperature_loss(name, tensors, default_t, summary, tensor_docs, t_doc, red
     params = tuple(Param(t, "Tensor", doc=tensor_docs.get(t, "")) for t in tensors)
     params += (Param("temperature", "float", default_t, t_doc),
                Param("normalize", "bool", True, "L2-normalise inside the loss."),
-               Param("reduction", "str", "mean", reduction_doc, _REDUCTIONS), _PATH, _TILE, _RING, _GROUP)
+               Param("reduction", "str", "mean", reduction_doc, _REDUCTIONS), *_MATRYOSHKA, _PATH, _TILE, _RING,
+               _GROUP)
     return Loss(name, summary, len(tensors), params, grad, returns)
 
 
@@ -83,6 +91,7 @@ LOSSES = {loss.name: loss for loss in (
               "sum_{i in r} l_i``) or ``\"none\"`` (the ``[b_r]`` per-row losses, each the exact global-batch "
               "loss of that row; every rank must run backward, which all-gathers the upstream gradients when "
               "symmetric).", _REDUCTIONS),
+        *_MATRYOSHKA,
         _PATH._replace(doc="memory path, as every loss spells it: ``\"auto\"`` (default: materialise the ``[b x "
                        "B]`` logits while they take at most 256 MiB per rank, else tiled), ``\"materialised\"`` "
                        "or ``\"tiled\"`` (memory ``O(b x tile)``, same value and gradients)."),
@@ -113,7 +122,7 @@ LOSSES = {loss.name: loss for loss in (
               "``\"none\"`` (see ``clip_loss``).", _REDUCTIONS),
         _MAX_SCALE._replace(doc="clamp of ``exp(logit_scale)`` (as in ``clip_loss``)."),
         Param("normalize", "bool", False, "L2-normalise ``queries`` and ``candidates`` inside the loss."),
-        _PATH, _TILE, _RING._replace(doc="the memory path (see ``clip_loss``); with ``ring`` the candidate blocks "
+        *_MATRYOSHKA, _PATH, _TILE, _RING._replace(doc="the memory path (see ``clip_loss``); with ``ring`` the candidate blocks "
                                      "travel around the ring."),
         _GROUP,
     ), ("queries", "candidates", "logit_scale", "logit_bias"),
@@ -147,13 +156,14 @@ LOSSES = {loss.name: loss for loss in (
              _BIAS._replace(doc="optional 0-dim bias (SigLIP: -10)."),
              _MAX_SCALE._replace(default=float("inf"), doc="clamp of ``exp(logit_scale)`` (default none)."),
              Param("normalize", "bool", False, "L2-normalise ``a`` and ``b`` inside the loss."),
-             _PATH, _TILE, _RING, _GROUP,
+             *_MATRYOSHKA, _PATH, _TILE, _RING, _GROUP,
          ), ("a", "b", "logit_scale", "logit_bias"),
          "0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale`` and ``logit_bias``."),
 )}
 
 
-_ANNOTATIONS = {"Tensor": "torch.Tensor", "Tensor?": "Optional[torch.Tensor]", "group": "Optional[ProcessGroup]"}
+_ANNOTATIONS = {"Tensor": "torch.Tensor", "Tensor?": "Optional[torch.Tensor]", "group": "Optional[ProcessGroup]",
+                "int[]": "Sequence[int]", "float[]": "Sequence[float]"}
 
 
 def annotation(p: Param) -> str:
@@ -191,7 +201,19 @@ def cast(p: Param) -> Callable[[Any, str], Any]:
                 return wrong(value, what, expected)
         return to
 
+    def sequence(kind: Callable[[Any], Any], expected: str) -> Callable[[Any, str], Any]:
+        def to(value: Any, what: str) -> Any:
+            if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Iterable):
+                return wrong(value, what, expected)
+            try:
+                return tuple(kind(v) for v in value)
+            except (TypeError, ValueError):
+                return wrong(value, what, expected)
+        return to
+
     kinds = {"Tensor": tensor, "Tensor?": tensor, "group": lambda value, what: value,
+             "int[]": sequence(operator.index, "a sequence of integers"),
+             "float[]": sequence(float, "a sequence of numbers"),
              "float": convert(float, "a number"), "int": convert(operator.index, "an integer"),
              "bool": convert(bool, "True or False"), "str": convert(str, "a string")}
     return kinds[p.type]

@@ -32,10 +32,14 @@ Tensor tensor_of(const OptTensor& t) { return t.has_value() ? *t : Tensor(); }
 CommunicatorPtr comm_of(const CommunicatorPtr& comm, const std::string&) { return comm; }
 CommunicatorPtr comm_of(const std::string& name, const std::string& caller) { return group_named(name, caller); }
 
-// The memory path and the group, every loss's last four arguments.
+// The Matryoshka prefixes, the memory path and the group, every loss's last
+// six arguments.
+using Dims = std::vector<int64_t>;
+using Weights = std::vector<double>;
 template <typename Options, typename Group>
-void place(Options& o, const std::string& path, int64_t tile_size, bool ring, const Group& group,
-           const std::string& caller) {
+void place(Options& o, const Dims& dims, const Weights& weights, const std::string& path, int64_t tile_size,
+           bool ring, const Group& group, const std::string& caller) {
+  o.matryoshka_dims(dims).matryoshka_weights(weights);
   o.path(path_of(path, caller)).tile_size(tile_size).ring(ring);
   o.comm(comm_of(group, caller));
 }
@@ -43,7 +47,7 @@ void place(Options& o, const std::string& path, int64_t tile_size, bool ring, co
 template <typename Group>
 LossCall clip_loss_call(const Tensor& a, const Tensor& b, const Tensor& logit_scale, const OptTensor& logit_bias,
                         bool symmetric, double max_logit_scale, bool normalize, const OptTensor& labels,
-                        std::string label_mode, std::string reduction, std::string path, int64_t tile_size, bool ring,
+                        std::string label_mode, std::string reduction, Dims dims, Weights weights, std::string path, int64_t tile_size, bool ring,
                         Group group) {
   return {"clip_loss", {a, b, logit_scale, tensor_of(logit_bias), tensor_of(labels)},
           [=](const Inputs& in, const std::string& caller) {
@@ -53,7 +57,7 @@ LossCall clip_loss_call(const Tensor& a, const Tensor& b, const Tensor& logit_sc
                          .normalize(normalize)
                          .label_mode(label_mode_of(label_mode, caller))
                          .reduction(reduction_of(reduction, caller));
-            place(o, path, tile_size, ring, group, caller);
+            place(o, dims, weights, path, tile_size, ring, group, caller);
             if (in[4].defined()) o.labels(in[4]);
             return clip_loss(in[0], in[1], in[2], optional_of(in[3]), o);
           }};
@@ -63,7 +67,7 @@ template <typename Group>
 LossCall grouped_loss_call(const Tensor& queries, const Tensor& candidates, const Tensor& logit_scale,
                            const OptTensor& logit_bias, const OptTensor& labels, const OptTensor& candidate_labels,
                            std::string label_mode, std::string reduction, double max_logit_scale, bool normalize,
-                           std::string path, int64_t tile_size, bool ring, Group group) {
+                           Dims dims, Weights weights, std::string path, int64_t tile_size, bool ring, Group group) {
   return {"grouped_loss",
           {queries, candidates, logit_scale, tensor_of(logit_bias), tensor_of(labels), tensor_of(candidate_labels)},
           [=](const Inputs& in, const std::string& caller) {
@@ -72,7 +76,7 @@ LossCall grouped_loss_call(const Tensor& queries, const Tensor& candidates, cons
                          .reduction(reduction_of(reduction, caller))
                          .max_logit_scale(max_logit_scale)
                          .normalize(normalize);
-            place(o, path, tile_size, ring, group, caller);
+            place(o, dims, weights, path, tile_size, ring, group, caller);
             if (in[4].defined()) o.labels(in[4]);
             if (in[5].defined()) o.candidate_labels(in[5]);
             return grouped_loss(in[0], in[1], in[2], optional_of(in[3]), o);
@@ -81,43 +85,43 @@ LossCall grouped_loss_call(const Tensor& queries, const Tensor& candidates, cons
 
 // NT-Xent's and MoCo v3's options (their option sets have the same setters for them).
 template <typename Options, typename Group>
-Options temperature_options(double temperature, bool normalize, const std::string& reduction,
-                            const std::string& path, int64_t tile_size, bool ring, const Group& group,
-                            const std::string& caller) {
+Options temperature_options(double temperature, bool normalize, const std::string& reduction, const Dims& dims,
+                            const Weights& weights, const std::string& path, int64_t tile_size, bool ring,
+                            const Group& group, const std::string& caller) {
   auto o = Options().temperature(temperature).normalize(normalize).reduction(reduction_of(reduction, caller));
-  place(o, path, tile_size, ring, group, caller);
+  place(o, dims, weights, path, tile_size, ring, group, caller);
   return o;
 }
 
 template <typename Group>
 LossCall nt_xent_loss_call(const Tensor& z1, const Tensor& z2, double temperature, bool normalize,
-                           std::string reduction, std::string path, int64_t tile_size, bool ring, Group group) {
+                           std::string reduction, Dims dims, Weights weights, std::string path, int64_t tile_size, bool ring, Group group) {
   return {"nt_xent_loss", {z1, z2}, [=](const Inputs& in, const std::string& caller) {
             return nt_xent_loss(in[0], in[1], temperature_options<NTXentLossOptions>(
-                                                  temperature, normalize, reduction, path, tile_size, ring, group,
-                                                  caller));
+                                                  temperature, normalize, reduction, dims, weights, path,
+                                                  tile_size, ring, group, caller));
           }};
 }
 
 // The keys k1, k2 are constants: no gradient.
 template <typename Group>
 LossCall moco_v3_loss_call(const Tensor& q1, const Tensor& q2, const Tensor& k1, const Tensor& k2, double temperature,
-                           bool normalize, std::string reduction, std::string path, int64_t tile_size, bool ring,
+                           bool normalize, std::string reduction, Dims dims, Weights weights, std::string path, int64_t tile_size, bool ring,
                            Group group) {
   return {"moco_v3_loss", {q1, q2, k1, k2}, [=](const Inputs& in, const std::string& caller) {
             return moco_v3_loss(in[0], in[1], in[2], in[3], temperature_options<MocoV3LossOptions>(
-                                                               temperature, normalize, reduction, path, tile_size,
-                                                               ring, group, caller));
+                                                               temperature, normalize, reduction, dims, weights,
+                                                               path, tile_size, ring, group, caller));
           }};
 }
 
 template <typename Group>
 LossCall siglip_loss_call(const Tensor& a, const Tensor& b, const Tensor& logit_scale, const OptTensor& logit_bias,
-                          double max_logit_scale, bool normalize, std::string path, int64_t tile_size, bool ring,
-                          Group group) {
+                          double max_logit_scale, bool normalize, Dims dims, Weights weights, std::string path,
+                          int64_t tile_size, bool ring, Group group) {
   return {"siglip_loss", {a, b, logit_scale, tensor_of(logit_bias)}, [=](const Inputs& in, const std::string& caller) {
             auto o = SigLipLossOptions().max_logit_scale(max_logit_scale).normalize(normalize);
-            place(o, path, tile_size, ring, group, caller);
+            place(o, dims, weights, path, tile_size, ring, group, caller);
             return siglip_loss(in[0], in[1], in[2], optional_of(in[3]), o);
           }};
 }
@@ -167,10 +171,13 @@ void impl_op(torch::Library& m, const std::string& name) {
   m.impl((name + "_backward").c_str(), &F::backward);
 }
 
-// The defaults every loss's options share: normalize and the memory path.
+// The defaults every loss's options share: normalize, the Matryoshka
+// prefixes (the table's empty tuples) and the memory path.
 template <typename Options>
 py::dict with_memory(const Options& o, py::dict d) {
   d["normalize"] = o.normalize();
+  d["matryoshka_dims"] = py::tuple(py::cast(o.matryoshka_dims()));
+  d["matryoshka_weights"] = py::tuple(py::cast(o.matryoshka_weights()));
   d["path"] = word_of(o.path());
   d["tile_size"] = o.tile_size();
   d["ring"] = o.ring();
@@ -203,16 +210,17 @@ py::dict option_defaults() {
 void bind_losses(py::module& m) {
   using namespace pybind11::literals;
   m.def("clip_loss", &Clip::eager, "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "symmetric"_a, "max_logit_scale"_a,
-        "normalize"_a, "labels"_a, "label_mode"_a, "reduction"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
+        "normalize"_a, "labels"_a, "label_mode"_a, "reduction"_a, "matryoshka_dims"_a, "matryoshka_weights"_a,
+        "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
   m.def("grouped_loss", &Grouped::eager, "queries"_a, "candidates"_a, "logit_scale"_a, "logit_bias"_a, "labels"_a,
-        "candidate_labels"_a, "label_mode"_a, "reduction"_a, "max_logit_scale"_a, "normalize"_a, "path"_a,
-        "tile_size"_a, "ring"_a, "comm"_a);
-  m.def("nt_xent_loss", &NtXent::eager, "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "reduction"_a, "path"_a,
-        "tile_size"_a, "ring"_a, "comm"_a);
+        "candidate_labels"_a, "label_mode"_a, "reduction"_a, "max_logit_scale"_a, "normalize"_a,
+        "matryoshka_dims"_a, "matryoshka_weights"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
+  m.def("nt_xent_loss", &NtXent::eager, "z1"_a, "z2"_a, "temperature"_a, "normalize"_a, "reduction"_a,
+        "matryoshka_dims"_a, "matryoshka_weights"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
   m.def("moco_v3_loss", &MocoV3::eager, "q1"_a, "q2"_a, "k1"_a, "k2"_a, "temperature"_a, "normalize"_a,
-        "reduction"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
+        "reduction"_a, "matryoshka_dims"_a, "matryoshka_weights"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
   m.def("siglip_loss", &SigLip::eager, "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a,
-        "normalize"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
+        "normalize"_a, "matryoshka_dims"_a, "matryoshka_weights"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
   m.def("momentum_schedule", &momentum_schedule, "base"_a, "step"_a, "total_steps"_a);
   m.def("_option_defaults", &option_defaults, "The C++ options' defaults of each loss, in the Python table's words.");
 }

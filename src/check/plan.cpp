@@ -15,6 +15,7 @@
 #include "engine/lse_kernels.h"
 #include "engine/panels.h"
 #include "engine/prologue.h"
+#include "util/check.h"
 
 namespace contrax {
 
@@ -39,6 +40,9 @@ void check_plan_options(const PlanOptions& o) {
               o.dtype());
   TORCH_CHECK(o.panel_bytes() >= 0, "plan_loss(): argument 'panel_bytes' must be >= 0 (0: automatic), but got ",
               o.panel_bytes());
+  detail::ArgChecker check("plan_loss");
+  detail::check_matryoshka(check, o.matryoshka(), o.width());
+  check.throw_if_failed();
   TORCH_CHECK(o.gpu_memory() >= 0,
               "plan_loss(): argument 'gpu_memory' must be >= 0 (bytes; 0: this machine's GPU), but got ",
               o.gpu_memory());
@@ -59,6 +63,15 @@ std::pair<int64_t, std::string> planned_budget(const PlanOptions& o) {
           "an 80 GB GPU (A100, H100), assumed: none is visible here; --gpu-memory to plan for another"};
 }
 
+// The bytes of the O(B) statistics a forward exchanges once per block call:
+// the column log-sum-exps of symmetric CLIP, every row's of NT-Xent.
+int64_t statistics_bytes(const PlanOptions& o, int64_t b, int64_t e) {
+  const int64_t W = o.world();
+  if (o.loss() == "clip") return (W - 1) * o.batch() * e;
+  if (o.loss() == "nt_xent") return (W - 1) * 2 * b * e;
+  return 0;
+}
+
 // Per loss: the GEMM units, bytes sent and feature bytes of each path, and
 // the old algorithm's GEMM units. `b`: the largest rank's rows; `e`: bytes per
 // element of the compute dtype (logits, log-sum-exps, gradient sums); `f`: of
@@ -76,7 +89,7 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, bool 
     // Materialised: S = A B^T, dA = G B, dB = G^T A. Tiled: + one recomputation of S.
     mat.gemms = 3;
     tiled.gemms = ring.gemms = 4;
-    const int64_t lse = sym ? (W - 1) * B * e : 0;  // the column log-sum-exps
+    const int64_t lse = statistics_bytes(o, b, e);  // the column log-sum-exps (symmetric)
     mat.bytes_sent_forward = tiled.bytes_sent_forward = gather + lse;
     mat.bytes_sent_backward = tiled.bytes_sent_backward = (B - b) * d * f;  // reduce-scatter of dB_all
     ring.bytes_sent_forward = gather + lse;                                 // W-1 hops of a block
@@ -107,7 +120,7 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, bool 
     // again in the backward (no gradient blocks); then every row's lse.
     mat.gemms = 8;
     tiled.gemms = ring.gemms = 12;
-    const int64_t z = 2 * gather, lse = (W - 1) * 2 * b * e;
+    const int64_t z = 2 * gather, lse = statistics_bytes(o, b, e);
     mat.bytes_sent_forward = tiled.bytes_sent_forward = ring.bytes_sent_forward = z + lse;
     mat.bytes_sent_backward = tiled.bytes_sent_backward = 0;  // no backward collective
     ring.bytes_sent_backward = z;                             // the blocks once more
@@ -255,6 +268,38 @@ void walk_costs(const PlanOptions& o, int64_t b, bool fused, int64_t budget, Pat
   mat.launches = detail::panels_on(dev) ? estimate_launches(o, Walked::kMaterialised, mat.panels, fused) : -1;
 }
 
+// Matryoshka prefixes (engine/scorer.h): the loss's own block runs on each
+// prefix's cut, one after another. With P prefixes whose widths sum to S:
+// GEMM work scales by S/d; the materialised path holds P logits buffers; each
+// walk is taken P times (its launches too, plus 4 per prefix and feature set
+// for the cut's normalisation, not counted); the gathered features travel
+// once but the statistics once per prefix, and the ring's blocks once per
+// prefix (S/d of the bytes); each prefix keeps its normalised cut of the keys
+// for the backward.
+void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
+                  PathCost& ring) {
+  const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width());
+  if (prefixes.empty()) return;
+  const int64_t P = static_cast<int64_t>(prefixes.size());
+  int64_t S = 0;
+  for (const auto& x : prefixes) S += x.dim;
+  const double share = static_cast<double>(S) / static_cast<double>(o.width());
+  const int64_t stats = statistics_bytes(o, b, e);
+  const auto scaled = [&](int64_t bytes) { return static_cast<int64_t>(static_cast<double>(bytes) * share); };
+  for (auto* c : {&mat, &tiled, &ring}) {
+    c->gemm_flops *= share;
+    c->panels *= P;
+    if (c->launches >= 0) c->launches *= P;
+    const auto keys = walked_blocks(o, b, c == &ring);
+    c->feature_bytes += (keys.cols + b) * S * f;
+  }
+  mat.logits_bytes *= P;
+  mat.workspace_bytes += (P - 1) * (mat.logits_bytes / P);
+  for (auto* c : {&mat, &tiled}) c->bytes_sent_forward += (P - 1) * stats;
+  ring.bytes_sent_forward = scaled(ring.bytes_sent_forward - stats) + P * stats;
+  ring.bytes_sent_backward = scaled(ring.bytes_sent_backward);
+}
+
 std::string mib(int64_t bytes) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / 1048576.0 << " MiB";
@@ -291,11 +336,13 @@ LossPlan plan_loss(const PlanOptions& o) {
   const auto [budget, source] = planned_budget(o);
   if (o.device().is_cuda()) p.panel_budget = budget, p.budget_source = source;
   walk_costs(o, b, p.fused, budget, mat, tiled, ring);
+  scorer_costs(o, b, e, f, mat, tiled, ring);
   p.paths = {mat, tiled, ring};
 
-  // The losses' own routing, on the largest rank.
+  // The losses' own routing, on the largest rank (P logits blocks per block with prefixes).
+  const int64_t prefixes = std::max<int64_t>(1, detail::matryoshka_prefixes(o.matryoshka(), d).size());
   const bool tiled_route =
-      detail::route_tiled(o.path(), o.tile_size(), o.ring(), b * B * e * blocks, o.max_logits_bytes());
+      detail::route_tiled(o.path(), o.tile_size(), o.ring(), b * B * e * blocks * prefixes, o.max_logits_bytes());
   p.chosen = !tiled_route ? "materialised" : o.ring() && W > 1 ? "ring" : "tiled";
   return p;
 }
@@ -306,6 +353,13 @@ std::string to_string(const LossPlan& p) {
   os << "plan: " << o.loss() << (o.loss() == "grouped" ? " (g = " + std::to_string(o.group()) + ")" : std::string())
      << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = " << o.width()
      << ", W = " << o.world() << ", " << o.dtype() << (o.device().is_cuda() ? " on CUDA" : "") << "\n";
+  if (const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width()); !prefixes.empty()) {
+    os << "scorer: Matryoshka prefixes";
+    for (size_t i = 0; i < prefixes.size(); ++i) os << (i ? ", " : " ") << prefixes[i].dim;
+    os << " (each the loss's own block on the prefix's cut, one after another)\n";
+  } else {
+    os << "scorer: one dot product of the whole width\n";
+  }
   os << "steps: " << (o.device().is_cuda() ? "row panels of every column of a block" : "square tiles")
      << " (each walked once forward, once backward); launches: GPU kernel launches of a forward + backward "
         "(estimate, "
@@ -336,7 +390,10 @@ std::string to_json(const LossPlan& p) {
      << ", \"width\": " << o.width() << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank
      << ", \"chosen\": \"" << p.chosen << "\", \"old_gemms\": " << p.old_gemms
      << ", \"fused\": " << (p.fused ? "true" : "false") << ", \"panel_budget\": " << p.panel_budget
-     << ", \"budget_source\": \"" << p.budget_source << "\", \"paths\": [";
+     << ", \"budget_source\": \"" << p.budget_source << "\", \"matryoshka_dims\": [";
+  const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width());
+  for (size_t i = 0; i < prefixes.size(); ++i) os << (i ? ", " : "") << prefixes[i].dim;
+  os << "], \"paths\": [";
   for (size_t i = 0; i < p.paths.size(); ++i) {
     const auto& c = p.paths[i];
     os << (i ? ", " : "") << "{\"path\": \"" << c.path << "\", \"available\": " << (c.available ? "true" : "false")

@@ -107,10 +107,13 @@ VerifyCase grad_cache_case(std::string name, ClipLossOptions loss_options) {
                  GradCacheOptions().loss_data_parallel(dp_loss));
     return gc.step({x[0], x[1]});  // detached: the step ran its backward
   };
-  c.reference = [normalize = loss_options.normalize()](const V& x, const V& s) {
+  c.reference = [normalize = loss_options.normalize(), m = loss_options.matryoshka()](const V& x, const V& s) {
     const V wa(s.begin(), s.begin() + kTowerParams), wb(s.begin() + kTowerParams, s.begin() + 2 * kTowerParams);
-    return reference::clip_loss(mlp_tower(x[0], wa, 1), mlp_tower(x[1], wb, 2), s[2 * kTowerParams], c10::nullopt,
-                                true, 100.0, normalize);
+    const auto loss = [&](const V& f) {
+      return reference::clip_loss(f[0], f[1], s[2 * kTowerParams], c10::nullopt, true, 100.0, normalize);
+    };
+    const V towers{mlp_tower(x[0], wa, 1), mlp_tower(x[1], wb, 2)};
+    return m.dims().empty() ? loss(towers) : reference::matryoshka(m.dims(), m.weights(), towers, loss);
   };
   return c;
 }
@@ -206,6 +209,82 @@ void add_memory_path_cases(std::vector<VerifyCase>& cases) {
   });
 }
 
+// Matryoshka prefixes (MatryoshkaOptions): a half and a third of the width
+// (listed widest first, as sentence-transformers does) and the whole width,
+// weighted unevenly, against the reference losses' plain loop over prefixes;
+// each loss on one of its memory paths (tiles of 2 or 3 rows, the ring).
+MatryoshkaOptions prefixes_of(int64_t width) {
+  std::vector<int64_t> dims;
+  for (int64_t m : {width / 2, width / 3}) {
+    if (m >= 1 && m < width && (dims.empty() || dims.back() != m)) dims.push_back(m);
+  }
+  const std::vector<double> weights{0.5, 2.0};
+  return MatryoshkaOptions().dims(dims).weights({weights.begin(), weights.begin() + dims.size()});
+}
+
+void add_matryoshka_cases(std::vector<VerifyCase>& cases) {
+  using V = std::vector<torch::Tensor>;
+  using Loss = std::function<torch::Tensor(const V& f, const V& s, const V& x)>;
+  // A case of `features` features and `scalars` whose distributed side is
+  // `distributed` (given the prefixes of the width) and whose reference is
+  // `loss` over each prefix f of every feature (x: the whole features).
+  auto add = [&cases](std::string name, int64_t features, std::vector<double> scalars,
+                      std::function<torch::Tensor(const V&, const V&, const CommunicatorPtr&, const MatryoshkaOptions&)>
+                          distributed,
+                      Loss loss, std::vector<bool> grad = {}) {
+    VerifyCase c;
+    c.name = std::move(name);
+    c.num_features = features;
+    c.scalars = std::move(scalars);
+    c.feature_grad = std::move(grad);
+    c.distributed = [distributed](const V& x, const V& s, const CommunicatorPtr& comm) {
+      return distributed(x, s, comm, prefixes_of(x[0].size(1)));
+    };
+    c.reference = [loss](const V& x, const V& s) {
+      const auto m = prefixes_of(x[0].size(1));
+      return reference::matryoshka(m.dims(), m.weights(), x, [&](const V& f) { return loss(f, s, x); });
+    };
+    cases.push_back(std::move(c));
+  };
+  const double clip_scale = std::log(1 / 0.07);
+  add("clip_matryoshka", 2, {clip_scale},
+      [](const V& x, const V& s, const CommunicatorPtr& comm, const MatryoshkaOptions& m) {
+        return clip_loss(x[0], x[1], s[0], c10::nullopt, ClipLossOptions().comm(comm).matryoshka(m));
+      },
+      [](const V& f, const V& s, const V&) { return reference::clip_loss(f[0], f[1], s[0], c10::nullopt); });
+  add("clip_matryoshka_bias_ring", 2, {std::log(10.0), -0.3},
+      [](const V& x, const V& s, const CommunicatorPtr& comm, const MatryoshkaOptions& m) {
+        return clip_loss(x[0], x[1], s[0], s[1], ClipLossOptions().comm(comm).tile_size(3).ring(true).matryoshka(m));
+      },
+      [](const V& f, const V& s, const V&) { return reference::clip_loss(f[0], f[1], s[0], s[1]); });
+  add("infonce_matryoshka_multi_positive_tiled", 2, {clip_scale},
+      [](const V& x, const V& s, const CommunicatorPtr& comm, const MatryoshkaOptions& m) {
+        return clip_loss(x[0], x[1], s[0], c10::nullopt,
+                         ClipLossOptions().symmetric(false).comm(comm).labels(labels_of(x[0])).tile_size(2)
+                             .matryoshka(m));
+      },
+      // The labels come from the whole rows, as the distributed side's.
+      [](const V& f, const V& s, const V& x) {
+        return reference::clip_rows(f[0], f[1], s[0], c10::nullopt, false, 100.0, false, labels_of(x[0])).mean();
+      });
+  add("nt_xent_matryoshka_tiled", 2, {},
+      [](const V& x, const V&, const CommunicatorPtr& comm, const MatryoshkaOptions& m) {
+        return nt_xent_loss(x[0], x[1], NTXentLossOptions().temperature(0.2).comm(comm).tile_size(2).matryoshka(m));
+      },
+      [](const V& f, const V&, const V&) { return reference::nt_xent_loss(f[0], f[1], 0.2); });
+  add("moco_v3_matryoshka", 4, {},
+      [](const V& x, const V&, const CommunicatorPtr& comm, const MatryoshkaOptions& m) {
+        return moco_v3_loss(x[0], x[1], x[2], x[3], MocoV3LossOptions().temperature(0.2).comm(comm).matryoshka(m));
+      },
+      [](const V& f, const V&, const V&) { return reference::moco_v3_loss(f[0], f[1], f[2], f[3], 0.2); },
+      {true, true, false, false});
+  add("siglip_matryoshka_tiled", 2, {std::log(10.0), -2.0},
+      [](const V& x, const V& s, const CommunicatorPtr& comm, const MatryoshkaOptions& m) {
+        return siglip_loss(x[0], x[1], s[0], s[1], SigLipLossOptions().comm(comm).tile_size(2).matryoshka(m));
+      },
+      [](const V& f, const V& s, const V&) { return reference::siglip_loss(f[0], f[1], s[0], s[1]); });
+}
+
 std::vector<VerifyCase> builtin_cases() {
   using V = std::vector<torch::Tensor>;
   std::vector<VerifyCase> cases;
@@ -276,7 +355,24 @@ std::vector<VerifyCase> builtin_cases() {
   cases.push_back(clip_labels_case("clip_mask_duplicates_ring", true, LabelMode::kMaskDuplicates, 3, true));
   cases.push_back(clip_labels_case("infonce_multi_positive_tiled", false, LabelMode::kMultiPositive, 2, false));
 
+  add_matryoshka_cases(cases);
+  // Grouped candidates over prefixes: the candidates' rows cut like the queries'.
+  VerifyCase grouped = grouped_case("grouped_matryoshka", 3, false, LabelMode::kMaskDuplicates, -1, false);
+  grouped.distributed = [](const V& x, const V& s, const CommunicatorPtr& comm) {
+    return grouped_loss(x[0], x[1].reshape({-1, x[0].size(1)}), s[0], s[1],
+                        GroupedLossOptions().comm(comm).matryoshka(prefixes_of(x[0].size(1))));
+  };
+  grouped.reference = [](const V& x, const V& s) {
+    const auto m = prefixes_of(x[0].size(1));
+    return reference::matryoshka(m.dims(), m.weights(), {x[0], x[1].reshape({-1, x[0].size(1)})}, [&](const V& f) {
+      return reference::grouped_rows(f[0], f[1], s[0], s[1], 100.0, false).mean();
+    });
+  };
+  cases.push_back(grouped);
+
   cases.push_back(grad_cache_case("grad_cache_clip", ClipLossOptions().normalize(true)));
+  // The towers' 8 features over prefixes of 2 and 4.
+  cases.push_back(grad_cache_case("grad_cache_matryoshka", ClipLossOptions().matryoshka_dims({4, 2})));
   // Tiles of 3 rows divide none of the default row counts.
   cases.push_back(grad_cache_case("grad_cache_tiled_ring", ClipLossOptions().normalize(true).tile_size(3).ring(true)));
   return cases;

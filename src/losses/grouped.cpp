@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "engine/engine.h"
+#include "engine/scorer.h"
 
 namespace contrax {
 
@@ -53,6 +54,7 @@ void check_grouped(detail::ArgChecker& check, const torch::Tensor& queries, cons
   check.require(options.labels().defined() || options.label_mode() == LabelMode::kMaskDuplicates,
                 "argument 'label_mode' (kMultiPositive) needs 'labels'");
   detail::check_memory_path(check, options.memory());
+  if (check.error().empty()) detail::check_matryoshka(check, options.matryoshka(), queries.size(1));
 }
 
 // The candidates per query every rank agrees on: the first non-empty rank's g,
@@ -87,10 +89,12 @@ torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& ca
   std::vector<int64_t> gs;
   auto counts = detail::agree_on_rows(caller, queries, "queries", comm, check.error(), "queries", g, &gs);
   g = agreed_group(caller, gs);
-  // One [b x B g] buffer: g [b x B] blocks.
-  const auto p = detail::make_prologue(caller, comm, counts, queries, options.memory(), g);
-  auto q_n = detail::prepare(queries, p, options.normalize());     // [b, d]
-  auto c_n = detail::prepare(candidates, p, options.normalize());  // [b g, d]
+  // One [b x B g] buffer: g [b x B] blocks, per prefix.
+  const detail::Scorer scorer(options.matryoshka(), queries.size(1));
+  const bool normalize = scorer.normalize_whole(options.normalize());
+  const auto p = detail::make_prologue(caller, comm, counts, queries, options.memory(), g * scorer.blocks());
+  auto q_n = detail::prepare(queries, p, normalize);     // [b, d]
+  auto c_n = detail::prepare(candidates, p, normalize);  // [b g, d]
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
   const auto bias = logit_bias.has_value() ? logit_bias->to(p.dtype) : torch::Tensor();
   auto key_counts = counts;
@@ -105,7 +109,8 @@ torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& ca
     spec.col_labels = detail::gather_labels(cl, comm, key_counts);                                   // [B g]
   }
   auto keys = p.ring ? c_n : detail::gather_rows(c_n, comm, key_counts, /*with_grad=*/true);  // [B g, d]
-  return detail::clip_block_loss(q_n, keys, scale, bias, p, spec);
+  return scorer.loss(p, {q_n, keys},
+                     [&](const auto& f) { return detail::clip_block_loss(f[0], f[1], scale, bias, p, spec); });
 }
 
 }  // namespace contrax

@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "engine/engine.h"
+#include "engine/scorer.h"
 
 namespace contrax {
 
@@ -30,15 +31,17 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
   check.require(options.labels().defined() || options.label_mode() == LabelMode::kMultiPositive,
                 "argument 'label_mode' (kMaskDuplicates) needs 'labels'");
   check_memory_path(check, options.memory());
+  if (check.error().empty()) check_matryoshka(check, options.matryoshka(), a.size(1));
   if (check.error().empty()) warn_if_scale_not_log(logit_scale, options.max_logit_scale());
 
   const auto& comm = options.comm();
   auto counts = agree_on_rows(caller, options.symmetric() ? a : b, options.symmetric() ? "a" : "b", comm,
                               check.error());
-  // One [b x B] buffer whichever the direction (see engine/engine.h).
-  const auto p = make_prologue(caller, comm, counts, a, options.memory(), logits_blocks("clip"));
-  auto a_n = prepare(a, p, options.normalize());  // [b, d]
-  auto b_n = prepare(b, p, options.normalize());  // [b, d]
+  // One [b x B] buffer whichever the direction (see engine/engine.h), per prefix.
+  const Scorer scorer(options.matryoshka(), a.size(1));
+  const auto p = make_prologue(caller, comm, counts, a, options.memory(), logits_blocks("clip") * scorer.blocks());
+  auto a_n = prepare(a, p, scorer.normalize_whole(options.normalize()));  // [b, d]
+  auto b_n = prepare(b, p, scorer.normalize_whole(options.normalize()));  // [b, d]
   auto scale = clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
   const auto bias = logit_bias.has_value() ? logit_bias->to(p.dtype) : torch::Tensor();
   BlockSpec spec;
@@ -53,7 +56,7 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
   // dB_all to the owners); the image-to-text direction is the column softmax of
   // the same block. On the ring the text blocks travel instead.
   auto keys = p.ring ? b_n : gather_rows(b_n, comm, counts, /*with_grad=*/true);  // [B, d]
-  return clip_block_loss(a_n, keys, scale, bias, p, spec);
+  return scorer.loss(p, {a_n, keys}, [&](const auto& f) { return clip_block_loss(f[0], f[1], scale, bias, p, spec); });
 }
 
 torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options) {
@@ -65,12 +68,14 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, con
   if (check.error().empty()) check.same_as(z2, "z2", z1, "z1");
   check.positive(options.temperature(), "temperature");
   check_memory_path(check, options.memory());
+  if (check.error().empty()) check_matryoshka(check, options.matryoshka(), z1.size(1));
   const auto& comm = options.comm();
   auto counts = agree_on_rows(caller, z1, "z1", comm, check.error());
-  // One [2b x 2B] buffer: four [b x B] blocks.
-  const auto p = make_prologue(caller, comm, counts, z1, options.memory(), logits_blocks("nt_xent"));
-  auto z1n = prepare(z1, p, options.normalize());  // [b, d]
-  auto z2n = prepare(z2, p, options.normalize());  // [b, d]
+  // One [2b x 2B] buffer: four [b x B] blocks, per prefix.
+  const Scorer scorer(options.matryoshka(), z1.size(1));
+  const auto p = make_prologue(caller, comm, counts, z1, options.memory(), logits_blocks("nt_xent") * scorer.blocks());
+  auto z1n = prepare(z1, p, scorer.normalize_whole(options.normalize()));  // [b, d]
+  auto z2n = prepare(z2, p, scorer.normalize_whole(options.normalize()));  // [b, d]
   auto z = torch::cat({z1n, z2n}, 0);                    // [2b, d]
   // Z is gathered once, without gradient: the engine's backward needs no
   // collective (each rank's gradient for its own rows is complete). On the
@@ -87,7 +92,11 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, con
   // kSum is B times kMean (the per-example loss is the mean of its two views');
   // kNone is the engine's.
   const auto r = options.reduction() == Reduction::kNone ? Reduction::kNone : Reduction::kMean;
-  auto loss = nt_xent_block_loss(z, z_all, 1.0 / options.temperature(), p, r, options.normalize());
+  // Every prefix is a unit row; the whole width is one when normalised.
+  const bool unit_rows = options.normalize() || !scorer.dot();
+  auto loss = scorer.loss(p, {z, z_all}, [&](const auto& f) {
+    return nt_xent_block_loss(f[0], f[1], 1.0 / options.temperature(), p, r, unit_rows);
+  });
   return options.reduction() == Reduction::kSum ? loss * static_cast<double>(p.layout.total) : loss;
 }
 
@@ -103,22 +112,25 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
   }
   check.positive(options.temperature(), "temperature");
   check_memory_path(check, options.memory());
+  if (check.error().empty()) check_matryoshka(check, options.matryoshka(), q1.size(1));
   const auto& comm = options.comm();
   const double T = options.temperature();
   auto counts = agree_on_rows(caller, k1, "k1", comm, check.error());
-  // Two [b x B] buffers: the two directions have different keys.
-  const auto p = make_prologue(caller, comm, counts, q1, options.memory(), logits_blocks("moco_v3"));
+  // Two [b x B] buffers: the two directions have different keys; per prefix.
+  const Scorer scorer(options.matryoshka(), q1.size(1));
+  const bool normalize = scorer.normalize_whole(options.normalize());
+  const auto p = make_prologue(caller, comm, counts, q1, options.memory(), logits_blocks("moco_v3") * scorer.blocks());
   // Keys come from the momentum encoder: constants for this loss, so they are
   // gathered (or passed around the ring) without gradient.
   torch::Tensor k1n, k2n;
   {
     torch::NoGradGuard no_grad;
-    k1n = prepare(k1.detach(), p, options.normalize());
-    k2n = prepare(k2.detach(), p, options.normalize());
+    k1n = prepare(k1.detach(), p, normalize);
+    k2n = prepare(k2.detach(), p, normalize);
   }
   auto inv_t = torch::scalar_tensor(1.0 / T, torch::TensorOptions().dtype(p.dtype).device(q1.device()));
-  auto q1n = prepare(q1, p, options.normalize());
-  auto q2n = prepare(q2, p, options.normalize());
+  auto q1n = prepare(q1, p, normalize);
+  auto q2n = prepare(q2, p, normalize);
   torch::Tensor k1_keys = k1n, k2_keys = k2n;  // own blocks (ring) or all keys
   if (!p.ring) {
     auto all = gather_rows(torch::cat({k1n, k2n}, 1), comm, counts, /*with_grad=*/false);
@@ -128,9 +140,11 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
   }
   BlockSpec spec;  // one direction, no labels
   spec.reduction = options.reduction();
-  return (clip_block_loss(q1n, k2_keys, inv_t, torch::Tensor(), p, spec) +
-          clip_block_loss(q2n, k1_keys, inv_t, torch::Tensor(), p, spec)) *
-         (2.0 * T);
+  return scorer.loss(p, {q1n, q2n, k1_keys, k2_keys}, [&](const auto& f) {
+    return (clip_block_loss(f[0], f[3], inv_t, torch::Tensor(), p, spec) +
+            clip_block_loss(f[1], f[2], inv_t, torch::Tensor(), p, spec)) *
+           (2.0 * T);
+  });
 }
 
 void momentum_update(torch::nn::Module& target, const torch::nn::Module& online, double momentum) {

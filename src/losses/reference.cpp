@@ -2,7 +2,9 @@
 // Deliberately naive: full [B x B] (or [2B x 2B]) logits and mean reductions.
 #include "contrax/losses/reference.h"
 
+#include <algorithm>
 #include <limits>
+#include <utility>
 
 namespace contrax::reference {
 namespace F = torch::nn::functional;
@@ -109,6 +111,25 @@ torch::Tensor grouped_rows(const torch::Tensor& queries, const torch::Tensor& ca
 torch::Tensor reduce(const torch::Tensor& rows, Reduction reduction) {
   if (reduction == Reduction::kNone) return rows;
   return reduction == Reduction::kSum ? rows.sum() : rows.mean();
+}
+
+torch::Tensor matryoshka(const std::vector<int64_t>& dims, const std::vector<double>& weights,
+                         const std::vector<torch::Tensor>& features,
+                         const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& loss) {
+  const int64_t width = features.at(0).size(1);
+  std::vector<std::pair<int64_t, double>> prefixes;
+  for (size_t i = 0; i < dims.size(); ++i) prefixes.emplace_back(dims[i], weights.empty() ? 1.0 : weights[i]);
+  if (std::find_if(prefixes.begin(), prefixes.end(), [&](const auto& p) { return p.first == width; }) ==
+      prefixes.end()) {
+    prefixes.emplace_back(width, 1.0);
+  }
+  torch::Tensor total = torch::zeros({}, features[0].options());
+  for (const auto& [m, w] : prefixes) {
+    std::vector<torch::Tensor> cut;
+    for (const auto& f : features) cut.push_back(unit(f.narrow(1, 0, m), true));
+    total = total + w * loss(cut);
+  }
+  return total;
 }
 
 }  // namespace contrax::reference

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/engine.h"
+#include "engine/scorer.h"
 #include "engine/prologue.h"
 
 namespace contrax {
@@ -24,17 +25,23 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   check.require(options.max_logit_scale() > 0.0, "argument 'max_logit_scale' must be positive, but got ",
                 options.max_logit_scale());
   detail::check_memory_path(check, options.memory());
+  if (check.error().empty()) detail::check_matryoshka(check, options.matryoshka(), a.size(1));
   const auto& comm = options.comm();
   auto counts = detail::agree_on_rows(caller, check.error().empty() ? b : torch::Tensor(), "b", comm, check.error());
-  // One [b x B] logits block when materialised.
-  const auto p = detail::make_prologue(caller, comm, counts, a, options.memory(), detail::logits_blocks("siglip"));
+  // One [b x B] logits block when materialised, per prefix.
+  const detail::Scorer scorer(options.matryoshka(), a.size(1));
+  const auto p = detail::make_prologue(caller, comm, counts, a, options.memory(),
+                                       detail::logits_blocks("siglip") * scorer.blocks());
   // The engine's precision policy (engine/precision.h): normalised in the
   // compute dtype without overflow, gathered and multiplied in the operand dtype.
-  auto a_n = detail::prepare(a, p, options.normalize()), b_n = detail::prepare(b, p, options.normalize());
+  const bool normalize = scorer.normalize_whole(options.normalize());
+  auto a_n = detail::prepare(a, p, normalize), b_n = detail::prepare(b, p, normalize);
   auto keys = p.ring ? b_n : detail::gather_rows(b_n, comm, counts, /*with_grad=*/true);
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale());  // NaN stays NaN
   const auto bias = logit_bias.has_value() ? std::make_optional(logit_bias->to(p.dtype)) : c10::nullopt;
-  return detail::siglip_block_loss(a_n, keys, scale.to(p.dtype), bias, p);
+  scale = scale.to(p.dtype);
+  return scorer.loss(p, {a_n, keys},
+                     [&](const auto& f) { return detail::siglip_block_loss(f[0], f[1], scale, bias, p); });
 }
 
 SigLipLossImpl::SigLipLossImpl(SigLipLossOptions options_, double init_scale, double init_bias)

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 #include "contrax/util/vocabulary.h"
 
@@ -53,5 +54,20 @@ class ArgChecker {
 /// Checks the memory-path options into `check` (inconsistent ones are an
 /// argument error; src/util/vocabulary.cpp, beside the option set).
 void check_memory_path(ArgChecker& check, const MemoryPathOptions& o);
+
+/// Checks the Matryoshka options against the features' `width` d into `check`:
+/// every dim in [1, d], none repeated, as many finite weights as dims (or none).
+void check_matryoshka(ArgChecker& check, const MatryoshkaOptions& o, int64_t width);
+
+/// One prefix of a Matryoshka loss: its width and weight.
+struct Prefix {
+  int64_t dim = 0;
+  double weight = 1.0;
+};
+
+/// The prefixes of checked options over features `width` wide, in increasing
+/// width, the full width last (added with weight 1 when `dims` omits it);
+/// empty when `dims` is (one dot product of the whole width).
+std::vector<Prefix> matryoshka_prefixes(const MatryoshkaOptions& o, int64_t width);
 
 }  // namespace contrax::detail

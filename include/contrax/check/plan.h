@@ -21,7 +21,7 @@ namespace contrax {
 ///
 ///   auto p = contrax::plan_loss(contrax::PlanOptions().batch(32768).world(4));
 ///   std::cout << contrax::to_string(p);
-struct PlanOptions : detail::WithMemoryPath<PlanOptions> {
+struct PlanOptions : detail::WithMemoryPath<PlanOptions>, detail::WithMatryoshka<PlanOptions> {
   /// "clip" (symmetric), "infonce" (one direction), "grouped" (one direction,
   /// `group` candidates per query: grouped_loss), "nt_xent", "moco_v3" or
   /// "siglip".

@@ -15,7 +15,7 @@ namespace contrax {
 
 /// Options for `grouped_loss`. Defaults: scale clamped at 100, no normalisation,
 /// world 1, automatic memory path, mean reduction, no labels.
-struct GroupedLossOptions : detail::WithMemoryPath<GroupedLossOptions> {
+struct GroupedLossOptions : detail::WithMemoryPath<GroupedLossOptions>, detail::WithMatryoshka<GroupedLossOptions> {
   /// The scale exp(logit_scale) is clamped to at most this.
   TORCH_ARG(double, max_logit_scale) = 100.0;
   /// L2-normalise queries and candidates inside the loss.

@@ -22,8 +22,10 @@ namespace contrax {
 ///
 /// Defaults: symmetric, scale clamped at 100, no normalisation, world 1, the
 /// automatic memory path (`memory()`: MemoryPathOptions in contrax/util/vocabulary.h,
-/// or its shorthands `path()`, `tile_size()`, `ring()`, ...), as for every loss below.
-struct ClipLossOptions : detail::WithMemoryPath<ClipLossOptions> {
+/// or its shorthands `path()`, `tile_size()`, `ring()`, ...) and one dot product
+/// of the whole width (`matryoshka()`: MatryoshkaOptions, the nested prefixes
+/// of Matryoshka representation learning), as for every loss below.
+struct ClipLossOptions : detail::WithMemoryPath<ClipLossOptions>, detail::WithMatryoshka<ClipLossOptions> {
   /// true: (CE(a->b) + CE(b->a)) / 2. false: CE(a->b) only (InfoNCE, retrieval).
   TORCH_ARG(bool, symmetric) = true;
   /// The scale exp(logit_scale) is clamped to at most this (CLIP uses 100).
@@ -60,7 +62,7 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
 // ---- NT-Xent (SimCLR)
 
 /// Options for `nt_xent_loss`. Defaults: temperature 0.1, normalise, world 1.
-struct NTXentLossOptions : detail::WithMemoryPath<NTXentLossOptions> {
+struct NTXentLossOptions : detail::WithMemoryPath<NTXentLossOptions>, detail::WithMatryoshka<NTXentLossOptions> {
   /// Softmax temperature; must be > 0.
   TORCH_ARG(double, temperature) = 0.1;
   /// L2-normalise the projections inside the loss (cosine similarity).
@@ -87,7 +89,7 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, con
 
 /// Options for `moco_v3_loss`. Defaults: temperature 1.0 (MoCo v3 ViT uses 0.2),
 /// normalise, world 1.
-struct MocoV3LossOptions : detail::WithMemoryPath<MocoV3LossOptions> {
+struct MocoV3LossOptions : detail::WithMemoryPath<MocoV3LossOptions>, detail::WithMatryoshka<MocoV3LossOptions> {
   /// Softmax temperature; must be > 0.
   TORCH_ARG(double, temperature) = 1.0;
   /// L2-normalise queries and keys inside the loss.

@@ -5,6 +5,9 @@
 
 #include <torch/torch.h>
 
+#include <functional>
+#include <vector>
+
 #include "contrax/losses/losses.h"
 
 namespace contrax::reference {
@@ -53,6 +56,14 @@ torch::Tensor grouped_rows(const torch::Tensor& queries, const torch::Tensor& ca
                            const torch::Tensor& logit_scale, const c10::optional<torch::Tensor>& logit_bias,
                            double max_scale, bool normalize, const torch::Tensor& labels = {},
                            const torch::Tensor& candidate_labels = {}, LabelMode mode = LabelMode::kMaskDuplicates);
+
+/// Matryoshka: sum_p w_p loss(every feature set's first m_p columns, each row
+/// L2-normalised), a plain loop over the prefixes m_p: `dims` (any order, with
+/// `weights`, 1 each when empty) and the full width, weight 1, when `dims`
+/// omits it.
+torch::Tensor matryoshka(const std::vector<int64_t>& dims, const std::vector<double>& weights,
+                         const std::vector<torch::Tensor>& features,
+                         const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& loss);
 
 /// Mean, sum or (kNone) the rows themselves.
 torch::Tensor reduce(const torch::Tensor& rows, Reduction reduction);

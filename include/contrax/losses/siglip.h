@@ -28,7 +28,7 @@ namespace contrax {
 ///
 /// Defaults: no clamp of the scale, no normalisation, world 1, the automatic
 /// memory path (MemoryPathOptions in contrax/util/vocabulary.h).
-struct SigLipLossOptions : detail::WithMemoryPath<SigLipLossOptions> {
+struct SigLipLossOptions : detail::WithMemoryPath<SigLipLossOptions>, detail::WithMatryoshka<SigLipLossOptions> {
   /// exp(logit_scale) is clamped to at most this (default: no clamp).
   TORCH_ARG(double, max_logit_scale) = std::numeric_limits<double>::infinity();
   /// L2-normalise both feature sets inside the loss.

@@ -8,6 +8,8 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace contrax {
 
@@ -66,6 +68,66 @@ struct MemoryPathOptions {
   /// of being gathered.
   TORCH_ARG(bool, ring) = false;
 };
+
+/// How a loss scores a query against a key beyond one dot product of the
+/// whole width: Matryoshka representation learning's nested prefixes
+/// (Kusupati et al., 2022), the option set nested in every loss's options
+/// (`matryoshka()`, or the shorthands `matryoshka_dims()` and
+/// `matryoshka_weights()`). With prefixes m_1 < ... < m_P = d the loss is
+///   sum_p w_p loss(features[:, :m_p], each row L2-normalised),
+/// every loss's own form on every prefix (its scale, temperature, bias,
+/// labels and hard negatives shared). Each prefix is L2-normalised inside the
+/// loss whatever `normalize` says (a prefix of a unit row is not a unit row;
+/// sentence-transformers' MatryoshkaLoss scores cosine similarities too): a
+/// loss that takes unnormalised features by default (CLIP, grouped, SigLIP)
+/// takes cosine similarities of each prefix here. The full width d is always
+/// one of the prefixes (added with weight 1 when `dims` omits it). One gather
+/// of the full-width features serves every prefix; each prefix's logits are
+/// the loss's own (engine/prefixes.h), so the automatic memory path counts P
+/// logits blocks. Its checks are src/util/vocabulary.cpp's.
+///
+///   auto o = contrax::ClipLossOptions().matryoshka_dims({64, 128, 256});  // and 768, the width
+struct MatryoshkaOptions {
+  /// The prefix widths, in any order, each in [1, d], no repeats; empty
+  /// (default): one dot product of the whole width.
+  TORCH_ARG(std::vector<int64_t>, dims) = {};
+  /// One finite weight per entry of `dims`, in the same order; empty
+  /// (default): 1 each. The full width, when `dims` omits it, weighs 1.
+  TORCH_ARG(std::vector<double>, weights) = {};
+};
+
+namespace detail {
+
+/// The nested `matryoshka()` option set of a loss's options, with the
+/// shorthands `matryoshka_dims()` and `matryoshka_weights()`.
+template <typename Options>
+class WithMatryoshka {
+ public:
+  /// Replaces the nested Matryoshka option set.
+  Options& matryoshka(const MatryoshkaOptions& m) {
+    matryoshka_ = m;
+    return static_cast<Options&>(*this);
+  }
+  /// The nested Matryoshka option set.
+  const MatryoshkaOptions& matryoshka() const noexcept { return matryoshka_; }
+  /// `matryoshka().dims()`: its setter and getter.
+  Options& matryoshka_dims(std::vector<int64_t> v) {
+    matryoshka_.dims(std::move(v));
+    return static_cast<Options&>(*this);
+  }
+  const std::vector<int64_t>& matryoshka_dims() const noexcept { return matryoshka_.dims(); }
+  /// `matryoshka().weights()`: its setter and getter.
+  Options& matryoshka_weights(std::vector<double> v) {
+    matryoshka_.weights(std::move(v));
+    return static_cast<Options&>(*this);
+  }
+  const std::vector<double>& matryoshka_weights() const noexcept { return matryoshka_.weights(); }
+
+ private:
+  MatryoshkaOptions matryoshka_;
+};
+
+}  // namespace detail
 
 namespace detail {
 

@@ -1,0 +1,136 @@
+// Matryoshka prefixes (MatryoshkaOptions, engine/scorer.h) beyond what
+// verify's fp64 cases check at W = 1..4 (tests/check/loss_world_test.cpp):
+// every error message, the full width alone is the normalised loss, the
+// per-row and summed reductions against the plain loop, fp32 and bf16 within
+// the losses' tolerances, and the automatic path counting one logits block
+// per prefix.
+
+#include <gtest/gtest.h>
+
+#include "contrax/losses/grouped.h"
+#include "contrax/losses/losses.h"
+#include "contrax/losses/reference.h"
+#include "contrax/losses/siglip.h"
+#include "contrax/util/memory.h"
+#include "support/errors.h"
+#include "support/ranks.h"
+
+using namespace contrax;
+using contrax::testing::run_ranks;
+using contrax::testing::run_ranks_collect_errors;
+using V = std::vector<torch::Tensor>;
+
+TEST(Matryoshka, EveryBadOptionIsNamed) {
+  auto x = torch::randn({4, 8}), s = torch::tensor(1.0);
+  CONTRAX_EXPECT_ERROR(clip_loss(x, x, s, {}, ClipLossOptions().matryoshka_dims({4, 9})),
+                       "clip_loss(): argument 'matryoshka_dims' must hold widths in [1, 8] (the features' width), but "
+                       "got 9");
+  CONTRAX_EXPECT_ERROR(nt_xent_loss(x, x, NTXentLossOptions().matryoshka_dims({0})),
+                       "nt_xent_loss(): argument 'matryoshka_dims' must hold widths in [1, 8] (the features' width), "
+                       "but got 0");
+  CONTRAX_EXPECT_ERROR(moco_v3_loss(x, x, x, x, MocoV3LossOptions().matryoshka_dims({2, 4, 2})),
+                       "moco_v3_loss(): argument 'matryoshka_dims' must not repeat a width, but 2 appears more than "
+                       "once");
+  CONTRAX_EXPECT_ERROR(siglip_loss(x, x, s, {}, SigLipLossOptions().matryoshka_dims({2, 4}).matryoshka_weights({1})),
+                       "siglip_loss(): argument 'matryoshka_weights' must hold one weight per entry of "
+                       "'matryoshka_dims' (2) or none, but got 1");
+  CONTRAX_EXPECT_ERROR(grouped_loss(x, x, s, {}, GroupedLossOptions().matryoshka_dims({2}).matryoshka_weights({NAN})),
+                       "grouped_loss(): argument 'matryoshka_weights' must hold finite numbers, but got nan");
+  CONTRAX_EXPECT_ERROR(clip_loss(x, x, s, {}, ClipLossOptions().matryoshka_weights({1.0})),
+                       "clip_loss(): argument 'matryoshka_weights' needs 'matryoshka_dims'");
+  // One rank's bad prefix is an error on every rank, and no rank hangs.
+  const auto errors = run_ranks_collect_errors(2, [](const CommunicatorPtr& comm) {
+    auto a = torch::randn({3, comm->rank() == 1 ? 2 : 4});
+    clip_loss(a, a, torch::tensor(1.0), {}, ClipLossOptions().comm(comm).matryoshka_dims({3}));
+  });
+  ASSERT_EQ(errors.size(), 2u);
+  EXPECT_NE(errors[1].find("clip_loss(): argument 'matryoshka_dims' must hold widths in [1, 2]"), std::string::npos)
+      << errors[1];
+  EXPECT_NE(errors[0].find("rank 1 passed an invalid argument"), std::string::npos) << errors[0];
+}
+
+// The full width alone (given, or the only prefix) is the loss on normalised
+// features, to round-off.
+TEST(Matryoshka, TheFullWidthAloneIsTheNormalisedLoss) {
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto a = torch::randn({6, 5}, opt), b = torch::randn({6, 5}, opt), s = torch::tensor(2.0, opt);
+  const auto plain = clip_loss(a, b, s, {}, ClipLossOptions().normalize(true));
+  for (double w : {1.0, 0.25}) {
+    const auto one = clip_loss(a, b, s, {}, ClipLossOptions().matryoshka_dims({5}).matryoshka_weights({w}));
+    EXPECT_NEAR(one.item<double>(), w * plain.item<double>(), 1e-13);
+  }
+}
+
+// reduction kNone and kSum over prefixes at W = 2 with an empty rank: each
+// rank's rows of the plain loop's per-row losses, and W times their sum.
+TEST(Matryoshka, PerRowAndSummedReductionsAreTheLoopsRows) {
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto gen = at::detail::createCPUGenerator(5);
+  const auto a = torch::randn({7, 9}, gen, opt), b = torch::randn({7, 9}, gen, opt);
+  const auto s = torch::tensor(1.2, opt);
+  const std::vector<int64_t> dims{6, 3};
+  const std::vector<double> weights{1.5, 0.5};
+  const auto want = reference::matryoshka(dims, weights, {a, b}, [&](const V& f) {
+    return reference::clip_rows(f[0], f[1], s, c10::nullopt, true, 100.0, false);
+  });  // [7]
+  const std::vector<int64_t> rows{7, 0};
+  run_ranks(2, [&](const CommunicatorPtr& comm) {
+    const int64_t r = comm->rank(), off = r == 0 ? 0 : 7;
+    auto o = ClipLossOptions().comm(comm).matryoshka_dims(dims).matryoshka_weights(weights);
+    auto mine_a = a.narrow(0, off, rows[r]), mine_b = b.narrow(0, off, rows[r]);
+    auto per_row = clip_loss(mine_a, mine_b, s, {}, o.reduction(Reduction::kNone));
+    ASSERT_EQ(per_row.size(0), rows[r]);
+    if (rows[r] > 0) EXPECT_LE((per_row - want.narrow(0, off, rows[r])).abs().max().item<double>(), 1e-12);
+    auto sum = clip_loss(mine_a, mine_b, s, {}, o.reduction(Reduction::kSum));
+    EXPECT_NEAR(sum.item<double>(), 2.0 * want.narrow(0, off, rows[r]).sum().item<double>(), 1e-11);
+  });
+}
+
+// fp32 and bf16 features against fp64, loss and gradients, within the
+// losses' own tolerances (precision_test: fp32 1e-5, bf16 a few percent).
+TEST(Matryoshka, ReducedPrecisionStaysWithinTheLossesTolerances) {
+  auto gen = at::detail::createCPUGenerator(9);
+  const auto a64 = torch::randn({32, 64}, gen, torch::kDouble), b64 = torch::randn({32, 64}, gen, torch::kDouble);
+  auto run = [&](c10::ScalarType dt) {
+    auto a = a64.to(dt).clone().requires_grad_(true), b = b64.to(dt).clone().requires_grad_(true);
+    auto l = clip_loss(a, b, torch::tensor(std::log(20.0), dt), {},
+                       ClipLossOptions().matryoshka_dims({16, 32}).matryoshka_weights({1.0, 0.5}));
+    l.backward();
+    return V{l.detach().to(torch::kDouble), a.grad().to(torch::kDouble), b.grad().to(torch::kDouble)};
+  };
+  const auto want = run(torch::kDouble);
+  for (auto [dt, tol] : {std::pair{torch::kFloat, 1e-5}, std::pair{torch::kBFloat16, 3e-2}}) {
+    const auto got = run(dt);
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double scale = want[i].abs().max().item<double>();
+      EXPECT_LE((got[i] - want[i]).abs().max().item<double>() / scale, tol) << c10::toString(dt) << " output " << i;
+    }
+  }
+}
+
+// Each prefix's block keeps its own logits until the backward, so the
+// automatic path counts P blocks: logits that fit max_logits_bytes once but
+// not three times go the tiled way (and hold less), with the same loss.
+TEST(Matryoshka, TheAutomaticPathCountsOneLogitsBlockPerPrefix) {
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  const int64_t B = 96;
+  const auto a0 = torch::randn({B, 12}, opt), b0 = torch::randn({B, 12}, opt);
+  const auto s = torch::tensor(1.0, opt);
+  auto run = [&](ClipLossOptions o, int64_t& peak) {
+    auto a = a0.clone().requires_grad_(true);
+    MemoryTracker::install();
+    PeakScope scope;
+    auto l = clip_loss(a, b0, s, {}, o.matryoshka_dims({4, 8}));
+    l.backward();
+    peak = scope.peak_above_start();
+    return std::make_pair(l.detach(), a.grad());
+  };
+  const int64_t block = B * B * 8;
+  int64_t mat_peak = 0, auto_peak = 0;
+  const auto mat = run(ClipLossOptions().path(MemoryPath::kMaterialised), mat_peak);
+  const auto chosen = run(ClipLossOptions().max_logits_bytes(2 * block).tile_bytes(2048), auto_peak);
+  EXPECT_GE(mat_peak, 3 * block);  // three prefixes' buffers at once
+  EXPECT_LT(auto_peak, 2 * block);  // tiles (and the prefixes' cuts of the features)
+  EXPECT_LE((chosen.first - mat.first).abs().item<double>(), 1e-12);
+  EXPECT_LE((chosen.second - mat.second).abs().max().item<double>(), 1e-12);
+}
