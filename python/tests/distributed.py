@@ -139,3 +139,14 @@ def siglip_ref(a, b, log_scale, bias=None, normalize=False):
         logits = logits + bias
     z = 2 * torch.eye(a.shape[0], dtype=a.dtype) - 1
     return -F.logsigmoid(z * logits).sum() / a.shape[0]
+
+
+def matryoshka_ref(loss, dims, weights, *features):
+    """Matryoshka: sum_p w_p loss(every feature's first m_p columns, rows
+    L2-normalised), a plain loop over ``dims`` (weights 1 when empty) and the
+    full width (weight 1 when not listed)."""
+    width = features[0].shape[1]
+    prefixes = list(zip(dims, weights or [1.0] * len(dims)))
+    if width not in dims:
+        prefixes.append((width, 1.0))
+    return sum(w * loss(*(F.normalize(x[:, :m], dim=1) for x in features)) for m, w in prefixes)
