@@ -14,6 +14,11 @@
 //       the clock starts, the floor of an old algorithm that kept its buffer
 //       as contrax keeps its workspace (contrax/util/memory.h). Its peak does not
 //       count that buffer.
+//   (m) "matryoshka": contrax::clip_loss over the Matryoshka prefixes of
+//       `--matryoshka` (and the full width; engine/scorer.h);
+//   (m') "matryoshka_loop": the loop a user writes without it (as
+//       sentence-transformers' MatryoshkaLoss does): one contrax::clip_loss per
+//       prefix on its normalised cut, summed.
 // With `--loss nt_xent` the modes are contrax (nt_xent_loss), floor and floor_kept.
 // Reports median time, bytes this rank sent in backward, and peak tensor memory
 // per rank, as ratios to the first mode, plus the agreement of the feature
@@ -23,6 +28,8 @@
 // measures the GPU's peak memory).
 //
 //   contrax bench-losses --nproc 2,4 --batch 1024,4096 --width 256 --modes floor,allreduce,contrax
+//   contrax bench-losses --nproc 1 --batch 4096 --width 768 --modes contrax,matryoshka,matryoshka_loop \
+//       --matryoshka 64,128,256
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -135,8 +142,11 @@ std::vector<std::string> parse_modes(const std::string& modes_s, bool nt) {
   std::stringstream ss(modes_s);
   std::string m;
   while (std::getline(ss, m, ',')) {
-    TORCH_CHECK(m == "floor" || m == "floor_kept" || m == "contrax" || (!nt && (m == "global" || m == "allreduce")),
-                "flag '--modes' takes ", nt ? "floor, floor_kept, contrax" : "global, allreduce, contrax, floor, floor_kept",
+    TORCH_CHECK(m == "floor" || m == "floor_kept" || m == "contrax" ||
+                    (!nt && (m == "global" || m == "allreduce" || m == "matryoshka" || m == "matryoshka_loop")),
+                "flag '--modes' takes ",
+                nt ? "floor, floor_kept, contrax"
+                   : "global, allreduce, contrax, floor, floor_kept, matryoshka, matryoshka_loop",
                 "; got '", m, "'");
     modes.push_back(m);
   }
@@ -162,6 +172,8 @@ void append_rows(const std::string& out_path, const std::string& loss_name, int6
     const std::string label = modes[i] == "global" ? "(a) global" : modes[i] == "allreduce" ? "(b) allreduce"
                             : modes[i] == "floor"      ? "(f) old GEMM floor"
                             : modes[i] == "floor_kept" ? "(f') old GEMM floor, buffer kept"
+                            : modes[i] == "matryoshka" ? "(m) contrax, Matryoshka prefixes"
+                            : modes[i] == "matryoshka_loop" ? "(m') a loop of contrax losses over the prefixes"
                                                        : "(c) contrax";
     char row[1024];
     std::snprintf(row, sizeof row, "| %s | %lld | %lld | %s | %.1f | %.2f | %.1f | %.1f | %s | %s | %s | %.1e | %.3f |\n",
@@ -176,8 +188,22 @@ void append_rows(const std::string& out_path, const std::string& loss_name, int6
   }
 }
 
+// (m'): one materialised clip_loss per prefix (and the full width) on its
+// L2-normalised cut, summed: what a loss without prefixes needs a loop for.
+torch::Tensor loss_prefix_loop(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& ls,
+                               const CommunicatorPtr& comm, std::vector<int64_t> dims) {
+  dims.push_back(a.size(1));
+  torch::Tensor total;
+  const auto o = contrax::ClipLossOptions().comm(comm).normalize(true).path(contrax::MemoryPath::kMaterialised);
+  for (int64_t m : dims) {
+    auto l = contrax::clip_loss(a.narrow(1, 0, m), b.narrow(1, 0, m), ls, c10::nullopt, o);
+    total = total.defined() ? total + l : l;
+  }
+  return total;
+}
+
 int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t iters, const std::string& modes_s,
-           const std::string& out_path, const std::string& loss_name) {
+           const std::string& out_path, const std::string& loss_name, const std::vector<int64_t>& dims) {
   const bool nt = loss_name == "nt_xent";
   TORCH_CHECK(nt || loss_name == "clip", "flag '--loss' takes clip or nt_xent; got '", loss_name, "'");
   contrax::MemoryTracker::install();
@@ -204,6 +230,11 @@ int worker(const CommunicatorPtr& comm, int64_t batch, int64_t width, int64_t it
                              : m == "allreduce" ? loss_allreduce(a, b, ls, comm)
                              : m == "floor"     ? loss_floor(a, b, comm, nt ? 4 : 2)
                              : m == "floor_kept" ? loss_floor(a, b, comm, nt ? 4 : 2, kept)
+                             : m == "matryoshka_loop" ? loss_prefix_loop(a, b, ls, comm, dims)
+                             : m == "matryoshka"
+                                 ? contrax::clip_loss(a, b, ls, c10::nullopt,
+                                                      contrax::ClipLossOptions().comm(comm).matryoshka_dims(dims).path(
+                                                          contrax::MemoryPath::kMaterialised))
                              : nt ? contrax::nt_xent_loss(
                                         a, b, contrax::NTXentLossOptions().comm(comm).path(contrax::MemoryPath::kMaterialised))
                                   : contrax::clip_loss(
@@ -249,7 +280,7 @@ int run_bench(const std::vector<std::string>& args) {
   CLI::App app{"benchmark the distributed losses against the all-gather baselines", "bench-losses"};
   cli::setup_app(app);
   std::string nprocs_s = "2,4", batches_s = "1024,4096", modes = "global,allreduce,contrax", out, loss_name = "clip",
-              device = "cpu";
+              device = "cpu", matryoshka;
   int64_t width = 256, iters = 3, threads = 0;
   app.add_option("--nproc", nprocs_s, "comma-separated world sizes (each a separate launch)");
   app.add_option("--batch", batches_s, "comma-separated per-rank batch sizes");
@@ -259,12 +290,18 @@ int run_bench(const std::vector<std::string>& args) {
   app.add_option("--modes", modes, "which of global, allreduce, contrax, floor, floor_kept");
   app.add_option("--out", out, "append the table rows to this file (default: stdout)");
   app.add_option("--loss", loss_name, "clip (symmetric) or nt_xent");
+  app.add_option("--matryoshka", matryoshka,
+                 "modes matryoshka and matryoshka_loop: the prefix widths, comma-separated (the full width is added)");
   cli::add_device(app, device,
                   "where each rank computes: cpu, or cuda (rank r on GPU LOCAL_RANK mod #GPUs, one GPU per rank, NCCL)");
   if (int st = cli::parse(app, args); st >= 0) return st;
   const auto nprocs = cli::parse_int_list("--nproc", nprocs_s, 1, cli::max_procs());
   const auto batches = cli::parse_int_list("--batch", batches_s, 1, int64_t{1} << 30);
   cli::usage_check(!nprocs.empty() && !batches.empty(), "flags '--nproc' and '--batch' must not be empty");
+  const auto dims = matryoshka.empty() ? std::vector<int64_t>() : cli::parse_int_list("--matryoshka", matryoshka, 1,
+                                                                                         width - 1);
+  cli::usage_check(!dims.empty() || modes.find("matryoshka") == std::string::npos,
+                   "modes matryoshka and matryoshka_loop need flag '--matryoshka' (the prefix widths)");
   cli::usage_check(loss_name == "clip" || loss_name == "nt_xent", "flag '--loss' must be clip or nt_xent, but got '",
                    loss_name, "'");
   if (device == "cuda") {
@@ -280,7 +317,7 @@ int run_bench(const std::vector<std::string>& args) {
     auto comm = contrax::Communicator::from_env(contrax::CommunicatorOptions()
                                                     .timeout(std::chrono::minutes(10))
                                                     .device(device == "cuda" ? torch::kCUDA : torch::kCPU));
-    for (int64_t b : batches) worker(comm, b, width, iters, modes, out, loss_name);
+    for (int64_t b : batches) worker(comm, b, width, iters, modes, out, loss_name, dims);
     return 0;
   }
   std::string path = out.empty() ? "/tmp/contrax_bench_losses_" + std::to_string(::getpid()) + ".md" : out;

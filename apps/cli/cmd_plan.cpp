@@ -11,6 +11,8 @@
 //   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768      # this GPU's, or an 80 GB one's
 //   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --gpu-memory 24   # a 24 GB GPU
 //   CONTRAX_FUSED_KERNELS=1 contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --loss siglip
+//   contrax plan --batch 4096 --width 768 --matryoshka 64,128,256   # Matryoshka prefixes (and 768)
+#include <algorithm>
 #include <iostream>
 
 #include "cli/cli.h"
@@ -68,8 +70,18 @@ int run_plan(const std::vector<std::string>& args) {
                "GPU where none is visible)",
                0, int64_t{1} << 20);
   cli::add_int(app, "--max-logits-bytes", max_logits, "automatic routing threshold", 1, int64_t{1} << 50);
+  std::string matryoshka;
+  app.add_option("--matryoshka", matryoshka,
+                 "Matryoshka prefix widths, comma-separated (e.g. 64,128,256; the full width is always one): each "
+                 "prefix runs the loss's block on its cut");
   app.add_flag("--json", json, "print one JSON object instead of the table");
   if (int st = cli::parse(app, args); st >= 0) return st;
+  const auto dims = matryoshka.empty() ? std::vector<int64_t>() : cli::parse_int_list("--matryoshka", matryoshka, 1,
+                                                                                         width);
+  for (const auto m : dims) {
+    cli::usage_check(std::count(dims.begin(), dims.end(), m) == 1, "flag '--matryoshka' must not repeat a width, but ",
+                     m, " appears more than once");
+  }
   cli::usage_check(group == 1 || loss == "grouped", "flag '--group' applies to --loss grouped only, but --loss is '",
                    loss, "'");
   auto plan = contrax::plan_loss(contrax::PlanOptions()
@@ -87,7 +99,8 @@ int run_plan(const std::vector<std::string>& args) {
                                      .ring(ring)
                                      .max_logits_bytes(max_logits)
                                      .panel_bytes(panel_bytes)
-                                     .gpu_memory(gpu_gb * 1000 * 1000 * 1000));
+                                     .gpu_memory(gpu_gb * 1000 * 1000 * 1000)
+                                     .matryoshka_dims(dims));
   std::cout << (json ? contrax::to_json(plan) + "\n" : contrax::to_string(plan)) << std::flush;
   return 0;
 }

@@ -15,6 +15,7 @@
 #include "contrax/launch/launcher.h"
 #include "contrax/losses/grouped.h"
 #include "contrax/losses/losses.h"
+#include "contrax/losses/maxsim.h"
 #include "contrax/losses/reference.h"
 #include "contrax/losses/siglip.h"
 #include "contrax/losses/tiled.h"

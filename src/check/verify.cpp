@@ -10,6 +10,7 @@
 #include "contrax/comm/collectives.h"
 #include "contrax/losses/grouped.h"
 #include "contrax/losses/losses.h"
+#include "contrax/losses/maxsim.h"
 #include "contrax/losses/reference.h"
 #include "contrax/losses/siglip.h"
 #include "contrax/parallel/data_parallel.h"
@@ -285,6 +286,46 @@ void add_matryoshka_cases(std::vector<VerifyCase>& cases) {
       [](const V& f, const V& s, const V&) { return reference::siglip_loss(f[0], f[1], s[0], s[1]); });
 }
 
+// Late interaction (maxsim_loss): feature 0 holds each query's 3 tokens side
+// by side ([b, 3 width] -> [b, 3, width]), feature 1 each query's g
+// documents of 4 tokens; a token is padding where its first entry is below
+// -0.7 (its first token never), so ranks and the reference agree on the masks
+// without sending them. `panel_bytes` small: several panels of token scores.
+torch::Tensor token_mask(const torch::Tensor& tokens /* [n, L, d] */) {
+  auto first = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong)) == 0;
+  return (tokens.select(2, 0).detach() > -0.7).logical_or(first.unsqueeze(0));
+}
+
+VerifyCase maxsim_case(std::string name, int64_t g, bool symmetric, bool normalize_scores, bool learnt_scale,
+                       int64_t panel_bytes) {
+  using V = std::vector<torch::Tensor>;
+  constexpr int64_t Lq = 3, Ld = 4;
+  VerifyCase c;
+  c.name = std::move(name);
+  c.num_features = 2;
+  c.feature_widths = {Lq, g * Ld};
+  if (learnt_scale) c.scalars = {std::log(2.0)};
+  const auto split = [](const V& x) {
+    const int64_t width = x[0].size(1) / Lq;
+    return std::make_pair(x[0].view({-1, Lq, width}), x[1].reshape({-1, Ld, width}));
+  };
+  c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
+    auto [q, d] = split(x);
+    return maxsim_loss(q, d, learnt_scale ? std::make_optional(s[0]) : c10::nullopt,
+                       MaxSimLossOptions().temperature(0.5).symmetric(symmetric).normalize_scores(normalize_scores)
+                           .query_mask(token_mask(q)).document_mask(token_mask(d)).panel_bytes(panel_bytes)
+                           .comm(comm));
+  };
+  c.reference = [=](const V& x, const V& s) {
+    auto [q, d] = split(x);
+    auto scores = reference::maxsim_scores(q, token_mask(q), d, token_mask(d));
+    if (normalize_scores) scores = scores / token_mask(q).sum(1, true).to(scores.scalar_type());
+    auto logits = learnt_scale ? scores * torch::clamp_max(s[0].exp(), 100.0) : scores / 0.5;
+    return reference::score_rows(logits, symmetric).mean();
+  };
+  return c;
+}
+
 std::vector<VerifyCase> builtin_cases() {
   using V = std::vector<torch::Tensor>;
   std::vector<VerifyCase> cases;
@@ -369,6 +410,10 @@ std::vector<VerifyCase> builtin_cases() {
     });
   };
   cases.push_back(grouped);
+
+  cases.push_back(maxsim_case("maxsim", 1, false, false, false, int64_t{16} << 20));
+  cases.push_back(maxsim_case("maxsim_hard_negatives_panels", 3, false, true, true, 200));
+  cases.push_back(maxsim_case("maxsim_symmetric_panels", 1, true, false, true, 300));
 
   cases.push_back(grad_cache_case("grad_cache_clip", ClipLossOptions().normalize(true)));
   // The towers' 8 features over prefixes of 2 and 4.

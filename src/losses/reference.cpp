@@ -132,4 +132,20 @@ torch::Tensor matryoshka(const std::vector<int64_t>& dims, const std::vector<dou
   return total;
 }
 
+torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
+                            const torch::Tensor& documents, const torch::Tensor& document_mask) {
+  auto t = torch::einsum("iqd,jsd->ijqs", {queries, documents});  // [n, m, Lq, Ld]
+  t = t.masked_fill(document_mask.logical_not().unsqueeze(0).unsqueeze(2), -std::numeric_limits<double>::infinity());
+  auto best = std::get<0>(t.max(3));                                       // [n, m, Lq]
+  return (best * query_mask.unsqueeze(1).to(best.scalar_type())).sum(2);  // [n, m]
+}
+
+torch::Tensor score_rows(const torch::Tensor& logits, bool symmetric) {
+  const int64_t n = logits.size(0), g = n > 0 ? logits.size(1) / n : 1;
+  auto pos = torch::arange(n, logits.options().dtype(torch::kLong)) * g;
+  auto rows = F::cross_entropy(logits, pos, F::CrossEntropyFuncOptions().reduction(torch::kNone));
+  if (!symmetric) return rows;
+  return (rows + F::cross_entropy(logits.t(), pos, F::CrossEntropyFuncOptions().reduction(torch::kNone))) / 2;
+}
+
 }  // namespace contrax::reference

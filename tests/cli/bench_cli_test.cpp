@@ -82,3 +82,21 @@ TEST(BenchCli, PlanFlagErrorsAndGrouped) {
   // [1024 x 4096 g] fp32 logits: 128 MiB, under the 256 MiB threshold.
   EXPECT_NE(r.out.find("| materialised (chosen) |"), std::string::npos) << r.out;
 }
+
+// Matryoshka prefixes: one logits buffer per prefix, so 64 MiB of CLIP logits
+// at B = 4096 become 256 MiB over four prefixes (still materialised at the
+// 256 MiB threshold; five would tile); the flag's errors are usage errors.
+TEST(BenchCli, PlanMatryoshka) {
+  expect_flag_error("plan --width 768 --matryoshka 64,1024",
+                    "flag '--matryoshka': every entry must be in [1, 768], but got 1024");
+  expect_flag_error("plan --matryoshka 64,64", "flag '--matryoshka' must not repeat a width, but 64 appears more "
+                                               "than once");
+  auto four = run_cli("plan --batch 4096 --width 768 --matryoshka 256,64,128");
+  EXPECT_EQ(four.status, 0) << four.out;
+  EXPECT_NE(four.out.find("scorer: Matryoshka prefixes 64, 128, 256, 768"), std::string::npos) << four.out;
+  EXPECT_NE(four.out.find("| materialised (chosen) | 256.0 MiB |"), std::string::npos) << four.out;
+  auto five = run_cli("plan --batch 4096 --width 768 --matryoshka 32,64,128,256");
+  EXPECT_NE(five.out.find("| tiled (chosen) |"), std::string::npos) << five.out;
+  auto dot = run_cli("plan --batch 4096 --width 768");
+  EXPECT_NE(dot.out.find("scorer: one dot product of the whole width"), std::string::npos) << dot.out;
+}

@@ -65,6 +65,18 @@ torch::Tensor matryoshka(const std::vector<int64_t>& dims, const std::vector<dou
                          const std::vector<torch::Tensor>& features,
                          const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& loss);
 
+/// MaxSim scores [n, m] the textbook way: every token score of every pair at
+/// once (einsum, [n, m, Lq, Ld]), invalid document tokens at -inf, the
+/// maximum over document tokens summed over valid query tokens. Masks: bool
+/// [n, Lq] and [m, Ld].
+torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
+                            const torch::Tensor& documents, const torch::Tensor& document_mask);
+
+/// Per-query InfoNCE losses ([n]) of logits [n, n g] whose designated
+/// positive of row i is column i g; symmetric (g = 1): the mean with the
+/// column's (column i's positive is row i).
+torch::Tensor score_rows(const torch::Tensor& logits, bool symmetric);
+
 /// Mean, sum or (kNone) the rows themselves.
 torch::Tensor reduce(const torch::Tensor& rows, Reduction reduction);
 

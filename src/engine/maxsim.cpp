@@ -1,0 +1,105 @@
+// MaxSim scores in bounded panels (engine/maxsim.h, with the derivation of
+// the backward).
+#include "engine/maxsim.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+namespace contrax::detail {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows of queries and documents per panel: all queries when one document's
+// token scores for all of them fit, else as many as fit; then as many
+// documents as fit beside them (at least one of each).
+std::pair<int64_t, int64_t> panel_shape(int64_t n, int64_t Lq, int64_t m, int64_t Ld, int64_t bytes,
+                                        int64_t budget) {
+  const int64_t per_pair = std::max<int64_t>(1, Lq * Ld * bytes);
+  const int64_t rows = std::clamp<int64_t>(budget / per_pair, 1, std::max<int64_t>(n, 1));
+  const int64_t cols = std::clamp<int64_t>(budget / (per_pair * rows), 1, std::max<int64_t>(m, 1));
+  return {rows, cols};
+}
+
+struct MaxSimPanel {
+  torch::Tensor best;  // [pi, Lq, pj] the largest token score of each query token
+  torch::Tensor at;    // [pi, Lq, pj] which document token (the first maximum)
+};
+
+// The token scores of queries [pi, Lq, d] x documents [pj, Ld, d], invalid
+// document tokens at -inf, reduced over the document's tokens.
+MaxSimPanel panel(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& d_mask) {
+  const int64_t pi = q.size(0), Lq = q.size(1), pj = d.size(0), Ld = d.size(1);
+  auto t = torch::mm(q.reshape({pi * Lq, -1}), d.reshape({pj * Ld, -1}).t()).view({pi, Lq, pj, Ld});
+  t.masked_fill_(d_mask.logical_not().view({1, 1, pj, Ld}), -std::numeric_limits<double>::infinity());
+  auto [best, at] = t.max(3);
+  return {best, at};
+}
+
+struct MaxSim : torch::autograd::Function<MaxSim> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& d,
+                               const torch::Tensor& q_mask, const torch::Tensor& d_mask, int64_t budget,
+                               const std::string& caller) {
+    const int64_t n = q.size(0), m = d.size(0);
+    auto scores = torch::zeros({n, m}, q.options());
+    const auto [rows, cols] = panel_shape(n, q.size(1), m, d.size(1), q.element_size(), budget);
+    const auto weight = q_mask.to(q.scalar_type());  // [n, Lq]
+    for (int64_t i = 0; i < n; i += rows) {
+      const int64_t pi = std::min(rows, n - i);
+      for (int64_t j = 0; j < m; j += cols) {
+        const int64_t pj = std::min(cols, m - j);
+        auto p = panel(q.narrow(0, i, pi), d.narrow(0, j, pj), d_mask.narrow(0, j, pj));
+        scores.narrow(0, i, pi).narrow(1, j, pj).copy_((p.best * weight.narrow(0, i, pi).unsqueeze(2)).sum(1));
+      }
+    }
+    ctx->save_for_backward({q, d, q_mask, d_mask});
+    ctx->saved_data["budget"] = budget;
+    ctx->saved_data["caller"] = caller;
+    return scores;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    NoAutocast no_autocast;
+    TORCH_CHECK(!torch::GradMode::is_enabled(), ctx->saved_data["caller"].toStringRef(),
+                "(): double backward (create_graph=true) is not supported");
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &d = saved[1], &q_mask = saved[2], &d_mask = saved[3];
+    const auto g = grads[0].contiguous();  // [n, m]
+    const int64_t n = q.size(0), Lq = q.size(1), m = d.size(0), Ld = d.size(1);
+    auto dq = torch::zeros_like(q), dd = torch::zeros_like(d);
+    const auto [rows, cols] = panel_shape(n, Lq, m, Ld, q.element_size(), ctx->saved_data["budget"].toInt());
+    const auto weight = q_mask.to(q.scalar_type());
+    for (int64_t i = 0; i < n; i += rows) {
+      const int64_t pi = std::min(rows, n - i);
+      auto qp = q.narrow(0, i, pi);
+      for (int64_t j = 0; j < m; j += cols) {
+        const int64_t pj = std::min(cols, m - j);
+        auto dp = d.narrow(0, j, pj);
+        auto p = panel(qp, dp, d_mask.narrow(0, j, pj));
+        // G_ij m_it at each query token's best document token, 0 elsewhere.
+        auto a = g.narrow(0, i, pi).narrow(1, j, pj).unsqueeze(1) * weight.narrow(0, i, pi).unsqueeze(2);
+        auto dt = torch::zeros({pi, Lq, pj, Ld}, q.options());
+        dt.scatter_(3, p.at.unsqueeze(3), a.unsqueeze(3));
+        auto flat = dt.view({pi * Lq, pj * Ld});
+        dq.narrow(0, i, pi).add_(torch::mm(flat, dp.reshape({pj * Ld, -1})).view({pi, Lq, -1}));
+        dd.narrow(0, j, pj).add_(torch::mm(flat.t(), qp.reshape({pi * Lq, -1})).view({pj, Ld, -1}));
+      }
+    }
+    return {dq, dd, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
+                            const torch::Tensor& documents, const torch::Tensor& document_mask, int64_t panel_bytes,
+                            const EngineLayout& layout) {
+  return MaxSim::apply(queries, documents, query_mask, document_mask, panel_bytes, std::string(layout.caller));
+}
+
+}  // namespace contrax::detail

@@ -1,0 +1,32 @@
+// Late interaction's score, MaxSim (ColBERT, ColPali, PyLate), computed panel
+// by panel: score(i, j) = sum over query i's valid tokens t of the largest
+// dot product q_it . d_js over document j's valid tokens s. The token scores
+// of a pair ([Lq x Ld]) exist only inside one panel of queries x documents
+// whose token scores fit a byte budget, in the forward and again in the
+// backward (which recomputes them): memory O(budget + b x N) whatever the
+// batch. Internal to the engine (src/engine/), not installed.
+//
+// Backward. With s*(i, j, t) the first valid s reaching the maximum (as
+// torch.max returns it), dscore_ij / dq_it = m_it d_{j s*} and
+// dscore_ij / dd_js = sum_t m_it [s*(i, j, t) = s] q_it (m: the query mask),
+// so for the upstream G = dL/dscore
+//   dq_it = m_it sum_j G_ij d_{j s*(i,j,t)},  dd_js = sum_i G_ij sum_t m_it [s*(i,j,t) = s] q_it,
+// i.e. per panel, with dT the [pi Lq x pj Ld] matrix holding G_ij m_it at
+// (it, j s*) and 0 elsewhere: dQ_panel = dT D_panel, dD_panel = dT^T Q_panel.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "engine/prologue.h"
+
+namespace contrax::detail {
+
+/// [n, m] MaxSim scores of queries [n, Lq, d] (valid tokens: query_mask
+/// [n, Lq], bool) against documents [m, Ld, d] (document_mask [m, Ld]; every
+/// document has a valid token), differentiable in both feature tensors;
+/// token scores in panels of at most `panel_bytes`.
+torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
+                            const torch::Tensor& documents, const torch::Tensor& document_mask, int64_t panel_bytes,
+                            const EngineLayout& layout);
+
+}  // namespace contrax::detail

@@ -1,0 +1,128 @@
+// The late-interaction front end (contrax/losses/maxsim.h): it checks its
+// arguments, agrees on rows, documents per query and the longest document
+// across ranks, gathers every rank's documents (with gradient, padded to the
+// longest), scores this rank's queries against them by MaxSim in bounded
+// panels (engine/maxsim.h) and hands the [b x B g] scores to the engine's
+// InfoNCE on a score block (engine/score_block.h).
+#include "contrax/losses/maxsim.h"
+
+#include <algorithm>
+
+#include "engine/maxsim.h"
+#include "engine/score_block.h"
+
+namespace contrax {
+
+namespace {
+
+// The bool [rows, L] mask `name`, or all valid when undefined.
+torch::Tensor mask_or_all(detail::ArgChecker& check, const torch::Tensor& mask, const char* name,
+                          const torch::Tensor& tokens, const char* what) {
+  if (!check.error().empty()) return {};
+  if (!mask.defined()) return torch::ones({tokens.size(0), tokens.size(1)}, tokens.options().dtype(torch::kBool));
+  check.require(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.size(0) == tokens.size(0) &&
+                    mask.size(1) == tokens.size(1),
+                "argument '", name, "' must be a bool tensor [", tokens.size(0), ", ", tokens.size(1), "] (one entry ",
+                "per token of '", what, "'), but got ", mask.scalar_type(), " ", mask.sizes());
+  if (!check.error().empty()) return {};
+  check.require(mask.device() == tokens.device(), "argument '", name, "' must be on ", tokens.device(),
+                ", but got ", mask.device());
+  const auto empty_rows = mask.any(1).logical_not().nonzero().view(-1);
+  check.require(empty_rows.numel() == 0, "argument '", name, "' must leave every row of '", what,
+                "' at least one valid token, but row ", empty_rows.numel() ? empty_rows[0].item<int64_t>() : 0,
+                " has none");
+  return mask;
+}
+
+void check_tokens(detail::ArgChecker& check, const torch::Tensor& t, const char* name) {
+  if (!check.error().empty()) return;
+  check.require(t.defined() && t.dim() == 3, "argument '", name, "' must be a 3-D tensor [rows, tokens, width], ",
+                "but got ", t.defined() ? c10::str("shape ", t.sizes()) : std::string("an undefined tensor"));
+  if (!check.error().empty()) return;
+  check.require(c10::isFloatingType(t.scalar_type()), "argument '", name,
+                "' must be a floating-point tensor, but got dtype ", t.scalar_type());
+  check.require(t.size(1) >= 1, "argument '", name, "' must have at least one token per row, but got ", t.sizes());
+}
+
+}  // namespace
+
+torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& documents,
+                          const c10::optional<torch::Tensor>& logit_scale, const MaxSimLossOptions& options) {
+  detail::NoAutocast no_autocast;
+  const char* caller = "maxsim_loss";
+  detail::ArgChecker check(caller);
+  check_tokens(check, queries, "queries");
+  check_tokens(check, documents, "documents");
+  int64_t g = 0;
+  if (check.error().empty()) {
+    const int64_t b = queries.size(0), n = documents.size(0);
+    check.require(queries.size(2) == documents.size(2), "arguments 'queries' and 'documents' must have the same ",
+                  "width, but got ", queries.size(2), " and ", documents.size(2));
+    check.require(queries.scalar_type() == documents.scalar_type(), "arguments 'queries' and 'documents' must have ",
+                  "the same dtype, but got ", queries.scalar_type(), " and ", documents.scalar_type());
+    check.require(queries.device() == documents.device(), "arguments 'queries' and 'documents' must be on the same ",
+                  "device, but got ", queries.device(), " and ", documents.device());
+    if (b > 0) {
+      check.require(n >= b && n % b == 0, "argument 'documents' must have g * queries.size(0) rows (g >= 1 per ",
+                    "query: its positive, then g-1 hard negatives), but got ", n, " rows for ", b, " queries");
+      if (n >= b && n % b == 0) g = n / b;
+    } else {
+      check.require(n == 0, "argument 'documents' must be empty on a rank with no queries, but got ", n, " rows");
+    }
+  }
+  auto q_mask = mask_or_all(check, options.query_mask(), "query_mask", queries, "queries");
+  auto d_mask = mask_or_all(check, options.document_mask(), "document_mask", documents, "documents");
+  if (logit_scale.has_value()) check.scalar(*logit_scale, "logit_scale");
+  check.positive(options.temperature(), "temperature");
+  check.positive(options.max_logit_scale(), "max_logit_scale");
+  check.require(options.panel_bytes() > 0, "argument 'panel_bytes' must be positive, but got ",
+                options.panel_bytes());
+  check.require(!options.symmetric() || g <= 1, "argument 'symmetric' needs one document per query, but got g = ", g,
+                " (hard negatives have no query of their own)");
+
+  // Rows, then documents per query and the longest document, agreed by every
+  // rank in one exchange (g in the high half of the extra, Ld in the low).
+  const auto& comm = options.comm();
+  const int64_t Ld = check.error().empty() ? documents.size(1) : 0;
+  std::vector<int64_t> extras;
+  auto counted = check.error().empty() ? queries.select(1, 0) : torch::Tensor();
+  auto counts = detail::agree_on_rows(caller, counted, "queries", comm, check.error(), "queries", (g << 32) | Ld,
+                                      &extras);
+  int64_t group = 0, longest = 0;
+  for (size_t s = 0; s < extras.size(); ++s) {
+    const int64_t gs = extras[s] >> 32;
+    longest = std::max<int64_t>(longest, extras[s] & 0xffffffff);
+    TORCH_CHECK(gs == 0 || group == 0 || gs == group, caller, "(): argument 'documents' must hold the same number ",
+                "of documents per query (g) on every rank, but g is ", gs, " on rank ", s, " and ", group,
+                " on an earlier rank");
+    if (gs > 0) group = gs;
+  }
+  const auto p = detail::make_prologue(caller, comm, counts, counted, MemoryPathOptions(), group);
+  auto q = detail::prepare(queries, p, false).to(p.dtype);
+  auto d = detail::prepare(documents, p, false).to(p.dtype);
+  if (Ld < longest) {  // padded with invalid tokens to the longest document of any rank
+    d = torch::constant_pad_nd(d, {0, 0, 0, longest - Ld});
+    d_mask = torch::constant_pad_nd(d_mask, {0, longest - Ld}, 0);
+  }
+  auto key_counts = counts;
+  for (auto& c : key_counts) c *= group;
+  torch::Tensor docs = d, docs_mask = d_mask;
+  if (p.layout.world > 1) {
+    const int64_t width = d.size(2);
+    docs = detail::gather_rows(d.reshape({d.size(0), longest * width}), comm, key_counts, /*with_grad=*/true)
+               .view({-1, longest, width});  // [B g, Ld, d]
+    docs_mask = detail::gather_rows(d_mask.to(torch::kUInt8), comm, key_counts, /*with_grad=*/false).to(torch::kBool);
+  }
+  auto scores = detail::maxsim_scores(q, q_mask, docs, docs_mask, options.panel_bytes(), p.layout);  // [b, B g]
+  if (options.normalize_scores()) scores = scores / q_mask.sum(1, /*keepdim=*/true).to(scores.scalar_type());
+  auto scale = logit_scale.has_value()
+                   ? detail::clamped_scale(*logit_scale, options.max_logit_scale()).to(p.dtype)
+                   : torch::scalar_tensor(1.0 / options.temperature(), scores.options());
+  detail::BlockSpec spec;
+  spec.symmetric = options.symmetric();
+  spec.group = std::max<int64_t>(group, 1);
+  spec.reduction = options.reduction();
+  return detail::score_block_loss(scores * scale, p, spec);
+}
+
+}  // namespace contrax

@@ -1,0 +1,167 @@
+// maxsim_loss beyond verify's fp64 cases at W = 1..4 (tests/check/
+// loss_world_test.cpp: in-batch, hard negatives, symmetric, small panels):
+// ranks padding their documents to different lengths, ties broken at the
+// first maximum as the reference's torch.max, per-row and summed reductions,
+// fp32 within tolerance, memory bounded by the panel budget, every error
+// message.
+
+#include <gtest/gtest.h>
+
+#include "contrax/losses/maxsim.h"
+#include "contrax/losses/reference.h"
+#include "contrax/util/memory.h"
+#include "support/errors.h"
+#include "support/ranks.h"
+
+using namespace contrax;
+using contrax::testing::run_ranks;
+using contrax::testing::run_ranks_collect_errors;
+
+namespace {
+
+auto f64() { return torch::TensorOptions().dtype(torch::kDouble); }
+
+// Loss and gradients of the reference on the whole batch (documents padded
+// to one length).
+struct Reference {
+  torch::Tensor loss, dq, dd;
+};
+Reference reference_of(const torch::Tensor& q0, const torch::Tensor& qm, const torch::Tensor& d0,
+                       const torch::Tensor& dm, double temperature, bool symmetric, Reduction r = Reduction::kMean) {
+  auto q = q0.clone().requires_grad_(true), d = d0.clone().requires_grad_(true);
+  auto rows = reference::score_rows(reference::maxsim_scores(q, qm, d, dm) / temperature, symmetric);
+  auto loss = r == Reduction::kSum ? rows.sum() : rows.mean();
+  loss.backward();
+  return {loss.detach(), q.grad(), d.grad()};
+}
+
+}  // namespace
+
+// Rank 0 pads its documents to 5 tokens, rank 1 to 3: the loss pads to the
+// longest; loss and gradients equal the reference on the concatenated batch.
+TEST(MaxSim, RanksPadTheirDocumentsToDifferentLengths) {
+  auto gen = at::detail::createCPUGenerator(3);
+  const int64_t d = 4;
+  auto q = torch::randn({5, 2, d}, gen, f64()), docs = torch::randn({5, 5, d}, gen, f64());
+  auto qm = torch::ones({5, 2}, torch::kBool), dm = torch::ones({5, 5}, torch::kBool);
+  dm.narrow(0, 3, 2).narrow(1, 3, 2).fill_(false);  // rank 1's documents: 3 tokens
+  dm[0][4] = false;
+  const auto want = reference_of(q, qm, docs, dm, 0.3, /*symmetric=*/true);
+  const std::vector<int64_t> rows{3, 2};
+  run_ranks(2, [&](const CommunicatorPtr& comm) {
+    const int64_t r = comm->rank(), off = r == 0 ? 0 : 3, n = rows[r], L = r == 0 ? 5 : 3;
+    auto mine_q = q.narrow(0, off, n).clone().requires_grad_(true);
+    auto mine_d = docs.narrow(0, off, n).narrow(1, 0, L).clone().requires_grad_(true);
+    auto loss = maxsim_loss(mine_q, mine_d, c10::nullopt,
+                            MaxSimLossOptions().temperature(0.3).symmetric(true).comm(comm)
+                                .query_mask(qm.narrow(0, off, n)).document_mask(dm.narrow(0, off, n).narrow(1, 0, L)));
+    loss.backward();
+    auto total = loss.detach().clone();
+    comm->all_reduce_sum(total);
+    EXPECT_NEAR(total.item<double>() / 2, want.loss.item<double>(), 1e-12);
+    EXPECT_LE((mine_q.grad() / 2 - want.dq.narrow(0, off, n)).abs().max().item<double>(), 1e-12);
+    EXPECT_LE((mine_d.grad() / 2 - want.dd.narrow(0, off, n).narrow(1, 0, L)).abs().max().item<double>(), 1e-12);
+  });
+}
+
+// Equal token scores: the gradient goes to the first maximal document token,
+// as torch.max (the reference) sends it; the panel size changes nothing.
+TEST(MaxSim, TiesGoToTheFirstMaximumAndPanelsChangeNothing) {
+  auto gen = at::detail::createCPUGenerator(4);
+  auto q = torch::randn({4, 3, 5}, gen, f64()), d = torch::randn({4, 2, 5}, gen, f64());
+  d = torch::cat({d, d}, 1);  // tokens 2, 3 repeat tokens 0, 1: every maximum is tied
+  auto qm = torch::ones({4, 3}, torch::kBool), dm = torch::ones({4, 4}, torch::kBool);
+  const auto want = reference_of(q, qm, d, dm, 1.0, false);
+  EXPECT_EQ(want.dd.narrow(1, 2, 2).abs().max().item<double>(), 0.0);  // the control: ties go to tokens 0, 1
+  for (int64_t budget : {int64_t{16} << 20, int64_t{100}, int64_t{1}}) {
+    auto qq = q.clone().requires_grad_(true), dd = d.clone().requires_grad_(true);
+    auto loss = maxsim_loss(qq, dd, c10::nullopt, MaxSimLossOptions().panel_bytes(budget));
+    loss.backward();
+    EXPECT_NEAR(loss.item<double>(), want.loss.item<double>(), 1e-13) << budget;
+    EXPECT_LE((qq.grad() - want.dq).abs().max().item<double>(), 1e-13) << budget;
+    EXPECT_LE((dd.grad() - want.dd).abs().max().item<double>(), 1e-13) << budget;
+  }
+}
+
+// kSum is B times kMean (one rank); kNone gives each query's loss; fp32
+// within 1e-5 of fp64.
+TEST(MaxSim, ReductionsAndFloat32) {
+  auto gen = at::detail::createCPUGenerator(5);
+  auto q = torch::randn({6, 4, 8}, gen, f64()), d = torch::randn({12, 7, 8}, gen, f64());  // g = 2
+  auto qm = torch::rand({6, 4}, gen, f64()) > 0.3, dm = torch::rand({12, 7}, gen, f64()) > 0.3;
+  qm.select(1, 0).fill_(true);
+  dm.select(1, 0).fill_(true);
+  const auto o = MaxSimLossOptions().temperature(0.7).query_mask(qm).document_mask(dm);
+  const auto rows =
+      reference::score_rows(reference::maxsim_scores(q, qm, d, dm) / 0.7, false);  // [6]
+  EXPECT_LE((maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions(o).reduction(Reduction::kNone)) - rows)
+                .abs().max().item<double>(), 1e-12);
+  EXPECT_NEAR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions(o).reduction(Reduction::kSum)).item<double>(),
+              rows.sum().item<double>(), 1e-11);
+  auto q32 = q.to(torch::kFloat).requires_grad_(true);
+  auto l32 = maxsim_loss(q32, d.to(torch::kFloat), c10::nullopt, o);
+  l32.backward();
+  const auto want = reference_of(q, qm, d, dm, 0.7, false);
+  EXPECT_NEAR(l32.item<double>(), want.loss.item<double>(), 1e-5 * want.loss.abs().item<double>());
+  EXPECT_LE((q32.grad().to(torch::kDouble) - want.dq).abs().max().item<double>(),
+            1e-5 * want.dq.abs().max().item<double>());
+}
+
+// The token scores of a pair exist only inside a panel: at n = m = 64, Lq =
+// 8, Ld = 32, d = 16 (fp64) every pair's [Lq x Ld] scores take 8 MiB at once
+// (what an einsum over the batch holds); with 64 KiB panels the call holds
+// under a quarter of that, the [64 x 64] scores and the features included.
+TEST(MaxSim, TokenScoresStayWithinThePanelBudget) {
+  auto gen = at::detail::createCPUGenerator(6);
+  auto q = torch::randn({64, 8, 16}, gen, f64()).requires_grad_(true);
+  auto d = torch::randn({64, 32, 16}, gen, f64()).requires_grad_(true);
+  const int64_t all_pairs = 64 * 64 * 8 * 32 * 8;
+  MemoryTracker::install();
+  PeakScope scope;
+  maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().panel_bytes(64 << 10)).backward();
+  EXPECT_LT(scope.peak_above_start(), all_pairs / 4) << scope.peak_above_start();
+}
+
+TEST(MaxSim, EveryBadArgumentIsNamed) {
+  auto q = torch::randn({2, 3, 4}), d = torch::randn({2, 5, 4});
+  CONTRAX_EXPECT_ERROR(maxsim_loss(torch::randn({2, 4}), d),
+                       "maxsim_loss(): argument 'queries' must be a 3-D tensor [rows, tokens, width], but got shape "
+                       "[2, 4]");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, torch::randn({2, 5, 3})),
+                       "maxsim_loss(): arguments 'queries' and 'documents' must have the same width, but got 4 and 3");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, torch::randn({3, 5, 4})),
+                       "maxsim_loss(): argument 'documents' must have g * queries.size(0) rows (g >= 1 per query: its "
+                       "positive, then g-1 hard negatives), but got 3 rows for 2 queries");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d.to(torch::kDouble)),
+                       "maxsim_loss(): arguments 'queries' and 'documents' must have the same dtype, but got Float "
+                       "and Double");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().query_mask(torch::ones({2, 3}))),
+                       "maxsim_loss(): argument 'query_mask' must be a bool tensor [2, 3] (one entry per token of "
+                       "'queries'), but got Float [2, 3]");
+  auto dm = torch::ones({2, 5}, torch::kBool);
+  dm[1].fill_(false);
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().document_mask(dm)),
+                       "maxsim_loss(): argument 'document_mask' must leave every row of 'documents' at least one "
+                       "valid token, but row 1 has none");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, torch::ones({1})),
+                       "maxsim_loss(): argument 'logit_scale' must be a 0-dim tensor, but got shape [1]");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().temperature(0)),
+                       "maxsim_loss(): argument 'temperature' must be a positive finite number, but got 0");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().panel_bytes(0)),
+                       "maxsim_loss(): argument 'panel_bytes' must be positive, but got 0");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, torch::randn({4, 5, 4}), c10::nullopt, MaxSimLossOptions().symmetric(true)),
+                       "maxsim_loss(): argument 'symmetric' needs one document per query, but got g = 2");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(torch::randn({2, 0, 4}), d),
+                       "maxsim_loss(): argument 'queries' must have at least one token per row, but got [2, 0, 4]");
+  // One rank's bad argument is an error on every rank; different g likewise.
+  auto errors = run_ranks_collect_errors(2, [](const CommunicatorPtr& comm) {
+    auto qq = torch::randn({2, 3, 4});
+    maxsim_loss(qq, torch::randn({comm->rank() == 0 ? 2 : 4, 5, 4}), c10::nullopt, MaxSimLossOptions().comm(comm));
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("maxsim_loss(): argument 'documents' must hold the same number of documents per query (g) on "
+                     "every rank, but g is 2 on rank 1 and 1 on an earlier rank"),
+              std::string::npos)
+        << e;
+  }
+}
