@@ -17,7 +17,7 @@ import torch
 
 from contrax import _signatures
 from contrax._signatures import REQUIRED, Loss, annotation
-from contrax.modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
+from contrax.modules import ClipLoss, GroupedLoss, MaxSimLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 _WIDTH = 116
 
@@ -57,7 +57,7 @@ def _method(name: str, sig: inspect.Signature) -> str:
     return _wrap("    def %s(" % name, parts, ") -> %s: ..." % returns, "        ")
 
 
-_MODULES = (ClipLoss, NTXentLoss, MoCoV3Loss, SigLIPLoss, GroupedLoss)
+_MODULES = (ClipLoss, NTXentLoss, MoCoV3Loss, SigLIPLoss, GroupedLoss, MaxSimLoss)
 
 
 def _attributes(cls: type) -> Dict[str, str]:

@@ -63,7 +63,7 @@ LOCAL = _Local()
 from . import _contrax, _signatures, modules  # noqa: E402
 from . import _ops  # noqa: E402  (the operators' fake kernels and autograd, for torch.compile)
 from .grad_cache import GradCache, GradCacheEncoder
-from .modules import ClipLoss, GroupedLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
+from .modules import ClipLoss, GroupedLoss, MaxSimLoss, MoCoV3Loss, NTXentLoss, SigLIPLoss
 
 __all__ = [
     "LOCAL",
@@ -178,6 +178,7 @@ grouped_loss = _loss("grouped_loss")
 nt_xent_loss = _loss("nt_xent_loss")
 moco_v3_loss = _loss("moco_v3_loss")
 siglip_loss = _loss("siglip_loss")
+maxsim_loss = _loss("maxsim_loss")
 
 
 def gather_with_grad(x: torch.Tensor, group=None, *, return_counts: bool = False

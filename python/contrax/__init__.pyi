@@ -63,13 +63,13 @@ def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
     path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
+def maxsim_loss(queries: torch.Tensor, documents: torch.Tensor, logit_scale: Optional[torch.Tensor] = ...,
+    query_mask: Optional[torch.Tensor] = ..., document_mask: Optional[torch.Tensor] = ..., *,
+    temperature: float = ..., max_logit_scale: float = ..., normalize_scores: bool = ..., symmetric: bool = ...,
+    reduction: Literal["mean", "sum", "none"] = ..., panel_bytes: int = ...,
+    group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
+
 class _LossModule(torch.nn.Module):
-    normalize: bool
-    matryoshka_dims: Sequence[int]
-    matryoshka_weights: Sequence[float]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
     group: Optional[ProcessGroup]
 
 class ClipLoss(_LossModule):
@@ -78,8 +78,14 @@ class ClipLoss(_LossModule):
     tiled: bool
     symmetric: bool
     max_logit_scale: float
+    normalize: bool
     label_mode: Literal["multi_positive", "mask_duplicates"]
     reduction: Literal["mean", "sum", "none"]
+    matryoshka_dims: Sequence[int]
+    matryoshka_weights: Sequence[float]
+    path: Literal["auto", "materialised", "tiled"]
+    tile_size: int
+    ring: bool
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         tiled: bool = ..., symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
@@ -91,7 +97,13 @@ class ClipLoss(_LossModule):
 
 class _TemperatureLoss(_LossModule):
     temperature: float
+    normalize: bool
     reduction: Literal["mean", "sum", "none"]
+    matryoshka_dims: Sequence[int]
+    matryoshka_weights: Sequence[float]
+    path: Literal["auto", "materialised", "tiled"]
+    tile_size: int
+    ring: bool
 
 class NTXentLoss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
@@ -111,6 +123,12 @@ class SigLIPLoss(_LossModule):
     logit_scale: torch.nn.Parameter
     logit_bias: Optional[torch.nn.Parameter]
     max_logit_scale: float
+    normalize: bool
+    matryoshka_dims: Sequence[int]
+    matryoshka_weights: Sequence[float]
+    path: Literal["auto", "materialised", "tiled"]
+    tile_size: int
+    ring: bool
     def __init__(self, *, init_scale: float = ..., init_bias: Optional[float] = ..., max_logit_scale: float = ...,
         normalize: bool = ..., matryoshka_dims: Sequence[int] = ..., matryoshka_weights: Sequence[float] = ...,
         path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
@@ -123,6 +141,12 @@ class GroupedLoss(_LossModule):
     label_mode: Literal["multi_positive", "mask_duplicates"]
     reduction: Literal["mean", "sum", "none"]
     max_logit_scale: float
+    normalize: bool
+    matryoshka_dims: Sequence[int]
+    matryoshka_weights: Sequence[float]
+    path: Literal["auto", "materialised", "tiled"]
+    tile_size: int
+    ring: bool
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
         reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,
@@ -131,6 +155,21 @@ class GroupedLoss(_LossModule):
         group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, queries: torch.Tensor, candidates: torch.Tensor, labels: Optional[torch.Tensor] = ...,
         candidate_labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
+
+class MaxSimLoss(_LossModule):
+    logit_scale: Optional[torch.nn.Parameter]
+    logit_bias: None
+    temperature: float
+    max_logit_scale: float
+    normalize_scores: bool
+    symmetric: bool
+    reduction: Literal["mean", "sum", "none"]
+    panel_bytes: int
+    def __init__(self, *, init_scale: Optional[float] = ..., temperature: float = ..., max_logit_scale: float = ...,
+        normalize_scores: bool = ..., symmetric: bool = ..., reduction: Literal["mean", "sum", "none"] = ...,
+        panel_bytes: int = ..., group: Optional[ProcessGroup] = ...) -> None: ...
+    def forward(self, queries: torch.Tensor, documents: torch.Tensor, query_mask: Optional[torch.Tensor] = ...,
+        document_mask: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 
 class _Gather(Protocol):
     """gather_with_grad and gather_no_grad: the rows, or with return_counts (all, counts, offset)."""

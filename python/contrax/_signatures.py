@@ -159,6 +159,32 @@ LOSSES = {loss.name: loss for loss in (
              *_MATRYOSHKA, _PATH, _TILE, _RING, _GROUP,
          ), ("a", "b", "logit_scale", "logit_bias"),
          "0-dim tensor ``L_r``, differentiable in ``a``, ``b``, ``logit_scale`` and ``logit_bias``."),
+    Loss("maxsim_loss", "Late-interaction (ColBERT / ColPali / PyLate) InfoNCE loss over the global batch.\n\n"
+         "``score(i, j)`` is the sum over query i's valid tokens of the largest dot\nproduct with document j's "
+         "valid tokens (MaxSim); the logits are the scores\ntimes ``exp(logit_scale)`` (clamped) or divided by "
+         "``temperature``. The token\nscores of a pair exist only inside panels of ``panel_bytes``. Per-rank\n"
+         "weighting as in ``clip_loss``.", 5, (
+             Param("queries", "Tensor", doc="``[b_r, Lq, d]`` query token embeddings."),
+             Param("documents", "Tensor", doc="``[b_r * g, Ld, d]`` document token embeddings, grouped per query "
+                   "(its positive, then ``g - 1`` hard negatives); every document of every rank is a negative of "
+                   "every other query. Ranks may pad to different ``Ld``."),
+             Param("logit_scale", "Tensor?", None, "optional 0-dim *log* of the scale (learnable); None: "
+                   "``1 / temperature``."),
+             Param("query_mask", "Tensor?", None),
+             Param("document_mask", "Tensor?", None, "optional bool ``[b_r, Lq]`` / ``[b_r * g, Ld]``: the valid "
+                   "tokens (default all); every document needs one."),
+             Param("temperature", "float", 1.0, "divides the scores when no ``logit_scale`` is given; > 0."),
+             _MAX_SCALE._replace(doc="clamp of ``exp(logit_scale)``."),
+             Param("normalize_scores", "bool", False, "divide each query's score by its number of valid tokens."),
+             Param("symmetric", "bool", False, "also the documents-to-queries direction (``g = 1``); every rank "
+                   "must run backward."),
+             Param("reduction", "str", "mean", "``\"mean\"`` over the global number of queries, ``\"sum\"`` or "
+                   "``\"none\"`` (see ``clip_loss``).", _REDUCTIONS),
+             Param("panel_bytes", "int", 16 << 20, "budget of one panel of token scores (forward and backward)."),
+             _GROUP,
+         ), ("queries", "documents", "logit_scale"),
+         "0-dim tensor ``L_r`` (``[b_r]`` with ``\"none\"``), differentiable in ``queries``, ``documents`` and "
+         "``logit_scale``."),
 )}
 
 

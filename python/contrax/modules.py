@@ -26,7 +26,7 @@ import torch
 
 from . import _signatures
 
-__all__ = ["ClipLoss", "NTXentLoss", "MoCoV3Loss", "SigLIPLoss", "GroupedLoss"]
+__all__ = ["ClipLoss", "NTXentLoss", "MoCoV3Loss", "SigLIPLoss", "GroupedLoss", "MaxSimLoss"]
 
 
 def _register_scale_and_bias(module: torch.nn.Module, init_scale: float, learn_scale: bool,
@@ -96,7 +96,7 @@ class _LossModule(torch.nn.Module):
     def extra_repr(self) -> str:
         """What ``print(module)`` shows: the scale and bias it owns, and the options but the group."""
         scale = (f"scale={self.logit_scale.detach().exp().item():.4g}, bias={self.logit_bias is not None}, "
-                 if hasattr(self, "logit_scale") else "")
+                 if getattr(self, "logit_scale", None) is not None else "")
         return scale + ", ".join(f"{k}={v!r}" for k, v in self._options().items() if k != "group")
 
 
@@ -213,3 +213,33 @@ class GroupedLoss(_LossModule, loss="grouped_loss"):
         positive then ``g - 1`` hard negatives); optional int64 ids as in ``contrax.grouped_loss``."""
         return self._call(queries, candidates, *self._scale_and_bias(queries), labels=labels,
                           candidate_labels=candidate_labels)
+
+
+class MaxSimLoss(_LossModule, loss="maxsim_loss"):
+    """Module form of ``contrax.maxsim_loss`` (late interaction: ColBERT, ColPali,
+    PyLate).
+
+    Args:
+        init_scale: if given, a learnable scale with this initial value
+            (``exp(logit_scale)``); None (default): the fixed ``temperature``
+            option divides the scores, as PyLate's and colpali-engine's losses do.
+
+    Masks are passed to ``forward``.
+    """
+
+    logit_scale: Optional[torch.nn.Parameter]
+    logit_bias: None
+
+    def __init__(self, *, init_scale: Optional[float] = None, **options):
+        super().__init__(options)
+        if init_scale is None:
+            self.logit_scale, self.logit_bias = None, None
+        else:
+            _register_scale_and_bias(self, init_scale, True, None, "MaxSimLoss")
+
+    def forward(self, queries: torch.Tensor, documents: torch.Tensor, query_mask: Optional[torch.Tensor] = None,
+                document_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The loss of query tokens ``[b_r, Lq, d]`` against documents ``[b_r * g, Ld, d]`` (per query its
+        positive, then ``g - 1`` hard negatives); optional bool masks of the valid tokens."""
+        scale = None if self.logit_scale is None else self.logit_scale.to(queries.dtype)
+        return self._call(queries, documents, scale, query_mask=query_mask, document_mask=document_mask)

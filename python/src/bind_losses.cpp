@@ -1,4 +1,4 @@
-// The five losses (contrax/losses/losses.h, grouped.h, siglip.h) in Python,
+// The six losses (contrax/losses/losses.h, grouped.h, siglip.h, maxsim.h) in Python,
 // each declared once here: a function of its arguments, in the order of its
 // table (python/contrax/_signatures.py), that makes a LossCall (bind.h). From
 // each, the eager function `_contrax.<loss>` (`comm` in the place of `group`,
@@ -16,6 +16,7 @@
 #include "bind.h"
 #include "contrax/losses/grouped.h"
 #include "contrax/losses/losses.h"
+#include "contrax/losses/maxsim.h"
 #include "contrax/losses/siglip.h"
 
 namespace contrax::python {
@@ -126,6 +127,28 @@ LossCall siglip_loss_call(const Tensor& a, const Tensor& b, const Tensor& logit_
           }};
 }
 
+template <typename Group>
+LossCall maxsim_loss_call(const Tensor& queries, const Tensor& documents, const OptTensor& logit_scale,
+                          const OptTensor& query_mask, const OptTensor& document_mask, double temperature,
+                          double max_logit_scale, bool normalize_scores, bool symmetric, std::string reduction,
+                          int64_t panel_bytes, Group group) {
+  return {"maxsim_loss",
+          {queries, documents, tensor_of(logit_scale), tensor_of(query_mask), tensor_of(document_mask)},
+          [=](const Inputs& in, const std::string& caller) {
+            auto o = MaxSimLossOptions()
+                         .temperature(temperature)
+                         .max_logit_scale(max_logit_scale)
+                         .normalize_scores(normalize_scores)
+                         .symmetric(symmetric)
+                         .reduction(reduction_of(reduction, caller))
+                         .panel_bytes(panel_bytes)
+                         .comm(comm_of(group, caller));
+            if (in[3].defined()) o.query_mask(in[3]);
+            if (in[4].defined()) o.document_mask(in[4]);
+            return maxsim_loss(in[0], in[1], optional_of(in[2]), o);
+          }};
+}
+
 // The faces of a loss whose LossCall `Call` makes, from its arguments `A`:
 // the eager function and the operator's two kernels (the backward returns
 // the gradients of the first `n_grad` inputs, as its schema's tuple).
@@ -164,6 +187,7 @@ using Grouped = Faces<4, &grouped_loss_call<CommunicatorPtr>>;
 using NtXent = Faces<2, &nt_xent_loss_call<CommunicatorPtr>>;
 using MocoV3 = Faces<2, &moco_v3_loss_call<CommunicatorPtr>>;
 using SigLip = Faces<4, &siglip_loss_call<CommunicatorPtr>>;
+using MaxSim = Faces<3, &maxsim_loss_call<CommunicatorPtr>>;
 
 template <typename F>
 void impl_op(torch::Library& m, const std::string& name) {
@@ -191,6 +215,7 @@ py::dict option_defaults() {
   NTXentLossOptions n;
   MocoV3LossOptions mo;
   SigLipLossOptions s;
+  MaxSimLossOptions x;
   return py::dict(
       "clip_loss"_a = with_memory(c, py::dict("symmetric"_a = c.symmetric(), "max_logit_scale"_a = c.max_logit_scale(),
                                               "label_mode"_a = word_of(c.label_mode()),
@@ -202,7 +227,10 @@ py::dict option_defaults() {
           with_memory(n, py::dict("temperature"_a = n.temperature(), "reduction"_a = word_of(n.reduction()))),
       "moco_v3_loss"_a =
           with_memory(mo, py::dict("temperature"_a = mo.temperature(), "reduction"_a = word_of(mo.reduction()))),
-      "siglip_loss"_a = with_memory(s, py::dict("max_logit_scale"_a = s.max_logit_scale())));
+      "siglip_loss"_a = with_memory(s, py::dict("max_logit_scale"_a = s.max_logit_scale())),
+      "maxsim_loss"_a = py::dict("temperature"_a = x.temperature(), "max_logit_scale"_a = x.max_logit_scale(),
+                                 "normalize_scores"_a = x.normalize_scores(), "symmetric"_a = x.symmetric(),
+                                 "reduction"_a = word_of(x.reduction()), "panel_bytes"_a = x.panel_bytes()));
 }
 
 }  // namespace
@@ -221,6 +249,9 @@ void bind_losses(py::module& m) {
         "reduction"_a, "matryoshka_dims"_a, "matryoshka_weights"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
   m.def("siglip_loss", &SigLip::eager, "a"_a, "b"_a, "logit_scale"_a, "logit_bias"_a, "max_logit_scale"_a,
         "normalize"_a, "matryoshka_dims"_a, "matryoshka_weights"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
+  m.def("maxsim_loss", &MaxSim::eager, "queries"_a, "documents"_a, "logit_scale"_a, "query_mask"_a,
+        "document_mask"_a, "temperature"_a, "max_logit_scale"_a, "normalize_scores"_a, "symmetric"_a, "reduction"_a,
+        "panel_bytes"_a, "comm"_a);
   m.def("momentum_schedule", &momentum_schedule, "base"_a, "step"_a, "total_steps"_a);
   m.def("_option_defaults", &option_defaults, "The C++ options' defaults of each loss, in the Python table's words.");
 }
@@ -237,4 +268,5 @@ TORCH_LIBRARY_IMPL(contrax, CompositeExplicitAutograd, m) {
   impl_op<Faces<2, &nt_xent_loss_call<std::string>>>(m, "nt_xent_loss");
   impl_op<Faces<2, &moco_v3_loss_call<std::string>>>(m, "moco_v3_loss");
   impl_op<Faces<4, &siglip_loss_call<std::string>>>(m, "siglip_loss");
+  impl_op<Faces<3, &maxsim_loss_call<std::string>>>(m, "maxsim_loss");
 }

@@ -29,7 +29,8 @@ _stub = _load_stub_generator()
 LOSSES = list(table.LOSSES.values())
 FUNCTIONS = LOSSES
 MODULES = {"clip_loss": contrax.ClipLoss, "grouped_loss": contrax.GroupedLoss, "nt_xent_loss": contrax.NTXentLoss,
-           "moco_v3_loss": contrax.MoCoV3Loss, "siglip_loss": contrax.SigLIPLoss}
+           "moco_v3_loss": contrax.MoCoV3Loss, "siglip_loss": contrax.SigLIPLoss,
+           "maxsim_loss": contrax.MaxSimLoss}
 SCHEMA_TYPES = {"Tensor": "Tensor", "Tensor?": "Optional[Tensor]", "bool": "bool", "float": "float", "int": "int",
                 "str": "str", "group": "str"}
 
@@ -88,7 +89,9 @@ def test_stub_holds_the_generated_block():
     # tools/gen_stub.py prints what __init__.pyi must hold: the
     # losses' functions and their Modules, each option annotated from the table.
     assert _stub.blocks() in _stub_text()
-    assert '    path: Literal["auto", "materialised", "tiled"]\n' in _stub.module(contrax.modules._LossModule)
+    # The options every Module has sit on their base (the group: MaxSimLoss has no memory path).
+    assert _stub.module(contrax.modules._LossModule).endswith("    group: Optional[ProcessGroup]")
+    assert '    path: Literal["auto", "materialised", "tiled"]\n' in _stub.module(contrax.ClipLoss)
     assert "max_logit_scale" not in _stub.module(contrax.NTXentLoss)
 
 
