@@ -270,6 +270,36 @@ def test_sentence_transformers_cached_equals_uncached():
     assert rel_err(value, grads[0][0]) <= 1e-13
 
 
+@pytest.mark.parametrize("prefixes", [([2, 6, 3], [0.5, 1.5, 2.0]), ([3, 2, 3], [1.0, 0.25, 0.5])],
+                         ids=["with_full_width", "without_it_3_twice"])
+@pytest.mark.parametrize("cached", [False, True], ids=["mnrl", "cmnrl"])
+def test_sentence_transformers_matryoshka_matches_its_formula(cached, prefixes):
+    # sum_p w_p MNRL(each column's first m_p columns, normalised); the full
+    # width (6) counts only where listed, a width listed twice counts twice.
+    # The package's own MatryoshkaLoss is compared in
+    # integrations/test_sentence_transformers.py.
+    from contrax.integrations import sentence_transformers as cx_st
+    cols = [_tokens([f"q{i} w{i % 3}" for i in range(7)], 3), _tokens([f"p{i} x y{i}" for i in range(7)], 4),
+            _tokens([f"n{i}" for i in range(7)], 2)]
+    dims, weights = prefixes
+    sim = types.SimpleNamespace(__name__="dot_score")  # every prefix is normalised whatever the similarity
+    model = _TinyEncoder().eval()
+    emb = [model(dict(c))["sentence_embedding"] for c in cols]
+    want = sum(w * _mnrl_formula([e[:, :m] for e in emb], 9.0, True, lambda i, c, j: False)
+               for m, w in zip(dims, weights))
+    want_grad, = torch.autograd.grad(want, model.embed.weight)
+    inner = (cx_st.CachedMultipleNegativesRankingLoss(model, scale=9.0, similarity_fct=sim, mini_batch_size=3)
+             if cached else cx_st.MultipleNegativesRankingLoss(model, scale=9.0, similarity_fct=sim))
+    got = cx_st.MatryoshkaLoss(model, inner, dims, weights)(cols, None)
+    got.backward()
+    assert rel_err(got.detach(), want.detach()) <= 1e-13
+    assert rel_err(model.embed.weight.grad, want_grad) <= 1e-12
+    # A model that does not say its width: the widths are checked at the call.
+    with pytest.raises(ValueError, match=r"forward\(\): MatryoshkaLoss's 'matryoshka_dims' must hold widths in "
+                                         r"\[1, 6\] \(the embeddings' width\), but got 8"):
+        cx_st.MatryoshkaLoss(model, inner, [8, 3])(cols, None)
+
+
 def test_sentence_transformers_argument_errors():
     from contrax.integrations import sentence_transformers as cx_st
     M, C = cx_st.MultipleNegativesRankingLoss, cx_st.CachedMultipleNegativesRankingLoss

@@ -9,7 +9,8 @@ memory-bounded paths for large batches):
 * ``contrax.integrations.open_clip``: ``ClipLoss``, ``SigLipLoss``, ``create_loss``;
 * ``contrax.integrations.lightly``: ``NTXentLoss``;
 * ``contrax.integrations.sentence_transformers``:
-  ``MultipleNegativesRankingLoss``, ``CachedMultipleNegativesRankingLoss``.
+  ``MultipleNegativesRankingLoss``, ``CachedMultipleNegativesRankingLoss``,
+  ``MatryoshkaLoss`` (around either).
 
 None of them imports its peer library to compute a loss; the versions each is
 tested against are listed in docs/integrations.md.

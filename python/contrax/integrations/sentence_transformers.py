@@ -1,6 +1,6 @@
 """sentence-transformers' ``MultipleNegativesRankingLoss`` and
 ``CachedMultipleNegativesRankingLoss`` computed exactly by Contrax, for
-``SentenceTransformerTrainer``.
+``SentenceTransformerTrainer``, and its ``MatryoshkaLoss`` around either.
 
 The swap::
 
@@ -9,6 +9,7 @@ The swap::
 
     loss = losses.MultipleNegativesRankingLoss(model, gather_across_devices=True)
     loss = losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=32, gather_across_devices=True)
+    loss = losses.MatryoshkaLoss(model, loss, [768, 512, 256, 128, 64])          # around either of the two
 
 Same arguments and the same ``forward(sentence_features, labels)``; the
 Trainer needs nothing else. Columns: anchor, positive, then any number of
@@ -30,10 +31,18 @@ Only the default interaction (``directions=("query_to_doc",)``) is
 provided, and no hardness weighting; other settings are refused with the
 reason. Contrax-only keyword arguments: ``mask_duplicates``, ``path`` /
 ``tile_size`` / ``ring`` (the memory path) and ``group``.
+
+``MatryoshkaLoss`` (see the class) passes its widths and weights to the
+wrapped loss's one ``contrax.grouped_loss`` call (``matryoshka_dims`` /
+``matryoshka_weights``): one gather and, for the cached loss, one
+gradient-cache pass serve every prefix. Random subsets of the widths
+(``n_dims_per_step``) and losses other than the two above are refused.
 """
 import hashlib
+import logging
+import math
 from collections.abc import Mapping
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -42,7 +51,9 @@ from .. import grouped_loss
 from ..grad_cache import GradCache, GradCacheEncoder
 from ._groups import distributed_group, set_memory_path
 
-__all__ = ["MultipleNegativesRankingLoss", "CachedMultipleNegativesRankingLoss"]
+__all__ = ["MultipleNegativesRankingLoss", "CachedMultipleNegativesRankingLoss", "MatryoshkaLoss"]
+
+logger = logging.getLogger(__name__)
 
 
 def _cos_sim(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -101,6 +112,25 @@ def _embed_columns(model, features: List[Dict[str, Any]]) -> List[torch.Tensor]:
 class _GroupedRanking:
     """The loss both classes compute from the embeddings of the columns."""
 
+    # (dims, weights) while a MatryoshkaLoss calls this loss: its prefixes.
+    _matryoshka = None
+
+    def _prefix_arguments(self, width: int, where: str) -> Dict[str, Any]:
+        """grouped_loss's matryoshka_dims / matryoshka_weights for features
+        ``width`` wide: a width listed twice once with the sum of its weights,
+        and the full width, which Contrax always scores, with weight 0 when
+        it is not listed (sentence-transformers then leaves it out)."""
+        if self._matryoshka is None:
+            return {}
+        merged: Dict[int, float] = {}
+        for dim, weight in zip(*self._matryoshka):
+            if dim > width:
+                raise ValueError(f"{where}: MatryoshkaLoss's 'matryoshka_dims' must hold widths in [1, {width}] "
+                                 f"(the embeddings' width), but got {dim}")
+            merged[dim] = merged.get(dim, 0.0) + float(weight)
+        merged.setdefault(width, 0.0)
+        return {"matryoshka_dims": list(merged), "matryoshka_weights": list(merged.values())}
+
     def _setup(self, where, scale, similarity_fct, gather_across_devices, directions, partition_mode,
                hardness_mode, hardness_strength, mask_duplicates, path, tile_size, ring, group):
         similarity_fct = _default_similarity() if similarity_fct is None else similarity_fct
@@ -150,10 +180,13 @@ class _GroupedRanking:
             labels_q = ids[1]
             candidate_labels = torch.stack(ids[1:], dim=1).reshape(-1)
         log_scale = torch.tensor(self.scale, dtype=queries.dtype, device=queries.device).log()
+        # With Matryoshka prefixes Contrax normalises every prefix whatever
+        # `normalize` says, as sentence-transformers' MatryoshkaLoss does.
         return grouped_loss(queries, candidates, log_scale, labels=labels_q, candidate_labels=candidate_labels,
                             label_mode="mask_duplicates", max_logit_scale=float(torch.finfo(queries.dtype).max),
                             normalize=self._normalize, path=self.path, tile_size=self.tile_size, ring=self.ring,
-                            group=distributed_group(self.gather_across_devices, self.group, where))
+                            group=distributed_group(self.gather_across_devices, self.group, where),
+                            **self._prefix_arguments(queries.shape[-1], where))
 
     def get_config_dict(self) -> Dict[str, Any]:
         """The hyperparameters for the model card."""
@@ -315,3 +348,100 @@ class CachedMultipleNegativesRankingLoss(_GroupedRanking, torch.nn.Module):
         return ("@misc{gao2021scaling, title={Scaling Deep Contrastive Learning Batch Size under Memory Limited "
                 "Setup}, author={Luyu Gao and Yunyi Zhang and Jiawei Han and Jamie Callan}, year={2021}, "
                 "eprint={2101.06983}, archivePrefix={arXiv}}")
+
+
+def _embedding_dimension(model) -> Optional[int]:
+    """The model's embedding width, or None where it does not say."""
+    for name in ("get_embedding_dimension", "get_sentence_embedding_dimension"):
+        method = getattr(model, name, None)
+        if callable(method):
+            return method()
+    return None
+
+
+class MatryoshkaLoss(torch.nn.Module):
+    """sentence-transformers' ``MatryoshkaLoss`` around Contrax's
+    ``MultipleNegativesRankingLoss`` or ``CachedMultipleNegativesRankingLoss``:
+    ``sum_p w_p * loss(embeddings[:, :m_p], each row L2-normalised)`` over the
+    widths ``m_p`` of ``matryoshka_dims``.
+
+    The wrapped loss computes every prefix in its one ``contrax.grouped_loss``
+    call (``matryoshka_dims`` / ``matryoshka_weights``): the embeddings are
+    computed and gathered once, and the cached loss runs one gradient-cache
+    pass (each mini-batch embedded twice) whatever the number of prefixes.
+    Each prefix is normalised before its similarities, with ``cos_sim`` and
+    with ``dot_score`` alike (so ``dot_score`` scores prefixes by their cosine,
+    as sentence-transformers' does).
+
+    Arguments of sentence_transformers:
+        model: the SentenceTransformer (the Trainer swaps in its DDP wrapper).
+        loss: Contrax's ``MultipleNegativesRankingLoss`` or
+            ``CachedMultipleNegativesRankingLoss`` (anything else is refused).
+        matryoshka_dims: the widths, any order, each in ``[1, d]``; the full
+            width ``d`` is trained only when listed (a warning says so).
+        matryoshka_weights: one weight per width (default 1 each).
+        n_dims_per_step: must select every width (-1, the default, or at least
+            ``len(matryoshka_dims)``): a random subset per step is refused.
+    """
+
+    def __init__(self, model, loss, matryoshka_dims: Sequence[int],
+                 matryoshka_weights: Optional[Sequence[float]] = None, n_dims_per_step: int = -1):
+        super().__init__()
+        where = "MatryoshkaLoss()"
+        if not isinstance(loss, _GroupedRanking):
+            raise ValueError(f"{where}: argument 'loss' must be contrax.integrations.sentence_transformers' "
+                             "MultipleNegativesRankingLoss or CachedMultipleNegativesRankingLoss (their grouped "
+                             f"loss computes the prefixes), but got {type(loss).__module__}.{type(loss).__qualname__}")
+        dims = list(matryoshka_dims) if matryoshka_dims is not None else []
+        if not dims or any(isinstance(m, bool) or not isinstance(m, int) or m <= 0 for m in dims):
+            raise ValueError(f"{where}: argument 'matryoshka_dims' must be a non-empty sequence of positive "
+                             f"integers, but got {matryoshka_dims!r}")
+        if matryoshka_weights is None:
+            weights = [1.0] * len(dims)
+        else:
+            weights = list(matryoshka_weights)
+            if len(weights) != len(dims) or not all(
+                    isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in weights):
+                raise ValueError(f"{where}: argument 'matryoshka_weights' must hold one finite number per entry of "
+                                 f"'matryoshka_dims' ({len(dims)}), but got {matryoshka_weights!r}")
+        if isinstance(n_dims_per_step, bool) or not isinstance(n_dims_per_step, int) or (
+                0 < n_dims_per_step < len(dims)):
+            raise ValueError(f"{where}: argument 'n_dims_per_step' must be -1 (every width at every step), but "
+                             f"got {n_dims_per_step!r}: a random subset of the {len(dims)} widths per step is not "
+                             "provided")
+        width = _embedding_dimension(model)
+        if width is not None:
+            if max(dims) > width:
+                raise ValueError(f"{where}: argument 'matryoshka_dims' must hold widths in [1, {width}] (the "
+                                 f"model's embedding dimension), but got {max(dims)}")
+            if width not in dims:
+                logger.warning("MatryoshkaLoss: the model's embedding dimension %d is not in matryoshka_dims %s: "
+                               "the full width is not trained", width, dims)
+        self.model = model
+        self.loss = loss
+        # Widest first, as sentence-transformers keeps them (the model card shows them so).
+        order = sorted(range(len(dims)), key=lambda i: dims[i], reverse=True)
+        self.matryoshka_dims = tuple(dims[i] for i in order)
+        self.matryoshka_weights = tuple(weights[i] for i in order)
+        self.n_dims_per_step = n_dims_per_step
+
+    def forward(self, sentence_features: Iterable[Dict[str, torch.Tensor]], labels=None) -> torch.Tensor:
+        """The wrapped loss of one batch with every prefix (its backward, for
+        the cached loss, runs the one gradient-cache second pass)."""
+        saved = self.loss._matryoshka
+        self.loss._matryoshka = (self.matryoshka_dims, self.matryoshka_weights)
+        try:
+            return self.loss(sentence_features, labels)
+        finally:
+            self.loss._matryoshka = saved
+
+    def get_config_dict(self) -> Dict[str, Any]:
+        """The hyperparameters for the model card."""
+        return {"loss": type(self.loss).__name__, "matryoshka_dims": self.matryoshka_dims,
+                "matryoshka_weights": self.matryoshka_weights, "n_dims_per_step": self.n_dims_per_step}
+
+    @property
+    def citation(self) -> str:
+        """BibTeX of the paper the loss comes from (Kusupati et al., arXiv 2205.13147), for the model card."""
+        return ("@misc{kusupati2024matryoshka, title={Matryoshka Representation Learning}, author={Aditya Kusupati "
+                "and others}, year={2024}, eprint={2205.13147}, archivePrefix={arXiv}, primaryClass={cs.LG}}")

