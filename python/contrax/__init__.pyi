@@ -66,7 +66,7 @@ def siglip_loss(a: torch.Tensor, b: torch.Tensor, logit_scale: torch.Tensor,
 def maxsim_loss(queries: torch.Tensor, documents: torch.Tensor, logit_scale: Optional[torch.Tensor] = ...,
     query_mask: Optional[torch.Tensor] = ..., document_mask: Optional[torch.Tensor] = ..., *,
     temperature: float = ..., max_logit_scale: float = ..., normalize_scores: bool = ..., symmetric: bool = ...,
-    reduction: Literal["mean", "sum", "none"] = ..., panel_bytes: int = ...,
+    reduction: Literal["mean", "sum", "none"] = ..., padding_score: float = ..., panel_bytes: int = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 class _LossModule(torch.nn.Module):
@@ -164,10 +164,11 @@ class MaxSimLoss(_LossModule):
     normalize_scores: bool
     symmetric: bool
     reduction: Literal["mean", "sum", "none"]
+    padding_score: float
     panel_bytes: int
     def __init__(self, *, init_scale: Optional[float] = ..., temperature: float = ..., max_logit_scale: float = ...,
         normalize_scores: bool = ..., symmetric: bool = ..., reduction: Literal["mean", "sum", "none"] = ...,
-        panel_bytes: int = ..., group: Optional[ProcessGroup] = ...) -> None: ...
+        padding_score: float = ..., panel_bytes: int = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, queries: torch.Tensor, documents: torch.Tensor, query_mask: Optional[torch.Tensor] = ...,
         document_mask: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 

@@ -180,6 +180,9 @@ LOSSES = {loss.name: loss for loss in (
                    "must run backward."),
              Param("reduction", "str", "mean", "``\"mean\"`` over the global number of queries, ``\"sum\"`` or "
                    "``\"none\"`` (see ``clip_loss``).", _REDUCTIONS),
+             Param("padding_score", "float", float("-inf"), "what a masked document token scores: ``-inf`` (it never "
+                   "counts) or a number (PyLate's and colpali-engine's masks make it 0: a query token then scores at "
+                   "least 0 against a document with padding of its own)."),
              Param("panel_bytes", "int", 16 << 20, "budget of one panel of token scores (forward and backward)."),
              _GROUP,
          ), ("queries", "documents", "logit_scale"),

@@ -27,24 +27,29 @@ std::pair<int64_t, int64_t> panel_shape(int64_t n, int64_t Lq, int64_t m, int64_
 }
 
 struct MaxSimPanel {
-  torch::Tensor best;  // [pi, Lq, pj] the largest token score of each query token
+  torch::Tensor best;  // [pi, Lq, pj] the largest token score of each query token (at least the floor)
   torch::Tensor at;    // [pi, Lq, pj] which document token (the first maximum)
+  torch::Tensor won;   // [pi, Lq, pj] whether a valid token reached it (undefined without a floor: always)
 };
 
-// The token scores of queries [pi, Lq, d] x documents [pj, Ld, d], invalid
-// document tokens at -inf, reduced over the document's tokens.
-MaxSimPanel panel(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& d_mask) {
+// The token scores of queries [pi, Lq, d] x documents [pj, Ld, d], masked
+// document tokens at -inf, reduced over the document's tokens, then raised to
+// the documents' floor ([pj] or undefined).
+MaxSimPanel panel(const torch::Tensor& q, const torch::Tensor& d, const torch::Tensor& d_mask,
+                  const torch::Tensor& floor /* [pj], or empty: none */) {
   const int64_t pi = q.size(0), Lq = q.size(1), pj = d.size(0), Ld = d.size(1);
   auto t = torch::mm(q.reshape({pi * Lq, -1}), d.reshape({pj * Ld, -1}).t()).view({pi, Lq, pj, Ld});
   t.masked_fill_(d_mask.logical_not().view({1, 1, pj, Ld}), -std::numeric_limits<double>::infinity());
   auto [best, at] = t.max(3);
-  return {best, at};
+  if (floor.numel() == 0) return {best, at, {}};
+  auto won = best >= floor.view({1, 1, pj});
+  return {torch::maximum(best, floor.view({1, 1, pj})), at, won};
 }
 
 struct MaxSim : torch::autograd::Function<MaxSim> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& d,
-                               const torch::Tensor& q_mask, const torch::Tensor& d_mask, int64_t budget,
-                               const std::string& caller) {
+                               const torch::Tensor& q_mask, const torch::Tensor& d_mask, const torch::Tensor& floor,
+                               int64_t budget, const std::string& caller) {
     const int64_t n = q.size(0), m = d.size(0);
     auto scores = torch::zeros({n, m}, q.options());
     const auto [rows, cols] = panel_shape(n, q.size(1), m, d.size(1), q.element_size(), budget);
@@ -53,11 +58,12 @@ struct MaxSim : torch::autograd::Function<MaxSim> {
       const int64_t pi = std::min(rows, n - i);
       for (int64_t j = 0; j < m; j += cols) {
         const int64_t pj = std::min(cols, m - j);
-        auto p = panel(q.narrow(0, i, pi), d.narrow(0, j, pj), d_mask.narrow(0, j, pj));
+        auto p = panel(q.narrow(0, i, pi), d.narrow(0, j, pj), d_mask.narrow(0, j, pj),
+                       floor.numel() ? floor.narrow(0, j, pj) : floor);
         scores.narrow(0, i, pi).narrow(1, j, pj).copy_((p.best * weight.narrow(0, i, pi).unsqueeze(2)).sum(1));
       }
     }
-    ctx->save_for_backward({q, d, q_mask, d_mask});
+    ctx->save_for_backward({q, d, q_mask, d_mask, floor});
     ctx->saved_data["budget"] = budget;
     ctx->saved_data["caller"] = caller;
     return scores;
@@ -68,7 +74,7 @@ struct MaxSim : torch::autograd::Function<MaxSim> {
     TORCH_CHECK(!torch::GradMode::is_enabled(), ctx->saved_data["caller"].toStringRef(),
                 "(): double backward (create_graph=true) is not supported");
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &d = saved[1], &q_mask = saved[2], &d_mask = saved[3];
+    const auto &q = saved[0], &d = saved[1], &q_mask = saved[2], &d_mask = saved[3], &floor = saved[4];
     const auto g = grads[0].contiguous();  // [n, m]
     const int64_t n = q.size(0), Lq = q.size(1), m = d.size(0), Ld = d.size(1);
     auto dq = torch::zeros_like(q), dd = torch::zeros_like(d);
@@ -80,9 +86,11 @@ struct MaxSim : torch::autograd::Function<MaxSim> {
       for (int64_t j = 0; j < m; j += cols) {
         const int64_t pj = std::min(cols, m - j);
         auto dp = d.narrow(0, j, pj);
-        auto p = panel(qp, dp, d_mask.narrow(0, j, pj));
-        // G_ij m_it at each query token's best document token, 0 elsewhere.
+        auto p = panel(qp, dp, d_mask.narrow(0, j, pj), floor.numel() ? floor.narrow(0, j, pj) : floor);
+        // G_ij m_it at each query token's best document token, 0 elsewhere
+        // and where the floor won (a constant).
         auto a = g.narrow(0, i, pi).narrow(1, j, pj).unsqueeze(1) * weight.narrow(0, i, pi).unsqueeze(2);
+        if (p.won.defined()) a = a * p.won.to(a.scalar_type());
         auto dt = torch::zeros({pi, Lq, pj, Ld}, q.options());
         dt.scatter_(3, p.at.unsqueeze(3), a.unsqueeze(3));
         auto flat = dt.view({pi * Lq, pj * Ld});
@@ -90,16 +98,19 @@ struct MaxSim : torch::autograd::Function<MaxSim> {
         dd.narrow(0, j, pj).add_(torch::mm(flat.t(), qp.reshape({pi * Lq, -1})).view({pj, Ld, -1}));
       }
     }
-    return {dq, dd, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dq, dd, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
 torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
-                            const torch::Tensor& documents, const torch::Tensor& document_mask, int64_t panel_bytes,
-                            const EngineLayout& layout) {
-  return MaxSim::apply(queries, documents, query_mask, document_mask, panel_bytes, std::string(layout.caller));
+                            const torch::Tensor& documents, const torch::Tensor& document_mask,
+                            const torch::Tensor& floor, int64_t panel_bytes, const EngineLayout& layout) {
+  // An empty tensor stands for no floor: the autograd function takes defined tensors.
+  return MaxSim::apply(queries, documents, query_mask, document_mask,
+                       floor.defined() ? floor : torch::empty({0}, queries.options()), panel_bytes,
+                       std::string(layout.caller));
 }
 
 }  // namespace contrax::detail

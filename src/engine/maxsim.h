@@ -9,10 +9,12 @@
 // Backward. With s*(i, j, t) the first valid s reaching the maximum (as
 // torch.max returns it), dscore_ij / dq_it = m_it d_{j s*} and
 // dscore_ij / dd_js = sum_t m_it [s*(i, j, t) = s] q_it (m: the query mask),
-// so for the upstream G = dL/dscore
+// (where a document's floor exceeds every valid token's score the maximum
+// is that constant and sends nothing), so for the upstream G = dL/dscore
 //   dq_it = m_it sum_j G_ij d_{j s*(i,j,t)},  dd_js = sum_i G_ij sum_t m_it [s*(i,j,t) = s] q_it,
 // i.e. per panel, with dT the [pi Lq x pj Ld] matrix holding G_ij m_it at
-// (it, j s*) and 0 elsewhere: dQ_panel = dT D_panel, dD_panel = dT^T Q_panel.
+// (it, j s*) where no floor wins and 0 elsewhere: dQ_panel = dT D_panel,
+// dD_panel = dT^T Q_panel.
 #pragma once
 
 #include <torch/torch.h>
@@ -22,11 +24,14 @@
 namespace contrax::detail {
 
 /// [n, m] MaxSim scores of queries [n, Lq, d] (valid tokens: query_mask
-/// [n, Lq], bool) against documents [m, Ld, d] (document_mask [m, Ld]; every
-/// document has a valid token), differentiable in both feature tensors;
-/// token scores in panels of at most `panel_bytes`.
+/// [n, Lq], bool) against documents [m, Ld, d] (document_mask [m, Ld]),
+/// differentiable in both feature tensors; token scores in panels of at
+/// most `panel_bytes`. `floor` (undefined, or [m]): each query token's score
+/// against document j is at least floor_j (a constant: where it wins, no
+/// gradient flows; a valid token that ties it wins); without it every
+/// document has a valid token.
 torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
-                            const torch::Tensor& documents, const torch::Tensor& document_mask, int64_t panel_bytes,
-                            const EngineLayout& layout);
+                            const torch::Tensor& documents, const torch::Tensor& document_mask,
+                            const torch::Tensor& floor, int64_t panel_bytes, const EngineLayout& layout);
 
 }  // namespace contrax::detail

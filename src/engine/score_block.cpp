@@ -6,12 +6,20 @@
 
 #include "contrax/comm/collectives.h"
 
+#include <utility>
+
 namespace contrax::detail {
 
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// Keeps the communicator alive in the graph until the backward runs.
+struct CommHolder : torch::CustomClassHolder {
+  explicit CommHolder(CommunicatorPtr c) : comm(std::move(c)) {}
+  CommunicatorPtr comm;
+};
 
 // Every column's log-sum-exp over every rank's rows, from this rank's block.
 struct GatheredColumnLse : torch::autograd::Function<GatheredColumnLse> {
@@ -24,7 +32,7 @@ struct GatheredColumnLse : torch::autograd::Function<GatheredColumnLse> {
     }
     lse = torch::logsumexp(lse, 0);  // [N]
     ctx->save_for_backward({s, lse});
-    ctx->saved_data["comm"] = reinterpret_cast<int64_t>(comm.get());
+    ctx->saved_data["comm"] = c10::IValue::make_capsule(c10::make_intrusive<CommHolder>(comm));
     ctx->saved_data["world"] = world;
     return lse;
   }
@@ -34,7 +42,8 @@ struct GatheredColumnLse : torch::autograd::Function<GatheredColumnLse> {
     const auto saved = ctx->get_saved_variables();
     auto g = grads[0].contiguous().clone();  // [N]: this rank's dL_r / d lse_col
     if (ctx->saved_data["world"].toInt() > 1) {
-      reinterpret_cast<Communicator*>(ctx->saved_data["comm"].toInt())->all_reduce_sum(g, "all_reduce");
+      auto holder = c10::static_intrusive_pointer_cast<CommHolder>(ctx->saved_data["comm"].toCapsule());
+      holder->comm->all_reduce_sum(g, "all_reduce");
     }
     return {(saved[0] - saved[1]).exp() * g, torch::Tensor(), torch::Tensor()};
   }

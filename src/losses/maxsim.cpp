@@ -7,6 +7,8 @@
 #include "contrax/losses/maxsim.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "engine/maxsim.h"
 #include "engine/score_block.h"
@@ -15,9 +17,11 @@ namespace contrax {
 
 namespace {
 
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
 // The bool [rows, L] mask `name`, or all valid when undefined.
 torch::Tensor mask_or_all(detail::ArgChecker& check, const torch::Tensor& mask, const char* name,
-                          const torch::Tensor& tokens, const char* what) {
+                          const torch::Tensor& tokens, const char* what, bool every_row_valid = true) {
   if (!check.error().empty()) return {};
   if (!mask.defined()) return torch::ones({tokens.size(0), tokens.size(1)}, tokens.options().dtype(torch::kBool));
   check.require(mask.scalar_type() == torch::kBool && mask.dim() == 2 && mask.size(0) == tokens.size(0) &&
@@ -27,6 +31,7 @@ torch::Tensor mask_or_all(detail::ArgChecker& check, const torch::Tensor& mask, 
   if (!check.error().empty()) return {};
   check.require(mask.device() == tokens.device(), "argument '", name, "' must be on ", tokens.device(),
                 ", but got ", mask.device());
+  if (!every_row_valid) return mask;
   const auto empty_rows = mask.any(1).logical_not().nonzero().view(-1);
   check.require(empty_rows.numel() == 0, "argument '", name, "' must leave every row of '", what,
                 "' at least one valid token, but row ", empty_rows.numel() ? empty_rows[0].item<int64_t>() : 0,
@@ -71,7 +76,12 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
     }
   }
   auto q_mask = mask_or_all(check, options.query_mask(), "query_mask", queries, "queries");
-  auto d_mask = mask_or_all(check, options.document_mask(), "document_mask", documents, "documents");
+  // A document of padding alone scores padding_score for every query token:
+  // only -inf needs a valid token in every document.
+  auto d_mask = mask_or_all(check, options.document_mask(), "document_mask", documents, "documents",
+                            std::isinf(options.padding_score()));
+  check.require(!std::isnan(options.padding_score()) && options.padding_score() < kInf,
+                "argument 'padding_score' must be -inf or a finite number, but got ", options.padding_score());
   if (logit_scale.has_value()) check.scalar(*logit_scale, "logit_scale");
   check.positive(options.temperature(), "temperature");
   check.positive(options.max_logit_scale(), "max_logit_scale");
@@ -104,6 +114,15 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
     d = torch::constant_pad_nd(d, {0, 0, 0, longest - Ld});
     d_mask = torch::constant_pad_nd(d_mask, {0, longest - Ld}, 0);
   }
+  // A finite padding_score floors each query token's score against a
+  // document with padding of its own (before the alignment above, whose
+  // tokens never count).
+  torch::Tensor floor;
+  if (std::isfinite(options.padding_score())) {
+    const auto own_padding = options.document_mask().defined() ? options.document_mask().logical_not().any(1)
+                                                               : torch::zeros({documents.size(0)}, d_mask.options());
+    floor = torch::where(own_padding, options.padding_score(), -kInf).to(p.dtype);  // [b g]
+  }
   auto key_counts = counts;
   for (auto& c : key_counts) c *= group;
   torch::Tensor docs = d, docs_mask = d_mask;
@@ -112,8 +131,9 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
     docs = detail::gather_rows(d.reshape({d.size(0), longest * width}), comm, key_counts, /*with_grad=*/true)
                .view({-1, longest, width});  // [B g, Ld, d]
     docs_mask = detail::gather_rows(d_mask.to(torch::kUInt8), comm, key_counts, /*with_grad=*/false).to(torch::kBool);
+    if (floor.defined()) floor = detail::gather_rows(floor.unsqueeze(1), comm, key_counts, false).squeeze(1);
   }
-  auto scores = detail::maxsim_scores(q, q_mask, docs, docs_mask, options.panel_bytes(), p.layout);  // [b, B g]
+  auto scores = detail::maxsim_scores(q, q_mask, docs, docs_mask, floor, options.panel_bytes(), p.layout);  // [b, B g]
   if (options.normalize_scores()) scores = scores / q_mask.sum(1, /*keepdim=*/true).to(scores.scalar_type());
   auto scale = logit_scale.has_value()
                    ? detail::clamped_scale(*logit_scale, options.max_logit_scale()).to(p.dtype)

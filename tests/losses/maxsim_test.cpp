@@ -83,6 +83,42 @@ TEST(MaxSim, TiesGoToTheFirstMaximumAndPanelsChangeNothing) {
   }
 }
 
+// padding_score 0: a document's own masked tokens score 0, as PyLate's and
+// colpali-engine's masks (which multiply the token scores) make them; the
+// tokens the ranks add to align their lengths never count. W = 2, rank 0's
+// documents 6 tokens long, rank 1's 4: against the multiplied-mask einsum.
+TEST(MaxSim, PaddingScoreZeroIsTheMultipliedMask) {
+  auto gen = at::detail::createCPUGenerator(8);
+  auto q = torch::randn({5, 3, 4}, gen, f64()), d = torch::randn({5, 6, 4}, gen, f64());
+  auto qm = torch::ones({5, 3}, torch::kBool), dm = torch::rand({5, 6}, gen, f64()) > 0.4;
+  dm.narrow(0, 3, 2).narrow(1, 4, 2).fill_(false);  // rank 1's documents end at token 4
+  dm[1].fill_(false);                               // a document of padding alone scores 0
+  auto ref_q = q.clone().requires_grad_(true), ref_d = d.clone().requires_grad_(true);
+  // Each rank's documents as they are: rank 1's have 4 tokens, not 6.
+  auto scores = [&](int64_t from, int64_t count, int64_t L) {
+    auto t = torch::einsum("iqd,jsd->ijqs", {ref_q, ref_d.narrow(0, from, count).narrow(1, 0, L)}) *
+             dm.narrow(0, from, count).narrow(1, 0, L).to(torch::kDouble).unsqueeze(0).unsqueeze(2);
+    return std::get<0>(t.max(3)).sum(2);
+  };
+  auto want = reference::score_rows(torch::cat({scores(0, 3, 6), scores(3, 2, 4)}, 1) / 0.5, false).mean();
+  want.backward();
+  const std::vector<int64_t> rows{3, 2};
+  run_ranks(2, [&](const CommunicatorPtr& comm) {
+    const int64_t r = comm->rank(), off = r == 0 ? 0 : 3, n = rows[r], L = r == 0 ? 6 : 4;
+    auto mine_q = q.narrow(0, off, n).clone().requires_grad_(true);
+    auto mine_d = d.narrow(0, off, n).narrow(1, 0, L).clone().requires_grad_(true);
+    auto loss = maxsim_loss(mine_q, mine_d, c10::nullopt,
+                            MaxSimLossOptions().temperature(0.5).padding_score(0.0).comm(comm).panel_bytes(100)
+                                .document_mask(dm.narrow(0, off, n).narrow(1, 0, L)));
+    loss.backward();
+    auto total = loss.detach().clone();
+    comm->all_reduce_sum(total);
+    EXPECT_NEAR(total.item<double>() / 2, want.item<double>(), 1e-12);
+    EXPECT_LE((mine_q.grad() / 2 - ref_q.grad().narrow(0, off, n)).abs().max().item<double>(), 1e-12);
+    EXPECT_LE((mine_d.grad() / 2 - ref_d.grad().narrow(0, off, n).narrow(1, 0, L)).abs().max().item<double>(), 1e-12);
+  });
+}
+
 // kSum is B times kMean (one rank); kNone gives each query's loss; fp32
 // within 1e-5 of fp64.
 TEST(MaxSim, ReductionsAndFloat32) {
@@ -147,6 +183,8 @@ TEST(MaxSim, EveryBadArgumentIsNamed) {
                        "maxsim_loss(): argument 'logit_scale' must be a 0-dim tensor, but got shape [1]");
   CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().temperature(0)),
                        "maxsim_loss(): argument 'temperature' must be a positive finite number, but got 0");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().padding_score(NAN)),
+                       "maxsim_loss(): argument 'padding_score' must be -inf or a finite number, but got nan");
   CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().panel_bytes(0)),
                        "maxsim_loss(): argument 'panel_bytes' must be positive, but got 0");
   CONTRAX_EXPECT_ERROR(maxsim_loss(q, torch::randn({4, 5, 4}), c10::nullopt, MaxSimLossOptions().symmetric(true)),

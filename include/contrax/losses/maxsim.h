@@ -15,6 +15,8 @@
 
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "contrax/comm/communicator.h"
 #include "contrax/util/vocabulary.h"
 
@@ -37,8 +39,14 @@ struct MaxSimLossOptions {
   /// Optional bool [b_r, Lq]: the queries' valid tokens (default all).
   TORCH_ARG(torch::Tensor, query_mask) = {};
   /// Optional bool [b_r g, Ld]: the documents' valid tokens (default all);
-  /// every document needs one. Ranks may pad to different Ld.
+  /// every document needs one while padding_score is -inf. Ranks may pad to
+  /// different Ld.
   TORCH_ARG(torch::Tensor, document_mask) = {};
+  /// What a masked document token scores against every query token: -inf
+  /// (default: it never counts), or a number, e.g. 0 as PyLate and
+  /// colpali-engine score padding (their masks zero the token scores, so a
+  /// query token's score is at least 0 against a padded document).
+  TORCH_ARG(double, padding_score) = -std::numeric_limits<double>::infinity();
   /// Budget in bytes of one panel of token scores (forward and backward).
   TORCH_ARG(int64_t, panel_bytes) = int64_t{16} << 20;
   /// Process group; null means single device.
