@@ -21,7 +21,8 @@
 #   CONTRAX_CACHE      downloads (default: ~/.cache/contrax)
 #   CONTRAX_TARGETS    CMake targets to build (default: contrax_cli; "all" for everything)
 #   CONTRAX_EXTRA_REQUIREMENTS  more requirement files for .venv, space-separated (tools/test.sh:
-#                      requirements/test.txt and requirements/docs.txt)
+#                      requirements/test.txt, requirements/test-no-deps.txt (installed
+#                      without dependencies) and requirements/docs.txt)
 #   CONTRAX_TORCH      pypi (default) or system: the system's LibTorch and
 #                      python3-torch from Debian instead (tools/trixie.sh uses
 #                      it for Debian trixie's LibTorch 2.6); or python: the
@@ -182,7 +183,12 @@ if [ "$TORCH_FROM" = pypi ]; then
   install_uv
   pip_cached -r requirements/torch.txt
   pip_cached -c requirements/torch.txt -r requirements/plot.txt
-  for r in ${CONTRAX_EXTRA_REQUIREMENTS:-}; do pip_cached -c requirements/torch.txt -r "$r"; done
+  for r in ${CONTRAX_EXTRA_REQUIREMENTS:-}; do
+    # A file named *-no-deps.txt: its packages alone (requirements/test-no-deps.txt says why).
+    no_deps=()
+    [[ "$r" == *-no-deps.txt ]] && no_deps=(--no-deps)
+    pip_cached "${no_deps[@]}" -c requirements/torch.txt -r "$r"
+  done
   PY=$VENV/bin/python
   prefix=$("$PY" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
   cmake_args+=(-DCMAKE_PREFIX_PATH="$prefix" -DPython3_EXECUTABLE="$(cd "$VENV" && pwd)/bin/python3")

@@ -7,6 +7,6 @@
 # folder (default build); CONTRAX_TORCH=system tests the system's LibTorch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CONTRAX_TARGETS=all CONTRAX_EXTRA_REQUIREMENTS="requirements/test.txt requirements/docs.txt" bash tools/setup.sh
+CONTRAX_TARGETS=all CONTRAX_EXTRA_REQUIREMENTS="requirements/test.txt requirements/test-no-deps.txt requirements/docs.txt" bash tools/setup.sh
 BUILD=${CONTRAX_BUILD_DIR:-build}
 ctest --test-dir "$BUILD" --output-on-failure -j2 --timeout 900

@@ -10,7 +10,8 @@ memory-bounded paths for large batches):
 * ``contrax.integrations.lightly``: ``NTXentLoss``;
 * ``contrax.integrations.sentence_transformers``:
   ``MultipleNegativesRankingLoss``, ``CachedMultipleNegativesRankingLoss``,
-  ``MatryoshkaLoss`` (around either).
+  ``MatryoshkaLoss`` (around either);
+* ``contrax.integrations.pylate``: ``Contrastive`` (ColBERT, late interaction).
 
 None of them imports its peer library to compute a loss; the versions each is
 tested against are listed in docs/integrations.md.
