@@ -72,20 +72,22 @@ def maxsim_loss(queries: torch.Tensor, documents: torch.Tensor, logit_scale: Opt
 class _LossModule(torch.nn.Module):
     group: Optional[ProcessGroup]
 
-class ClipLoss(_LossModule):
-    logit_scale: torch.Tensor
-    logit_bias: Optional[torch.nn.Parameter]
-    tiled: bool
-    symmetric: bool
-    max_logit_scale: float
+class _FeatureLoss(_LossModule):
     normalize: bool
-    label_mode: Literal["multi_positive", "mask_duplicates"]
-    reduction: Literal["mean", "sum", "none"]
     matryoshka_dims: Sequence[int]
     matryoshka_weights: Sequence[float]
     path: Literal["auto", "materialised", "tiled"]
     tile_size: int
     ring: bool
+
+class ClipLoss(_FeatureLoss):
+    logit_scale: torch.Tensor
+    logit_bias: Optional[torch.nn.Parameter]
+    tiled: bool
+    symmetric: bool
+    max_logit_scale: float
+    label_mode: Literal["multi_positive", "mask_duplicates"]
+    reduction: Literal["mean", "sum", "none"]
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         tiled: bool = ..., symmetric: bool = ..., max_logit_scale: float = ..., normalize: bool = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
@@ -95,15 +97,9 @@ class ClipLoss(_LossModule):
     def scale(self) -> torch.Tensor: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor, labels: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 
-class _TemperatureLoss(_LossModule):
+class _TemperatureLoss(_FeatureLoss):
     temperature: float
-    normalize: bool
     reduction: Literal["mean", "sum", "none"]
-    matryoshka_dims: Sequence[int]
-    matryoshka_weights: Sequence[float]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
 
 class NTXentLoss(_TemperatureLoss):
     def __init__(self, *, temperature: float = ..., normalize: bool = ...,
@@ -119,34 +115,22 @@ class MoCoV3Loss(_TemperatureLoss):
         tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, q1: torch.Tensor, q2: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor: ...
 
-class SigLIPLoss(_LossModule):
+class SigLIPLoss(_FeatureLoss):
     logit_scale: torch.nn.Parameter
     logit_bias: Optional[torch.nn.Parameter]
     max_logit_scale: float
-    normalize: bool
-    matryoshka_dims: Sequence[int]
-    matryoshka_weights: Sequence[float]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., init_bias: Optional[float] = ..., max_logit_scale: float = ...,
         normalize: bool = ..., matryoshka_dims: Sequence[int] = ..., matryoshka_weights: Sequence[float] = ...,
         path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
         group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
 
-class GroupedLoss(_LossModule):
+class GroupedLoss(_FeatureLoss):
     logit_scale: torch.Tensor
     logit_bias: Optional[torch.nn.Parameter]
     label_mode: Literal["multi_positive", "mask_duplicates"]
     reduction: Literal["mean", "sum", "none"]
     max_logit_scale: float
-    normalize: bool
-    matryoshka_dims: Sequence[int]
-    matryoshka_weights: Sequence[float]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
     def __init__(self, *, init_scale: float = ..., learn_scale: bool = ..., init_bias: Optional[float] = ...,
         label_mode: Literal["multi_positive", "mask_duplicates"] = ...,
         reduction: Literal["mean", "sum", "none"] = ..., max_logit_scale: float = ..., normalize: bool = ...,

@@ -100,7 +100,13 @@ class _LossModule(torch.nn.Module):
         return scale + ", ".join(f"{k}={v!r}" for k, v in self._options().items() if k != "group")
 
 
-class ClipLoss(_LossModule, loss="clip_loss"):
+class _FeatureLoss(_LossModule):
+    """The Modules of the losses over one feature vector per row (every loss but
+    late interaction's): their shared options, the memory path and the
+    Matryoshka prefixes."""
+
+
+class ClipLoss(_FeatureLoss, loss="clip_loss"):
     """Module form of ``contrax.clip_loss`` that owns the learnable scale.
 
     Args:
@@ -139,7 +145,7 @@ class ClipLoss(_LossModule, loss="clip_loss"):
         return self._call(a, b, *self._scale_and_bias(a), labels=labels, **({"path": "tiled"} if self.tiled else {}))
 
 
-class _TemperatureLoss(_LossModule):
+class _TemperatureLoss(_FeatureLoss):
     """The Modules of NT-Xent and MoCo v3: their options, the temperature > 0."""
 
     def __init__(self, **options):
@@ -165,7 +171,7 @@ class MoCoV3Loss(_TemperatureLoss, loss="moco_v3_loss"):
         return self._call(q1, q2, k1, k2)
 
 
-class SigLIPLoss(_LossModule, loss="siglip_loss"):
+class SigLIPLoss(_FeatureLoss, loss="siglip_loss"):
     """Module form of ``contrax.siglip_loss`` that owns the scale and the bias.
 
     Args:
@@ -185,7 +191,7 @@ class SigLIPLoss(_LossModule, loss="siglip_loss"):
         return self._call(a, b, *self._scale_and_bias(a))
 
 
-class GroupedLoss(_LossModule, loss="grouped_loss"):
+class GroupedLoss(_FeatureLoss, loss="grouped_loss"):
     """Module form of ``contrax.grouped_loss`` (queries against grouped candidates:
     each query's positive and hard negatives, every rank's candidates negatives of
     every query) that owns the learnable scale.

@@ -7,6 +7,8 @@
 
 #include <sstream>
 
+#include "comm/comm_capsule.h"
+
 namespace contrax {
 
 int64_t Gathered::total() const {
@@ -128,17 +130,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Keeps the communicator alive inside the autograd graph until backward runs.
-struct CommCapsule : torch::CustomClassHolder {
-  explicit CommCapsule(CommunicatorPtr c) : comm(std::move(c)) {}
-  CommunicatorPtr comm;
-};
 
 struct GatherRowsFunction : public torch::autograd::Function<GatherRowsFunction> {
   // local: [b_r, ...]  ->  [B, ...]
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& local, const CommunicatorPtr& comm,
                                const std::vector<int64_t>& counts) {
-    ctx->saved_data["comm"] = c10::IValue::make_capsule(c10::make_intrusive<CommCapsule>(comm));
+    ctx->saved_data["comm"] = detail::comm_capsule(comm);
     ctx->saved_data["counts"] = counts;
     auto out = comm->all_gather_rows(local.detach(), counts, "all_gather");
     ctx->saved_data["shape"] = out.sizes().vec();
@@ -154,7 +151,7 @@ struct GatherRowsFunction : public torch::autograd::Function<GatherRowsFunction>
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     TORCH_CHECK(!at::GradMode::is_enabled(),
                 "gather_with_grad(): double backward is not supported (the backward is a collective)");
-    auto comm = static_cast<CommCapsule*>(ctx->saved_data["comm"].toCapsule().get())->comm;
+    auto comm = detail::capsule_comm(ctx->saved_data["comm"]);
     auto counts = ctx->saved_data["counts"].toIntVector();
     auto grad = grads[0];
     if (!grad.defined()) {

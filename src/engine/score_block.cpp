@@ -4,9 +4,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "contrax/comm/collectives.h"
-
-#include <utility>
+#include "comm/comm_capsule.h"
 
 namespace contrax::detail {
 
@@ -14,12 +12,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// Keeps the communicator alive in the graph until the backward runs.
-struct CommHolder : torch::CustomClassHolder {
-  explicit CommHolder(CommunicatorPtr c) : comm(std::move(c)) {}
-  CommunicatorPtr comm;
-};
 
 // Every column's log-sum-exp over every rank's rows, from this rank's block.
 struct GatheredColumnLse : torch::autograd::Function<GatheredColumnLse> {
@@ -32,7 +24,7 @@ struct GatheredColumnLse : torch::autograd::Function<GatheredColumnLse> {
     }
     lse = torch::logsumexp(lse, 0);  // [N]
     ctx->save_for_backward({s, lse});
-    ctx->saved_data["comm"] = c10::IValue::make_capsule(c10::make_intrusive<CommHolder>(comm));
+    ctx->saved_data["comm"] = comm_capsule(comm);  // alive until the backward runs
     ctx->saved_data["world"] = world;
     return lse;
   }
@@ -42,8 +34,7 @@ struct GatheredColumnLse : torch::autograd::Function<GatheredColumnLse> {
     const auto saved = ctx->get_saved_variables();
     auto g = grads[0].contiguous().clone();  // [N]: this rank's dL_r / d lse_col
     if (ctx->saved_data["world"].toInt() > 1) {
-      auto holder = c10::static_intrusive_pointer_cast<CommHolder>(ctx->saved_data["comm"].toCapsule());
-      holder->comm->all_reduce_sum(g, "all_reduce");
+      capsule_comm(ctx->saved_data["comm"])->all_reduce_sum(g, "all_reduce");
     }
     return {(saved[0] - saved[1]).exp() * g, torch::Tensor(), torch::Tensor()};
   }

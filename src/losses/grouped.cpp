@@ -21,22 +21,8 @@ void check_grouped(detail::ArgChecker& check, const torch::Tensor& queries, cons
   check.features(queries, "queries").features(candidates, "candidates");
   if (check.error().empty()) {
     const int64_t b = queries.size(0), n = candidates.size(0);
-    check.require(queries.size(1) == candidates.size(1),
-                  "arguments 'queries' and 'candidates' must have the same width, but got ", queries.size(1), " and ",
-                  candidates.size(1));
-    check.require(queries.scalar_type() == candidates.scalar_type(),
-                  "arguments 'queries' and 'candidates' must have the same dtype, but got ", queries.scalar_type(),
-                  " and ", candidates.scalar_type());
-    check.require(queries.device() == candidates.device(),
-                  "arguments 'queries' and 'candidates' must be on the same device, but got ", queries.device(),
-                  " and ", candidates.device());
-    if (b > 0) {
-      check.require(n >= b && n % b == 0, "argument 'candidates' must have g * queries.size(0) rows (g >= 1 per ",
-                    "query: its positive, then g-1 hard negatives), but got ", n, " rows for ", b, " queries");
-      if (n >= b && n % b == 0) g = n / b;
-    } else {
-      check.require(n == 0, "argument 'candidates' must be empty on a rank with no queries, but got ", n, " rows");
-    }
+    check.same_kind(queries, "queries", candidates, "candidates");
+    if (check.error().empty()) g = check.rows_per_query(b, n, "candidates");
   }
   check.scalar(logit_scale, "logit_scale");
   if (logit_bias.has_value()) check.scalar(*logit_bias, "logit_bias");

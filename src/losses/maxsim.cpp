@@ -61,19 +61,8 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
   int64_t g = 0;
   if (check.error().empty()) {
     const int64_t b = queries.size(0), n = documents.size(0);
-    check.require(queries.size(2) == documents.size(2), "arguments 'queries' and 'documents' must have the same ",
-                  "width, but got ", queries.size(2), " and ", documents.size(2));
-    check.require(queries.scalar_type() == documents.scalar_type(), "arguments 'queries' and 'documents' must have ",
-                  "the same dtype, but got ", queries.scalar_type(), " and ", documents.scalar_type());
-    check.require(queries.device() == documents.device(), "arguments 'queries' and 'documents' must be on the same ",
-                  "device, but got ", queries.device(), " and ", documents.device());
-    if (b > 0) {
-      check.require(n >= b && n % b == 0, "argument 'documents' must have g * queries.size(0) rows (g >= 1 per ",
-                    "query: its positive, then g-1 hard negatives), but got ", n, " rows for ", b, " queries");
-      if (n >= b && n % b == 0) g = n / b;
-    } else {
-      check.require(n == 0, "argument 'documents' must be empty on a rank with no queries, but got ", n, " rows");
-    }
+    check.same_kind(queries, "queries", documents, "documents");
+    if (check.error().empty()) g = check.rows_per_query(b, n, "documents");
   }
   auto q_mask = mask_or_all(check, options.query_mask(), "query_mask", queries, "queries");
   // A document of padding alone scores padding_score for every query token:

@@ -38,13 +38,30 @@ ArgChecker& ArgChecker::paired_features(const torch::Tensor& a, const char* a_na
   if (!error_.empty()) return *this;
   require(a.size(0) == b.size(0), "arguments '", a_name, "' and '", b_name,
           "' must have the same number of rows on each rank, but got ", a.size(0), " and ", b.size(0));
-  require(a.size(1) == b.size(1), "arguments '", a_name, "' and '", b_name, "' must have the same width, but got ",
-          a.size(1), " and ", b.size(1));
+  return same_kind(a, a_name, b, b_name);
+}
+
+ArgChecker& ArgChecker::same_kind(const torch::Tensor& a, const char* a_name, const torch::Tensor& b,
+                                  const char* b_name) {
+  if (!error_.empty()) return *this;
+  require(a.size(-1) == b.size(-1), "arguments '", a_name, "' and '", b_name, "' must have the same width, but got ",
+          a.size(-1), " and ", b.size(-1));
   require(a.scalar_type() == b.scalar_type(), "arguments '", a_name, "' and '", b_name,
           "' must have the same dtype, but got ", a.scalar_type(), " and ", b.scalar_type());
   require(a.device() == b.device(), "arguments '", a_name, "' and '", b_name,
           "' must be on the same device, but got ", a.device(), " and ", b.device());
   return *this;
+}
+
+int64_t ArgChecker::rows_per_query(int64_t queries, int64_t rows, const char* name) {
+  if (queries == 0) {
+    require(rows == 0, "argument '", name, "' must be empty on a rank with no queries, but got ", rows, " rows");
+    return 0;
+  }
+  const bool ok = rows >= queries && rows % queries == 0;
+  require(ok, "argument '", name, "' must have g * queries.size(0) rows (g >= 1 per query: its positive, then g-1 ",
+          "hard negatives), but got ", rows, " rows for ", queries, " queries");
+  return ok ? rows / queries : 0;
 }
 
 ArgChecker& ArgChecker::scalar(const torch::Tensor& t, const char* name) {

@@ -26,6 +26,13 @@ class ArgChecker {
   /// Two towers of paired rows: both `features`, with the same row count on
   /// this rank, the same width, dtype and device (CLIP, SigLIP).
   ArgChecker& paired_features(const torch::Tensor& a, const char* a_name, const torch::Tensor& b, const char* b_name);
+  /// Two feature sets scored against each other: the same width (last
+  /// dimension), dtype and device.
+  ArgChecker& same_kind(const torch::Tensor& a, const char* a_name, const torch::Tensor& b, const char* b_name);
+  /// `name` holds g rows per query (g >= 1: its positive, then g - 1 hard
+  /// negatives) for `queries` queries, or none on a rank with none; returns g
+  /// (0 without queries or when the check fails).
+  int64_t rows_per_query(int64_t queries, int64_t rows, const char* name);
   /// `name` must be a 0-dim floating tensor (a learnable scalar).
   ArgChecker& scalar(const torch::Tensor& t, const char* name);
   /// `name` must be > 0 (and finite).

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include "contrax/losses/maxsim.h"
 #include "contrax/losses/reference.h"
 #include "contrax/util/memory.h"
@@ -35,6 +37,27 @@ Reference reference_of(const torch::Tensor& q0, const torch::Tensor& qm, const t
   return {loss.detach(), q.grad(), d.grad()};
 }
 
+// Two ranks, rows [3, 2], rank 0's documents `lengths[0]` tokens long and
+// rank 1's `lengths[1]` (cut from q and docs): loss and gradients under the
+// gradient convention equal `want` on the concatenated batch.
+void expect_two_ranks_match(const torch::Tensor& q, const torch::Tensor& docs, const torch::Tensor& dm,
+                            std::array<int64_t, 2> lengths, const MaxSimLossOptions& options, const Reference& want) {
+  run_ranks(2, [&](const CommunicatorPtr& comm) {
+    const int64_t r = comm->rank(), off = r == 0 ? 0 : 3, n = r == 0 ? 3 : 2, L = lengths[r];
+    auto mine_q = q.narrow(0, off, n).clone().requires_grad_(true);
+    auto mine_d = docs.narrow(0, off, n).narrow(1, 0, L).clone().requires_grad_(true);
+    auto o = MaxSimLossOptions(options).comm(comm).document_mask(dm.narrow(0, off, n).narrow(1, 0, L));
+    if (options.query_mask().defined()) o.query_mask(options.query_mask().narrow(0, off, n));
+    auto loss = maxsim_loss(mine_q, mine_d, c10::nullopt, o);
+    loss.backward();
+    auto total = loss.detach().clone();
+    comm->all_reduce_sum(total);
+    EXPECT_NEAR(total.item<double>() / 2, want.loss.item<double>(), 1e-12);
+    EXPECT_LE((mine_q.grad() / 2 - want.dq.narrow(0, off, n)).abs().max().item<double>(), 1e-12);
+    EXPECT_LE((mine_d.grad() / 2 - want.dd.narrow(0, off, n).narrow(1, 0, L)).abs().max().item<double>(), 1e-12);
+  });
+}
+
 }  // namespace
 
 // Rank 0 pads its documents to 5 tokens, rank 1 to 3: the loss pads to the
@@ -47,21 +70,8 @@ TEST(MaxSim, RanksPadTheirDocumentsToDifferentLengths) {
   dm.narrow(0, 3, 2).narrow(1, 3, 2).fill_(false);  // rank 1's documents: 3 tokens
   dm[0][4] = false;
   const auto want = reference_of(q, qm, docs, dm, 0.3, /*symmetric=*/true);
-  const std::vector<int64_t> rows{3, 2};
-  run_ranks(2, [&](const CommunicatorPtr& comm) {
-    const int64_t r = comm->rank(), off = r == 0 ? 0 : 3, n = rows[r], L = r == 0 ? 5 : 3;
-    auto mine_q = q.narrow(0, off, n).clone().requires_grad_(true);
-    auto mine_d = docs.narrow(0, off, n).narrow(1, 0, L).clone().requires_grad_(true);
-    auto loss = maxsim_loss(mine_q, mine_d, c10::nullopt,
-                            MaxSimLossOptions().temperature(0.3).symmetric(true).comm(comm)
-                                .query_mask(qm.narrow(0, off, n)).document_mask(dm.narrow(0, off, n).narrow(1, 0, L)));
-    loss.backward();
-    auto total = loss.detach().clone();
-    comm->all_reduce_sum(total);
-    EXPECT_NEAR(total.item<double>() / 2, want.loss.item<double>(), 1e-12);
-    EXPECT_LE((mine_q.grad() / 2 - want.dq.narrow(0, off, n)).abs().max().item<double>(), 1e-12);
-    EXPECT_LE((mine_d.grad() / 2 - want.dd.narrow(0, off, n).narrow(1, 0, L)).abs().max().item<double>(), 1e-12);
-  });
+  expect_two_ranks_match(q, docs, dm, {5, 3}, MaxSimLossOptions().temperature(0.3).symmetric(true).query_mask(qm),
+                         want);
 }
 
 // Equal token scores: the gradient goes to the first maximal document token,
@@ -102,21 +112,8 @@ TEST(MaxSim, PaddingScoreZeroIsTheMultipliedMask) {
   };
   auto want = reference::score_rows(torch::cat({scores(0, 3, 6), scores(3, 2, 4)}, 1) / 0.5, false).mean();
   want.backward();
-  const std::vector<int64_t> rows{3, 2};
-  run_ranks(2, [&](const CommunicatorPtr& comm) {
-    const int64_t r = comm->rank(), off = r == 0 ? 0 : 3, n = rows[r], L = r == 0 ? 6 : 4;
-    auto mine_q = q.narrow(0, off, n).clone().requires_grad_(true);
-    auto mine_d = d.narrow(0, off, n).narrow(1, 0, L).clone().requires_grad_(true);
-    auto loss = maxsim_loss(mine_q, mine_d, c10::nullopt,
-                            MaxSimLossOptions().temperature(0.5).padding_score(0.0).comm(comm).panel_bytes(100)
-                                .document_mask(dm.narrow(0, off, n).narrow(1, 0, L)));
-    loss.backward();
-    auto total = loss.detach().clone();
-    comm->all_reduce_sum(total);
-    EXPECT_NEAR(total.item<double>() / 2, want.item<double>(), 1e-12);
-    EXPECT_LE((mine_q.grad() / 2 - ref_q.grad().narrow(0, off, n)).abs().max().item<double>(), 1e-12);
-    EXPECT_LE((mine_d.grad() / 2 - ref_d.grad().narrow(0, off, n).narrow(1, 0, L)).abs().max().item<double>(), 1e-12);
-  });
+  expect_two_ranks_match(q, d, dm, {6, 4}, MaxSimLossOptions().temperature(0.5).padding_score(0.0).panel_bytes(100),
+                         {want.detach(), ref_q.grad(), ref_d.grad()});
 }
 
 // kSum is B times kMean (one rank); kNone gives each query's loss; fp32

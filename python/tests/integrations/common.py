@@ -56,6 +56,27 @@ def params_err(model, ref):
     return max(rel_err(got[n].detach(), want[n].detach()) for n in got)
 
 
+def mean_over_ranks(values):
+    """The mean over the ranks of per-rank values (a tensor, or a list of
+    equally shaped ones, stacked), all-reduced."""
+    t = torch.stack(list(values)) if isinstance(values, (list, tuple)) else values.clone()
+    dist.all_reduce(t)
+    return t / dist.get_world_size()
+
+
+def sgd_steps(opt, items, loss_of):
+    """One optimiser step per item, on the gradient of loss_of(item); returns
+    the per-step losses, stacked."""
+    values = []
+    for item in items:
+        loss = loss_of(item)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        values.append(loss.detach().clone())
+    return torch.stack(values)
+
+
 def unwrap(model):
     return model.module if hasattr(model, "module") else model
 

@@ -15,13 +15,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
 from lightly.loss import NTXentLoss as LightlyNTXent  # noqa: E402
 from lightly.models.modules import SimCLRProjectionHead  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import contrax.integrations.lightly as cx  # noqa: E402
-from common import F64, finish, init, params_err, rel_err, report, share  # noqa: E402
+from common import F64, finish, init, mean_over_ranks, params_err, rel_err, report, sgd_steps, share  # noqa: E402
 
 STEPS = 3
 EXACT = 1e-10
@@ -60,22 +59,7 @@ def train(criterion, items, *, dtype=F64, ddp=True):
     model = SimCLR().to(dtype)
     wrapped = DDP(model) if ddp else model
     opt = torch.optim.SGD(model.parameters(), lr=0.06, momentum=0.9)
-    values = []
-    for x0, x1 in items:
-        z0 = wrapped(x0)
-        z1 = wrapped(x1)
-        loss = criterion(z0, z1)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        values.append(loss.detach().clone())
-    return model, torch.stack(values)
-
-
-def mean_over_ranks(values):
-    t = values.clone()
-    dist.all_reduce(t)
-    return t / dist.get_world_size()
+    return model, sgd_steps(opt, items, lambda views: criterion(wrapped(views[0]), wrapped(views[1])))
 
 
 def main():

@@ -26,7 +26,7 @@ from open_clip_train.train import train_one_epoch  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import contrax.integrations.open_clip as cx  # noqa: E402
-from common import F64, finish, init, params_err, rel_err, report, share  # noqa: E402
+from common import F64, finish, init, mean_over_ranks, params_err, rel_err, report, share  # noqa: E402
 
 # A CLIP small enough to run in milliseconds, built from a config dict (random
 # weights, nothing downloaded).
@@ -111,15 +111,6 @@ def reference(rows, rank, *, siglip=False, dtype=F64):
     """One process, the whole global batch, open_clip's own world-1 loss."""
     loss = OpenSigLipLoss() if siglip else OpenClipLoss()
     return train(loss, batches(rows, rank, dtype, whole=True), 0, 1, siglip=siglip, dtype=dtype, ddp=False)
-
-
-def mean_over_ranks(values):
-    out = []
-    for v in values:
-        t = v.clone()
-        dist.all_reduce(t)
-        out.append(t / dist.get_world_size())
-    return torch.stack(out)
 
 
 def check_run(rank, name, got, ref, *, local_values, limit=EXACT):

@@ -21,7 +21,7 @@ from pylate import losses as pylate_losses  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from contrax.integrations import pylate as cx  # noqa: E402
-from common import F64, finish, init, params_err, rel_err, report, share  # noqa: E402
+from common import F64, finish, init, mean_over_ranks, params_err, rel_err, report, sgd_steps, share  # noqa: E402
 
 STEPS = 2
 EXACT = 1e-10
@@ -67,20 +67,7 @@ def train(make_loss, items, *, expansion=True, ddp=True, lr=0.5):
     wrapped = DDP(model) if ddp else model
     loss_fn = make_loss(wrapped)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    values = []
-    for cols in items:
-        loss = loss_fn(cols)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        values.append(loss.detach().clone())
-    return model, torch.stack(values)
-
-
-def mean_over_ranks(values):
-    t = values.clone()
-    torch.distributed.all_reduce(t)
-    return t / torch.distributed.get_world_size()
+    return model, sgd_steps(opt, items, loss_fn)
 
 
 def main():
