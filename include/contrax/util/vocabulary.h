@@ -110,17 +110,19 @@ class WithMatryoshka {
   }
   /// The nested Matryoshka option set.
   const MatryoshkaOptions& matryoshka() const noexcept { return matryoshka_; }
-  /// `matryoshka().dims()`: its setter and getter.
+  /// Sets `matryoshka().dims()`.
   Options& matryoshka_dims(std::vector<int64_t> v) {
     matryoshka_.dims(std::move(v));
     return static_cast<Options&>(*this);
   }
+  /// `matryoshka().dims()`.
   const std::vector<int64_t>& matryoshka_dims() const noexcept { return matryoshka_.dims(); }
-  /// `matryoshka().weights()`: its setter and getter.
+  /// Sets `matryoshka().weights()`.
   Options& matryoshka_weights(std::vector<double> v) {
     matryoshka_.weights(std::move(v));
     return static_cast<Options&>(*this);
   }
+  /// `matryoshka().weights()`.
   const std::vector<double>& matryoshka_weights() const noexcept { return matryoshka_.weights(); }
 
  private:

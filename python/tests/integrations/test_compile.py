@@ -44,17 +44,21 @@ def test_operators_pass_opcheck():
     s, bias = torch.tensor(1.2, dtype=F64, requires_grad=True), torch.tensor(-0.3, dtype=F64, requires_grad=True)
     labels = torch.tensor([0, 1, 0, 2, 3, 1])
     ops = torch.ops.contrax
-    _opcheck(ops.clip_loss.default, (a, b, s, bias, True, 100.0, True, None, "multi_positive", "mean", "auto",
-                                     0, False, ""))
+    _opcheck(ops.clip_loss.default, (a, b, s, bias, True, 100.0, True, None, "multi_positive", "mean", (), (),
+                                     "auto", 0, False, ""))
     _opcheck(ops.clip_loss.default, (a, b, s, None, False, 100.0, False, labels, "mask_duplicates", "none",
-                                     "tiled", 2, False, ""))
+                                     [2, 3], [0.5, 1.0], "tiled", 2, False, ""))
     cands = _leaf(12, 4, seed=3)
     _opcheck(ops.grouped_loss.default, (a, cands, s, None, labels, torch.arange(12) % 5, "mask_duplicates",
-                                        "mean", 100.0, True, "auto", 0, False, ""))
-    _opcheck(ops.nt_xent_loss.default, (a, b, 0.2, True, "sum", "materialised", 0, False, ""))
+                                        "mean", 100.0, True, (), (), "auto", 0, False, ""))
+    _opcheck(ops.nt_xent_loss.default, (a, b, 0.2, True, "sum", [2], [], "materialised", 0, False, ""))
     _opcheck(ops.moco_v3_loss.default, (a, b, _leaf(6, 4, seed=4), _leaf(6, 4, seed=5), 0.2, True, "mean",
-                                        "auto", 0, False, ""))
-    _opcheck(ops.siglip_loss.default, (a, b, s, bias, 1e9, False, "auto", 4, False, ""))
+                                        (), (), "auto", 0, False, ""))
+    _opcheck(ops.siglip_loss.default, (a, b, s, bias, 1e9, False, (), (), "auto", 4, False, ""))
+    q_tokens, d_tokens = _leaf(6, 3, 4, seed=6), _leaf(12, 5, 4, seed=7)
+    d_mask = torch.arange(5) < torch.tensor([5, 3] * 6)[:, None]
+    _opcheck(ops.maxsim_loss.default, (q_tokens, d_tokens, s, None, d_mask, 1.0, 100.0, True, False, "none",
+                                       0.0, 256, ""))
     _opcheck(ops.gather_with_grad.default, (a, "", True))
     _opcheck(ops.gather_with_grad.default, (a, "", False))
     _opcheck(ops.grad_cache_inject.default, (a, torch.randn(6, 4, dtype=F64)))
@@ -65,10 +69,10 @@ def test_operator_errors():
     with pytest.raises(RuntimeError, match=r"contrax::clip_loss\(\): argument 'reduction' must be 'mean', 'sum' "
                                            r"or 'none', but got 'avg'"):
         torch.ops.contrax.clip_loss(a, a, torch.tensor(0.0, dtype=F64), None, True, 100.0, False, None,
-                                    "multi_positive", "avg", "auto", 0, False, "")
+                                    "multi_positive", "avg", (), (), "auto", 0, False, "")
     with pytest.raises(RuntimeError, match=r"contrax::nt_xent_loss\(\): argument 'group': process group 'nope' is "
                                            r"not registered with contrax"):
-        torch.ops.contrax.nt_xent_loss(a, a, 0.1, True, "mean", "auto", 0, False, "nope")
+        torch.ops.contrax.nt_xent_loss(a, a, 0.1, True, "mean", (), (), "auto", 0, False, "nope")
     with pytest.raises(RuntimeError, match=r"contrax::grad_cache_inject\(\): argument 'grad' must have the shape "
                                            r"of 'rep' \[3, 2\], but got \[2, 3\]"):
         torch.ops.contrax.grad_cache_inject(a, torch.zeros(2, 3, dtype=F64))
