@@ -117,8 +117,8 @@ TEST(MaxSim, PaddingScoreZeroIsTheMultipliedMask) {
 }
 
 // kSum is B times kMean (one rank); kNone gives each query's loss; fp32
-// within 1e-5 of fp64.
-TEST(MaxSim, ReductionsAndFloat32) {
+// within 1e-5 of fp64, bf16 within its rounding.
+TEST(MaxSim, ReductionsAndReducedPrecision) {
   auto gen = at::detail::createCPUGenerator(5);
   auto q = torch::randn({6, 4, 8}, gen, f64()), d = torch::randn({12, 7, 8}, gen, f64());  // g = 2
   auto qm = torch::rand({6, 4}, gen, f64()) > 0.3, dm = torch::rand({12, 7}, gen, f64()) > 0.3;
@@ -138,6 +138,14 @@ TEST(MaxSim, ReductionsAndFloat32) {
   EXPECT_NEAR(l32.item<double>(), want.loss.item<double>(), 1e-5 * want.loss.abs().item<double>());
   EXPECT_LE((q32.grad().to(torch::kDouble) - want.dq).abs().max().item<double>(),
             1e-5 * want.dq.abs().max().item<double>());
+  // bf16 features (computed in fp32, the engine's rule): within the inputs' rounding.
+  auto q16 = q.to(torch::kBFloat16).requires_grad_(true);
+  auto l16 = maxsim_loss(q16, d.to(torch::kBFloat16), c10::nullopt, o);
+  l16.backward();
+  EXPECT_EQ(l16.scalar_type(), torch::kFloat);
+  EXPECT_NEAR(l16.item<double>(), want.loss.item<double>(), 3e-2 * want.loss.abs().item<double>());
+  EXPECT_LE((q16.grad().to(torch::kDouble) - want.dq).abs().max().item<double>(),
+            5e-2 * want.dq.abs().max().item<double>());
 }
 
 // The token scores of a pair exist only inside a panel: at n = m = 64, Lq =

@@ -25,6 +25,7 @@
 #include <map>
 
 #include "contrax/losses/losses.h"
+#include "contrax/losses/maxsim.h"
 #include "contrax/parallel/grad_cache.h"
 #include "support/errors.h"
 #include "support/ranks.h"
@@ -44,6 +45,33 @@ TEST(GradCache, MatchesFullBatchForManyChunkSizes) {
     auto loss = gc.step(list_inputs(batch));
     EXPECT_LE(rel_err(loss, want_loss), 1e-12) << "chunks " << ca << "," << cb;
     expect_match(m.grads(), want, 1e-10, c10::str("chunks ", ca, ",", cb));
+  }
+}
+
+// Late interaction through the gradient cache: one token tower (per token a
+// Linear and tanh) caches its [n, L, d] outputs in chunks of 2 (queries) and
+// 3 (documents); maxsim_loss over them gives the full-batch step's gradients.
+TEST(GradCache, TokenEmbeddingsThroughMaxSim) {
+  torch::manual_seed(0);
+  torch::nn::Linear tower(6, 4);
+  tower->to(torch::kDouble);
+  auto gen = at::detail::createCPUGenerator(2);
+  auto xq = torch::randn({7, 3, 6}, gen, torch::kDouble), xd = torch::randn({7, 5, 6}, gen, torch::kDouble);
+  const auto encode = [&](const torch::Tensor& x) { return torch::tanh(tower(x)); };
+  const auto options = contrax::MaxSimLossOptions().temperature(0.2);
+  contrax::maxsim_loss(encode(xq), encode(xd), c10::nullopt, options).backward();
+  std::vector<torch::Tensor> want;
+  for (const auto& p : tower->parameters()) want.push_back(p.grad().clone());
+  tower->zero_grad();
+  const contrax::EncoderFn forward = [&](const contrax::BatchInput& in) -> c10::IValue { return encode(in.tensor()); };
+  contrax::GradCache gc({contrax::GradCacheEncoder(forward, 2), contrax::GradCacheEncoder(forward, 3)},
+                        [&](const std::vector<torch::Tensor>& r) {
+                          return contrax::maxsim_loss(r[0], r[1], c10::nullopt, options);
+                        });
+  gc.step({xq, xd});
+  const auto got = tower->parameters();
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE((got[i].grad() - want[i]).abs().max().item<double>() / want[i].abs().max().item<double>(), 1e-10);
   }
 }
 
