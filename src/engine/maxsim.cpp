@@ -76,9 +76,11 @@ struct MaxSim : torch::autograd::Function<MaxSim> {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &d = saved[1], &q_mask = saved[2], &d_mask = saved[3], &floor = saved[4];
     const auto g = grads[0].contiguous();  // [n, m]
-    const int64_t n = q.size(0), Lq = q.size(1), m = d.size(0), Ld = d.size(1);
+    const int64_t n = q.size(0), Lq = q.size(1), m = d.size(0), Ld = d.size(1), width = q.size(2);
     auto dq = torch::zeros_like(q), dd = torch::zeros_like(d);
-    const auto [rows, cols] = panel_shape(n, Lq, m, Ld, q.element_size(), ctx->saved_data["budget"].toInt());
+    // A panel holds its token scores and the chosen tokens' rows ([pi Lq pj, width]).
+    const auto [rows, cols] =
+        panel_shape(n, Lq, m, std::max(Ld, width), q.element_size(), ctx->saved_data["budget"].toInt());
     const auto weight = q_mask.to(q.scalar_type());
     for (int64_t i = 0; i < n; i += rows) {
       const int64_t pi = std::min(rows, n - i);
@@ -87,15 +89,18 @@ struct MaxSim : torch::autograd::Function<MaxSim> {
         const int64_t pj = std::min(cols, m - j);
         auto dp = d.narrow(0, j, pj);
         auto p = panel(qp, dp, d_mask.narrow(0, j, pj), floor.numel() ? floor.narrow(0, j, pj) : floor);
-        // G_ij m_it at each query token's best document token, 0 elsewhere
-        // and where the floor won (a constant).
+        // a_itj = G_ij m_it at each query token's best document token, 0
+        // where the floor won (a constant).
         auto a = g.narrow(0, i, pi).narrow(1, j, pj).unsqueeze(1) * weight.narrow(0, i, pi).unsqueeze(2);
         if (p.won.defined()) a = a * p.won.to(a.scalar_type());
-        auto dt = torch::zeros({pi, Lq, pj, Ld}, q.options());
-        dt.scatter_(3, p.at.unsqueeze(3), a.unsqueeze(3));
-        auto flat = dt.view({pi * Lq, pj * Ld});
-        dq.narrow(0, i, pi).add_(torch::mm(flat, dp.reshape({pj * Ld, -1})).view({pi, Lq, -1}));
-        dd.narrow(0, j, pj).add_(torch::mm(flat.t(), qp.reshape({pi * Lq, -1})).view({pj, Ld, -1}));
+        // The best token of (i, t, j) as a row of the panel's [pj Ld, width] documents.
+        auto best = (torch::arange(pj, p.at.options()).view({1, 1, pj}) * Ld + p.at).reshape(-1);  // [pi Lq pj]
+        auto chosen = dp.reshape({pj * Ld, width}).index_select(0, best).view({pi * Lq, pj, width});
+        // dq_it = sum_j a_itj d_{j s*}: a [1 x pj] x [pj x width] product per query token.
+        dq.narrow(0, i, pi).add_(torch::bmm(a.reshape({pi * Lq, 1, pj}), chosen).view({pi, Lq, width}));
+        // dd_{j s*} += a_itj q_it over every (i, t) whose best token it is.
+        auto sent = (a.unsqueeze(3) * qp.unsqueeze(2)).reshape({pi * Lq * pj, width});
+        dd.narrow(0, j, pj).view({pj * Ld, width}).index_add_(0, best, sent);
       }
     }
     return {dq, dd, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};

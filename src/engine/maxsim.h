@@ -12,9 +12,12 @@
 // (where a document's floor exceeds every valid token's score the maximum
 // is that constant and sends nothing), so for the upstream G = dL/dscore
 //   dq_it = m_it sum_j G_ij d_{j s*(i,j,t)},  dd_js = sum_i G_ij sum_t m_it [s*(i,j,t) = s] q_it,
-// i.e. per panel, with dT the [pi Lq x pj Ld] matrix holding G_ij m_it at
-// (it, j s*) where no floor wins and 0 elsewhere: dQ_panel = dT D_panel,
-// dD_panel = dT^T Q_panel.
+// i.e. per panel, with a_itj = G_ij m_it (0 where the floor wins): gather
+// each query token's best document token d_{j s*} and take
+// dq_it = sum_j a_itj d_{j s*} (a batched [1 x pj] x [pj x d] product), and
+// index-add a_itj q_it into the row of d_{j s*}: O(pi Lq pj d) work, where
+// the dense [pi Lq x pj Ld] gradient of the token scores would multiply Ld
+// times as much, almost all of it zeros.
 #pragma once
 
 #include <torch/torch.h>
