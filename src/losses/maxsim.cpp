@@ -97,8 +97,8 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
     if (gs > 0) group = gs;
   }
   const auto p = detail::make_prologue(caller, comm, counts, counted, MemoryPathOptions(), group);
-  auto q = detail::prepare(queries, p, false).to(p.dtype);
-  auto d = detail::prepare(documents, p, false).to(p.dtype);
+  auto q = queries.to(p.dtype);  // MaxSim computes in the compute dtype (engine/precision.h)
+  auto d = documents.to(p.dtype);
   if (Ld < longest) {  // padded with invalid tokens to the longest document of any rank
     d = torch::constant_pad_nd(d, {0, 0, 0, longest - Ld});
     d_mask = torch::constant_pad_nd(d_mask, {0, longest - Ld}, 0);
