@@ -14,6 +14,7 @@
 #include "contrax/engine/workspace.h"
 #include "engine/lse_kernels.h"
 #include "engine/panels.h"
+#include "engine/prefix_block.h"
 #include "engine/prologue.h"
 #include "util/check.h"
 
@@ -268,6 +269,13 @@ void walk_costs(const PlanOptions& o, int64_t b, bool fused, int64_t budget, Pat
   mat.launches = detail::panels_on(dev) ? estimate_launches(o, Walked::kMaterialised, mat.panels, fused) : -1;
 }
 
+// Whether CLIP / InfoNCE / grouped prefixes share one pass (engine/prefix_block.h)
+// on the materialised path: the CPU, features in the compute dtype.
+bool shared_prefixes(const PlanOptions& o) {
+  const auto& l = o.loss();
+  return (l == "clip" || l == "infonce" || l == "grouped") && detail::prefix_pass_candidate(o.device(), o.dtype());
+}
+
 // Matryoshka prefixes (engine/scorer.h): the loss's own block runs on each
 // prefix's cut, one after another. With P prefixes whose widths sum to S:
 // GEMM work scales by S/d; the materialised path holds P logits buffers; each
@@ -275,26 +283,43 @@ void walk_costs(const PlanOptions& o, int64_t b, bool fused, int64_t budget, Pat
 // for the cut's normalisation, not counted); the gathered features travel
 // once but the statistics once per prefix, and the ring's blocks once per
 // prefix (S/d of the bytes); each prefix keeps its normalised cut of the keys
-// for the backward.
+// for the backward. The shared pass (shared_prefixes) instead holds one
+// buffer and three panels of at most an eighth of its rows, and its GEMMs are
+// the single product's plus the backward's recomputed narrower prefixes
+// ((S - d)/d of a [b x B x d] product per block); it keeps the features, not
+// their cuts.
 void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
                   PathCost& ring) {
   const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width());
   if (prefixes.empty()) return;
-  const int64_t P = static_cast<int64_t>(prefixes.size());
+  const int64_t P = static_cast<int64_t>(prefixes.size()), d = o.width();
   int64_t S = 0;
   for (const auto& x : prefixes) S += x.dim;
-  const double share = static_cast<double>(S) / static_cast<double>(o.width());
+  const double share = static_cast<double>(S) / static_cast<double>(d);
   const int64_t stats = statistics_bytes(o, b, e);
   const auto scaled = [&](int64_t bytes) { return static_cast<int64_t>(static_cast<double>(bytes) * share); };
+  const bool shared = shared_prefixes(o);
+  const double unit = mat.gemms > 0 ? mat.gemm_flops / static_cast<double>(mat.gemms) : 0.0;
+  const int64_t blocks = o.loss() == "grouped" ? o.group() : 1;
   for (auto* c : {&mat, &tiled, &ring}) {
-    c->gemm_flops *= share;
+    const bool one_pass = shared && c == &mat;
+    c->gemm_flops = one_pass ? c->gemm_flops + unit * static_cast<double>(blocks * (S - d)) / static_cast<double>(d)
+                             : c->gemm_flops * share;
     c->panels *= P;
     if (c->launches >= 0) c->launches *= P;
     const auto keys = walked_blocks(o, b, c == &ring);
-    c->feature_bytes += (keys.cols + b) * S * f;
+    if (!one_pass) c->feature_bytes += (keys.cols + b) * S * f;
   }
-  mat.logits_bytes *= P;
-  mat.workspace_bytes += (P - 1) * (mat.logits_bytes / P);
+  if (shared) {
+    const auto keys = walked_blocks(o, b, false);
+    const int64_t R = detail::prefix_panel_rows(o.device().type(), o.dtype(), b, keys.cols, d);
+    const int64_t panels = 3 * R * keys.cols * e;
+    mat.logits_bytes += panels;
+    mat.workspace_bytes += panels;
+  } else {
+    mat.logits_bytes *= P;
+    mat.workspace_bytes += (P - 1) * (mat.logits_bytes / P);
+  }
   for (auto* c : {&mat, &tiled}) c->bytes_sent_forward += (P - 1) * stats;
   ring.bytes_sent_forward = scaled(ring.bytes_sent_forward - stats) + P * stats;
   ring.bytes_sent_backward = scaled(ring.bytes_sent_backward);
@@ -339,8 +364,10 @@ LossPlan plan_loss(const PlanOptions& o) {
   scorer_costs(o, b, e, f, mat, tiled, ring);
   p.paths = {mat, tiled, ring};
 
-  // The losses' own routing, on the largest rank (P logits blocks per block with prefixes).
-  const int64_t prefixes = std::max<int64_t>(1, detail::matryoshka_prefixes(o.matryoshka(), d).size());
+  // The losses' own routing, on the largest rank (P logits blocks per block
+  // with prefixes, 2 for the shared pass: engine/scorer.h).
+  const auto n_prefixes = static_cast<int64_t>(detail::matryoshka_prefixes(o.matryoshka(), d).size());
+  const int64_t prefixes = n_prefixes == 0 ? 1 : shared_prefixes(o) ? 2 : n_prefixes;
   const bool tiled_route =
       detail::route_tiled(o.path(), o.tile_size(), o.ring(), b * B * e * blocks * prefixes, o.max_logits_bytes());
   p.chosen = !tiled_route ? "materialised" : o.ring() && W > 1 ? "ring" : "tiled";
@@ -356,7 +383,8 @@ std::string to_string(const LossPlan& p) {
   if (const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width()); !prefixes.empty()) {
     os << "scorer: Matryoshka prefixes";
     for (size_t i = 0; i < prefixes.size(); ++i) os << (i ? ", " : " ") << prefixes[i].dim;
-    os << " (each the loss's own block on the prefix's cut, one after another)\n";
+    os << (shared_prefixes(o) ? " (one shared pass over the width: the slices' products accumulate in one buffer)\n"
+                              : " (each the loss's own block on the prefix's cut, one after another)\n");
   } else {
     os << "scorer: one dot product of the whole width\n";
   }

@@ -381,6 +381,58 @@ void scale_rows_plus_cols_(torch::Tensor& t, const torch::Tensor& a, const torch
   });
 }
 
+void scaled_logits_out(torch::Tensor& t, const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& b,
+                       double c) {
+  TORCH_INTERNAL_ASSERT(t.dim() == 2 && t.sizes() == x.sizes() && a.numel() == t.size(0) && b.numel() == t.size(1));
+  if (!fused_applies(t) || !fused_applies(x)) {
+    at::mul_out(t, x, a.unsqueeze(1)).mul_(b.unsqueeze(0));
+    if (c != 0.0) t.add_(c);
+    return;
+  }
+  if (t.numel() == 0) return;
+  auto av = vec(a, t), bv = vec(b, t);
+  const int64_t C = t.size(1), ldt = row_stride(t), ldx = row_stride(x);
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "scaled_logits_out", [&] {
+    const auto& k = kernels_for<scalar_t>();
+    for_row_ranges(t, [&](int64_t r0, int64_t r1) {
+      k.scaled(x.data_ptr<scalar_t>() + r0 * ldx, ldx, r1 - r0, C, ptr<scalar_t>(av) + r0, ptr<scalar_t>(bv),
+               static_cast<scalar_t>(c), t.data_ptr<scalar_t>() + r0 * ldt, ldt);
+    });
+  });
+}
+
+PrefixSums accumulate_prefix_(torch::Tensor& h, const torch::Tensor& g, const torch::Tensor& x,
+                              const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& k,
+                              torch::Tensor& col_gx) {
+  TORCH_INTERNAL_ASSERT(h.dim() == 2 && g.sizes() == h.sizes() && x.sizes() == h.sizes() &&
+                        col_gx.numel() == h.size(1) && col_gx.is_contiguous());
+  const int64_t R = h.size(0), C = h.size(1);
+  if (!fused_applies(h) || !fused_applies(g) || !fused_applies(x)) {
+    auto gx = g * x;  // [R, C]
+    col_gx.add_((gx * a.unsqueeze(1)).sum(0));
+    h.add_(g * (k * a).unsqueeze(1) * b.unsqueeze(0));
+    return {(gx * b.unsqueeze(0)).sum(1), g.sum(1)};
+  }
+  PrefixSums out{torch::zeros({R}, h.options()), torch::zeros({R}, h.options())};
+  if (R == 0 || C == 0) return out;
+  auto av = vec(a, h), bv = vec(b, h);
+  const int64_t ldh = row_stride(h), ldg = row_stride(g), ldx = row_stride(x);
+  // The column sums are shared: split by columns, each part's row sums partial.
+  const int64_t parts = std::max<int64_t>(column_parts(h), 1);
+  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "accumulate_prefix_", [&] {
+    const auto& kt = kernels_for<scalar_t>();
+    const auto kv = k.item<scalar_t>();
+    auto pgx = torch::zeros({parts, R}, h.options()), pg = torch::zeros({parts, R}, h.options());  // [parts, R]
+    for_column_parts(C, parts, [&](int64_t p, int64_t c0, int64_t c) {
+      kt.accumulate(g.data_ptr<scalar_t>() + c0, ldg, x.data_ptr<scalar_t>() + c0, ldx, R, c, ptr<scalar_t>(av),
+                    ptr<scalar_t>(bv) + c0, kv, h.data_ptr<scalar_t>() + c0, ldh, ptr<scalar_t>(pgx[p]),
+                    ptr<scalar_t>(pg[p]), ptr<scalar_t>(col_gx) + c0);
+    });
+    out = {pgx.sum(0), pg.sum(0)};
+  });
+  return out;
+}
+
 bool bounded_shift_enabled() { return bounded_flag().load(std::memory_order_relaxed); }
 void set_bounded_shift_enabled(bool on) { bounded_flag().store(on); }
 

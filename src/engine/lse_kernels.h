@@ -113,6 +113,23 @@ torch::Tensor exp_rows_(torch::Tensor& t /* [R, C] */, double shift, const torch
 void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a /* [R] */,
                            const torch::Tensor& b /* [C] */);
 
+/// Matryoshka's shared pass (engine/prefix_block.h), over the raw products x
+/// ([R, C]) of one prefix, whose logits are t_ij = a_i b_j x_ij + c: writes
+/// them into `t` ([R, C], x's dtype). One pass.
+void scaled_logits_out(torch::Tensor& t /* [R, C] */, const torch::Tensor& x /* [R, C] */,
+                       const torch::Tensor& a /* [R] */, const torch::Tensor& b /* [C] */, double c);
+
+/// The shared pass's backward sums over a gradient tile `g` (G / c, [R, C])
+/// of those logits: h_ij += k a_i b_j g_ij (the raw products' gradient, k a
+/// 0-dim factor), col_gx_j += sum_i g_ij a_i x_ij, and returned, per row,
+/// sum_j g_ij b_j x_ij (`gx`) and sum_j g_ij (`g`). One pass.
+struct PrefixSums {
+  torch::Tensor gx, g;  // [R] each
+};
+PrefixSums accumulate_prefix_(torch::Tensor& h /* [R, C] */, const torch::Tensor& g, const torch::Tensor& x,
+                              const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& k,
+                              torch::Tensor& col_gx /* [C], contiguous */);
+
 /// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
 /// apply (default true; the CONTRAX_FUSED_KERNELS=0 environment variable turns
 /// them off at start). Tests switch them off to check both paths agree.

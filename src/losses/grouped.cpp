@@ -76,7 +76,7 @@ torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& ca
   auto counts = detail::agree_on_rows(caller, queries, "queries", comm, check.error(), "queries", g, &gs);
   g = agreed_group(caller, gs);
   // One [b x B g] buffer: g [b x B] blocks, per prefix.
-  const detail::Scorer scorer(options.matryoshka(), queries.size(1));
+  const detail::Scorer scorer(options.matryoshka(), queries, /*shared=*/true);
   const bool normalize = scorer.normalize_whole(options.normalize());
   const auto p = detail::make_prologue(caller, comm, counts, queries, options.memory(), g * scorer.blocks());
   auto q_n = detail::prepare(queries, p, normalize);     // [b, d]
@@ -95,8 +95,7 @@ torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& ca
     spec.col_labels = detail::gather_labels(cl, comm, key_counts);                                   // [B g]
   }
   auto keys = p.ring ? c_n : detail::gather_rows(c_n, comm, key_counts, /*with_grad=*/true);  // [B g, d]
-  return scorer.loss(p, {q_n, keys},
-                     [&](const auto& f) { return detail::clip_block_loss(f[0], f[1], scale, bias, p, spec); });
+  return scorer.clip_loss(p, q_n, keys, scale, bias, spec);
 }
 
 }  // namespace contrax

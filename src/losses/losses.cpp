@@ -38,7 +38,7 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
   auto counts = agree_on_rows(caller, options.symmetric() ? a : b, options.symmetric() ? "a" : "b", comm,
                               check.error());
   // One [b x B] buffer whichever the direction (see engine/engine.h), per prefix.
-  const Scorer scorer(options.matryoshka(), a.size(1));
+  const Scorer scorer(options.matryoshka(), a, /*shared=*/true);
   const auto p = make_prologue(caller, comm, counts, a, options.memory(), logits_blocks("clip") * scorer.blocks());
   auto a_n = prepare(a, p, scorer.normalize_whole(options.normalize()));  // [b, d]
   auto b_n = prepare(b, p, scorer.normalize_whole(options.normalize()));  // [b, d]
@@ -56,7 +56,7 @@ torch::Tensor clip_loss(const torch::Tensor& a, const torch::Tensor& b, const to
   // dB_all to the owners); the image-to-text direction is the column softmax of
   // the same block. On the ring the text blocks travel instead.
   auto keys = p.ring ? b_n : gather_rows(b_n, comm, counts, /*with_grad=*/true);  // [B, d]
-  return scorer.loss(p, {a_n, keys}, [&](const auto& f) { return clip_block_loss(f[0], f[1], scale, bias, p, spec); });
+  return scorer.clip_loss(p, a_n, keys, scale, bias, spec);
 }
 
 torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, const NTXentLossOptions& options) {
@@ -72,7 +72,7 @@ torch::Tensor nt_xent_loss(const torch::Tensor& z1, const torch::Tensor& z2, con
   const auto& comm = options.comm();
   auto counts = agree_on_rows(caller, z1, "z1", comm, check.error());
   // One [2b x 2B] buffer: four [b x B] blocks, per prefix.
-  const Scorer scorer(options.matryoshka(), z1.size(1));
+  const Scorer scorer(options.matryoshka(), z1);
   const auto p = make_prologue(caller, comm, counts, z1, options.memory(), logits_blocks("nt_xent") * scorer.blocks());
   auto z1n = prepare(z1, p, scorer.normalize_whole(options.normalize()));  // [b, d]
   auto z2n = prepare(z2, p, scorer.normalize_whole(options.normalize()));  // [b, d]
@@ -117,7 +117,7 @@ torch::Tensor moco_v3_loss(const torch::Tensor& q1, const torch::Tensor& q2, con
   const double T = options.temperature();
   auto counts = agree_on_rows(caller, k1, "k1", comm, check.error());
   // Two [b x B] buffers: the two directions have different keys; per prefix.
-  const Scorer scorer(options.matryoshka(), q1.size(1));
+  const Scorer scorer(options.matryoshka(), q1);
   const bool normalize = scorer.normalize_whole(options.normalize());
   const auto p = make_prologue(caller, comm, counts, q1, options.memory(), logits_blocks("moco_v3") * scorer.blocks());
   // Keys come from the momentum encoder: constants for this loss, so they are

@@ -29,7 +29,7 @@ torch::Tensor siglip_loss(const torch::Tensor& a, const torch::Tensor& b, const 
   const auto& comm = options.comm();
   auto counts = detail::agree_on_rows(caller, check.error().empty() ? b : torch::Tensor(), "b", comm, check.error());
   // One [b x B] logits block when materialised, per prefix.
-  const detail::Scorer scorer(options.matryoshka(), a.size(1));
+  const detail::Scorer scorer(options.matryoshka(), a);
   const auto p = detail::make_prologue(caller, comm, counts, a, options.memory(),
                                        detail::logits_blocks("siglip") * scorer.blocks());
   // The engine's precision policy (engine/precision.h): normalised in the

@@ -2,7 +2,8 @@
 // verify's fp64 cases check at W = 1..4 (tests/check/loss_world_test.cpp):
 // every error message, the full width alone is the normalised loss, the
 // per-row and summed reductions against the plain loop, fp32 and bf16 within
-// the losses' tolerances, and the automatic path counting one logits block
+// the losses' tolerances, the shared pass of CLIP's prefixes (one buffer,
+// the loop's results across ranks), and the loop counting one logits block
 // per prefix.
 
 #include <gtest/gtest.h>
@@ -108,12 +109,12 @@ TEST(Matryoshka, ReducedPrecisionStaysWithinTheLossesTolerances) {
   }
 }
 
-// Each prefix's block keeps its own logits until the backward, so the
-// automatic path counts P blocks: logits that fit max_logits_bytes once but
-// not three times go the tiled way (and hold less), with the same loss.
-TEST(Matryoshka, TheAutomaticPathCountsOneLogitsBlockPerPrefix) {
+// CLIP's prefixes share one pass (engine/prefix_block.h): one logits buffer
+// and panels of an eighth of its rows, where the loop held one buffer per
+// prefix; the same loss and gradients as the loop of the tiled path.
+TEST(Matryoshka, TheSharedPassHoldsOneLogitsBuffer) {
   auto opt = torch::TensorOptions().dtype(torch::kDouble);
-  const int64_t B = 96;
+  const int64_t B = 256;  // the features' cuts small beside a block
   const auto a0 = torch::randn({B, 12}, opt), b0 = torch::randn({B, 12}, opt);
   const auto s = torch::tensor(1.0, opt);
   auto run = [&](ClipLossOptions o, int64_t& peak) {
@@ -126,11 +127,110 @@ TEST(Matryoshka, TheAutomaticPathCountsOneLogitsBlockPerPrefix) {
     return std::make_pair(l.detach(), a.grad());
   };
   const int64_t block = B * B * 8;
+  int64_t shared_peak = 0, loop_peak = 0;
+  const auto shared = run(ClipLossOptions().path(MemoryPath::kMaterialised), shared_peak);
+  const auto loop = run(ClipLossOptions().path(MemoryPath::kTiled).tile_bytes(2048), loop_peak);
+  EXPECT_GE(shared_peak, block);
+  // The buffer, three panels of an eighth of its rows, and the features'
+  // cuts and gradients (each d / B of a block); the loop held three buffers.
+  EXPECT_LT(shared_peak, 2 * block);
+  EXPECT_LE((shared.first - loop.first).abs().item<double>(), 1e-12);
+  EXPECT_LE((shared.second - loop.second).abs().max().item<double>(), 1e-12);
+}
+
+// Features of any magnitude: rows of 1e20 (whose products and squares
+// overflow fp32) give the loss and gradient directions of the same rows at
+// unit scale, and rows of 1e-14 (norms under safe_normalize's 1e-12 floor)
+// the loop's results (the tiled path).
+TEST(Matryoshka, TheSharedPassTakesFeaturesOfAnyMagnitude) {
+  auto gen = at::detail::createCPUGenerator(3);
+  const auto a = torch::randn({16, 24}, gen), b = torch::randn({16, 24}, gen);
+  const auto s = torch::tensor(std::log(10.0));
+  auto run = [&](double fa, double fb, MemoryPath path) {
+    auto x = (a * fa).requires_grad_(true), y = (b * fb).requires_grad_(true);
+    auto l = clip_loss(x, y, s, {}, ClipLossOptions().matryoshka_dims({8, 16}).path(path));
+    l.backward();
+    return V{l.detach(), x.grad() * fa, y.grad() * fb};
+  };
+  auto expect_near = [](const V& got, const V& want, const char* what) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(torch::isfinite(got[i]).all().item<bool>()) << what << " output " << i;
+      EXPECT_LE((got[i] - want[i]).abs().max().item<double>(), 1e-5 * (1.0 + want[i].abs().max().item<double>()))
+          << what << " output " << i;
+    }
+  };
+  const auto shared = MemoryPath::kMaterialised;
+  expect_near(run(1e20, 1.0, shared), run(1.0, 1.0, shared), "1e20");
+  expect_near(run(1e20, 1e-14, shared), run(1e20, 1e-14, MemoryPath::kTiled), "1e20 and 1e-14");
+}
+
+// Where each prefix's block runs in turn (SigLIP, and any loss off the
+// shared pass), it keeps its own logits until the backward, so the automatic
+// path counts P blocks: logits that fit max_logits_bytes once but not three
+// times go the tiled way (and hold less), with the same loss.
+TEST(Matryoshka, TheLoopCountsOneLogitsBlockPerPrefix) {
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  const int64_t B = 256;  // the features' cuts small beside a block
+  const auto a0 = torch::randn({B, 12}, opt), b0 = torch::randn({B, 12}, opt);
+  const auto s = torch::tensor(1.0, opt), bias = torch::tensor(-2.0, opt);
+  auto run = [&](SigLipLossOptions o, int64_t& peak) {
+    auto a = a0.clone().requires_grad_(true);
+    MemoryTracker::install();
+    PeakScope scope;
+    auto l = siglip_loss(a, b0, s, bias, o.matryoshka_dims({4, 8}));
+    l.backward();
+    peak = scope.peak_above_start();
+    return std::make_pair(l.detach(), a.grad());
+  };
+  const int64_t block = B * B * 8;
   int64_t mat_peak = 0, auto_peak = 0;
-  const auto mat = run(ClipLossOptions().path(MemoryPath::kMaterialised), mat_peak);
-  const auto chosen = run(ClipLossOptions().max_logits_bytes(2 * block).tile_bytes(2048), auto_peak);
+  const auto mat = run(SigLipLossOptions().path(MemoryPath::kMaterialised), mat_peak);
+  const auto chosen = run(SigLipLossOptions().max_logits_bytes(2 * block).tile_bytes(2048), auto_peak);
   EXPECT_GE(mat_peak, 3 * block);  // three prefixes' buffers at once
   EXPECT_LT(auto_peak, 2 * block);  // tiles (and the prefixes' cuts of the features)
   EXPECT_LE((chosen.first - mat.first).abs().item<double>(), 1e-12);
   EXPECT_LE((chosen.second - mat.second).abs().max().item<double>(), 1e-12);
+}
+
+// The shared pass against the loop of the tiled path at W = 3 with uneven
+// rows and an empty rank, fp64: one-directional with a bias, multi-positive
+// labels, duplicates masked with per-row losses, and grouped candidates.
+TEST(Matryoshka, TheSharedPassIsTheLoopAcrossRanks) {
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto gen = at::detail::createCPUGenerator(21);
+  const std::vector<int64_t> rows{5, 0, 4};
+  const auto a = torch::randn({9, 10}, gen, opt), b = torch::randn({9, 10}, gen, opt);
+  const auto c = torch::randn({18, 10}, gen, opt), labels = torch::randint(0, 3, {9}, gen, torch::kLong);
+  const auto s = torch::tensor(0.8, opt), bias = torch::tensor(0.3, opt);
+  const std::vector<int64_t> dims{7, 2, 4};
+  const std::vector<double> weights{0.5, 2.0, 1.0};
+  for (int form = 0; form < 4; ++form) {
+    SCOPED_TRACE(form);
+    run_ranks(3, [&](const CommunicatorPtr& comm) {
+      const int64_t r = comm->rank(), off = r == 0 ? 0 : r == 1 ? 5 : 5;
+      auto run = [&](MemoryPath path) {
+        auto x = a.narrow(0, off, rows[r]).clone().requires_grad_(true);
+        auto y = (form == 3 ? c.narrow(0, 2 * off, 2 * rows[r]) : b.narrow(0, off, rows[r])).clone().requires_grad_(true);
+        auto ls = s.clone().requires_grad_(true), lb = bias.clone().requires_grad_(true);
+        const auto lab = labels.narrow(0, off, rows[r]);
+        torch::Tensor l;
+        if (form == 3) {
+          l = grouped_loss(x, y, ls, lb, GroupedLossOptions().comm(comm).path(path).matryoshka_dims(dims).matryoshka_weights(weights));
+        } else {
+          auto o = ClipLossOptions().comm(comm).path(path).matryoshka_dims(dims).matryoshka_weights(weights);
+          if (form == 0) o.symmetric(false);
+          if (form == 1) o.labels(lab);
+          if (form == 2) o.labels(lab).label_mode(LabelMode::kMaskDuplicates).reduction(Reduction::kNone);
+          l = clip_loss(x, y, ls, lb, o);
+        }
+        l.sum().backward();
+        return V{l.detach(), x.grad(), y.grad(), ls.grad(), lb.grad()};
+      };
+      const auto shared = run(MemoryPath::kMaterialised), loop = run(MemoryPath::kTiled);
+      for (size_t i = 0; i < shared.size(); ++i) {
+        if (shared[i].numel() == 0) continue;
+        EXPECT_LE((shared[i] - loop[i]).abs().max().item<double>(), 1e-12) << "output " << i << " rank " << r;
+      }
+    });
+  }
 }

@@ -275,6 +275,59 @@ void scale_impl(T* x, int64_t R, int64_t C, int64_t ld, const T* a, const T* b) 
   }
 }
 
+template <typename T>
+void scaled_impl(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b, T c, T* t, int64_t ldt) {
+  for (int64_t i = 0; i < R; ++i) {
+    const T* xi = x + i * ldx;
+    T* ti = t + i * ldt;
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      const vf va = splat(a[i]), vc = splat(c);
+      for (; j + kLanes <= C; j += kLanes) {
+        prefetch_r(xi + j);
+        store(ti + j, va * load(b + j) * load(xi + j) + vc);
+      }
+    }
+    for (; j < C; ++j) ti[j] = a[i] * b[j] * xi[j] + c;
+  }
+}
+
+template <typename T>
+void accumulate_impl(const T* g, int64_t ldg, const T* x, int64_t ldx, int64_t R, int64_t C, const T* a,
+                     const T* b, T k, T* h, int64_t ldh, T* row_gx, T* row_g, T* col_gx) {
+  for (int64_t i = 0; i < R; ++i) {
+    const T* gi = g + i * ldg;
+    const T* xi = x + i * ldx;
+    T* hi = h + i * ldh;
+    T gx = T(0), gs = T(0);
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      const vf va = splat(a[i]), vka = splat(k * a[i]);
+      vf vgx{}, vgs{};
+      for (; j + kLanes <= C; j += kLanes) {
+        prefetch_r(gi + j);
+        prefetch_r(xi + j);
+        prefetch_w(hi + j);
+        const vf vg = load(gi + j), vb = load(b + j), gxv = vg * load(xi + j);
+        store(hi + j, load(hi + j) + vka * vb * vg);
+        vgx += gxv * vb;
+        vgs += vg;
+        store(col_gx + j, load(col_gx + j) + va * gxv);
+      }
+      gx = hsum(vgx), gs = hsum(vgs);
+    }
+    for (; j < C; ++j) {
+      const T gxj = gi[j] * xi[j];
+      hi[j] += k * a[i] * b[j] * gi[j];
+      gx += gxj * b[j];
+      gs += gi[j];
+      col_gx[j] += a[i] * gxj;
+    }
+    row_gx[i] = gx;
+    row_g[i] = gs;
+  }
+}
+
 void exp_f(const float* x, float* y, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) store(y + j, vexp(load(x + j)));
@@ -289,8 +342,10 @@ void exp_f(const float* x, float* y, int64_t n) {
 }  // namespace
 
 const Table& table() {
-  static const Table t{{stats_impl<float>, grad_impl<float>, exp_rows_impl<float>, scale_impl<float>},
-                       {stats_impl<double>, grad_impl<double>, exp_rows_impl<double>, scale_impl<double>},
+  static const Table t{{stats_impl<float>, grad_impl<float>, exp_rows_impl<float>, scale_impl<float>,
+                        scaled_impl<float>, accumulate_impl<float>},
+                       {stats_impl<double>, grad_impl<double>, exp_rows_impl<double>, scale_impl<double>,
+                        scaled_impl<double>, accumulate_impl<double>},
                        exp_f};
   return t;
 }

@@ -29,6 +29,15 @@ struct Kernels {
   void (*exp_rows)(T* x, int64_t R, int64_t C, int64_t ld, T shift, T* row_sum, T* col_sum);
   // In place: x_ij <- x_ij (a_i + b_j).
   void (*scale)(T* x, int64_t R, int64_t C, int64_t ld, const T* a, const T* b);
+  // Matryoshka's shared pass (src/engine/prefix_block.cpp) over the raw
+  // products x of one prefix (row stride ldx), whose logits are
+  // t_ij = a_i b_j x_ij + c. scaled: t (row stride ldt) <- those logits.
+  void (*scaled)(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b, T c, T* t, int64_t ldt);
+  // With g the tile's gradient (row stride ldg): h_ij += k a_i b_j g_ij
+  // (row stride ldh), row_gx[i] = sum_j g_ij b_j x_ij, row_g[i] = sum_j g_ij
+  // and col_gx[j] += sum_i g_ij a_i x_ij.
+  void (*accumulate)(const T* g, int64_t ldg, const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b,
+                     T k, T* h, int64_t ldh, T* row_gx, T* row_g, T* col_gx);
 };
 
 struct Table {

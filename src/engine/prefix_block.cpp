@@ -1,0 +1,220 @@
+// Matryoshka's shared pass (engine/prefix_block.h; the derivation is there).
+#include "engine/prefix_block.h"
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+
+#include "engine/lse_kernels.h"
+#include "engine/panels.h"
+#include "engine/precision.h"
+#include "engine/workspace.h"
+
+namespace contrax::detail {
+
+namespace {
+
+struct PrefixState : BlockState {
+  std::vector<int64_t> dims;     // m_1 < ... < m_P = d
+  std::vector<double> weights;   // w_p
+};
+
+}  // namespace
+
+int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t b, int64_t N, int64_t d) {
+  const int64_t rows = buffer_panel_rows(device, dtype, b, N, d, 0);
+  return std::max<int64_t>(1, std::min(rows, (b + 15) / 16));
+}
+
+namespace {
+
+int64_t panel_rows_of(int64_t b, int64_t N, const torch::Tensor& q) {
+  return prefix_panel_rows(q.device().type(), q.scalar_type(), b, N, q.size(1));
+}
+
+// Rows of a label sub-panel (as the materialised block: the label structure
+// is an [R, N] temporary, kept near 1 MiB).
+int64_t label_rows(const BlockState& state, int64_t n, int64_t N, const torch::Tensor& like) {
+  if (!state.labeled()) return std::max<int64_t>(n, 1);
+  return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, N * like.element_size()));
+}
+
+// fn(r0, l0, tile) over the label sub-panels of the logits panel T (rows
+// [r0, r0 + n) of the block), each masked in place (kMaskDuplicates) and its
+// positive set P (kMultiPositive) passed on.
+template <typename Fn>
+void for_label_panels(const BlockState& state, torch::Tensor& T, int64_t r0, Fn fn) {
+  const int64_t n = T.size(0), Rl = label_rows(state, n, T.size(1), T);
+  for (int64_t l0 = 0; l0 < n; l0 += Rl) {
+    auto Tc = T.narrow(0, l0, std::min(Rl, n - l0));
+    auto P = apply_labels(state, Tc, r0 + l0, 0);
+    fn(Tc, P, r0 + l0);
+  }
+}
+
+class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
+                               const torch::Tensor& k_all /* [N, d] */, const torch::Tensor& iq /* [P, b] */,
+                               const torch::Tensor& ik /* [P, N] */, const torch::Tensor& scale /* [] */,
+                               const c10::optional<torch::Tensor>& bias /* [] */,
+                               const c10::intrusive_ptr<PrefixState>& state) {
+    const int64_t b = q.size(0), N = k_all.size(0), P = static_cast<int64_t>(state->dims.size());
+    const int64_t g = state->spec.group;
+    const bool has_bias = bias.has_value() && bias->defined();
+    const double c = has_bias ? bias->item<double>() : 0.0;
+    auto aq = iq * scale;                         // [P, b]: s / ||q_p||
+    auto X = logits_buffer(b, N, q.options());    // [b, N]: the raw products, X_P once done
+    auto T = torch::empty({panel_rows_of(b, N, q), N}, q.options());
+    std::deque<ForwardStats> st;
+    for (int64_t p = 0; p < P; ++p) st.emplace_back(*state, b, q.options());
+    auto designated = torch::empty({P, b}, q.options());  // [P, b]: S_p,i,pos(i)
+    // Each slice's product over the whole buffer (a GEMM per panel of a
+    // 64-wide slice runs at half the speed of one over all rows), then the
+    // prefix's statistics panel by panel.
+    const int64_t R = T.size(0);
+    int64_t m0 = 0;
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t m = state->dims[p];
+      if (b > 0) gemm_into_(X, q.narrow(1, m0, m - m0), k_all.narrow(1, m0, m - m0).t(), p == 0);
+      m0 = m;
+      for (int64_t r0 = 0; r0 < b; r0 += R) {
+        const int64_t n = std::min(R, b - r0);
+        if (p == 0) count_steps(1);
+        auto Tg = T.narrow(0, 0, n);
+        scaled_logits_out(Tg, X.narrow(0, r0, n), aq[p].narrow(0, r0, n), ik[p], c);
+        designated[p].narrow(0, r0, n).copy_(run_view(Tg, positives_in(r0, n, 0, N, state->layout.offset, g), g));
+        for_label_panels(*state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
+          st[p].add(Tc, Pl, row, 0, /*whole_rows=*/true);
+        });
+      }
+    }
+    torch::Tensor l;  // [b]: sum_p w_p l_p
+    std::vector<torch::Tensor> lse_row, lse_col;
+    RowTerms rt;
+    for (int64_t p = 0; p < P; ++p) {
+      auto lp = finish_forward(*state, st[p], designated[p], rt) * state->weights[p];
+      l = l.defined() ? l + lp : lp;
+      lse_row.push_back(rt.lse_row);
+      if (rt.lse_col.defined()) lse_col.push_back(rt.lse_col);
+    }
+    ctx->save_for_backward({q, k_all, iq, ik, scale});
+    ctx->saved_data["X"] = X;
+    ctx->saved_data["lse_row"] = torch::stack(lse_row);  // [P, b]
+    if (!lse_col.empty()) ctx->saved_data["lse_col"] = torch::stack(lse_col);  // [P, N]
+    if (rt.inv_n_row.defined()) ctx->saved_data["inv_n_row"] = rt.inv_n_row;   // labels only: the same for every p
+    if (rt.inv_n_col.defined()) ctx->saved_data["inv_n_col"] = rt.inv_n_col;
+    ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["bias"] = c;
+    ctx->saved_data["state"] = c10::IValue::make_capsule(state);
+    return reduce_rows(l, state->layout, state->spec.reduction);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    NoAutocast no_autocast;
+    auto state = backward_state<PrefixState>(ctx);
+    auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k_all = saved[1], &iq = saved[2], &ik = saved[3], &scale = saved[4];
+    const auto X = ctx->saved_data["X"].toTensor();
+    const auto lse_row = ctx->saved_data["lse_row"].toTensor();
+    auto get = [&](const char* key) {
+      return ctx->saved_data.count(key) ? ctx->saved_data[key].toTensor() : torch::Tensor();
+    };
+    const auto lse_col = get("lse_col");
+    const double c = ctx->saved_data["bias"].toDouble();
+    const int64_t b = q.size(0), N = k_all.size(0), d = q.size(1), P = static_cast<int64_t>(state->dims.size());
+    const auto opt = q.options();
+    const auto w = backward_weights(*state, grads[0], q.scalar_type());
+    std::vector<torch::Tensor> kp;  // [P] of 0-dim: c w_p
+    for (int64_t p = 0; p < P; ++p) kp.push_back(w.c * state->weights[p]);
+    auto aq = iq * scale;  // [P, b]
+    auto dq = torch::empty({b, d}, opt), dk = torch::zeros({N, d}, opt);
+    auto diq = torch::zeros({P, b}, opt), col_gx = torch::zeros({P, N}, opt);
+    auto ds = torch::zeros({}, opt), dbias = torch::zeros({}, opt);
+    const int64_t R = panel_rows_of(b, N, q);
+    auto T = torch::empty({R, N}, opt), H = torch::empty({R, N}, opt);
+    auto Xr = P > 1 ? torch::empty({R, N}, opt) : torch::Tensor();
+    for (int64_t r0 = 0; r0 < b; r0 += R) {
+      const int64_t n = std::min(R, b - r0);
+      auto Tg = T.narrow(0, 0, n), Hg = H.narrow(0, 0, n);
+      const auto qg = q.narrow(0, r0, n);
+      Hg.zero_();
+      for (int64_t p = P - 1; p >= 0; --p) {
+        const int64_t m = state->dims[p], m0 = p > 0 ? state->dims[p - 1] : 0;
+        auto Xg = p == P - 1 ? X.narrow(0, r0, n) : Xr.narrow(0, 0, n);
+        if (p < P - 1) gemm_out(Xg, qg.narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+        auto a = aq[p].narrow(0, r0, n);
+        scaled_logits_out(Tg, Xg, a, ik[p], c);
+        const RowTerms rt{lse_row[p], lse_col.defined() ? lse_col[p] : torch::Tensor(), get("inv_n_row"),
+                          get("inv_n_col")};
+        for_label_panels(*state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
+          tile_gradient(*state, rt, w, Tc, Pl, row, 0);  // G_p / c
+        });
+        auto cg = col_gx[p];
+        const auto sums = accumulate_prefix_(Hg, Tg, Xg, a, ik[p], kp[p], cg);
+        diq[p].narrow(0, r0, n).copy_(sums.gx * (kp[p] * scale));
+        ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * kp[p]);
+        dbias.add_(sums.g.sum() * kp[p]);
+        // The slice [m0, m): its sum over the prefixes >= p is complete.
+        gemm_out(dq.narrow(1, m0, m - m0).narrow(0, r0, n), Hg, k_all.narrow(1, m0, m - m0));
+        dk.narrow(1, m0, m - m0).addmm_(Hg.t(), qg.narrow(1, m0, m - m0));
+      }
+    }
+    auto dik = col_gx * torch::stack(kp).unsqueeze(1);  // [P, N]
+    const bool want_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(5);
+    return {dq, dk, diq, dik, ctx->needs_input_grad(4) ? ds.reshape(scale.sizes()) : torch::Tensor(),
+            want_bias ? dbias : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The features the GEMMs take and the inverse norms [P, n] of their
+// prefixes, with the floor of `safe_normalize` (engine/prologue.h):
+// x / max(||x||, 1e-12). Where some row's largest magnitude lies outside
+// [1e-15, 1e15] (its products or squares could overflow or underflow), the
+// rows are divided by it first (the factor detached: the normalised prefixes
+// do not depend on it); otherwise they are taken as they are, and no copy is
+// held for the backward.
+std::pair<torch::Tensor, torch::Tensor> prefix_norms(const torch::Tensor& x, const std::vector<Prefix>& prefixes) {
+  auto m = torch::linalg_vector_norm(x.detach(), std::numeric_limits<double>::infinity(), {1}, /*keepdim=*/true)
+               .clamp_min(std::numeric_limits<float>::min());  // [n, 1]
+  const bool in_range = x.size(0) == 0 || (m.min().item<double>() >= 1e-15 && m.max().item<double>() <= 1e15);
+  auto y = in_range ? x : x / m;
+  const auto floor = in_range ? torch::full({x.size(0)}, 1e-12, x.options()) : (1e-12 / m).squeeze(1);  // [n]
+  std::vector<torch::Tensor> inv;
+  for (const auto& pre : prefixes) {
+    inv.push_back(torch::maximum(y.narrow(1, 0, pre.dim).norm(2, 1), floor).reciprocal());
+  }
+  return {y, torch::stack(inv)};
+}
+
+}  // namespace
+
+bool prefix_pass_candidate(const c10::Device& device, c10::ScalarType dtype) {
+  return device.is_cpu() && compute_dtype(dtype) == operand_dtype(dtype, device);
+}
+
+bool prefix_pass_candidate(const torch::Tensor& features) {
+  return prefix_pass_candidate(features.device(), features.scalar_type());
+}
+
+bool prefix_pass_takes(const Prologue& p, const torch::Tensor& features) {
+  return prefix_pass_candidate(features) && !p.tiled && !p.ring && p.dtype == p.operand;
+}
+
+torch::Tensor prefix_clip_block(const torch::Tensor& q, const torch::Tensor& k_all, const torch::Tensor& scale,
+                                const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
+                                const std::vector<Prefix>& prefixes) {
+  auto state = c10::make_intrusive<PrefixState>();
+  state->layout = layout;
+  state->spec = spec;
+  for (const auto& pre : prefixes) {
+    state->dims.push_back(pre.dim);
+    state->weights.push_back(pre.weight);
+  }
+  auto [yq, iq] = prefix_norms(q, prefixes);
+  auto [yk, ik] = prefix_norms(k_all, prefixes);
+  return PrefixClipBlock::apply(yq, yk, iq, ik, scale, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt,
+                                state);
+}
+
+}  // namespace contrax::detail

@@ -1,0 +1,71 @@
+// Matryoshka's prefixes of the CLIP / InfoNCE / grouped block in one shared
+// pass over the width (the Scorer's way for that block where it applies,
+// engine/scorer.h). Internal to the engine (src/engine/), not installed.
+//
+// Notation: raw features y (queries [b, d], every rank's keys [N, d]), prefix
+// widths m_1 < ... < m_P = d, weights w_p, inverse prefix norms
+// iq_p,i = 1 / ||y_i[:m_p]||, ik_p,j likewise, scale s, bias c. The raw
+// products of prefix p are X_p = y_q[:, :m_p] y_k[:, :m_p]^T, and its logits
+//   S_p,ij = s iq_p,i ik_p,j X_p,ij + c,
+// which are the block's logits on the L2-normalised prefixes. The loss is
+// sum_p w_p L_p, L_p the block of engine/block.h on S_p.
+//
+// Forward. X_p = X_(p-1) + y_q[:, m_(p-1):m_p] y_k[:, m_(p-1):m_p]^T: one
+// [b x N] buffer accumulates the slices, and each prefix's statistics (row
+// and column log-sum-exps, the designated entries) are taken from it, panel
+// by panel, before the next slice is added. The buffer keeps X_P for the
+// backward: one GEMM's worth of width forward, and one [b x N] buffer held,
+// whatever P. (Narrow slices make slower GEMMs than the whole width: the
+// cost is in docs/scorers.md.)
+//
+// Backward. With G_p the block's gradient of L_p with respect to S_p (times
+// the reduction's factor c and w_p: engine/block.h), the chain rule through
+// S_p = s iq ik X_p + c gives
+//   dX_p = H_p := G_p (s iq_p,i ik_p,j)           (elementwise)
+//   d iq_p,i = s sum_j G_p,ij ik_p,j X_p,ij,   d ik_p,j = s sum_i G_p,ij iq_p,i X_p,ij,
+//   ds = sum_p sum_ij G_p,ij iq_p,i ik_p,j X_p,ij,   dc = sum_p sum_ij G_p,ij,
+// and, since X_p depends on the first m_p columns only, the slice
+// k = [m_(k-1), m_k) of y_q receives sum_(p >= k) H_p y_k[:, slice k] (and
+// y_k the transposed product). Walking the prefixes from the widest down and
+// summing H as it goes, the sum for slice k is complete when prefix k has
+// been added: two GEMMs of the slice's width per slice, 2 GEMMs' worth of
+// width in all, and X_p for p < P recomputed (sum_(p<P) m_p / d of a GEMM).
+// The inverse norms' gradients reach y through autograd (the norms are
+// computed outside this function).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "engine/block.h"
+#include "engine/prologue.h"
+#include "util/check.h"
+
+namespace contrax::detail {
+
+/// Whether the shared pass takes the prefixes of a block over `features`
+/// (before the prologue: a CPU tensor whose compute and operand dtypes are
+/// the same; the route is checked again by prefix_pass_takes).
+bool prefix_pass_candidate(const torch::Tensor& features);
+/// The same for features of `dtype` on `device` (the plan's question).
+bool prefix_pass_candidate(const c10::Device& device, c10::ScalarType dtype);
+
+/// Whether the shared pass takes this prologue's block: a candidate on the
+/// materialised route (the tiled and ring routes walk each prefix themselves).
+bool prefix_pass_takes(const Prologue& p, const torch::Tensor& features);
+
+/// Rows per panel of the shared pass's backward (three panels: the logits,
+/// the recomputed products, the accumulated gradient): buffer_panel_rows
+/// (about 8 MiB on the CPU) and at most a sixteenth of the rows, so that the
+/// panels hold under 0.2 of the buffer (the routing counts 2 blocks).
+int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t b, int64_t N, int64_t d);
+
+/// sum_p w_p clip_block_loss(q[:, :m_p] / ||.||, k_all[:, :m_p] / ||.||, ...)
+/// (engine/engine.h), the rows normalised as `prepare` does, in one shared
+/// pass; q, k_all unnormalised in the compute dtype.
+torch::Tensor prefix_clip_block(const torch::Tensor& q /* [b, d] */, const torch::Tensor& k_all /* [N, d] */,
+                                const torch::Tensor& scale, const torch::Tensor& bias, const EngineLayout& layout,
+                                const BlockSpec& spec, const std::vector<Prefix>& prefixes);
+
+}  // namespace contrax::detail
