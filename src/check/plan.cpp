@@ -299,12 +299,9 @@ void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCos
   const int64_t stats = statistics_bytes(o, b, e);
   const auto scaled = [&](int64_t bytes) { return static_cast<int64_t>(static_cast<double>(bytes) * share); };
   const bool shared = shared_prefixes(o);
-  const double unit = mat.gemms > 0 ? mat.gemm_flops / static_cast<double>(mat.gemms) : 0.0;
-  const int64_t blocks = o.loss() == "grouped" ? o.group() : 1;
   for (auto* c : {&mat, &tiled, &ring}) {
     const bool one_pass = shared && c == &mat;
-    c->gemm_flops = one_pass ? c->gemm_flops + unit * static_cast<double>(blocks * (S - d)) / static_cast<double>(d)
-                             : c->gemm_flops * share;
+    c->gemm_flops *= share;
     c->panels *= P;
     if (c->launches >= 0) c->launches *= P;
     const auto keys = walked_blocks(o, b, c == &ring);
@@ -313,7 +310,7 @@ void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCos
   if (shared) {
     const auto keys = walked_blocks(o, b, false);
     const int64_t R = detail::prefix_panel_rows(o.device().type(), o.dtype(), b, keys.cols, d);
-    const int64_t panels = 3 * R * keys.cols * e;
+    const int64_t panels = R * keys.cols * e;
     mat.logits_bytes += panels;
     mat.workspace_bytes += panels;
   } else {
@@ -365,9 +362,9 @@ LossPlan plan_loss(const PlanOptions& o) {
   p.paths = {mat, tiled, ring};
 
   // The losses' own routing, on the largest rank (P logits blocks per block
-  // with prefixes, 2 for the shared pass: engine/scorer.h).
+  // with prefixes, 1 for the shared pass: engine/scorer.h).
   const auto n_prefixes = static_cast<int64_t>(detail::matryoshka_prefixes(o.matryoshka(), d).size());
-  const int64_t prefixes = n_prefixes == 0 ? 1 : shared_prefixes(o) ? 2 : n_prefixes;
+  const int64_t prefixes = n_prefixes == 0 || shared_prefixes(o) ? 1 : n_prefixes;
   const bool tiled_route =
       detail::route_tiled(o.path(), o.tile_size(), o.ring(), b * B * e * blocks * prefixes, o.max_logits_bytes());
   p.chosen = !tiled_route ? "materialised" : o.ring() && W > 1 ? "ring" : "tiled";

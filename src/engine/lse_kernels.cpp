@@ -401,32 +401,31 @@ void scaled_logits_out(torch::Tensor& t, const torch::Tensor& x, const torch::Te
   });
 }
 
-PrefixSums accumulate_prefix_(torch::Tensor& h, const torch::Tensor& g, const torch::Tensor& x,
-                              const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& k,
-                              torch::Tensor& col_gx) {
-  TORCH_INTERNAL_ASSERT(h.dim() == 2 && g.sizes() == h.sizes() && x.sizes() == h.sizes() &&
-                        col_gx.numel() == h.size(1) && col_gx.is_contiguous());
-  const int64_t R = h.size(0), C = h.size(1);
-  if (!fused_applies(h) || !fused_applies(g) || !fused_applies(x)) {
+PrefixSums raw_products_grad_(torch::Tensor& x, const torch::Tensor& g, const torch::Tensor& a,
+                              const torch::Tensor& b, const torch::Tensor& k, torch::Tensor& col_gx) {
+  TORCH_INTERNAL_ASSERT(x.dim() == 2 && g.sizes() == x.sizes() && col_gx.numel() == x.size(1) &&
+                        col_gx.is_contiguous());
+  const int64_t R = x.size(0), C = x.size(1);
+  if (!fused_applies(x) || !fused_applies(g)) {
     auto gx = g * x;  // [R, C]
     col_gx.add_((gx * a.unsqueeze(1)).sum(0));
-    h.add_(g * (k * a).unsqueeze(1) * b.unsqueeze(0));
-    return {(gx * b.unsqueeze(0)).sum(1), g.sum(1)};
+    PrefixSums out{(gx * b.unsqueeze(0)).sum(1), g.sum(1)};
+    at::mul_out(x, g, (k * a).unsqueeze(1)).mul_(b.unsqueeze(0));
+    return out;
   }
-  PrefixSums out{torch::zeros({R}, h.options()), torch::zeros({R}, h.options())};
+  PrefixSums out{torch::zeros({R}, x.options()), torch::zeros({R}, x.options())};
   if (R == 0 || C == 0) return out;
-  auto av = vec(a, h), bv = vec(b, h);
-  const int64_t ldh = row_stride(h), ldg = row_stride(g), ldx = row_stride(x);
+  auto av = vec(a, x), bv = vec(b, x);
+  const int64_t ldx = row_stride(x), ldg = row_stride(g);
   // The column sums are shared: split by columns, each part's row sums partial.
-  const int64_t parts = std::max<int64_t>(column_parts(h), 1);
-  AT_DISPATCH_FLOATING_TYPES(h.scalar_type(), "accumulate_prefix_", [&] {
+  const int64_t parts = std::max<int64_t>(column_parts(x), 1);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "raw_products_grad_", [&] {
     const auto& kt = kernels_for<scalar_t>();
     const auto kv = k.item<scalar_t>();
-    auto pgx = torch::zeros({parts, R}, h.options()), pg = torch::zeros({parts, R}, h.options());  // [parts, R]
+    auto pgx = torch::zeros({parts, R}, x.options()), pg = torch::zeros({parts, R}, x.options());  // [parts, R]
     for_column_parts(C, parts, [&](int64_t p, int64_t c0, int64_t c) {
-      kt.accumulate(g.data_ptr<scalar_t>() + c0, ldg, x.data_ptr<scalar_t>() + c0, ldx, R, c, ptr<scalar_t>(av),
-                    ptr<scalar_t>(bv) + c0, kv, h.data_ptr<scalar_t>() + c0, ldh, ptr<scalar_t>(pgx[p]),
-                    ptr<scalar_t>(pg[p]), ptr<scalar_t>(col_gx) + c0);
+      kt.raw_grad(x.data_ptr<scalar_t>() + c0, ldx, g.data_ptr<scalar_t>() + c0, ldg, R, c, ptr<scalar_t>(av),
+                  ptr<scalar_t>(bv) + c0, kv, ptr<scalar_t>(pgx[p]), ptr<scalar_t>(pg[p]), ptr<scalar_t>(col_gx) + c0);
     });
     out = {pgx.sum(0), pg.sum(0)};
   });

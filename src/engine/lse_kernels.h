@@ -119,16 +119,16 @@ void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a
 void scaled_logits_out(torch::Tensor& t /* [R, C] */, const torch::Tensor& x /* [R, C] */,
                        const torch::Tensor& a /* [R] */, const torch::Tensor& b /* [C] */, double c);
 
-/// The shared pass's backward sums over a gradient tile `g` (G / c, [R, C])
-/// of those logits: h_ij += k a_i b_j g_ij (the raw products' gradient, k a
-/// 0-dim factor), col_gx_j += sum_i g_ij a_i x_ij, and returned, per row,
-/// sum_j g_ij b_j x_ij (`gx`) and sum_j g_ij (`g`). One pass.
+/// The shared pass's backward over the raw products x ([R, C]) of one
+/// prefix and the gradient `g` (G / c, [R, C]) of their logits, in one pass:
+/// returned, per row, sum_j g_ij b_j x_ij (`gx`) and sum_j g_ij (`g`);
+/// col_gx_j += sum_i g_ij a_i x_ij; then, in place, x_ij <- k a_i b_j g_ij
+/// (the raw products' gradient, k a 0-dim factor).
 struct PrefixSums {
   torch::Tensor gx, g;  // [R] each
 };
-PrefixSums accumulate_prefix_(torch::Tensor& h /* [R, C] */, const torch::Tensor& g, const torch::Tensor& x,
-                              const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& k,
-                              torch::Tensor& col_gx /* [C], contiguous */);
+PrefixSums raw_products_grad_(torch::Tensor& x /* [R, C] */, const torch::Tensor& g, const torch::Tensor& a,
+                              const torch::Tensor& b, const torch::Tensor& k, torch::Tensor& col_gx /* [C] */);
 
 /// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
 /// apply (default true; the CONTRAX_FUSED_KERNELS=0 environment variable turns

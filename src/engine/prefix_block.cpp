@@ -2,6 +2,7 @@
 #include "engine/prefix_block.h"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <limits>
 
@@ -66,8 +67,21 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     auto aq = iq * scale;                         // [P, b]: s / ||q_p||
     auto X = logits_buffer(b, N, q.options());    // [b, N]: the raw products, X_P once done
     auto T = torch::empty({panel_rows_of(b, N, q), N}, q.options());
+    // Bounded (as the materialised block, engine/materialised_blocks.cpp):
+    // every prefix's logits are cosines times s plus c, |S| <= M = s + |c|;
+    // where 2M is within the dtype's exponent range M is every softmax's
+    // exact shift, and one exponential per logit gives the row sums and this
+    // rank's column sums. Multi-positive labels need S itself.
+    const double M = scale.item<double>() + std::abs(c);
+    const double range = q.scalar_type() == torch::kDouble ? 700.0 : 80.0;
+    const bool bounded = !state->multi() && bounded_shift_enabled() && std::isfinite(M) && 2.0 * M <= range;
+    const bool sym = state->spec.symmetric;
     std::deque<ForwardStats> st;
-    for (int64_t p = 0; p < P; ++p) st.emplace_back(*state, b, q.options());
+    std::vector<torch::Tensor> col_sum;  // bounded and symmetric: [P] of [N]
+    for (int64_t p = 0; p < P; ++p) {
+      st.emplace_back(*state, b, q.options(), /*online_cols=*/!bounded);
+      if (bounded && sym) col_sum.push_back(torch::zeros({N}, q.options()));
+    }
     auto designated = torch::empty({P, b}, q.options());  // [P, b]: S_p,i,pos(i)
     // Each slice's product over the whole buffer (a GEMM per panel of a
     // 64-wide slice runs at half the speed of one over all rows), then the
@@ -85,9 +99,12 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
         scaled_logits_out(Tg, X.narrow(0, r0, n), aq[p].narrow(0, r0, n), ik[p], c);
         designated[p].narrow(0, r0, n).copy_(run_view(Tg, positives_in(r0, n, 0, N, state->layout.offset, g), g));
         for_label_panels(*state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
-          st[p].add(Tc, Pl, row, 0, /*whole_rows=*/true);
+          if (!bounded) return st[p].add(Tc, Pl, row, 0, /*whole_rows=*/true);
+          const auto sums = exp_rows_(Tc, M, sym ? col_sum[p] : torch::Tensor());
+          st[p].lse_row.narrow(0, row, Tc.size(0)).copy_(sums.log_().add_(M));
         });
       }
+      if (bounded && sym) st[p].lse_col = col_sum[p].log_().add_(M);  // this rank's column partials
     }
     torch::Tensor l;  // [b]: sum_p w_p l_p
     std::vector<torch::Tensor> lse_row, lse_col;
@@ -113,9 +130,16 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     NoAutocast no_autocast;
     auto state = backward_state<PrefixState>(ctx);
+    TORCH_CHECK(!state->consumed, state->layout.caller,
+                "(): backward ran twice through the same graph; the Matryoshka prefixes' shared pass turns its "
+                "buffer into the gradient in place, so retain_graph=true cannot reuse it (compute the loss again "
+                "instead)");
+    state->consumed = true;
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k_all = saved[1], &iq = saved[2], &ik = saved[3], &scale = saved[4];
-    const auto X = ctx->saved_data["X"].toTensor();
+    // The buffer leaves the graph now (as the materialised block's does).
+    auto X = ctx->saved_data["X"].toTensor();
+    ctx->saved_data.erase("X");
     const auto lse_row = ctx->saved_data["lse_row"].toTensor();
     auto get = [&](const char* key) {
       return ctx->saved_data.count(key) ? ctx->saved_data[key].toTensor() : torch::Tensor();
@@ -125,40 +149,41 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     const int64_t b = q.size(0), N = k_all.size(0), d = q.size(1), P = static_cast<int64_t>(state->dims.size());
     const auto opt = q.options();
     const auto w = backward_weights(*state, grads[0], q.scalar_type());
-    std::vector<torch::Tensor> kp;  // [P] of 0-dim: c w_p
-    for (int64_t p = 0; p < P; ++p) kp.push_back(w.c * state->weights[p]);
     auto aq = iq * scale;  // [P, b]
-    auto dq = torch::empty({b, d}, opt), dk = torch::zeros({N, d}, opt);
-    auto diq = torch::zeros({P, b}, opt), col_gx = torch::zeros({P, N}, opt);
+    auto dq = torch::empty({b, d}, opt), dk = torch::empty({N, d}, opt);
+    auto diq = torch::empty({P, b}, opt), col_gx = torch::zeros({P, N}, opt);
     auto ds = torch::zeros({}, opt), dbias = torch::zeros({}, opt);
-    const int64_t R = panel_rows_of(b, N, q);
-    auto T = torch::empty({R, N}, opt), H = torch::empty({R, N}, opt);
-    auto Xr = P > 1 ? torch::empty({R, N}, opt) : torch::Tensor();
-    for (int64_t r0 = 0; r0 < b; r0 += R) {
-      const int64_t n = std::min(R, b - r0);
-      auto Tg = T.narrow(0, 0, n), Hg = H.narrow(0, 0, n);
-      const auto qg = q.narrow(0, r0, n);
-      Hg.zero_();
-      for (int64_t p = P - 1; p >= 0; --p) {
-        const int64_t m = state->dims[p], m0 = p > 0 ? state->dims[p - 1] : 0;
-        auto Xg = p == P - 1 ? X.narrow(0, r0, n) : Xr.narrow(0, 0, n);
-        if (p < P - 1) gemm_out(Xg, qg.narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+    std::vector<torch::Tensor> kp;  // [P] of 0-dim: c w_p
+    auto T = torch::empty({panel_rows_of(b, N, q), N}, opt);
+    const int64_t R = T.size(0);
+    // Prefix by prefix, from the widest: its raw products (X_P kept, the
+    // narrower recomputed into the same buffer), turned panel by panel into
+    // their gradient H_p, whose products with the prefix's columns add into
+    // dq and dk: whole-buffer GEMMs (a GEMM per panel of a narrow slice runs
+    // at a third of the speed on the CPU measured, docs/scorers.md).
+    for (int64_t p = P - 1; p >= 0; --p) {
+      const int64_t m = state->dims[p];
+      if (p < P - 1 && b > 0) gemm_out(X, q.narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+      kp.insert(kp.begin(), w.c * state->weights[p]);
+      const RowTerms rt{lse_row[p], lse_col.defined() ? lse_col[p] : torch::Tensor(), get("inv_n_row"),
+                        get("inv_n_col")};
+      auto cg = col_gx[p];
+      for (int64_t r0 = 0; r0 < b; r0 += R) {
+        const int64_t n = std::min(R, b - r0);
+        auto Xg = X.narrow(0, r0, n), Tg = T.narrow(0, 0, n);
         auto a = aq[p].narrow(0, r0, n);
         scaled_logits_out(Tg, Xg, a, ik[p], c);
-        const RowTerms rt{lse_row[p], lse_col.defined() ? lse_col[p] : torch::Tensor(), get("inv_n_row"),
-                          get("inv_n_col")};
         for_label_panels(*state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
           tile_gradient(*state, rt, w, Tc, Pl, row, 0);  // G_p / c
         });
-        auto cg = col_gx[p];
-        const auto sums = accumulate_prefix_(Hg, Tg, Xg, a, ik[p], kp[p], cg);
-        diq[p].narrow(0, r0, n).copy_(sums.gx * (kp[p] * scale));
-        ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * kp[p]);
-        dbias.add_(sums.g.sum() * kp[p]);
-        // The slice [m0, m): its sum over the prefixes >= p is complete.
-        gemm_out(dq.narrow(1, m0, m - m0).narrow(0, r0, n), Hg, k_all.narrow(1, m0, m - m0));
-        dk.narrow(1, m0, m - m0).addmm_(Hg.t(), qg.narrow(1, m0, m - m0));
+        const auto sums = raw_products_grad_(Xg, Tg, a, ik[p], kp.front(), cg);  // Xg <- H_p
+        diq[p].narrow(0, r0, n).copy_(sums.gx * (kp.front() * scale));
+        ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * kp.front());
+        dbias.add_(sums.g.sum() * kp.front());
       }
+      const bool first = p == P - 1;
+      gemm_into_(dq.narrow(1, 0, m), X, k_all.narrow(1, 0, m), first);
+      gemm_into_(dk.narrow(1, 0, m), X.t(), q.narrow(1, 0, m), first);
     }
     auto dik = col_gx * torch::stack(kp).unsqueeze(1);  // [P, N]
     const bool want_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(5);
@@ -179,12 +204,18 @@ std::pair<torch::Tensor, torch::Tensor> prefix_norms(const torch::Tensor& x, con
                .clamp_min(std::numeric_limits<float>::min());  // [n, 1]
   const bool in_range = x.size(0) == 0 || (m.min().item<double>() >= 1e-15 && m.max().item<double>() <= 1e15);
   auto y = in_range ? x : x / m;
-  const auto floor = in_range ? torch::full({x.size(0)}, 1e-12, x.options()) : (1e-12 / m).squeeze(1);  // [n]
-  std::vector<torch::Tensor> inv;
+  const auto floor = in_range ? torch::full({x.size(0), 1}, 1e-12, x.options()) : 1e-12 / m;  // [n, 1]
+  // The squared norms of the slices, summed up to each prefix; the floor is
+  // taken on the square (no gradient of sqrt at 0 reaches a zero row).
+  const auto sq = y * y;  // [n, d]
+  std::vector<torch::Tensor> slices;
+  int64_t m0 = 0;
   for (const auto& pre : prefixes) {
-    inv.push_back(torch::maximum(y.narrow(1, 0, pre.dim).norm(2, 1), floor).reciprocal());
+    slices.push_back(sq.narrow(1, m0, pre.dim - m0).sum(1, /*keepdim=*/true));
+    m0 = pre.dim;
   }
-  return {y, torch::stack(inv)};
+  auto ss = torch::cat(slices, 1).cumsum(1);                                 // [n, P]
+  return {y, torch::maximum(ss, floor * floor).rsqrt().t().contiguous()};  // [P, n]
 }
 
 }  // namespace

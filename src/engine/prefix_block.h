@@ -24,14 +24,19 @@
 //   dX_p = H_p := G_p (s iq_p,i ik_p,j)           (elementwise)
 //   d iq_p,i = s sum_j G_p,ij ik_p,j X_p,ij,   d ik_p,j = s sum_i G_p,ij iq_p,i X_p,ij,
 //   ds = sum_p sum_ij G_p,ij iq_p,i ik_p,j X_p,ij,   dc = sum_p sum_ij G_p,ij,
-// and, since X_p depends on the first m_p columns only, the slice
-// k = [m_(k-1), m_k) of y_q receives sum_(p >= k) H_p y_k[:, slice k] (and
-// y_k the transposed product). Walking the prefixes from the widest down and
-// summing H as it goes, the sum for slice k is complete when prefix k has
-// been added: two GEMMs of the slice's width per slice, 2 GEMMs' worth of
-// width in all, and X_p for p < P recomputed (sum_(p<P) m_p / d of a GEMM).
-// The inverse norms' gradients reach y through autograd (the norms are
-// computed outside this function).
+// and, X_p depending on the first m_p columns only,
+//   dy_q[:, :m_p] += H_p y_k[:, :m_p],   dy_k[:, :m_p] += H_p^T y_q[:, :m_p].
+// The prefixes are walked from the widest down: X_P is the kept buffer, each
+// narrower X_p is recomputed into it (sum_(p<P) m_p / d of a GEMM), turned
+// panel by panel into H_p (the sums above taken in the same pass), and its
+// two products run over the whole buffer. The GEMMs come to 3 sum_p m_p / d
+// of one product, as a loop over prefixes; the memory to one buffer and one
+// panel instead of P buffers. (Summing the H_p of the prefixes that contain
+// each slice would save a third of the GEMM work, but needs the H_p beside
+// X_p, i.e. panels, and on the CPU measured the GEMMs of a panel of a
+// narrow slice ran at a third of the speed of whole-buffer ones:
+// docs/scorers.md.) The inverse norms' gradients reach y through autograd
+// (the norms are computed outside this function).
 #pragma once
 
 #include <torch/torch.h>
@@ -55,10 +60,9 @@ bool prefix_pass_candidate(const c10::Device& device, c10::ScalarType dtype);
 /// materialised route (the tiled and ring routes walk each prefix themselves).
 bool prefix_pass_takes(const Prologue& p, const torch::Tensor& features);
 
-/// Rows per panel of the shared pass's backward (three panels: the logits,
-/// the recomputed products, the accumulated gradient): buffer_panel_rows
-/// (about 8 MiB on the CPU) and at most a sixteenth of the rows, so that the
-/// panels hold under 0.2 of the buffer (the routing counts 2 blocks).
+/// Rows of the shared pass's one panel (a prefix's logits, then their
+/// gradient): buffer_panel_rows (about 8 MiB on the CPU) and at most a
+/// sixteenth of the rows, so that it holds at most 1/16 of the buffer.
 int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t b, int64_t N, int64_t d);
 
 /// sum_p w_p clip_block_loss(q[:, :m_p] / ||.||, k_all[:, :m_p] / ||.||, ...)

@@ -47,8 +47,8 @@ class Scorer {
   /// The prefixes, widest last; empty for dot().
   const std::vector<Prefix>& prefixes() const { return prefixes_; }
   /// How many logits blocks the loss holds per block of its own (P, or 1).
-  /// (The shared pass: its buffer and its panels, counted as 2.)
-  int64_t blocks() const { return dot() ? 1 : shared_ ? 2 : static_cast<int64_t>(prefixes_.size()); }
+  /// (The shared pass: its one buffer.)
+  int64_t blocks() const { return dot() || shared_ ? 1 : static_cast<int64_t>(prefixes_.size()); }
   /// Whether the front end normalises the whole width (`normalize` and no
   /// prefixes: each prefix normalises its own cut instead).
   bool normalize_whole(bool normalize) const { return normalize && dot(); }

@@ -293,12 +293,11 @@ void scaled_impl(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, cons
 }
 
 template <typename T>
-void accumulate_impl(const T* g, int64_t ldg, const T* x, int64_t ldx, int64_t R, int64_t C, const T* a,
-                     const T* b, T k, T* h, int64_t ldh, T* row_gx, T* row_g, T* col_gx) {
+void raw_grad_impl(T* x, int64_t ldx, const T* g, int64_t ldg, int64_t R, int64_t C, const T* a, const T* b, T k,
+                   T* row_gx, T* row_g, T* col_gx) {
   for (int64_t i = 0; i < R; ++i) {
     const T* gi = g + i * ldg;
-    const T* xi = x + i * ldx;
-    T* hi = h + i * ldh;
+    T* xi = x + i * ldx;
     T gx = T(0), gs = T(0);
     int64_t j = 0;
     if constexpr (std::is_same_v<T, float>) {
@@ -306,10 +305,9 @@ void accumulate_impl(const T* g, int64_t ldg, const T* x, int64_t ldx, int64_t R
       vf vgx{}, vgs{};
       for (; j + kLanes <= C; j += kLanes) {
         prefetch_r(gi + j);
-        prefetch_r(xi + j);
-        prefetch_w(hi + j);
+        prefetch_w(xi + j);
         const vf vg = load(gi + j), vb = load(b + j), gxv = vg * load(xi + j);
-        store(hi + j, load(hi + j) + vka * vb * vg);
+        store(xi + j, vka * vb * vg);
         vgx += gxv * vb;
         vgs += vg;
         store(col_gx + j, load(col_gx + j) + va * gxv);
@@ -318,7 +316,7 @@ void accumulate_impl(const T* g, int64_t ldg, const T* x, int64_t ldx, int64_t R
     }
     for (; j < C; ++j) {
       const T gxj = gi[j] * xi[j];
-      hi[j] += k * a[i] * b[j] * gi[j];
+      xi[j] = k * a[i] * b[j] * gi[j];
       gx += gxj * b[j];
       gs += gi[j];
       col_gx[j] += a[i] * gxj;
@@ -343,9 +341,9 @@ void exp_f(const float* x, float* y, int64_t n) {
 
 const Table& table() {
   static const Table t{{stats_impl<float>, grad_impl<float>, exp_rows_impl<float>, scale_impl<float>,
-                        scaled_impl<float>, accumulate_impl<float>},
+                        scaled_impl<float>, raw_grad_impl<float>},
                        {stats_impl<double>, grad_impl<double>, exp_rows_impl<double>, scale_impl<double>,
-                        scaled_impl<double>, accumulate_impl<double>},
+                        scaled_impl<double>, raw_grad_impl<double>},
                        exp_f};
   return t;
 }

@@ -33,11 +33,12 @@ struct Kernels {
   // products x of one prefix (row stride ldx), whose logits are
   // t_ij = a_i b_j x_ij + c. scaled: t (row stride ldt) <- those logits.
   void (*scaled)(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b, T c, T* t, int64_t ldt);
-  // With g the tile's gradient (row stride ldg): h_ij += k a_i b_j g_ij
-  // (row stride ldh), row_gx[i] = sum_j g_ij b_j x_ij, row_g[i] = sum_j g_ij
-  // and col_gx[j] += sum_i g_ij a_i x_ij.
-  void (*accumulate)(const T* g, int64_t ldg, const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b,
-                     T k, T* h, int64_t ldh, T* row_gx, T* row_g, T* col_gx);
+  // With g the tile's gradient (row stride ldg), in place over x:
+  // x_ij <- k a_i b_j g_ij (the raw products' gradient), after
+  // row_gx[i] = sum_j g_ij b_j x_ij, row_g[i] = sum_j g_ij and
+  // col_gx[j] += sum_i g_ij a_i x_ij are taken from the old x.
+  void (*raw_grad)(T* x, int64_t ldx, const T* g, int64_t ldg, int64_t R, int64_t C, const T* a, const T* b, T k,
+                   T* row_gx, T* row_g, T* col_gx);
 };
 
 struct Table {
