@@ -136,6 +136,13 @@ TEST(Matryoshka, TheSharedPassHoldsOneLogitsBuffer) {
   EXPECT_LT(shared_peak, 2 * block);
   EXPECT_LE((shared.first - loop.first).abs().item<double>(), 1e-12);
   EXPECT_LE((shared.second - loop.second).abs().max().item<double>(), 1e-12);
+  // The buffer becomes the gradient in place: a second backward is refused.
+  auto a = a0.clone().requires_grad_(true);
+  auto twice = clip_loss(a, b0, s, {}, ClipLossOptions().matryoshka_dims({4, 8}));
+  twice.backward({}, /*retain_graph=*/true);
+  CONTRAX_EXPECT_ERROR(twice.backward(),
+                       "clip_loss(): backward ran twice through the same graph; the Matryoshka prefixes' shared pass "
+                       "turns its buffer into the gradient in place");
 }
 
 // Features of any magnitude: rows of 1e20 (whose products and squares
