@@ -36,8 +36,8 @@ rank's positives itself (``offset`` stays 0; each rank passes its own rows),
 and returns rank r's share of the loss of the concatenated batch, so that
 data-parallel averaging gives its gradient exactly: uneven batches, an empty
 rank and ranks with different padded lengths included (documents shorter than
-the longest of any rank are padded with zero rows, as concatenating them
-would). Hard negatives stay with their query, as in colpali-engine. Without
+the longest of any rank holding rows are padded with zero rows, as
+concatenating them would; an empty rank's length counts for nothing). Hard negatives stay with their query, as in colpali-engine. Without
 it (the default) the loss is colpali-engine's on the tensors given, including
 documents its trainer gathered with ``offset = rank * batch_size``.
 
@@ -140,9 +140,13 @@ class _Colbert(torch.nn.Module):
             group = distributed_group(True, self.group, where)
             world = 1 if group is LOCAL else dist.get_world_size(group)
             if world > 1:
-                # The rows, and the longest documents and negatives of every rank.
-                n_len = 0 if negatives is None else negatives.size(2)
-                meta = torch.tensor([[b, docs.size(1), n_len]], dtype=torch.int64, device=queries.device)
+                # The rows, and the longest documents and negatives of every rank. An empty rank's
+                # lengths are no row's: counted, they would pad every rank's rows with zero rows that
+                # the concatenated batch lacks, and a zero row is the best of a query token whose
+                # scores are all negative.
+                d_len = docs.size(1) if b else 0
+                n_len = negatives.size(2) if b and negatives is not None else 0
+                meta = torch.tensor([[b, d_len, n_len]], dtype=torch.int64, device=queries.device)
                 meta = gather_no_grad(meta, group)
                 rows = int(meta[:, 0].sum())
                 docs = _pad_tokens(docs, int(meta[:, 1].max()))

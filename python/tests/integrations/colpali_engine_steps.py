@@ -9,7 +9,9 @@ The model is a tiny ColPali stand-in (token embedding, tanh, projection, L2
 normalisation, times the attention mask: padding is zero rows, as in
 colpali-engine's models). Batches: queries of 5 tokens, positives of 7 and two
 hard negatives of 6 per query, each with padding of its own; each rank cuts
-the padding columns that none of its rows uses, so ranks hold different lengths.
+the padding columns that none of its rows uses, so ranks hold different lengths
+(an empty rank keeps every column: longer than the global batch's at some steps,
+which the losses must not pad the other ranks' rows to).
 """
 import os
 import sys
@@ -83,7 +85,7 @@ def embed(model, item, negatives):
     if not negatives:
         return qe, de, None
     ne = model(n["input_ids"].flatten(0, 1), n["attention_mask"].flatten(0, 1))
-    return qe, de, ne.view(*n["input_ids"].shape, -1)
+    return qe, de, ne.view(*n["input_ids"].shape, ne.size(-1))  # -1 is ambiguous on an empty rank
 
 
 def train(loss_fn, items, negatives, *, ddp=True, gather=None):
