@@ -94,10 +94,13 @@ def _pad_tokens(x, length):
 
 
 class _Colbert(torch.nn.Module):
-    """The arguments colpali-engine's ``ColbertModule`` losses share, checked, and the batch they see."""
+    """The arguments colpali-engine's ``ColbertModule`` losses share, checked (the constructor of
+    ColbertLoss and ColbertSigmoidLoss), and the batch they see."""
 
-    def __init__(self, temperature, normalize_scores, use_smooth_max, pos_aware_negative_filtering, max_batch_size,
-                 tau, norm_tol, filter_threshold, filter_factor, gather_across_devices, panel_bytes, group):
+    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, use_smooth_max: bool = False,
+                 pos_aware_negative_filtering: bool = False, max_batch_size: int = 1024, tau: float = 0.1,
+                 norm_tol: float = 1e-3, filter_threshold: float = 0.95, filter_factor: float = 0.5, *,
+                 gather_across_devices: bool = False, panel_bytes: int = 16 << 20, group=None):
         super().__init__()
         name = type(self).__name__
         if use_smooth_max:
@@ -119,6 +122,12 @@ class _Colbert(torch.nn.Module):
         self.gather_across_devices = bool(gather_across_devices)
         self.panel_bytes = int(panel_bytes)
         self.group = group
+
+    def forward(self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """The in-batch loss (``_in_batch``, each loss's own) of queries ``[b, Lq, d]``
+        against documents ``[m, Ld, d]`` (zero rows are padding)."""
+        return self._in_batch(self._batch(query_embeddings, doc_embeddings, None, offset,
+                                          f"{type(self).__name__}.forward()"))
 
     def _batch(self, queries, docs, negatives, offset, where) -> _Batch:
         """The batch this rank scores: queries scaled for ``normalize_scores``; with
@@ -192,11 +201,30 @@ class _Colbert(torch.nn.Module):
         return loss
 
 
-def _check_weight(loss, weight):
-    if not (isinstance(weight, (int, float)) and 0 <= weight <= 1):
-        raise ValueError(f"{type(loss).__name__}(): argument 'in_batch_term_weight' must be in [0, 1], but got "
-                         f"{weight!r}")
-    loss.in_batch_term_weight = float(weight)
+class _WithNegatives:
+    """What ColbertNegativeCELoss and ColbertPairwiseNegativeCELoss share: colpali-engine's
+    constructor with ``in_batch_term_weight`` (in [0, 1]), and ``forward`` with the negatives.
+    Listed before the base that gives the in-batch term."""
+
+    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, use_smooth_max: bool = False,
+                 pos_aware_negative_filtering: bool = False, in_batch_term_weight: float = 0.5,
+                 max_batch_size: int = 1024, tau: float = 0.1, norm_tol: float = 1e-3, filter_threshold: float = 0.95,
+                 filter_factor: float = 0.5, *, gather_across_devices: bool = False, panel_bytes: int = 16 << 20,
+                 group=None):
+        super().__init__(temperature, normalize_scores, use_smooth_max, pos_aware_negative_filtering, max_batch_size,
+                         tau, norm_tol, filter_threshold, filter_factor, gather_across_devices=gather_across_devices,
+                         panel_bytes=panel_bytes, group=group)
+        if not (isinstance(in_batch_term_weight, (int, float)) and 0 <= in_batch_term_weight <= 1):
+            raise ValueError(f"{type(self).__name__}(): argument 'in_batch_term_weight' must be in [0, 1], but got "
+                             f"{in_batch_term_weight!r}")
+        self.in_batch_term_weight = float(in_batch_term_weight)
+
+    def forward(self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor, neg_doc_embeddings: torch.Tensor,
+                offset: int = 0) -> torch.Tensor:
+        """Queries ``[b, Lq, d]``, positives ``[m, Ld, d]``, negatives ``[b, k, Ln, d]``."""
+        batch = self._batch(query_embeddings, doc_embeddings, neg_doc_embeddings, offset,
+                            f"{type(self).__name__}.forward()")
+        return self._with_negatives(batch, self.in_batch_term_weight)
 
 
 class ColbertLoss(_Colbert):
@@ -211,18 +239,6 @@ class ColbertLoss(_Colbert):
         panel_bytes: the budget of one panel of token scores.
         group: the process group (default: torch.distributed's, when initialised).
     """
-
-    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, use_smooth_max: bool = False,
-                 pos_aware_negative_filtering: bool = False, max_batch_size: int = 1024, tau: float = 0.1,
-                 norm_tol: float = 1e-3, filter_threshold: float = 0.95, filter_factor: float = 0.5, *,
-                 gather_across_devices: bool = False, panel_bytes: int = 16 << 20, group=None):
-        super().__init__(temperature, normalize_scores, use_smooth_max, pos_aware_negative_filtering, max_batch_size,
-                         tau, norm_tol, filter_threshold, filter_factor, gather_across_devices, panel_bytes, group)
-
-    def forward(self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Queries ``[b, Lq, d]`` against documents ``[m, Ld, d]`` (zero rows are padding)."""
-        return self._in_batch(self._batch(query_embeddings, doc_embeddings, None, offset,
-                                          f"{type(self).__name__}.forward()"))
 
     def _in_batch(self, batch):
         docs, b = batch.docs, batch.queries.size(0)
@@ -244,7 +260,7 @@ class ColbertLoss(_Colbert):
                            padding_score=0.0, panel_bytes=self.panel_bytes, group=batch.group)
 
 
-class ColbertNegativeCELoss(ColbertLoss):
+class ColbertNegativeCELoss(_WithNegatives, ColbertLoss):
     """colpali-engine's ``ColbertNegativeCELoss(temperature=0.02, normalize_scores=True, use_smooth_max=False,
     pos_aware_negative_filtering=False, in_batch_term_weight=0.5, max_batch_size=1024, tau=0.1,
     norm_tol=1e-3, filter_threshold=0.95, filter_factor=0.5)``: ``(1 - w)`` times the mean of
@@ -252,23 +268,6 @@ class ColbertNegativeCELoss(ColbertLoss):
     ``w`` times ``ColbertLoss``'s in-batch InfoNCE (``w = in_batch_term_weight``, in [0, 1]).
     Contrax's keyword arguments are ``ColbertLoss``'s.
     """
-
-    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, use_smooth_max: bool = False,
-                 pos_aware_negative_filtering: bool = False, in_batch_term_weight: float = 0.5,
-                 max_batch_size: int = 1024, tau: float = 0.1, norm_tol: float = 1e-3, filter_threshold: float = 0.95,
-                 filter_factor: float = 0.5, *, gather_across_devices: bool = False, panel_bytes: int = 16 << 20,
-                 group=None):
-        super().__init__(temperature, normalize_scores, use_smooth_max, pos_aware_negative_filtering, max_batch_size,
-                         tau, norm_tol, filter_threshold, filter_factor, gather_across_devices=gather_across_devices,
-                         panel_bytes=panel_bytes, group=group)
-        _check_weight(self, in_batch_term_weight)
-
-    def forward(self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor, neg_doc_embeddings: torch.Tensor,
-                offset: int = 0) -> torch.Tensor:
-        """Queries ``[b, Lq, d]``, positives ``[m, Ld, d]``, negatives ``[b, k, Ln, d]``."""
-        batch = self._batch(query_embeddings, doc_embeddings, neg_doc_embeddings, offset,
-                            f"{type(self).__name__}.forward()")
-        return self._with_negatives(batch, self.in_batch_term_weight)
 
 
 class ColbertPairwiseCELoss(_Colbert):
@@ -286,12 +285,8 @@ class ColbertPairwiseCELoss(_Colbert):
                  norm_tol: float = 1e-3, filter_threshold: float = 0.95, filter_factor: float = 0.5, *,
                  gather_across_devices: bool = False, panel_bytes: int = 16 << 20, group=None):
         super().__init__(temperature, normalize_scores, use_smooth_max, pos_aware_negative_filtering, max_batch_size,
-                         tau, norm_tol, filter_threshold, filter_factor, gather_across_devices, panel_bytes, group)
-
-    def forward(self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """Queries ``[b, Lq, d]`` against documents ``[m, Ld, d]`` (zero rows are padding)."""
-        return self._in_batch(self._batch(query_embeddings, doc_embeddings, None, offset,
-                                          f"{type(self).__name__}.forward()"))
+                         tau, norm_tol, filter_threshold, filter_factor, gather_across_devices=gather_across_devices,
+                         panel_bytes=panel_bytes, group=group)
 
     def _in_batch(self, batch):
         docs, offset = self._gathered(batch)
@@ -302,7 +297,7 @@ class ColbertPairwiseCELoss(_Colbert):
         return self._share(F.softplus((hardest - pos) / self.temperature), batch)
 
 
-class ColbertPairwiseNegativeCELoss(ColbertPairwiseCELoss):
+class ColbertPairwiseNegativeCELoss(_WithNegatives, ColbertPairwiseCELoss):
     """colpali-engine's ``ColbertPairwiseNegativeCELoss(temperature=0.02, normalize_scores=True,
     use_smooth_max=False, pos_aware_negative_filtering=False, in_batch_term_weight=0.5,
     max_batch_size=1024, tau=0.1, norm_tol=1e-3, filter_threshold=0.95, filter_factor=0.5)``:
@@ -310,39 +305,14 @@ class ColbertPairwiseNegativeCELoss(ColbertPairwiseCELoss):
     ``ColbertPairwiseCELoss`` (its in-batch term, at this temperature).
     """
 
-    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, use_smooth_max: bool = False,
-                 pos_aware_negative_filtering: bool = False, in_batch_term_weight: float = 0.5,
-                 max_batch_size: int = 1024, tau: float = 0.1, norm_tol: float = 1e-3, filter_threshold: float = 0.95,
-                 filter_factor: float = 0.5, *, gather_across_devices: bool = False, panel_bytes: int = 16 << 20,
-                 group=None):
-        super().__init__(temperature, normalize_scores, use_smooth_max, pos_aware_negative_filtering, max_batch_size,
-                         tau, norm_tol, filter_threshold, filter_factor, gather_across_devices=gather_across_devices,
-                         panel_bytes=panel_bytes, group=group)
-        _check_weight(self, in_batch_term_weight)
 
-    def forward(self, query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor, neg_doc_embeddings: torch.Tensor,
-                offset: int = 0) -> torch.Tensor:
-        """Queries ``[b, Lq, d]``, positives ``[m, Ld, d]``, negatives ``[b, k, Ln, d]``."""
-        batch = self._batch(query_embeddings, doc_embeddings, neg_doc_embeddings, offset,
-                            f"{type(self).__name__}.forward()")
-        return self._with_negatives(batch, self.in_batch_term_weight)
-
-
-class ColbertSigmoidLoss(ColbertPairwiseCELoss):
+class ColbertSigmoidLoss(_Colbert):
     """colpali-engine's ``ColbertSigmoidLoss(temperature=0.02, normalize_scores=True, use_smooth_max=False,
     pos_aware_negative_filtering=False, max_batch_size=1024, tau=0.1, norm_tol=1e-3,
     filter_threshold=0.95, filter_factor=0.5)``: the mean over every query-document pair of
     ``softplus(-y s / temperature)``, y = 1 for the positive and -1 otherwise. Unlike
     colpali-engine's, it takes more documents than queries (``offset``, or gathered).
     """
-
-    def __init__(self, temperature: float = 0.02, normalize_scores: bool = True, use_smooth_max: bool = False,
-                 pos_aware_negative_filtering: bool = False, max_batch_size: int = 1024, tau: float = 0.1,
-                 norm_tol: float = 1e-3, filter_threshold: float = 0.95, filter_factor: float = 0.5, *,
-                 gather_across_devices: bool = False, panel_bytes: int = 16 << 20, group=None):
-        super().__init__(temperature, normalize_scores, use_smooth_max, pos_aware_negative_filtering, max_batch_size,
-                         tau, norm_tol, filter_threshold, filter_factor, gather_across_devices=gather_across_devices,
-                         panel_bytes=panel_bytes, group=group)
 
     def _in_batch(self, batch):
         docs, offset = self._gathered(batch)

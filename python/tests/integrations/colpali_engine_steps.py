@@ -27,7 +27,8 @@ from torch.distributed.nn.functional import all_gather  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from contrax.integrations import colpali_engine as cx  # noqa: E402
-from common import F64, finish, init, mean_over_ranks, params_err, rel_err, report, sgd_steps, share  # noqa: E402
+from common import (F64, finish, init, mean_over_ranks, params_err, rel_err, report, sgd_steps, share,  # noqa: E402
+                    token_column)
 
 STEPS = 2
 EXACT = 1e-10
@@ -50,14 +51,6 @@ class TinyColPali(torch.nn.Module):
         return out * attention_mask.unsqueeze(-1)
 
 
-def column(rows, length, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (rows, length), generator=g)
-    lengths = torch.randint(2, length + 1, (rows,), generator=g)
-    mask = (torch.arange(length)[None, :] < lengths[:, None]).to(torch.int64)
-    return {"input_ids": ids * mask, "attention_mask": mask}
-
-
 def cut(col, off, count, trim=True):
     """Rows [off, off + count) (of [B, L] or [B, k, L]), without the padding columns none of them uses."""
     rows = {k: v[off:off + count] for k, v in col.items()}
@@ -72,8 +65,8 @@ def batches(rows, rank, whole=False, trim=True):
     total = sum(rows)
     off, count = (0, total) if whole else share(rows, rank)
     for step in range(STEPS):
-        q, d = column(total, LQ, 100 * step), column(total, LD, 100 * step + 1)
-        n = column(total * NEGS, LN, 100 * step + 2)
+        q, d = token_column(VOCAB, total, LQ, 100 * step), token_column(VOCAB, total, LD, 100 * step + 1)
+        n = token_column(VOCAB, total * NEGS, LN, 100 * step + 2)
         n = {k: v.view(total, NEGS, LN) for k, v in n.items()}
         out.append(tuple(cut(c, off, count, trim) for c in (q, d, n)))
     return out
