@@ -3,7 +3,8 @@ Python faces: over 1, 2 and 4 Gloo ranks with uneven batches (an empty rank
 at W = 4), masks, ranks padding their documents to different lengths, hard
 negatives, the symmetric form and a learnable scale, against a plain einsum +
 max reference on the concatenated batch in fp64 to 1e-10; contrax.GradCache
-over token towers; the Module; torch.compile(fullgraph=True); the errors."""
+over token towers, in one process and as DDP towers at W = 2 and 4; the
+Module; torch.compile(fullgraph=True); the errors."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -110,6 +111,45 @@ def test_grad_cache_over_token_towers():
     gc.step(xq, xd)
     for p, w in zip(tower.parameters(), want):
         assert rel_err(p.grad, w) <= TOL
+
+
+def _grad_cache_ranks(rank, world, rows, steps=2):
+    """A query tower and a document tower under DDP in chunks of 2 and 3, with
+    masks and uneven batches, against one process's full-batch step."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ref_q, ref_d = TokenTower().double(), TokenTower().double()
+    q_tower, d_tower = DDP(TokenTower().double()), DDP(TokenTower().double())
+    q_tower.module.load_state_dict(ref_q.state_dict())
+    d_tower.module.load_state_dict(ref_d.state_dict())
+    off, n = offsets(rows, rank)
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(7 + step)
+        B = sum(rows)
+        xq, xd = torch.randn(B, LQ, 6, generator=gen, dtype=F64), torch.randn(B, LD, 6, generator=gen, dtype=F64)
+        qm, dm = torch.rand(B, LQ, generator=gen) > 0.3, torch.rand(B, LD, generator=gen) > 0.3
+        qm[:, 0] = dm[:, 0] = True
+        ref_loss = loss_ref(ref_q(xq), qm, ref_d(xd), dm, 1 / 0.2)
+        ref_loss.backward()
+        gc = contrax.GradCache([contrax.GradCacheEncoder(q_tower, 2), contrax.GradCacheEncoder(d_tower, 3)],
+                               lambda q, d: contrax.maxsim_loss(q, d, None, qm[off:off + n], dm[off:off + n],
+                                                                temperature=0.2))
+        total = gc.step(xq[off:off + n], xd[off:off + n]).detach().clone()
+        dist.all_reduce(total)
+        assert rel_err(total / world, ref_loss.detach()) <= TOL
+        for tower, ref in ((q_tower.module, ref_q), (d_tower.module, ref_d)):
+            # Over each tower's whole gradient: the document tower's output bias shifts every
+            # score of a query's row alike, so its gradient is 0 up to rounding in both.
+            got, want = (torch.cat([p.grad.flatten() for p in m.parameters()]) for m in (tower, ref))
+            assert rel_err(got, want) <= TOL, (rank, step)
+            tower.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_grad_cache_over_token_towers_across_ranks(world):
+    run(world, _grad_cache_ranks, ROWS[world])
 
 
 def test_module_and_compile():

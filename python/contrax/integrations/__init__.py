@@ -11,7 +11,10 @@ memory-bounded paths for large batches):
 * ``contrax.integrations.sentence_transformers``:
   ``MultipleNegativesRankingLoss``, ``CachedMultipleNegativesRankingLoss``,
   ``MatryoshkaLoss`` (around either);
-* ``contrax.integrations.pylate``: ``Contrastive`` (ColBERT, late interaction).
+* ``contrax.integrations.pylate``: ``Contrastive`` (ColBERT, late interaction);
+* ``contrax.integrations.colpali_engine``: ``ColbertLoss``, ``ColbertNegativeCELoss``,
+  ``ColbertPairwiseCELoss``, ``ColbertPairwiseNegativeCELoss``, ``ColbertSigmoidLoss``
+  (ColPali, late interaction).
 
 None of them imports its peer library to compute a loss; the versions each is
 tested against are listed in docs/integrations.md.

@@ -77,6 +77,16 @@ def sgd_steps(opt, items, loss_of):
     return torch.stack(values)
 
 
+def token_column(vocab, rows, length, seed):
+    """A tokenised text column: {"input_ids", "attention_mask"} [rows, length], each row
+    2 to `length` tokens of [0, vocab) and then padding (id 0, mask 0)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (rows, length), generator=g)
+    lengths = torch.randint(2, length + 1, (rows,), generator=g)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).to(torch.int64)
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
 def unwrap(model):
     return model.module if hasattr(model, "module") else model
 

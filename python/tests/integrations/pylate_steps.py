@@ -21,7 +21,8 @@ from pylate import losses as pylate_losses  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from contrax.integrations import pylate as cx  # noqa: E402
-from common import F64, finish, init, mean_over_ranks, params_err, rel_err, report, sgd_steps, share  # noqa: E402
+from common import (F64, finish, init, mean_over_ranks, params_err, rel_err, report, sgd_steps, share,  # noqa: E402
+                    token_column)
 
 STEPS = 2
 EXACT = 1e-10
@@ -41,19 +42,11 @@ class TinyColBERT(torch.nn.Module):
         return {"token_embeddings": self.proj(torch.tanh(self.emb(features["input_ids"])))}
 
 
-def column(rows, length, seed):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (rows, length), generator=g)
-    lengths = torch.randint(2, length + 1, (rows,), generator=g)
-    mask = (torch.arange(length)[None, :] < lengths[:, None]).to(torch.int64)
-    return {"input_ids": ids * mask, "attention_mask": mask}
-
-
 def batches(rows, rank, columns=3, whole=False):
     """STEPS global batches: queries, then the document columns; this rank's share unless `whole`."""
     out = []
     for step in range(STEPS):
-        cols = [column(sum(rows), LQ if c == 0 else LD, 100 * step + c) for c in range(columns)]
+        cols = [token_column(VOCAB, sum(rows), LQ if c == 0 else LD, 100 * step + c) for c in range(columns)]
         if not whole:
             off, count = share(rows, rank)
             cols = [{k: v[off:off + count] for k, v in c.items()} for c in cols]
