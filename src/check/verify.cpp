@@ -75,7 +75,10 @@ std::shared_ptr<torch::nn::Module> module_of(const std::vector<torch::Tensor>& p
 // logit scale, in that order in `s`.
 constexpr int64_t kTowerParams = 4;
 
-VerifyCase grad_cache_case(std::string name, ClipLossOptions loss_options) {
+}  // namespace
+
+VerifyCase detail::grad_cache_case(std::string name, const detail::TowerLoss& loss,
+                                   const detail::TowerLoss& reference) {
   using V = std::vector<torch::Tensor>;
   VerifyCase c;
   c.name = std::move(name);
@@ -94,31 +97,44 @@ VerifyCase grad_cache_case(std::string name, ClipLossOptions loss_options) {
     p.insert("logit_scale", torch::tensor(std::log(1 / 0.07), f64));
     return p;
   };
-  c.distributed = [loss_options](const V& x, const V& s, const CommunicatorPtr& comm) {
+  c.distributed = [loss](const V& x, const V& s, const CommunicatorPtr& comm) {
     const V wa(s.begin(), s.begin() + kTowerParams), wb(s.begin() + kTowerParams, s.begin() + 2 * kTowerParams);
     const torch::Tensor logit_scale = s[2 * kTowerParams];
     auto dp_a = std::make_shared<DataParallel>(module_of(wa), comm);
     auto dp_b = std::make_shared<DataParallel>(module_of(wb), comm);
     auto dp_loss = std::make_shared<DataParallel>(module_of({logit_scale}), comm);
-    auto options = loss_options;
-    options.comm(comm);
     // Chunks of 4 and 5 rows: neither divides the default rows (6, 3, 0, 5).
     GradCacheEncoder a([wa](const BatchInput& in) -> c10::IValue { return mlp_tower(in.tensor(), wa, 1); }, 4);
     GradCacheEncoder b([wb](const BatchInput& in) -> c10::IValue { return mlp_tower(in.tensor(), wb, 2); }, 5);
     GradCache gc({a.data_parallel(dp_a), b.data_parallel(dp_b)},
-                 [logit_scale, options](const V& r) { return clip_loss(r[0], r[1], logit_scale, c10::nullopt, options); },
+                 [logit_scale, loss, comm](const V& r) { return loss(r, logit_scale, comm); },
                  GradCacheOptions().loss_data_parallel(dp_loss));
     return gc.step({x[0], x[1]});  // detached: the step ran its backward
   };
-  c.reference = [normalize = loss_options.normalize(), m = loss_options.matryoshka()](const V& x, const V& s) {
+  c.reference = [reference](const V& x, const V& s) {
     const V wa(s.begin(), s.begin() + kTowerParams), wb(s.begin() + kTowerParams, s.begin() + 2 * kTowerParams);
-    const auto loss = [&](const V& f) {
-      return reference::clip_loss(f[0], f[1], s[2 * kTowerParams], c10::nullopt, true, 100.0, normalize);
-    };
-    const V towers{mlp_tower(x[0], wa, 1), mlp_tower(x[1], wb, 2)};
-    return m.dims().empty() ? loss(towers) : reference::matryoshka(m.dims(), m.weights(), towers, loss);
+    return reference({mlp_tower(x[0], wa, 1), mlp_tower(x[1], wb, 2)}, s[2 * kTowerParams], nullptr);
   };
   return c;
+}
+
+namespace {
+
+// The CLIP loss over the towers' outputs (the comm added), and its reference.
+VerifyCase grad_cache_case(std::string name, const ClipLossOptions& loss_options) {
+  using V = std::vector<torch::Tensor>;
+  return detail::grad_cache_case(
+      std::move(name),
+      [loss_options](const V& r, const torch::Tensor& scale, const CommunicatorPtr& comm) {
+        return clip_loss(r[0], r[1], scale, c10::nullopt, ClipLossOptions(loss_options).comm(comm));
+      },
+      [normalize = loss_options.normalize(), m = loss_options.matryoshka()](const V& towers, const torch::Tensor& scale,
+                                                                             const CommunicatorPtr&) {
+        const auto loss = [&](const V& f) {
+          return reference::clip_loss(f[0], f[1], scale, c10::nullopt, true, 100.0, normalize);
+        };
+        return m.dims().empty() ? loss(towers) : reference::matryoshka(m.dims(), m.weights(), towers, loss);
+      });
 }
 
 // Grouped cases: feature 1 is [b_r, g * width] and holds each query's g

@@ -159,6 +159,20 @@ void add_scorer_cases(std::vector<VerifyCase>& cases) {
   cases.push_back(maxsim_case("maxsim", 1, false, false, false, int64_t{16} << 20));
   cases.push_back(maxsim_case("maxsim_hard_negatives_panels", 3, false, true, true, 200));
   cases.push_back(maxsim_case("maxsim_symmetric_panels", 1, true, false, true, 300));
+  // The gradient cache over token towers: each tower's 8 outputs as 2 tokens
+  // of 4 (masked as above), MaxSim under the learnt scale.
+  const auto tokens = [](const torch::Tensor& r) { return r.view({r.size(0), 2, 4}); };
+  cases.push_back(grad_cache_case(
+      "grad_cache_maxsim",
+      [tokens](const V& r, const torch::Tensor& s, const CommunicatorPtr& comm) {
+        auto q = tokens(r[0]), d = tokens(r[1]);
+        return maxsim_loss(q, d, s, MaxSimLossOptions().query_mask(token_mask(q)).document_mask(token_mask(d)).comm(comm));
+      },
+      [tokens](const V& r, const torch::Tensor& s, const CommunicatorPtr&) {
+        auto q = tokens(r[0]), d = tokens(r[1]);
+        const auto scores = reference::maxsim_scores(q, token_mask(q), d, token_mask(d));
+        return reference::score_rows(scores * torch::clamp_max(s.exp(), 100.0), false).mean();
+      }));
 }
 
 }  // namespace contrax::detail
