@@ -21,10 +21,16 @@ BagTowerImpl::BagTowerImpl(const BagTowerOptions& o) : options(o) {
 torch::Tensor BagTowerImpl::forward(const std::vector<torch::Tensor>& x) {
   TORCH_CHECK(x.size() == 2, "BagTower::forward(): expected {ids [n, L], weights [n, L]}, but got ", x.size(),
               " tensors");
+  TORCH_CHECK((x[0].dim() == 2 || x[0].dim() == 3) && x[1].sizes() == x[0].sizes(),
+              "BagTower::forward(): ids and weights must both be [n, L] or [n, T, L], but got ", x[0].sizes(), " and ",
+              x[1].sizes());
+  if (x[0].dim() == 3) {
+    // Token bags: every token through the same layers, then back to [n, T, out].
+    const int64_t n = x[0].size(0), T = x[0].size(1), L = x[0].size(2);
+    return forward({x[0].reshape({n * T, L}), x[1].reshape({n * T, L})}).view({n, T, options.out_dim()});
+  }
   const auto& ids = x[0];
   const auto& w = x[1];
-  TORCH_CHECK(ids.dim() == 2 && w.sizes() == ids.sizes(), "BagTower::forward(): ids and weights must both be [n, L], "
-              "but got ", ids.sizes(), " and ", w.sizes());
   // The weighted sum of the rows' feature embeddings, as a gather and a
   // weighted sum (not F::embedding_bag: this form also serves a rank with
   // zero rows, whose zero gradient the reducer still has to see).
