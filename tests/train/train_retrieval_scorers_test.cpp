@@ -82,38 +82,51 @@ TEST(RetrievalTokens, BatchPadsTokensAndFeaturesAndMasksTheTokens) {
   EXPECT_EQ(c.query_tokens.size(0), 5);    // "gloss 0 of 0 thing"
   EXPECT_EQ(c.passage_tokens.size(0), 2);  // "w0, v0"
   const auto b = ct::token_feature_batch(c.query_tokens, {3, 0}, torch::kDouble);
-  ASSERT_EQ(b.size(), 3u);
+  ASSERT_EQ(b.size(), 4u);
   EXPECT_EQ(b[0].sizes(), b[1].sizes());
-  EXPECT_EQ(b[0].size(0), 2);
-  EXPECT_EQ(b[0].size(1), 5);
-  EXPECT_TRUE(b[2].all().item<bool>());
+  EXPECT_EQ(b[0].size(0), 10);  // the tokens that exist
+  EXPECT_EQ(b[3].sizes(), (std::vector<int64_t>{2, 5}));
+  EXPECT_TRUE(b[3].all().item<bool>());
   // Each token a mean bag: its weights sum to 1.
-  EXPECT_TRUE(torch::allclose(b[1].sum(2), torch::ones({2, 5}, torch::kDouble)));
+  EXPECT_TRUE(torch::allclose(b[1].sum(1), torch::ones({10}, torch::kDouble)));
   const auto pb = ct::token_feature_batch(c.passage_tokens, {5}, torch::kFloat);
-  EXPECT_EQ(pb[2].sizes(), (std::vector<int64_t>{1, 2}));
-  // Padding tokens: id 0 at weight 0, masked; an empty batch has one padded slot.
+  EXPECT_EQ(pb[3].sizes(), (std::vector<int64_t>{1, 2}));
+  // Rows with fewer tokens: their padding slots are masked and not embedded.
   ct::TokenBags bags;
   bags.features.values = {7, 8, 9};
   bags.features.offsets = {0, 1, 3, 3};
   bags.offsets = {0, 1, 3};
   const auto p = ct::token_feature_batch(bags, {0, 1});
-  EXPECT_TRUE(torch::equal(p[2], torch::tensor({true, false, true, true}).view({2, 2})));
-  EXPECT_TRUE(torch::equal(p[0], torch::tensor({7, 0, 0, 0, 8, 9, 0, 0}, torch::kLong).view({2, 2, 2})));
-  EXPECT_EQ(p[1][0][1].sum().item<float>(), 0.0f);
-  EXPECT_EQ(ct::token_feature_batch(bags, {})[0].sizes(), (std::vector<int64_t>{0, 1, 1}));
+  EXPECT_TRUE(torch::equal(p[0], torch::tensor({7, 0, 8, 9, 0, 0}, torch::kLong).view({3, 2})));
+  EXPECT_TRUE(torch::equal(p[2], torch::tensor({0, 2, 3}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(p[3], torch::tensor({true, false, true, true}).view({2, 2})));
+  EXPECT_EQ(p[1][2].sum().item<float>(), 0.0f);  // the featureless token
+  const auto none = ct::token_feature_batch(bags, {});
+  EXPECT_EQ(none[2].numel(), 0);
+  EXPECT_EQ(none[3].sizes(), (std::vector<int64_t>{0, 1}));
   EXPECT_NE(error_of([&] { ct::token_feature_batch(bags, {2}); }).find("row 2 out of range [0, 2)"),
             std::string::npos);
 }
 
 TEST(RetrievalTokens, TowerEmbedsEveryTokenAsItsOwnBag) {
   torch::manual_seed(0);
-  ct::BagTower t(ct::BagTowerOptions(64).embed_dim(8).hidden_dim(8).out_dim(4));
-  auto ids = torch::randint(1, 64, {3, 5, 6}, torch::kLong);
-  auto w = torch::rand({3, 5, 6});
-  auto z = t->forward({ids, w});
-  ASSERT_EQ(z.sizes(), (std::vector<int64_t>{3, 5, 4}));
-  EXPECT_TRUE(torch::allclose(z[1][2], t->forward({ids[1][2].unsqueeze(0), w[1][2].unsqueeze(0)})[0]));
-  EXPECT_NE(error_of([&] { t->forward({ids, w[0]}); }).find("must both be [n, L] or [n, T, L]"), std::string::npos);
+  ct::BagTower t(ct::BagTowerOptions(256).embed_dim(8).hidden_dim(8).out_dim(4));
+  const auto c = synthetic_corpus(12, true);
+  const auto b = ct::token_feature_batch(c.query_tokens, {3, 0}, torch::kFloat);
+  auto z = t->forward(b);
+  ASSERT_EQ(z.sizes(), (std::vector<int64_t>{2, 5, 4}));
+  EXPECT_TRUE(torch::allclose(z[1][2], t->forward({b[0][7].unsqueeze(0), b[1][7].unsqueeze(0)})[0]));
+  // A padding slot is zero.
+  ct::TokenBags bags;
+  bags.features.values = {7, 8, 9};
+  bags.features.offsets = {0, 1, 2, 3};
+  bags.offsets = {0, 1, 3};
+  const auto zp = t->forward(ct::token_feature_batch(bags, {0, 1}));
+  EXPECT_TRUE(torch::equal(zp[0][1], torch::zeros({4})));
+  EXPECT_TRUE(torch::allclose(zp[1][1], t->forward({torch::tensor({{9L}}), torch::ones({1, 1})})[0]));
+  EXPECT_NE(error_of([&] { t->forward({b[0], b[1], b[2]}); }).find("but got 3 tensors"), std::string::npos);
+  EXPECT_NE(error_of([&] { t->forward({b[0], b[1], b[2].narrow(0, 0, 3), b[3]}); }).find("need slots [N]"),
+            std::string::npos);
 }
 
 TEST(RetrievalEval, MaxSimScoresEqualTheReferenceInAnyChunks) {

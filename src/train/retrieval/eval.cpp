@@ -91,9 +91,9 @@ std::pair<torch::Tensor, torch::Tensor> embed_tokens(BagTower tower, const Token
   for (size_t s = 0; s < rows.size(); s += kEmbedChunk) {
     std::vector<int64_t> part(rows.begin() + s, rows.begin() + std::min(rows.size(), s + kEmbedChunk));
     const auto b = token_feature_batch(bags, part, dtype);
-    const int64_t pad = T - b[2].size(1);
-    parts.push_back(torch::constant_pad_nd(tower->forward({b[0], b[1]}), {0, 0, 0, pad}));
-    masks.push_back(torch::constant_pad_nd(b[2], {0, pad}, 0));
+    const int64_t pad = T - b[3].size(1);
+    parts.push_back(torch::constant_pad_nd(tower->forward(b), {0, 0, 0, pad}));
+    masks.push_back(torch::constant_pad_nd(b[3], {0, pad}, 0));
   }
   if (parts.empty()) {
     return {torch::zeros({0, T, tower->options.out_dim()}, dtype), torch::zeros({0, T}, torch::kBool)};

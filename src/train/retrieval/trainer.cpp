@@ -131,11 +131,11 @@ torch::Tensor retrieval_step(Towers& t, const CommunicatorPtr& comm, const Retri
     for (int64_t j = 0; j < h; ++j) csyn.push_back(corpus.train[negs[k * h + j]]);
   }
   if (o.scorer() == RetrievalScorer::kMaxSim) {
-    const auto qb = token_feature_batch(corpus.query_tokens, qsyn, o.run().dtype());    // ids, weights, mask
-    const auto pb = token_feature_batch(corpus.passage_tokens, csyn, o.run().dtype());  // ids, weights, mask
+    const auto qb = token_feature_batch(corpus.query_tokens, qsyn, o.run().dtype());    // ids, weights, slots, mask
+    const auto pb = token_feature_batch(corpus.passage_tokens, csyn, o.run().dtype());  // ids, weights, slots, mask
     const auto mopts =
-        MaxSimLossOptions().comm(comm).normalize_scores(true).query_mask(qb[2]).document_mask(pb[2]);
-    return t.loss(*comm, {qb[0], qb[1]}, {pb[0], pb[1]},
+        MaxSimLossOptions().comm(comm).normalize_scores(true).query_mask(qb[3]).document_mask(pb[3]);
+    return t.loss(*comm, qb, pb,
                   [&](const torch::Tensor& q, const torch::Tensor& p, const torch::Tensor& s) {
                     return maxsim_loss(q, p, s, mopts);
                   });

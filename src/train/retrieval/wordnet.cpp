@@ -298,9 +298,9 @@ RetrievalCorpus make_retrieval_corpus(std::vector<Synset> synsets, const Retriev
     if (o.token_features()) {
       push_tokens(c.query_tokens, query_token_features(c.queries[i], o.query_buckets(), o.max_features(),
                                                        o.query_chargrams(), o.min_ngram(), o.max_ngram(),
-                                                       o.max_tokens()));
+                                                       o.max_query_tokens()));
       push_tokens(c.passage_tokens, passage_token_features(p, o.passage_buckets(), o.min_ngram(), o.max_ngram(),
-                                                           o.max_features(), o.max_tokens()));
+                                                           o.max_features(), o.max_passage_tokens()));
     }
   }
   c.num_passage_ids = static_cast<int64_t>(ids.size());
@@ -373,29 +373,23 @@ std::vector<torch::Tensor> token_feature_batch(const TokenBags& bags, const std:
                                                torch::Dtype dtype) {
   const int64_t n = static_cast<int64_t>(rows.size());
   int64_t T = 1;
-  std::vector<int64_t> token_rows, slots;  // each token's row in bags.features, and its slot k * T + t
   for (auto r : rows) {
     TORCH_CHECK(r >= 0 && r < bags.rows(), "token_feature_batch(): row ", r, " out of range [0, ", bags.rows(), ")");
     T = std::max(T, bags.size(r));
   }
-  auto mask = torch::zeros({n, T}, torch::kBool);
+  std::vector<int64_t> token_rows, slots;  // each token's row in bags.features, and its slot k * T + t
   for (int64_t k = 0; k < n; ++k) {
     for (int64_t t = 0; t < bags.size(rows[k]); ++t) {
       token_rows.push_back(bags.offsets[rows[k]] + t);
       slots.push_back(k * T + t);
     }
   }
-  // The tokens' bags as feature_batch pads them, placed in their slots
-  // (padding slots: id 0 at weight 0, masked out).
-  const auto bag = feature_batch(bags.features, token_rows, dtype);
-  const auto& ids = bag[0];  // [tokens, F]
-  const auto& w = bag[1];    // [tokens, F]
-  const int64_t F = ids.size(1);
+  // Only the tokens that exist are bags (padding tokens cost nothing);
+  // feature_batch pads their features.
+  auto bag = feature_batch(bags.features, token_rows, dtype);
   const auto at = torch::tensor(slots, torch::kLong).reshape({-1});
-  auto all_ids = torch::zeros({n * T, F}, torch::kLong).index_copy_(0, at, ids);
-  auto all_w = torch::zeros({n * T, F}, w.options()).index_copy_(0, at, w);
-  mask.view({-1}).index_fill_(0, at, true);
-  return {all_ids.view({n, T, F}), all_w.view({n, T, F}), mask};
+  auto mask = torch::zeros({n * T}, torch::kBool).index_fill_(0, at, true).view({n, T});
+  return {bag[0], bag[1], at, mask};
 }
 
 std::vector<int64_t> sample_hard_negatives(const RetrievalCorpus& c, const std::vector<int64_t>& rows, int64_t n,

@@ -85,8 +85,13 @@ struct RetrievalCorpusOptions {
   /// Also make the per-token features (`query_tokens`, `passage_tokens`) of
   /// the MaxSim scorer.
   TORCH_ARG(bool, token_features) = false;
-  /// At most this many tokens (words) per query / passage (the rest dropped).
-  TORCH_ARG(int64_t, max_tokens) = 64;
+  /// At most this many tokens (words) per query (ColBERT's query length; 99%
+  /// of the glosses have at most 32 words) and per passage (97% of the lemma
+  /// lists have at most 8): maxsim_loss pads every query and passage of the
+  /// global batch to the longest, so its work grows as their product.
+  TORCH_ARG(int64_t, max_query_tokens) = 32;
+  /// At most this many tokens (words) per passage.
+  TORCH_ARG(int64_t, max_passage_tokens) = 16;
 };
 
 /// Ragged integer lists (one per synset) in one flat buffer.
@@ -159,13 +164,13 @@ std::vector<int64_t> passage_features(const std::string& text, int64_t buckets, 
 /// without words gives one token without features.
 std::vector<std::vector<int64_t>> query_token_features(const std::string& text, int64_t buckets,
                                                        int64_t max_features, bool chargrams = false,
-                                                       int64_t min_n = 3, int64_t max_n = 5, int64_t max_tokens = 64);
+                                                       int64_t min_n = 3, int64_t max_n = 5, int64_t max_tokens = 32);
 
 /// The token-level features of a passage: per word (the first `max_tokens`),
 /// the features passage_features gives that word.
 std::vector<std::vector<int64_t>> passage_token_features(const std::string& text, int64_t buckets, int64_t min_n,
                                                          int64_t max_n, int64_t max_features,
-                                                         int64_t max_tokens = 64);
+                                                         int64_t max_tokens = 16);
 
 /// Rows `rows` of a ragged feature list as the towers' input: ids int64 [n, L]
 /// (L the longest row, at least 1; padding id 0) and weights [n, L] of dtype
@@ -173,10 +178,11 @@ std::vector<std::vector<int64_t>> passage_token_features(const std::string& text
 std::vector<torch::Tensor> feature_batch(const Ragged& features, const std::vector<int64_t>& rows,
                                          torch::Dtype dtype = torch::kFloat);
 
-/// Rows `rows` of per-token bags as the token towers' input: ids int64
-/// [n, T, F] and weights [n, T, F] (each token a mean bag, as feature_batch
-/// makes them; T the most tokens of a row, F the most features of a token,
-/// both at least 1) and the valid tokens, bool [n, T].
+/// Rows `rows` of per-token bags as the token towers' input: the N tokens
+/// that exist as feature_batch makes their bags (ids int64 [N, F], weights
+/// [N, F]), each token's slot k T + t in the padded [n, T] layout (int64
+/// [N]; T the most tokens of a row, at least 1), and the valid slots, bool
+/// [n, T]. Padding tokens are never embedded.
 std::vector<torch::Tensor> token_feature_batch(const TokenBags& bags, const std::vector<int64_t>& rows,
                                                torch::Dtype dtype = torch::kFloat);
 
