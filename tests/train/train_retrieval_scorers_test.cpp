@@ -23,13 +23,7 @@
 #include "support/retrieval_runs.h"
 
 namespace ct = contrax::train;
-using contrax::testing::error_of;
-using contrax::testing::expect_same;
-using contrax::testing::have_wordnet;
-using contrax::testing::kFast;
-using contrax::testing::small_options;
-using contrax::testing::synthetic_corpus;
-using contrax::testing::train_world;
+using namespace contrax::testing;  // NOLINT: the suite's helpers (errors, runs, scratch directories)
 
 namespace {
 
@@ -136,7 +130,7 @@ TEST(RetrievalEval, MaxSimScoresEqualTheReferenceInAnyChunks) {
   pm.select(1, 0).fill_(true);  // every passage a valid token
   const auto want = contrax::reference::maxsim_scores(q, qm, p, pm);
   for (int64_t bytes : {int64_t{1}, int64_t{2000}, int64_t{64} << 20}) {
-    EXPECT_LT(contrax::testing::rel_err(ct::maxsim_score_matrix(q, qm, p, pm, bytes), want), 1e-14) << bytes;
+    EXPECT_LT(rel_err(ct::maxsim_score_matrix(q, qm, p, pm, bytes), want), 1e-14) << bytes;
   }
   EXPECT_EQ(ct::maxsim_score_matrix(q.narrow(0, 0, 0), qm.narrow(0, 0, 0), p, pm).sizes(),
             (std::vector<int64_t>{0, 9}));
@@ -191,7 +185,7 @@ TEST(RetrievalScorers, WorldSizesAgreeInDoubleWithUnevenAndEmptyRanks) {
 TEST(RetrievalScorers, ResumeContinuesOnTheSameCurveAndRefusesAnotherScorer) {
   const auto c = synthetic_corpus(49, true);
   for (const auto& base : {maxsim_options(), matryoshka_options()}) {
-    const std::string a = contrax::testing::scratch_dir("full"), b = contrax::testing::scratch_dir("half");
+    const std::string a = scratch_dir("full"), b = scratch_dir("half");
     auto o = ct::RetrievalOptions(base).run(ct::RunOptions(base.run()).max_steps(5).dtype(torch::kFloat));
     auto in = [&](const std::string& dir) { return ct::RunOptions(o.run()).run_dir(dir); };
     const auto full = train_world(2, c, ct::RetrievalOptions(o).run(in(a)));
@@ -253,7 +247,7 @@ TEST(RetrievalScorersCli, FlagErrorsExitTwoAndNameTheFlag) {
                                                  "gradient cache), but got 0 and 8"},
   };
   for (const auto& [flags, message] : cases) {
-    auto r = contrax::testing::run_cli("train --recipe retrieval " + flags);
+    auto r = run_cli("train --recipe retrieval " + flags);
     EXPECT_EQ(r.status, 2) << flags << ": " << r.out;
     EXPECT_NE(r.out.find(message), std::string::npos) << flags << ": " << r.out;
   }
@@ -262,15 +256,15 @@ TEST(RetrievalScorersCli, FlagErrorsExitTwoAndNameTheFlag) {
 TEST(RetrievalScorersCli, JsonCarriesTheScorersMetricsAndConfigTheirSettings) {
   if (!have_wordnet()) GTEST_SKIP() << "Debian's wordnet-base is not installed (tools/setup.sh installs it)";
   for (const std::string flags : {"--scorer maxsim", "--matryoshka 32,64"}) {
-    const std::string d = contrax::testing::scratch_dir("cli_scorer");
-    auto r = contrax::testing::run_cli_stdout(std::string(kFast) + " --max-steps 3 --json " + flags + " --run-dir " + d);
+    const std::string d = scratch_dir("cli_scorer");
+    auto r = run_cli_stdout(std::string(kFast) + " --max-steps 3 --json " + flags + " --run-dir " + d);
     ASSERT_EQ(r.status, 0) << r.out;
     std::string last = r.out.substr(0, r.out.find_last_not_of('\n') + 1);
     const auto s = nlohmann::json::parse(last.substr(last.rfind('\n') + 1));
     for (const char* k : {"recall_at_1", "recall_at_10", "mrr", "lexical_recall_at_10", "random_init_mrr"}) {
       ASSERT_TRUE(s.contains(k) && s[k].is_number()) << k << " in " << r.out;
     }
-    const auto config = nlohmann::json::parse(contrax::testing::read_file(d + "/config.json"));
+    const auto config = nlohmann::json::parse(read_file(d + "/config.json"));
     if (flags == "--scorer maxsim") {
       EXPECT_EQ(s["scorer"], "maxsim");
       EXPECT_EQ(config["settings"]["scorer"], "maxsim");
@@ -288,20 +282,20 @@ TEST(RetrievalScorersCli, JsonCarriesTheScorersMetricsAndConfigTheirSettings) {
 
 TEST(RetrievalScorersCli, MaxSimResumeGivesTheSameMetricsAsAnUninterruptedRun) {
   if (!have_wordnet()) GTEST_SKIP() << "Debian's wordnet-base is not installed (tools/setup.sh installs it)";
-  const std::string a = contrax::testing::scratch_dir("cli_ms_full"), b = contrax::testing::scratch_dir("cli_ms_half");
+  const std::string a = scratch_dir("cli_ms_full"), b = scratch_dir("cli_ms_half");
   const std::string run = std::string(kFast) + " --scorer maxsim --max-steps 4";
-  auto full = contrax::testing::run_cli(run + " --run-dir " + a);
+  auto full = run_cli(run + " --run-dir " + a);
   ASSERT_EQ(full.status, 0) << full.out;
   EXPECT_NE(full.out.find("trained towers (MaxSim)"), std::string::npos) << full.out;
-  ASSERT_EQ(contrax::testing::run_cli(run + " --stop-at-step 2 --run-dir " + b).status, 0);
-  auto rest = contrax::testing::run_cli(run + " --resume --run-dir " + b);
+  ASSERT_EQ(run_cli(run + " --stop-at-step 2 --run-dir " + b).status, 0);
+  auto rest = run_cli(run + " --resume --run-dir " + b);
   ASSERT_EQ(rest.status, 0) << rest.out;
-  EXPECT_EQ(contrax::testing::losses_of(a + "/metrics.jsonl"), contrax::testing::losses_of(b + "/metrics.jsonl"));
-  const auto ra = nlohmann::json::parse(contrax::testing::read_file(a + "/results.json"));
-  const auto rb = nlohmann::json::parse(contrax::testing::read_file(b + "/results.json"));
+  EXPECT_EQ(losses_of(a + "/metrics.jsonl"), losses_of(b + "/metrics.jsonl"));
+  const auto ra = nlohmann::json::parse(read_file(a + "/results.json"));
+  const auto rb = nlohmann::json::parse(read_file(b + "/results.json"));
   for (const char* k : {"recall_at_1", "recall_at_10", "mrr"}) EXPECT_EQ(ra[k], rb[k]) << k;
   // The dot scorer may not continue it.
-  auto dot = contrax::testing::run_cli(std::string(kFast) + " --max-steps 4 --resume --run-dir " + b);
+  auto dot = run_cli(std::string(kFast) + " --max-steps 4 --resume --run-dir " + b);
   EXPECT_NE(dot.status, 0);
   EXPECT_NE(dot.out.find("scorer (0: dot, 1: MaxSim)"), std::string::npos) << dot.out;
 }

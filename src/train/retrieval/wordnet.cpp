@@ -109,6 +109,17 @@ void push_tokens(TokenBags& t, const std::vector<std::vector<int64_t>>& tokens) 
   t.offsets.push_back(t.features.rows());
 }
 
+// The longest of `rows` of a Ragged or TokenBags (at least 1), each row checked.
+template <typename Rows>
+int64_t longest_of(const Rows& lists, const std::vector<int64_t>& rows, const char* fn) {
+  int64_t longest = 1;
+  for (auto r : rows) {
+    TORCH_CHECK(r >= 0 && r < lists.rows(), fn, "(): row ", r, " out of range [0, ", lists.rows(), ")");
+    longest = std::max(longest, lists.size(r));
+  }
+  return longest;
+}
+
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -350,11 +361,7 @@ RetrievalCorpus make_retrieval_corpus(std::vector<Synset> synsets, const Retriev
 std::vector<torch::Tensor> feature_batch(const Ragged& features, const std::vector<int64_t>& rows,
                                          torch::Dtype dtype) {
   const int64_t n = static_cast<int64_t>(rows.size());
-  int64_t L = 1;
-  for (auto r : rows) {
-    TORCH_CHECK(r >= 0 && r < features.rows(), "feature_batch(): row ", r, " out of range [0, ", features.rows(), ")");
-    L = std::max(L, features.size(r));
-  }
+  const int64_t L = longest_of(features, rows, "feature_batch");
   auto ids = torch::zeros({n, L}, torch::kLong);
   auto w = torch::zeros({n, L}, torch::kDouble);
   auto ia = ids.accessor<int64_t, 2>();
@@ -372,11 +379,7 @@ std::vector<torch::Tensor> feature_batch(const Ragged& features, const std::vect
 std::vector<torch::Tensor> token_feature_batch(const TokenBags& bags, const std::vector<int64_t>& rows,
                                                torch::Dtype dtype) {
   const int64_t n = static_cast<int64_t>(rows.size());
-  int64_t T = 1;
-  for (auto r : rows) {
-    TORCH_CHECK(r >= 0 && r < bags.rows(), "token_feature_batch(): row ", r, " out of range [0, ", bags.rows(), ")");
-    T = std::max(T, bags.size(r));
-  }
+  const int64_t T = longest_of(bags, rows, "token_feature_batch");
   std::vector<int64_t> token_rows, slots;  // each token's row in bags.features, and its slot k * T + t
   for (int64_t k = 0; k < n; ++k) {
     for (int64_t t = 0; t < bags.size(rows[k]); ++t) {

@@ -86,9 +86,10 @@ struct RetrievalCorpusOptions {
   /// the MaxSim scorer.
   TORCH_ARG(bool, token_features) = false;
   /// At most this many tokens (words) per query (ColBERT's query length; 99%
-  /// of the glosses have at most 32 words) and per passage (97% of the lemma
-  /// lists have at most 8): maxsim_loss pads every query and passage of the
-  /// global batch to the longest, so its work grows as their product.
+  /// of WordNet's glosses have at most 32 words), and `max_passage_tokens`
+  /// per passage (99.9% of its lemma lists have at most 16): maxsim_loss
+  /// pads every query and passage of the global batch to the longest, so its
+  /// work grows as their product.
   TORCH_ARG(int64_t, max_query_tokens) = 32;
   /// At most this many tokens (words) per passage.
   TORCH_ARG(int64_t, max_passage_tokens) = 16;
