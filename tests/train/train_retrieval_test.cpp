@@ -25,6 +25,7 @@
 #include "support/errors.h"
 #include "support/processes.h"
 #include "support/ranks.h"
+#include "support/retrieval_runs.h"
 
 namespace ct = contrax::train;
 using contrax::testing::error_of;
@@ -255,70 +256,10 @@ TEST(RetrievalEval, DeduplicatedPassagesAndTheSameProtocolForEverySystem) {
 // ---------------------------------------------------------------------------
 // Training loop
 
-namespace {
-
-// A synthetic corpus: n synsets whose passages repeat every 50 (duplicates to
-// mask) and whose hypernyms group them by tens.
-ct::RetrievalCorpus synthetic_corpus(int64_t n) {
-  std::vector<ct::Synset> s;
-  for (int64_t i = 0; i < n; ++i) {
-    ct::Synset x;
-    x.key = 1000 + i;
-    x.offset = 1000 + i;
-    x.lex_filenum = static_cast<int>(i % 3);
-    x.lemmas = {"w" + std::to_string(i % 50), "v" + std::to_string((i * 7) % 50)};
-    x.definition = "gloss " + std::to_string(i % 13) + " of " + std::to_string(i % 17) + " thing";
-    x.hypernyms = {i / 10};
-    s.push_back(x);
-  }
-  return ct::make_retrieval_corpus(
-      s, ct::RetrievalCorpusOptions().heldout_per_10000(0).query_buckets(256).passage_buckets(256));
-}
-
-ct::RetrievalOptions small_options() {
-  ct::RetrievalOptions o;
-  o.hard_negatives(2)
-      .query_tower(ct::BagTowerOptions(256).embed_dim(8).hidden_dim(16).out_dim(8))
-      .passage_tower(ct::BagTowerOptions(256).embed_dim(12).hidden_dim(8).out_dim(8));
-  o.run().batch_size(24).max_steps(3).warmup_steps(1).lr(1e-2).dtype(torch::kDouble).log_every(0).seed(3);
-  return o;
-}
-
-// small_options() with its run options changed by `edit`.
-ct::RetrievalOptions small_options(const std::function<void(ct::RunOptions&)>& edit) {
-  auto o = small_options();
-  edit(o.run());
-  return o;
-}
-
-struct WorldRun {
-  std::vector<double> losses;
-  std::vector<torch::Tensor> params;
-};
-
-WorldRun train_world(int64_t world, const ct::RetrievalCorpus& c, const ct::RetrievalOptions& o) {
-  WorldRun out;
-  contrax::testing::run_ranks(world, [&](const contrax::CommunicatorPtr& comm) {
-    auto r = ct::train_retrieval(comm, c, o);
-    if (comm->rank() == 0) {
-      out.losses = r.losses;
-      for (auto* m : std::vector<torch::nn::Module*>{r.query_tower.get(), r.passage_tower.get()}) {
-        for (const auto& p : m->parameters()) out.params.push_back(p.detach().clone());
-      }
-      out.params.push_back(torch::tensor(std::log(r.logit_scale), torch::kDouble));
-    }
-  }, std::chrono::seconds(120));
-  return out;
-}
-
-void expect_same(const WorldRun& a, const WorldRun& b, double tol) {
-  ASSERT_EQ(a.losses.size(), b.losses.size());
-  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_NEAR(a.losses[i], b.losses[i], tol * std::abs(b.losses[i]));
-  ASSERT_EQ(a.params.size(), b.params.size());
-  for (size_t i = 0; i < a.params.size(); ++i) EXPECT_LT(contrax::testing::rel_err(a.params[i], b.params[i]), tol) << i;
-}
-
-}  // namespace
+using contrax::testing::expect_same;
+using contrax::testing::small_options;
+using contrax::testing::synthetic_corpus;
+using contrax::testing::train_world;
 
 TEST(RetrievalTrainer, WorldSizesAgreeInDoubleWithUnevenAndEmptyRanks) {
   // 49 training synsets at global batch 24: batches of 24, 24 and 1 row; with
@@ -387,16 +328,8 @@ TEST(RetrievalTrainer, ErrorsNameTheOption) {
 // ---------------------------------------------------------------------------
 // CLI
 
-namespace {
-
-bool have_wordnet() { return std::filesystem::exists(std::string(ct::kDefaultWordNetDir) + "/data.noun"); }
-
-const char* kFast =
-    "train --recipe retrieval --nproc 2 --threads 1 --batch-size 64 --train-limit 2048 --eval-limit 400 "
-    "--log-every 0 --no-plot --no-verify --timeout 120";
-
-
-}  // namespace
+using contrax::testing::have_wordnet;
+using contrax::testing::kFast;
 
 TEST(RetrievalCli, JsonSummaryCarriesTheThreeSystems) {
   if (!have_wordnet()) GTEST_SKIP() << "Debian's wordnet-base is not installed (tools/setup.sh installs it)";

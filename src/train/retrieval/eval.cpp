@@ -3,6 +3,8 @@
 #include "contrax/train/retrieval/eval.h"
 
 #include <algorithm>
+#include <limits>
+#include <utility>
 #include <unordered_map>
 
 namespace contrax::train {
@@ -64,29 +66,122 @@ RetrievalEvalSet make_eval_set(const RetrievalCorpus& c, int64_t limit) {
 
 namespace {
 
+constexpr int64_t kEmbedChunk = 1024;
+
 torch::Tensor embed_all(BagTower tower, const Ragged& features, const std::vector<int64_t>& rows) {
   torch::NoGradGuard ng;
   const auto dtype = tower->embedding.scalar_type();
   std::vector<torch::Tensor> parts;
-  constexpr int64_t kChunk = 1024;
-  for (size_t s = 0; s < rows.size(); s += kChunk) {
-    std::vector<int64_t> part(rows.begin() + s, rows.begin() + std::min(rows.size(), s + kChunk));
+  for (size_t s = 0; s < rows.size(); s += kEmbedChunk) {
+    std::vector<int64_t> part(rows.begin() + s, rows.begin() + std::min(rows.size(), s + kEmbedChunk));
     parts.push_back(tower->forward(feature_batch(features, part, dtype)));
   }
   return parts.empty() ? torch::zeros({0, tower->options.out_dim()}, dtype) : torch::cat(parts);
 }
 
-}  // namespace
+// Token embeddings [N, T, d] of `rows` (T the most tokens of any) and their
+// valid tokens, bool [N, T].
+std::pair<torch::Tensor, torch::Tensor> embed_tokens(BagTower tower, const TokenBags& bags,
+                                                     const std::vector<int64_t>& rows) {
+  torch::NoGradGuard ng;
+  const auto dtype = tower->embedding.scalar_type();
+  int64_t T = 1;
+  for (auto r : rows) T = std::max(T, bags.size(r));
+  std::vector<torch::Tensor> parts, masks;
+  for (size_t s = 0; s < rows.size(); s += kEmbedChunk) {
+    std::vector<int64_t> part(rows.begin() + s, rows.begin() + std::min(rows.size(), s + kEmbedChunk));
+    const auto b = token_feature_batch(bags, part, dtype);
+    const int64_t pad = T - b[3].size(1);
+    parts.push_back(torch::constant_pad_nd(tower->forward(b), {0, 0, 0, pad}));
+    masks.push_back(torch::constant_pad_nd(b[3], {0, pad}, 0));
+  }
+  if (parts.empty()) {
+    return {torch::zeros({0, T, tower->options.out_dim()}, dtype), torch::zeros({0, T}, torch::kBool)};
+  }
+  return {torch::cat(parts), torch::cat(masks)};
+}
 
-RetrievalMetrics evaluate_towers(BagTower qt, BagTower pt, const RetrievalCorpus& c, const RetrievalEvalSet& set) {
+// Runs `f` with both towers in eval mode, then restores their modes.
+template <typename F>
+auto in_eval_mode(BagTower qt, BagTower pt, F f) {
   const bool qtrain = qt->is_training(), ptrain = pt->is_training();
   qt->eval();
   pt->eval();
-  auto q = embed_all(qt, c.query_features, set.query_synsets);
-  auto p = embed_all(pt, c.passage_features, set.passage_synsets);
+  auto out = f();
   qt->train(qtrain);
   pt->train(ptrain);
-  return retrieval_metrics(torch::matmul(q.to(torch::kDouble), p.to(torch::kDouble).t()), set.target);
+  return out;
+}
+
+}  // namespace
+
+RetrievalMetrics evaluate_towers(BagTower qt, BagTower pt, const RetrievalCorpus& c, const RetrievalEvalSet& set) {
+  return evaluate_towers_at_widths(qt, pt, c, set, {qt->options.out_dim()})[0];
+}
+
+std::vector<RetrievalMetrics> evaluate_towers_at_widths(BagTower qt, BagTower pt, const RetrievalCorpus& c,
+                                                        const RetrievalEvalSet& set,
+                                                        const std::vector<int64_t>& widths) {
+  const int64_t d = qt->options.out_dim();
+  for (auto m : widths) {
+    TORCH_CHECK(m >= 1 && m <= d, "evaluate_towers_at_widths(): every width must be in [1, ", d, "], but got ", m);
+  }
+  auto [q, p] = in_eval_mode(qt, pt, [&] {
+    return std::make_pair(embed_all(qt, c.query_features, set.query_synsets).to(torch::kDouble),
+                          embed_all(pt, c.passage_features, set.passage_synsets).to(torch::kDouble));
+  });
+  std::vector<RetrievalMetrics> out;
+  for (auto m : widths) {
+    if (m == d) {  // the towers' own unit rows, as they are
+      out.push_back(retrieval_metrics(torch::matmul(q, p.t()), set.target));
+      continue;
+    }
+    namespace F = torch::nn::functional;
+    const auto unit = F::NormalizeFuncOptions().dim(1).eps(1e-12);
+    auto qm = F::normalize(q.narrow(1, 0, m), unit), pm = F::normalize(p.narrow(1, 0, m), unit);
+    out.push_back(retrieval_metrics(torch::matmul(qm, pm.t()), set.target));
+  }
+  return out;
+}
+
+torch::Tensor maxsim_score_matrix(const torch::Tensor& q, const torch::Tensor& qmask, const torch::Tensor& p,
+                                  const torch::Tensor& pmask, int64_t chunk_bytes) {
+  TORCH_CHECK(q.dim() == 3 && p.dim() == 3 && q.size(2) == p.size(2), "maxsim_score_matrix(): queries and passages "
+              "must be [Q, Lq, d] and [P, Ld, d], but got ", q.sizes(), " and ", p.sizes());
+  TORCH_CHECK(qmask.sizes() == q.sizes().slice(0, 2) && pmask.sizes() == p.sizes().slice(0, 2),
+              "maxsim_score_matrix(): the masks must be [Q, Lq] and [P, Ld], but got ", qmask.sizes(), " and ",
+              pmask.sizes());
+  const int64_t Q = q.size(0), Lq = q.size(1), P = p.size(0), d = q.size(2);
+  auto tokens = p.reshape({-1, d}).index({pmask.reshape({-1})});                                  // [N, d]
+  auto owner = torch::arange(P, torch::kLong).unsqueeze(1).expand({P, p.size(1)}).reshape({-1});  // [P Ld]
+  owner = owner.index({pmask.reshape({-1})});                                                     // [N]
+  TORCH_CHECK(P == 0 || pmask.any(1).all().item<bool>(), "maxsim_score_matrix(): every passage needs a valid token");
+  const int64_t N = tokens.size(0);
+  const int64_t per_query = std::max<int64_t>(1, Lq * (N + P) * q.element_size());
+  const int64_t chunk = std::max<int64_t>(1, chunk_bytes / per_query);
+  std::vector<torch::Tensor> rows;
+  for (int64_t s = 0; s < Q; s += chunk) {
+    const int64_t c = std::min(chunk, Q - s);
+    auto t = torch::matmul(q.narrow(0, s, c).reshape({c * Lq, d}), tokens.t());  // [c Lq, N]
+    auto best = torch::full({c * Lq, P}, -std::numeric_limits<double>::infinity(), t.options())
+                    .scatter_reduce_(1, owner.unsqueeze(0).expand({c * Lq, N}), t, "amax");  // [c Lq, P]
+    auto valid = qmask.narrow(0, s, c).reshape({c * Lq, 1}).to(t.scalar_type());
+    rows.push_back((best * valid).view({c, Lq, P}).sum(1));  // [c, P]
+  }
+  return rows.empty() ? torch::zeros({0, P}, q.options()) : torch::cat(rows);
+}
+
+RetrievalMetrics evaluate_token_towers(BagTower qt, BagTower pt, const RetrievalCorpus& c,
+                                       const RetrievalEvalSet& set) {
+  TORCH_CHECK(c.query_tokens.rows() == static_cast<int64_t>(c.synsets.size()),
+              "evaluate_token_towers(): the corpus has no token features (make it with token_features(true))");
+  auto [q, p] = in_eval_mode(qt, pt, [&] {
+    return std::make_pair(embed_tokens(qt, c.query_tokens, set.query_synsets),
+                          embed_tokens(pt, c.passage_tokens, set.passage_synsets));
+  });
+  return retrieval_metrics(maxsim_score_matrix(q.first.to(torch::kDouble), q.second, p.first.to(torch::kDouble),
+                                               p.second),
+                           set.target);
 }
 
 RetrievalMetrics evaluate_bm25(const RetrievalCorpus& c, const RetrievalEvalSet& set, const std::string& terms,

@@ -19,12 +19,24 @@ BagTowerImpl::BagTowerImpl(const BagTowerOptions& o) : options(o) {
 }
 
 torch::Tensor BagTowerImpl::forward(const std::vector<torch::Tensor>& x) {
-  TORCH_CHECK(x.size() == 2, "BagTower::forward(): expected {ids [n, L], weights [n, L]}, but got ", x.size(),
-              " tensors");
+  TORCH_CHECK(x.size() == 2 || x.size() == 4, "BagTower::forward(): expected {ids [n, L], weights [n, L]} or "
+              "token bags {ids, weights, slots, mask}, but got ", x.size(), " tensors");
+  if (x.size() == 4) {
+    // Token bags: every token through the same layers, each in its slot of
+    // [n, T, out] (padding slots zero: masked by the scorer).
+    const auto& mask = x[3];
+    TORCH_CHECK(mask.dim() == 2 && x[2].dim() == 1 && x[2].size(0) == x[0].size(0),
+                "BagTower::forward(): token bags need slots [N] for ids [N, L] and a mask [n, T], but got ",
+                x[2].sizes(), ", ", x[0].sizes(), " and ", mask.sizes());
+    auto z = forward({x[0], x[1]});  // [N, out]
+    return torch::zeros({mask.numel(), options.out_dim()}, z.options())
+        .index_copy(0, x[2], z)
+        .view({mask.size(0), mask.size(1), options.out_dim()});
+  }
+  TORCH_CHECK(x[0].dim() == 2 && x[1].sizes() == x[0].sizes(), "BagTower::forward(): ids and weights must both be "
+              "[n, L], but got ", x[0].sizes(), " and ", x[1].sizes());
   const auto& ids = x[0];
   const auto& w = x[1];
-  TORCH_CHECK(ids.dim() == 2 && w.sizes() == ids.sizes(), "BagTower::forward(): ids and weights must both be [n, L], "
-              "but got ", ids.sizes(), " and ", w.sizes());
   // The weighted sum of the rows' feature embeddings, as a gather and a
   // weighted sum (not F::embedding_bag: this form also serves a rank with
   // zero rows, whose zero gradient the reducer still has to see).

@@ -4,13 +4,17 @@
 #include "contrax/train/retrieval/trainer.h"
 
 #include <cmath>
+#include <functional>
 #include <iomanip>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "contrax/comm/failure.h"
 #include "contrax/losses/grouped.h"
+#include "contrax/losses/maxsim.h"
 #include "contrax/parallel/data_parallel.h"
 #include "contrax/parallel/grad_cache.h"
 
@@ -25,6 +29,39 @@ void check_retrieval_options(const RetrievalOptions& o, const RetrievalCorpus& c
               "retrieval: hard negatives must be in [0, 64], but got ", o.hard_negatives());
   TORCH_CHECK(o.temperature() > 0, "retrieval: temperature must be > 0, but got ", o.temperature());
   TORCH_CHECK(!c.train.empty(), "retrieval: the training split is empty");
+  const int64_t d = o.query_tower().out_dim();
+  TORCH_CHECK(o.passage_tower().out_dim() == d, "retrieval: the towers' output widths must be equal, but got ", d,
+              " and ", o.passage_tower().out_dim());
+  for (size_t k = 0; k < o.matryoshka_dims().size(); ++k) {
+    const int64_t m = o.matryoshka_dims()[k];
+    TORCH_CHECK(m >= 1 && m <= d, "retrieval: every Matryoshka width must be in [1, ", d,
+                "] (the towers' output width), but got ", m);
+    TORCH_CHECK(k == 0 || m > o.matryoshka_dims()[k - 1],
+                "retrieval: the Matryoshka widths must be strictly increasing, but got ", o.matryoshka_dims()[k - 1],
+                " then ", m);
+  }
+  if (o.scorer() != RetrievalScorer::kMaxSim) return;
+  TORCH_CHECK(o.query_chunk_size() == 0, "retrieval: the MaxSim scorer does not run through the gradient cache, "
+              "but got query chunk size ", o.query_chunk_size());
+  TORCH_CHECK(o.matryoshka_dims().empty(), "retrieval: the MaxSim scorer takes no Matryoshka prefixes");
+  TORCH_CHECK(c.query_tokens.rows() == static_cast<int64_t>(c.synsets.size()) &&
+                  c.passage_tokens.rows() == static_cast<int64_t>(c.synsets.size()),
+              "retrieval: the MaxSim scorer needs the corpus's token features (make it with token_features(true))");
+}
+
+// What a resumed run must share with its checkpoint besides the loop's own
+// settings. A checkpoint without the scorer or the prefixes (written before
+// they existed) reads 0 for them: the dot scorer without prefixes.
+std::vector<RunSetting> retrieval_run_settings(const RetrievalOptions& o) {
+  std::vector<RunSetting> s{{"hard_negatives", o.hard_negatives(), "hard negatives"},
+                            {"scorer", o.scorer() == RetrievalScorer::kMaxSim ? 1 : 0, "scorer (0: dot, 1: MaxSim)"},
+                            {"matryoshka_prefixes", static_cast<int64_t>(o.matryoshka_dims().size()),
+                             "Matryoshka prefixes given"}};
+  for (size_t k = 0; k < o.matryoshka_dims().size(); ++k) {
+    s.push_back({"matryoshka_dim_" + std::to_string(k), o.matryoshka_dims()[k],
+                 "(width of Matryoshka prefix " + std::to_string(k + 1) + ")"});
+  }
+  return s;
 }
 
 // The towers, their reducers and the step's forward and backward.
@@ -52,26 +89,27 @@ struct Towers {
         GradCacheOptions().loss_data_parallel(dps));
   }
 
+  // loss(queries' embeddings, candidates' embeddings, log scale).
+  using Loss = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&)>;
+
   // The loss of one step's queries [b_r] and their candidates [b_r * g], with
-  // gradients averaged over ranks. grouped_loss returns L_r = (W / B) * (sum
-  // of this rank's per-query losses), as clip_loss does.
+  // gradients averaged over ranks. grouped_loss and maxsim_loss return
+  // L_r = (W / B) * (sum of this rank's per-query losses), as clip_loss does.
   torch::Tensor loss(const Communicator& comm, const std::vector<torch::Tensor>& qx,
-                     const std::vector<torch::Tensor>& px, const GroupedLossOptions& lopts) {
+                     const std::vector<torch::Tensor>& px, const Loss& f) {
     torch::Tensor loss;
     if (gc) {
       gc->cache(size_t{0}, qx);
       gc->cache(size_t{1}, px);
       with_collective_context(comm, kReducerAllReduce, [&] {
-        loss = gc->finish([&](const std::vector<torch::Tensor>& r) {
-          return grouped_loss(r[0], r[1], scale->value, c10::nullopt, lopts);
-        });
+        loss = gc->finish([&](const std::vector<torch::Tensor>& r) { return f(r[0], r[1], scale->value); });
       });
       return loss;
     }
-    auto q = dpq->forward([&] { return query->forward(qx); });    // [b_r, d]
-    auto p = dpp->forward([&] { return passage->forward(px); });  // [b_r * g, d]
+    auto q = dpq->forward([&] { return query->forward(qx); });    // [b_r, d] (MaxSim: [b_r, Lq, d])
+    auto p = dpp->forward([&] { return passage->forward(px); });  // [b_r * g, d] (MaxSim: [b_r * g, Ld, d])
     auto s = dps->forward([&] { return scale->forward(); });      // 0-dim log scale
-    loss = grouped_loss(q, p, s, c10::nullopt, lopts);
+    loss = f(q, p, s);
     with_collective_context(comm, kReducerAllReduce, [&] { loss.backward(); });
     return loss;
   }
@@ -92,15 +130,29 @@ torch::Tensor retrieval_step(Towers& t, const CommunicatorPtr& comm, const Retri
     csyn.push_back(s);
     for (int64_t j = 0; j < h; ++j) csyn.push_back(corpus.train[negs[k * h + j]]);
   }
+  if (o.scorer() == RetrievalScorer::kMaxSim) {
+    const auto qb = token_feature_batch(corpus.query_tokens, qsyn, o.run().dtype());    // ids, weights, slots, mask
+    const auto pb = token_feature_batch(corpus.passage_tokens, csyn, o.run().dtype());  // ids, weights, slots, mask
+    const auto mopts =
+        MaxSimLossOptions().comm(comm).normalize_scores(true).query_mask(qb[3]).document_mask(pb[3]);
+    return t.loss(*comm, qb, pb,
+                  [&](const torch::Tensor& q, const torch::Tensor& p, const torch::Tensor& s) {
+                    return maxsim_loss(q, p, s, mopts);
+                  });
+  }
   for (auto s : qsyn) qlab.push_back(corpus.passage_id[s]);
   for (auto s : csyn) clab.push_back(corpus.passage_id[s]);
   const auto lopts = GroupedLossOptions()
                          .comm(comm)
                          .labels(torch::tensor(qlab, torch::kLong).reshape({-1}))
                          .candidate_labels(torch::tensor(clab, torch::kLong).reshape({-1}))
-                         .label_mode(LabelMode::kMaskDuplicates);
+                         .label_mode(LabelMode::kMaskDuplicates)
+                         .matryoshka_dims(o.matryoshka_dims());
   return t.loss(*comm, feature_batch(corpus.query_features, qsyn, o.run().dtype()),
-                feature_batch(corpus.passage_features, csyn, o.run().dtype()), lopts);
+                feature_batch(corpus.passage_features, csyn, o.run().dtype()),
+                [&](const torch::Tensor& q, const torch::Tensor& p, const torch::Tensor& s) {
+                  return grouped_loss(q, p, s, c10::nullopt, lopts);
+                });
 }
 
 }  // namespace
@@ -136,7 +188,7 @@ RetrievalTrainResult train_retrieval(const CommunicatorPtr& comm_in, const Retri
                   static_cast<int64_t>(corpus.train.size()),
                   {{"query_tower", t.query.get()}, {"passage_tower", t.passage.get()}, {"logit_scale", t.scale.get()}},
                   params,
-                  {{"hard_negatives", o.hard_negatives(), "hard negatives"}},
+                  retrieval_run_settings(o),
                   {{"temperature", o.temperature()}}});
   t.wrap(comm, o);
   Step step;

@@ -85,6 +85,41 @@ void push_row(Ragged& r, const std::vector<int64_t>& row) {
   r.offsets.push_back(static_cast<int64_t>(r.values.size()));
 }
 
+void check_ngram_args(const char* fn, int64_t buckets, int64_t min_n, int64_t max_n) {
+  TORCH_CHECK(buckets >= 2, fn, "(): argument 'buckets' must be >= 2, but got ", buckets);
+  TORCH_CHECK(min_n >= 1 && max_n >= min_n, fn, "(): n-gram lengths must satisfy 1 <= min_n <= max_n, but got ",
+              min_n, "..", max_n);
+}
+
+// The marked word "<word>" and its character n-grams (lengths min_n..max_n).
+void add_word_chargrams(const std::string& word, int64_t buckets, int64_t min_n, int64_t max_n,
+                        std::vector<int64_t>& f) {
+  const std::string m = "<" + word + ">";
+  f.push_back(bucket(m, 3, buckets));
+  for (int64_t n = min_n; n <= max_n; ++n) {
+    for (int64_t i = 0; i + n <= static_cast<int64_t>(m.size()); ++i) {
+      if (n == static_cast<int64_t>(m.size())) continue;  // the whole marked word is already in
+      f.push_back(bucket(m.substr(i, n), 4, buckets));
+    }
+  }
+}
+
+void push_tokens(TokenBags& t, const std::vector<std::vector<int64_t>>& tokens) {
+  for (const auto& f : tokens) push_row(t.features, f);
+  t.offsets.push_back(t.features.rows());
+}
+
+// The longest of `rows` of a Ragged or TokenBags (at least 1), each row checked.
+template <typename Rows>
+int64_t longest_of(const Rows& lists, const std::vector<int64_t>& rows, const char* fn) {
+  int64_t longest = 1;
+  for (auto r : rows) {
+    TORCH_CHECK(r >= 0 && r < lists.rows(), fn, "(): row ", r, " out of range [0, ", lists.rows(), ")");
+    longest = std::max(longest, lists.size(r));
+  }
+  return longest;
+}
+
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -200,22 +235,48 @@ std::vector<int64_t> query_features(const std::string& text, int64_t buckets, in
 
 std::vector<int64_t> passage_features(const std::string& text, int64_t buckets, int64_t min_n, int64_t max_n,
                                       int64_t max_features) {
-  TORCH_CHECK(buckets >= 2, "passage_features(): argument 'buckets' must be >= 2, but got ", buckets);
-  TORCH_CHECK(min_n >= 1 && max_n >= min_n, "passage_features(): n-gram lengths must satisfy 1 <= min_n <= max_n, but "
-              "got ", min_n, "..", max_n);
+  check_ngram_args("passage_features", buckets, min_n, max_n);
   std::vector<int64_t> f;
-  for (const auto& word : words_of(text)) {
-    const std::string m = "<" + word + ">";
-    f.push_back(bucket(m, 3, buckets));
-    for (int64_t n = min_n; n <= max_n; ++n) {
-      for (int64_t i = 0; i + n <= static_cast<int64_t>(m.size()); ++i) {
-        if (n == static_cast<int64_t>(m.size())) continue;  // the whole marked word is already in
-        f.push_back(bucket(m.substr(i, n), 4, buckets));
-      }
-    }
-  }
+  for (const auto& word : words_of(text)) add_word_chargrams(word, buckets, min_n, max_n, f);
   if (static_cast<int64_t>(f.size()) > max_features) f.resize(max_features);
   return f;
+}
+
+std::vector<std::vector<int64_t>> query_token_features(const std::string& text, int64_t buckets,
+                                                       int64_t max_features, bool chargrams, int64_t min_n,
+                                                       int64_t max_n, int64_t max_tokens) {
+  check_ngram_args("query_token_features", buckets, min_n, max_n);
+  auto w = words_of(text);
+  if (static_cast<int64_t>(w.size()) > max_tokens) w.resize(max_tokens);
+  std::vector<std::vector<int64_t>> tokens;
+  for (size_t i = 0; i < w.size(); ++i) {
+    // The word, the bigrams it is part of (the pooled bag's hashes), then
+    // its character n-grams.
+    std::vector<int64_t> f{bucket(w[i], 1, buckets)};
+    if (i > 0) f.push_back(bucket(w[i - 1] + " " + w[i], 2, buckets));
+    if (i + 1 < w.size()) f.push_back(bucket(w[i] + " " + w[i + 1], 2, buckets));
+    if (chargrams) add_word_chargrams(w[i], buckets, min_n, max_n, f);
+    if (static_cast<int64_t>(f.size()) > max_features) f.resize(max_features);
+    tokens.push_back(std::move(f));
+  }
+  if (tokens.empty()) tokens.emplace_back();  // one featureless token: MaxSim needs a valid one
+  return tokens;
+}
+
+std::vector<std::vector<int64_t>> passage_token_features(const std::string& text, int64_t buckets, int64_t min_n,
+                                                         int64_t max_n, int64_t max_features, int64_t max_tokens) {
+  check_ngram_args("passage_token_features", buckets, min_n, max_n);
+  auto w = words_of(text);
+  if (static_cast<int64_t>(w.size()) > max_tokens) w.resize(max_tokens);
+  std::vector<std::vector<int64_t>> tokens;
+  for (const auto& word : w) {
+    std::vector<int64_t> f;
+    add_word_chargrams(word, buckets, min_n, max_n, f);
+    if (static_cast<int64_t>(f.size()) > max_features) f.resize(max_features);
+    tokens.push_back(std::move(f));
+  }
+  if (tokens.empty()) tokens.emplace_back();
+  return tokens;
 }
 
 RetrievalCorpus make_retrieval_corpus(std::vector<Synset> synsets, const RetrievalCorpusOptions& o) {
@@ -245,6 +306,13 @@ RetrievalCorpus make_retrieval_corpus(std::vector<Synset> synsets, const Retriev
                                                    o.min_ngram(), o.max_ngram()));
     push_row(c.passage_features,
              passage_features(p, o.passage_buckets(), o.min_ngram(), o.max_ngram(), o.max_features()));
+    if (o.token_features()) {
+      push_tokens(c.query_tokens, query_token_features(c.queries[i], o.query_buckets(), o.max_features(),
+                                                       o.query_chargrams(), o.min_ngram(), o.max_ngram(),
+                                                       o.max_query_tokens()));
+      push_tokens(c.passage_tokens, passage_token_features(p, o.passage_buckets(), o.min_ngram(), o.max_ngram(),
+                                                           o.max_features(), o.max_passage_tokens()));
+    }
   }
   c.num_passage_ids = static_cast<int64_t>(ids.size());
   if (o.train_limit() > 0 && static_cast<int64_t>(c.train.size()) > o.train_limit()) c.train.resize(o.train_limit());
@@ -293,11 +361,7 @@ RetrievalCorpus make_retrieval_corpus(std::vector<Synset> synsets, const Retriev
 std::vector<torch::Tensor> feature_batch(const Ragged& features, const std::vector<int64_t>& rows,
                                          torch::Dtype dtype) {
   const int64_t n = static_cast<int64_t>(rows.size());
-  int64_t L = 1;
-  for (auto r : rows) {
-    TORCH_CHECK(r >= 0 && r < features.rows(), "feature_batch(): row ", r, " out of range [0, ", features.rows(), ")");
-    L = std::max(L, features.size(r));
-  }
+  const int64_t L = longest_of(features, rows, "feature_batch");
   auto ids = torch::zeros({n, L}, torch::kLong);
   auto w = torch::zeros({n, L}, torch::kDouble);
   auto ia = ids.accessor<int64_t, 2>();
@@ -310,6 +374,25 @@ std::vector<torch::Tensor> feature_batch(const Ragged& features, const std::vect
     }
   }
   return {ids, w.to(dtype)};
+}
+
+std::vector<torch::Tensor> token_feature_batch(const TokenBags& bags, const std::vector<int64_t>& rows,
+                                               torch::Dtype dtype) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int64_t T = longest_of(bags, rows, "token_feature_batch");
+  std::vector<int64_t> token_rows, slots;  // each token's row in bags.features, and its slot k * T + t
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t t = 0; t < bags.size(rows[k]); ++t) {
+      token_rows.push_back(bags.offsets[rows[k]] + t);
+      slots.push_back(k * T + t);
+    }
+  }
+  // Only the tokens that exist are bags (padding tokens cost nothing);
+  // feature_batch pads their features.
+  auto bag = feature_batch(bags.features, token_rows, dtype);
+  const auto at = torch::tensor(slots, torch::kLong).reshape({-1});
+  auto mask = torch::zeros({n * T}, torch::kBool).index_fill_(0, at, true).view({n, T});
+  return {bag[0], bag[1], at, mask};
 }
 
 std::vector<int64_t> sample_hard_negatives(const RetrievalCorpus& c, const std::vector<int64_t>& rows, int64_t n,

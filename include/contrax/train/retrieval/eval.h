@@ -50,6 +50,28 @@ RetrievalEvalSet make_eval_set(const RetrievalCorpus& corpus, int64_t limit = -1
 RetrievalMetrics evaluate_towers(BagTower query_tower, BagTower passage_tower, const RetrievalCorpus& corpus,
                                  const RetrievalEvalSet& set);
 
+/// The towers' ranking at each prefix width of `widths` (each in [1, out_dim]):
+/// cosine similarity of the embeddings' first m dimensions, re-normalised (a
+/// Matryoshka model's prefixes). At the full width, evaluate_towers' metrics.
+std::vector<RetrievalMetrics> evaluate_towers_at_widths(BagTower query_tower, BagTower passage_tower,
+                                                        const RetrievalCorpus& corpus, const RetrievalEvalSet& set,
+                                                        const std::vector<int64_t>& widths);
+
+/// MaxSim scores [Q, P]: for each query, the sum over its valid tokens of the
+/// best dot product with a passage's valid tokens. queries [Q, Lq, d] with
+/// query_mask bool [Q, Lq]; passages [P, Ld, d] with passage_mask bool
+/// [P, Ld] (every passage at least one valid token). Only the passages' valid
+/// tokens are scored, a chunk of queries at a time, each chunk's token scores
+/// at most about `chunk_bytes`.
+torch::Tensor maxsim_score_matrix(const torch::Tensor& queries, const torch::Tensor& query_mask,
+                                  const torch::Tensor& passages, const torch::Tensor& passage_mask,
+                                  int64_t chunk_bytes = int64_t{64} << 20);
+
+/// The token towers' ranking by MaxSim (the corpus made with token_features):
+/// every gloss word's embedding against every lemma word's.
+RetrievalMetrics evaluate_token_towers(BagTower query_tower, BagTower passage_tower, const RetrievalCorpus& corpus,
+                                       const RetrievalEvalSet& set);
+
 /// BM25 rankings: "word" (gloss words vs lemma words) or "chargram"
 /// (character 3-5-grams of both).
 RetrievalMetrics evaluate_bm25(const RetrievalCorpus& corpus, const RetrievalEvalSet& set, const std::string& terms,

@@ -35,7 +35,9 @@ class BagTowerImpl : public torch::nn::Module {
   /// Checks the options and registers the embedding table (normal, `init_std`),
   /// the layer norm and the linear layers.
   explicit BagTowerImpl(const BagTowerOptions& options = {});
-  /// x = {ids int64 [n, L], weights [n, L]} (feature_batch's output) -> [n, out_dim], unit rows.
+  /// x = {ids int64 [n, L], weights [n, L]} (feature_batch's output) -> [n, out_dim], unit rows;
+  /// or token bags {ids [N, L], weights [N, L], slots [N], mask [n, T]} (token_feature_batch's)
+  /// -> [n, T, out_dim]: each token through the same layers, into its slot (padding slots zero).
   torch::Tensor forward(const std::vector<torch::Tensor>& x);
   BagTowerOptions options;              ///< the options the tower was built with
   torch::Tensor embedding;              ///< feature embeddings [buckets, embed_dim], parameter "embedding"

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "contrax/comm/communicator.h"
 #include "contrax/train/common/loop.h"
@@ -22,6 +23,12 @@
 #include "contrax/train/retrieval/wordnet.h"
 
 namespace contrax::train {
+
+/// How the towers score a gloss against a lemma list.
+enum class RetrievalScorer {
+  kDot,     ///< one pooled unit vector per text, their dot product (grouped_loss)
+  kMaxSim,  ///< one unit vector per word, late interaction (maxsim_loss)
+};
 
 /// Options of `train_retrieval`; the defaults are the default
 /// `contrax train retrieval` run.
@@ -46,6 +53,20 @@ struct RetrievalOptions {
   TORCH_ARG(BagTowerOptions, query_tower) = BagTowerOptions().embed_dim(128);
   /// Options of the passage tower.
   TORCH_ARG(BagTowerOptions, passage_tower) = BagTowerOptions().embed_dim(128);
+  /// kDot (default): the pooled towers and grouped_loss. kMaxSim: the towers
+  /// embed every word (the corpus made with token_features), and the loss is
+  /// maxsim_loss over the same groups (positive, then the hard negatives),
+  /// each query's score the mean over its words of the best cosine with a
+  /// lemma word (normalize_scores, so that the learnt scale means what it
+  /// means for kDot). maxsim_loss takes no labels: a candidate with the
+  /// query's own passage string is a negative, not masked (rare: the hard
+  /// negatives exclude it; only in-batch duplicates remain). Not with the
+  /// gradient cache or Matryoshka prefixes.
+  TORCH_ARG(RetrievalScorer, scorer) = RetrievalScorer::kDot;
+  /// kDot only: Matryoshka prefix widths, strictly increasing, each in
+  /// [1, out_dim] (out_dim added when the list ends below it); the loss is
+  /// grouped_loss's sum over the prefixes, weight 1 each. Empty: none.
+  TORCH_ARG(std::vector<int64_t>, matryoshka_dims) = {};
 };
 
 /// What a run returns: the loop's result (its examples_per_s counts queries)

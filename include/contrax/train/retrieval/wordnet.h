@@ -82,6 +82,17 @@ struct RetrievalCorpusOptions {
   TORCH_ARG(bool, query_chargrams) = true;
   /// > 0: keep only the first N training synsets (short runs, tests).
   TORCH_ARG(int64_t, train_limit) = -1;
+  /// Also make the per-token features (`query_tokens`, `passage_tokens`) of
+  /// the MaxSim scorer.
+  TORCH_ARG(bool, token_features) = false;
+  /// At most this many tokens (words) per query (ColBERT's query length; 99%
+  /// of WordNet's glosses have at most 32 words), and `max_passage_tokens`
+  /// per passage (99.9% of its lemma lists have at most 16): maxsim_loss
+  /// pads every query and passage of the global batch to the longest, so its
+  /// work grows as their product.
+  TORCH_ARG(int64_t, max_query_tokens) = 32;
+  /// At most this many tokens (words) per passage.
+  TORCH_ARG(int64_t, max_passage_tokens) = 16;
 };
 
 /// Ragged integer lists (one per synset) in one flat buffer.
@@ -91,6 +102,18 @@ struct Ragged {
   /// Number of lists.
   int64_t rows() const { return static_cast<int64_t>(offsets.size()) - 1; }
   /// Length of list `i`.
+  int64_t size(int64_t i) const { return offsets[i + 1] - offsets[i]; }
+};
+
+/// Per-token feature bags of every synset (the MaxSim scorer's input): one
+/// row of `features` per token, synset i's tokens being rows offsets[i] ..
+/// offsets[i+1] - 1. Every synset has at least one token.
+struct TokenBags {
+  Ragged features;                  ///< one row per token: its hashed features
+  std::vector<int64_t> offsets{0};  ///< synset i's first token row; starts with 0
+  /// Number of synsets.
+  int64_t rows() const { return static_cast<int64_t>(offsets.size()) - 1; }
+  /// Tokens of synset `i`.
   int64_t size(int64_t i) const { return offsets[i + 1] - offsets[i]; }
 };
 
@@ -105,6 +128,8 @@ struct RetrievalCorpus {
   std::vector<int64_t> heldout;       ///< synset indices of the held-out split, in file order
   Ragged query_features;              ///< [S] hashed word unigrams and bigrams
   Ragged passage_features;            ///< [S] hashed character n-grams and whole words
+  TokenBags query_tokens;             ///< [S] per gloss word (with `token_features`): query_token_features
+  TokenBags passage_tokens;           ///< [S] per lemma word (with `token_features`): passage_token_features
   /// Per training synset (same order as `train`): indices INTO `train` of its
   /// hard-negative pool: co-hyponyms (synsets sharing a hypernym) and, for
   /// adjectives, the members of its similar-to cluster; passages equal to its
@@ -133,11 +158,34 @@ std::vector<int64_t> query_features(const std::string& text, int64_t buckets, in
 std::vector<int64_t> passage_features(const std::string& text, int64_t buckets, int64_t min_n, int64_t max_n,
                                       int64_t max_features);
 
+/// The token-level features of a query (the MaxSim scorer's): per word (the
+/// first `max_tokens`), its unigram, the bigrams it is part of and, with
+/// `chargrams`, its marked form and character n-grams, hashed as
+/// query_features hashes them; at most `max_features` per token. A text
+/// without words gives one token without features.
+std::vector<std::vector<int64_t>> query_token_features(const std::string& text, int64_t buckets,
+                                                       int64_t max_features, bool chargrams = false,
+                                                       int64_t min_n = 3, int64_t max_n = 5, int64_t max_tokens = 32);
+
+/// The token-level features of a passage: per word (the first `max_tokens`),
+/// the features passage_features gives that word.
+std::vector<std::vector<int64_t>> passage_token_features(const std::string& text, int64_t buckets, int64_t min_n,
+                                                         int64_t max_n, int64_t max_features,
+                                                         int64_t max_tokens = 16);
+
 /// Rows `rows` of a ragged feature list as the towers' input: ids int64 [n, L]
 /// (L the longest row, at least 1; padding id 0) and weights [n, L] of dtype
 /// `dtype` (1/len on the row's features, 0 on padding: a mean bag).
 std::vector<torch::Tensor> feature_batch(const Ragged& features, const std::vector<int64_t>& rows,
                                          torch::Dtype dtype = torch::kFloat);
+
+/// Rows `rows` of per-token bags as the token towers' input: the N tokens
+/// that exist as feature_batch makes their bags (ids int64 [N, F], weights
+/// [N, F]), each token's slot k T + t in the padded [n, T] layout (int64
+/// [N]; T the most tokens of a row, at least 1), and the valid slots, bool
+/// [n, T]. Padding tokens are never embedded.
+std::vector<torch::Tensor> token_feature_batch(const TokenBags& bags, const std::vector<int64_t>& rows,
+                                               torch::Dtype dtype = torch::kFloat);
 
 /// Hard negatives of training examples: for example t (an index into
 /// `corpus.train`) and slot j < n, a deterministic draw from its pool keyed
