@@ -3,6 +3,7 @@
 #include "engine/block.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace contrax::detail {
 
@@ -282,6 +283,16 @@ torch::Tensor nt_reduce(const torch::Tensor& l, const BlockState& state) {
   const auto& L = state.layout;
   if (state.reduction == Reduction::kNone) return l.view({2, -1}).mean(0);  // [b]
   return l.sum() * (static_cast<double>(L.world) / (2.0 * static_cast<double>(L.total)));
+}
+
+bool bound_fits(double M, c10::ScalarType t) {
+  const double range = t == torch::kDouble ? 700.0 : 80.0;
+  return bounded_shift_enabled() && M >= 0 && std::isfinite(M) && 2.0 * M <= range;
+}
+
+int64_t label_panel_rows(int64_t cols, const torch::Tensor& like) {
+  const int64_t bytes = like.device().is_cpu() ? int64_t{1} << 20 : int64_t{64} << 20;
+  return std::max<int64_t>(1, bytes / std::max<int64_t>(1, cols * like.element_size()));
 }
 
 }  // namespace contrax::detail

@@ -220,4 +220,16 @@ torch::Tensor gather_view_lse(const torch::Tensor& lse /* [2b] */, const EngineL
 /// Per-row NT-Xent losses [2b] -> what the loss returns.
 torch::Tensor nt_reduce(const torch::Tensor& l /* [2b] */, const BlockState& state);
 
+// ---- shared by the materialised blocks (engine/materialised_blocks.h, engine/prefix_block.h)
+
+/// Whether a known bound M of the logits (|S| <= M) can be every softmax's
+/// exact shift in dtype `t`: then E = exp(S - M) >= e^(-2M) must stay a normal
+/// number (fp32: down to e^-87; fp64: e^-708), with a margin.
+bool bound_fits(double M, c10::ScalarType t);
+
+/// Rows of a label sub-panel: its [R, cols] label structure stays near 1 MiB
+/// on the CPU (in cache), near 64 MiB off it (a GPU pays a launch per
+/// sub-panel: 1 MiB would mean thousands of tiny launches at GPU sizes).
+int64_t label_panel_rows(int64_t cols, const torch::Tensor& like);
+
 }  // namespace contrax::detail

@@ -28,14 +28,6 @@ c10::intrusive_ptr<BlockState> single_backward_state(AutogradContext* ctx) {
   return state;
 }
 
-// Whether a known bound M of the logits (|S| <= M) can be every softmax's
-// exact shift in dtype `t`: then E = exp(S - M) >= e^(-2M) must stay a normal
-// number (fp32: down to e^-87; fp64: e^-708), with a margin.
-bool bound_fits(double M, c10::ScalarType t) {
-  const double range = t == torch::kDouble ? 700.0 : 80.0;
-  return bounded_shift_enabled() && M >= 0 && std::isfinite(M) && 2.0 * M <= range;
-}
-
 // exp(M - lse) (times w when defined): the factor that turns a buffer entry
 // E = exp(S - M) into w exp(S - lse). At most e^(2M): every lse is >= -M.
 torch::Tensor shift_factors(double M, const torch::Tensor& lse, const torch::Tensor& w) {
@@ -59,14 +51,6 @@ void for_each_panel(int64_t rows, int64_t cols, const torch::Tensor& features,
     count_steps(1);
     fn(r0, std::min(R, rows - r0));
   }
-}
-
-// Rows of a label sub-panel: its [R, cols] label structure stays near 1 MiB
-// on the CPU (in cache), near 64 MiB off it (a GPU pays a launch per
-// sub-panel: 1 MiB would mean thousands of tiny launches at GPU sizes).
-int64_t label_panel_rows(int64_t cols, const torch::Tensor& like) {
-  const int64_t bytes = like.device().is_cpu() ? int64_t{1} << 20 : int64_t{64} << 20;
-  return std::max<int64_t>(1, bytes / std::max<int64_t>(1, cols * like.element_size()));
 }
 
 // The rows [r0, r0 + n) of the buffer, holding S (or E when bounded: `fa`,

@@ -33,11 +33,9 @@ int64_t panel_rows_of(int64_t b, int64_t N, const torch::Tensor& q) {
   return prefix_panel_rows(q.device().type(), q.scalar_type(), b, N, q.size(1));
 }
 
-// Rows of a label sub-panel (as the materialised block: the label structure
-// is an [R, N] temporary, kept near 1 MiB).
+// Rows of a label sub-panel (label_panel_rows; the whole panel without labels).
 int64_t label_rows(const BlockState& state, int64_t n, int64_t N, const torch::Tensor& like) {
-  if (!state.labeled()) return std::max<int64_t>(n, 1);
-  return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, N * like.element_size()));
+  return state.labeled() ? label_panel_rows(N, like) : std::max<int64_t>(n, 1);
 }
 
 // fn(r0, l0, tile) over the label sub-panels of the logits panel T (rows
@@ -73,8 +71,7 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     // exact shift, and one exponential per logit gives the row sums and this
     // rank's column sums. Multi-positive labels need S itself.
     const double M = scale.item<double>() + std::abs(c);
-    const double range = q.scalar_type() == torch::kDouble ? 700.0 : 80.0;
-    const bool bounded = !state->multi() && bounded_shift_enabled() && std::isfinite(M) && 2.0 * M <= range;
+    const bool bounded = !state->multi() && bound_fits(M, q.scalar_type());
     const bool sym = state->spec.symmetric;
     std::deque<ForwardStats> st;
     std::vector<torch::Tensor> col_sum;  // bounded and symmetric: [P] of [N]
