@@ -59,7 +59,9 @@ TEST(Cli, HelpOnEverySubcommandExitsZeroQuicklyAndStartsNothing) {
       // CPU time, which a loaded machine (others building on 2 cores)
       // does not inflate the way it does wall time.
       EXPECT_LT(r.cpu_seconds, start_cpu + 0.5) << args << " (the tool's start-up alone: " << start_cpu << " s)";
-      EXPECT_LT(r.seconds, 10.0) << args;
+      // Wall time only catches a help that waits (on a rendezvous, a
+      // peer): 16 s were seen for a plain help under load 5 on 2 cores.
+      EXPECT_LT(r.seconds, 60.0) << args;
     }
   }
   // Nothing was started: no run directory, no file at all.
