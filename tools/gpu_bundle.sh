@@ -30,7 +30,10 @@
 #   MANIFEST         every package with its version and SHA-256, and the sizes
 #
 # Environment: CONTRAX_BUNDLE (the folder, default .bundle), CONTRAX_PEERS (the
-# peer programs' folder, default ../shared/peers), CONTRAX_CACHE (downloads).
+# peer programs' folder, default ../shared/peers), CONTRAX_CACHE (downloads:
+# the wheels are kept in $CONTRAX_CACHE/bundle and the sanitizer's archive
+# beside them, named by its wheel's SHA-256, so that a second bundle
+# downloads and compresses only what changed; xz took 21 s of CPU of it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${CONTRAX_BUNDLE:-.bundle}
@@ -38,6 +41,7 @@ PEERS=${CONTRAX_PEERS:-../shared/peers}
 PACKAGES=(libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev dataset-fashion-mnist)
 # The bundle must travel with a checkout to a lent machine (64 MB in all).
 LIMIT_MB=56
+CACHE=${CONTRAX_CACHE:-$HOME/.cache/contrax}/bundle
 
 say() { echo "gpu_bundle: $*" >&2; }
 tmp=$(mktemp -d)
@@ -87,24 +91,37 @@ else
   say "no peer program in $PEERS: the GPU check will skip the side-by-side run"
 fi
 
-python3 -m pip download -q --no-deps --no-cache-dir -d "$tmp/wheels" -r requirements/gpu_peers.txt >/dev/null ||
-  { say "pip could not download requirements/gpu_peers.txt from PyPI"; exit 1; }
+# fetch REQUIREMENTS: the wheels they resolve to (PyPI asked each time, a
+# wheel already in $CACHE not downloaded again), one path per line.
+fetch() {
+  mkdir -p "$CACHE"
+  python3 -m pip download --no-deps --no-cache-dir --progress-bar off -d "$CACHE" -r "$1" >"$tmp/pip.log" 2>&1 ||
+    { cat "$tmp/pip.log" >&2; say "pip could not download $1 from PyPI"; exit 1; }
+  sed -n -E 's/^ *(Saved|File was already downloaded) (.*\.whl)$/\2/p' "$tmp/pip.log"
+}
 mkdir -p "$OUT.part/pylib"
-for whl in "$tmp"/wheels/*.whl; do
+fetch requirements/gpu_peers.txt >"$tmp/peers"
+[ -s "$tmp/peers" ] || { say "pip named no wheel for requirements/gpu_peers.txt"; exit 1; }
+while read -r whl; do
   python3 -m zipfile -e "$whl" "$OUT.part/pylib"
   echo "$(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1)" >>"$OUT.part/MANIFEST"
-done
+done <"$tmp/peers"
 
-python3 -m pip download -q --no-deps --no-cache-dir -d "$tmp/sanitizer" -r requirements/gpu_sanitizer.txt >/dev/null ||
-  { say "pip could not download requirements/gpu_sanitizer.txt from PyPI"; exit 1; }
-whl=$(ls "$tmp"/sanitizer/*.whl)
-python3 -m zipfile -e "$whl" "$tmp/sanitizer/x"
-root=$(dirname "$(find "$tmp/sanitizer/x" -type f -path '*/compute-sanitizer/compute-sanitizer' | head -n 1)")
-[ -n "$root" ] && [ "$root" != . ] || { say "$(basename "$whl") holds no compute-sanitizer executable"; exit 1; }
-chmod +x "$root/compute-sanitizer" "$root"/TreeLauncher* 2>/dev/null || true
-tar -C "$(dirname "$root")" --exclude=compute-sanitizer/docs --exclude=compute-sanitizer/include \
-  -cJf "$OUT.part/sanitizer.tar.xz" compute-sanitizer
-echo "$(basename "$whl") $(sha256sum "$whl" | cut -d' ' -f1) (compute-sanitizer, as sanitizer.tar.xz)" >>"$OUT.part/MANIFEST"
+whl=$(fetch requirements/gpu_sanitizer.txt | head -n 1)
+[ -n "$whl" ] || { say "pip named no wheel for requirements/gpu_sanitizer.txt"; exit 1; }
+sha=$(sha256sum "$whl" | cut -d' ' -f1)
+archive=$CACHE/sanitizer-$sha.tar.xz
+if [ ! -f "$archive" ]; then
+  python3 -m zipfile -e "$whl" "$tmp/sanitizer"
+  root=$(dirname "$(find "$tmp/sanitizer" -type f -path '*/compute-sanitizer/compute-sanitizer' | head -n 1)")
+  [ -n "$root" ] && [ "$root" != . ] || { say "$(basename "$whl") holds no compute-sanitizer executable"; exit 1; }
+  chmod +x "$root/compute-sanitizer" "$root"/TreeLauncher* 2>/dev/null || true
+  tar -C "$(dirname "$root")" --exclude=compute-sanitizer/docs --exclude=compute-sanitizer/include \
+    -cJf "$archive.part" compute-sanitizer
+  mv "$archive.part" "$archive"
+fi
+cp "$archive" "$OUT.part/sanitizer.tar.xz"
+echo "$(basename "$whl") $sha (compute-sanitizer, as sanitizer.tar.xz)" >>"$OUT.part/MANIFEST"
 
 mb=$(du -sm "$OUT.part" | cut -f1)
 echo "# size ${mb} MB" >>"$OUT.part/MANIFEST"
