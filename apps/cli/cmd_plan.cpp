@@ -12,6 +12,7 @@
 //   contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --gpu-memory 24   # a 24 GB GPU
 //   CONTRAX_FUSED_KERNELS=1 contrax plan --device cuda --dtype bf16 --batch 65536 --width 768 --loss siglip
 //   contrax plan --batch 4096 --width 768 --matryoshka 64,128,256   # Matryoshka prefixes (and 768)
+//   contrax plan --loss maxsim --batch 4096 --width 128 --world 4 --query-tokens 32 --document-tokens 256
 #include <algorithm>
 #include <iostream>
 
@@ -40,10 +41,17 @@ int run_plan(const std::vector<std::string>& args) {
   int64_t group = defaults.group();
   cli::add_choice(app, "--loss", loss,
                   "clip (symmetric), infonce, grouped (--group candidates per query), nt_xent, "
-                  "moco_v3 or siglip",
-                  {"clip", "infonce", "grouped", "nt_xent", "moco_v3", "siglip"});
-  cli::add_int(app, "--group", group, "grouped: candidates per query g (the positive and g - 1 hard negatives)", 1,
+                  "moco_v3, siglip or maxsim (late interaction: --query-tokens x --document-tokens of --width)",
+                  {"clip", "infonce", "grouped", "nt_xent", "moco_v3", "siglip", "maxsim"});
+  cli::add_int(app, "--group", group,
+               "grouped, maxsim: candidates per query g (the positive and g - 1 hard negatives)", 1,
                int64_t{1} << 20);
+  int64_t query_tokens = defaults.query_tokens(), document_tokens = defaults.document_tokens();
+  int64_t token_panel = defaults.token_panel_bytes();
+  cli::add_int(app, "--query-tokens", query_tokens, "maxsim: tokens per query (Lq)", 1, int64_t{1} << 20);
+  cli::add_int(app, "--document-tokens", document_tokens, "maxsim: tokens per document (Ld)", 1, int64_t{1} << 20);
+  cli::add_int(app, "--token-panel-bytes", token_panel,
+               "maxsim: the budget of one panel of token scores (maxsim_loss's panel_bytes)", 1, int64_t{1} << 50);
   cli::add_int(app, "--batch", batch, "global batch B (rows per view)", 1, int64_t{1} << 40);
   cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
   cli::add_int(app, "--world", world, "number of ranks W", 1, int64_t{1} << 20);
@@ -82,11 +90,14 @@ int run_plan(const std::vector<std::string>& args) {
     cli::usage_check(std::count(dims.begin(), dims.end(), m) == 1, "flag '--matryoshka' must not repeat a width, but ",
                      m, " appears more than once");
   }
-  cli::usage_check(group == 1 || loss == "grouped", "flag '--group' applies to --loss grouped only, but --loss is '",
-                   loss, "'");
+  cli::usage_check(group == 1 || loss == "grouped" || loss == "maxsim",
+                   "flag '--group' applies to --loss grouped and maxsim only, but --loss is '", loss, "'");
   auto plan = contrax::plan_loss(contrax::PlanOptions()
                                      .loss(loss)
                                      .group(group)
+                                     .query_tokens(query_tokens)
+                                     .document_tokens(document_tokens)
+                                     .token_panel_bytes(token_panel)
                                      .batch(batch)
                                      .width(width)
                                      .world(world)

@@ -67,18 +67,19 @@ def maxsim_loss(queries: torch.Tensor, documents: torch.Tensor, logit_scale: Opt
     query_mask: Optional[torch.Tensor] = ..., document_mask: Optional[torch.Tensor] = ..., *,
     temperature: float = ..., max_logit_scale: float = ..., normalize_scores: bool = ..., symmetric: bool = ...,
     reduction: Literal["mean", "sum", "none"] = ..., padding_score: float = ..., panel_bytes: int = ...,
+    path: Literal["auto", "materialised", "tiled"] = ..., tile_size: int = ..., ring: bool = ...,
     group: Optional[ProcessGroup] = ...) -> torch.Tensor: ...
 
 class _LossModule(torch.nn.Module):
+    path: Literal["auto", "materialised", "tiled"]
+    tile_size: int
+    ring: bool
     group: Optional[ProcessGroup]
 
 class _FeatureLoss(_LossModule):
     normalize: bool
     matryoshka_dims: Sequence[int]
     matryoshka_weights: Sequence[float]
-    path: Literal["auto", "materialised", "tiled"]
-    tile_size: int
-    ring: bool
 
 class ClipLoss(_FeatureLoss):
     logit_scale: torch.Tensor
@@ -152,7 +153,8 @@ class MaxSimLoss(_LossModule):
     panel_bytes: int
     def __init__(self, *, init_scale: Optional[float] = ..., temperature: float = ..., max_logit_scale: float = ...,
         normalize_scores: bool = ..., symmetric: bool = ..., reduction: Literal["mean", "sum", "none"] = ...,
-        padding_score: float = ..., panel_bytes: int = ..., group: Optional[ProcessGroup] = ...) -> None: ...
+        padding_score: float = ..., panel_bytes: int = ..., path: Literal["auto", "materialised", "tiled"] = ...,
+        tile_size: int = ..., ring: bool = ..., group: Optional[ProcessGroup] = ...) -> None: ...
     def forward(self, queries: torch.Tensor, documents: torch.Tensor, query_mask: Optional[torch.Tensor] = ...,
         document_mask: Optional[torch.Tensor] = ...) -> torch.Tensor: ...
 

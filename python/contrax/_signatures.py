@@ -184,6 +184,14 @@ LOSSES = {loss.name: loss for loss in (
                    "counts) or a number (PyLate's and colpali-engine's masks make it 0: a query token then scores at "
                    "least 0 against a document with padding of its own)."),
              Param("panel_bytes", "int", 16 << 20, "budget of one panel of token scores (forward and backward)."),
+             _PATH._replace(doc="memory path (as ``clip_loss``): ``\"auto\"`` (default: materialise the ``[b x B "
+                            "g]`` scores while they take at most 256 MiB per rank, else tiled), "
+                            "``\"materialised\"`` or ``\"tiled\"`` (the scores walked in steps of queries x "
+                            "documents, never held whole; same value and gradients)."),
+             _TILE._replace(doc="tiled path: at most this many queries and documents a step (0: about 16 MiB of "
+                            "logits); a positive value with ``path=\"auto\"`` selects the tiled path."),
+             _RING._replace(doc="tiled path (implied): the documents (tokens, masks) travel around the ring with "
+                            "their gradients instead of being gathered."),
              _GROUP,
          ), ("queries", "documents", "logit_scale"),
          "0-dim tensor ``L_r`` (``[b_r]`` with ``\"none\"``), differentiable in ``queries``, ``documents`` and "

@@ -102,8 +102,8 @@ class _LossModule(torch.nn.Module):
 
 class _FeatureLoss(_LossModule):
     """The Modules of the losses over one feature vector per row (every loss but
-    late interaction's): their shared options, the memory path and the
-    Matryoshka prefixes."""
+    late interaction's): their shared options, normalize and the Matryoshka
+    prefixes (the memory path is every loss's)."""
 
 
 class ClipLoss(_FeatureLoss, loss="clip_loss"):

@@ -131,7 +131,8 @@ template <typename Group>
 LossCall maxsim_loss_call(const Tensor& queries, const Tensor& documents, const OptTensor& logit_scale,
                           const OptTensor& query_mask, const OptTensor& document_mask, double temperature,
                           double max_logit_scale, bool normalize_scores, bool symmetric, std::string reduction,
-                          double padding_score, int64_t panel_bytes, Group group) {
+                          double padding_score, int64_t panel_bytes, std::string path, int64_t tile_size, bool ring,
+                          Group group) {
   return {"maxsim_loss",
           {queries, documents, tensor_of(logit_scale), tensor_of(query_mask), tensor_of(document_mask)},
           [=](const Inputs& in, const std::string& caller) {
@@ -143,6 +144,9 @@ LossCall maxsim_loss_call(const Tensor& queries, const Tensor& documents, const 
                          .reduction(reduction_of(reduction, caller))
                          .padding_score(padding_score)
                          .panel_bytes(panel_bytes)
+                         .path(path_of(path, caller))
+                         .tile_size(tile_size)
+                         .ring(ring)
                          .comm(comm_of(group, caller));
             if (in[3].defined()) o.query_mask(in[3]);
             if (in[4].defined()) o.document_mask(in[4]);
@@ -232,7 +236,8 @@ py::dict option_defaults() {
       "maxsim_loss"_a = py::dict("temperature"_a = x.temperature(), "max_logit_scale"_a = x.max_logit_scale(),
                                  "normalize_scores"_a = x.normalize_scores(), "symmetric"_a = x.symmetric(),
                                  "reduction"_a = word_of(x.reduction()), "padding_score"_a = x.padding_score(),
-                                 "panel_bytes"_a = x.panel_bytes()));
+                                 "panel_bytes"_a = x.panel_bytes(), "path"_a = word_of(x.path()),
+                                 "tile_size"_a = x.tile_size(), "ring"_a = x.ring()));
 }
 
 }  // namespace
@@ -253,7 +258,7 @@ void bind_losses(py::module& m) {
         "normalize"_a, "matryoshka_dims"_a, "matryoshka_weights"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
   m.def("maxsim_loss", &MaxSim::eager, "queries"_a, "documents"_a, "logit_scale"_a, "query_mask"_a,
         "document_mask"_a, "temperature"_a, "max_logit_scale"_a, "normalize_scores"_a, "symmetric"_a, "reduction"_a,
-        "padding_score"_a, "panel_bytes"_a, "comm"_a);
+        "padding_score"_a, "panel_bytes"_a, "path"_a, "tile_size"_a, "ring"_a, "comm"_a);
   m.def("momentum_schedule", &momentum_schedule, "base"_a, "step"_a, "total_steps"_a);
   m.def("_option_defaults", &option_defaults, "The C++ options' defaults of each loss, in the Python table's words.");
 }

@@ -1,8 +1,9 @@
 """contrax.maxsim_loss (late interaction: ColBERT, ColPali, PyLate) through the
 Python faces: over 1, 2 and 4 Gloo ranks with uneven batches (an empty rank
 at W = 4), masks, ranks padding their documents to different lengths, hard
-negatives, the symmetric form and a learnable scale, against a plain einsum +
-max reference on the concatenated batch in fp64 to 1e-10; contrax.GradCache
+negatives, the symmetric form and a learnable scale, on the materialised,
+tiled and ring paths, against a plain einsum + max reference on the
+concatenated batch in fp64 to 1e-10; contrax.GradCache
 over token towers, in one process and as DDP towers at W = 2 and 4; the
 Module; torch.compile(fullgraph=True); the errors."""
 import pytest
@@ -46,7 +47,8 @@ def _batch(rows, g, seed):
     return q, q_mask, d, d_mask
 
 
-def _check(rank, world, rows, g, **kw):
+def _check(rank, world, rows, g, memory=(), **kw):
+    """``memory``: the memory-path arguments of the contrax call (``kw`` go to both)."""
     learnt = kw.pop("learnt", False)
     q, qm, d, dm = _batch(rows, g, seed=11 * g + len(rows))
     ref_q, ref_d = q.clone().requires_grad_(True), d.clone().requires_grad_(True)
@@ -61,7 +63,7 @@ def _check(rank, world, rows, g, **kw):
     ld = d[off * g:(off + n) * g, :length].clone().requires_grad_(True)
     ls = torch.tensor(1.3, dtype=F64, requires_grad=True)
     loss = contrax.maxsim_loss(lq, ld, ls if learnt else None, qm[off:off + n], mine_dm[:, :length],
-                               temperature=0.4, panel_bytes=300, **kw)
+                               temperature=0.4, panel_bytes=300, **dict(memory), **kw)
     loss.backward()
     packed = torch.stack([loss.detach(), ls.grad if learnt else torch.zeros((), dtype=F64)])
     if world > 1:
@@ -84,6 +86,18 @@ def _worker(rank, world, rows):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_maxsim_loss_equals_the_einsum_reference(world):
     run(world, _worker, ROWS[world])
+
+
+def _paths_worker(rank, world, rows):
+    # Tiles of 2 queries x 2 documents: several steps per block.
+    for path in (dict(path="tiled", tile_size=2), dict(tile_size=2, ring=True)):
+        _check(rank, world, rows, 3, memory=path, learnt=True, normalize_scores=True)
+        _check(rank, world, rows, 1, memory=path, symmetric=True)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_tiled_and_ring_paths_equal_the_einsum_reference(world):
+    run(world, _paths_worker, ROWS[world])
 
 
 class TokenTower(torch.nn.Module):
@@ -182,3 +196,6 @@ def test_argument_errors():
         contrax.maxsim_loss(q, d, panel_bytes=1.5)
     with pytest.raises(ValueError, match=r"argument 'symmetric' needs one document per query, but got g = 2"):
         contrax.maxsim_loss(q, torch.randn(4, 5, 4), symmetric=True)
+    with pytest.raises(ValueError, match=r"maxsim_loss\(\): argument 'path' must be 'auto', 'materialised' or "
+                                         r"'tiled', but got 'ring'"):
+        contrax.maxsim_loss(q, d, path="ring")

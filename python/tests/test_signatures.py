@@ -89,10 +89,11 @@ def test_stub_holds_the_generated_block():
     # tools/gen_stub.py prints what __init__.pyi must hold: the
     # losses' functions and their Modules, each option annotated from the table.
     assert _stub.blocks() in _stub_text()
-    # The options every Module has sit on their base (the group: MaxSimLoss has
-    # no memory path), those of the feature-vector losses on theirs.
+    # The options every Module has sit on their base (the memory path and the
+    # group), those of the feature-vector losses on theirs.
     assert _stub.module(contrax.modules._LossModule).endswith("    group: Optional[ProcessGroup]")
-    assert '    path: Literal["auto", "materialised", "tiled"]\n' in _stub.module(contrax.modules._FeatureLoss)
+    assert '    path: Literal["auto", "materialised", "tiled"]\n' in _stub.module(contrax.modules._LossModule)
+    assert "    normalize: bool\n" in _stub.module(contrax.modules._FeatureLoss)
     assert "max_logit_scale" not in _stub.module(contrax.NTXentLoss)
 
 

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <utility>
 
+#include "check/plan_maxsim.h"
 #include "contrax/engine/workspace.h"
 #include "engine/lse_kernels.h"
 #include "engine/panels.h"
@@ -25,12 +26,21 @@ namespace {
 void check_plan_options(const PlanOptions& o) {
   const std::string& loss = o.loss();
   TORCH_CHECK(loss == "clip" || loss == "infonce" || loss == "grouped" || loss == "nt_xent" || loss == "moco_v3" ||
-                  loss == "siglip",
-              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3 or siglip, but got '",
-              loss, "'");
+                  loss == "siglip" || loss == "maxsim",
+              "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3, siglip or maxsim, but "
+              "got '", loss, "'");
   TORCH_CHECK(o.group() >= 1, "plan_loss(): argument 'group' must be >= 1, but got ", o.group());
-  TORCH_CHECK(o.group() == 1 || loss == "grouped",
-              "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is '", loss, "'");
+  TORCH_CHECK(o.group() == 1 || loss == "grouped" || loss == "maxsim",
+              "plan_loss(): argument 'group' applies to losses 'grouped' and 'maxsim' only, but loss is '", loss, "'");
+  if (loss == "maxsim") {
+    TORCH_CHECK(o.query_tokens() > 0 && o.document_tokens() > 0,
+                "plan_loss(): arguments 'query_tokens' and 'document_tokens' must be positive, but got ",
+                o.query_tokens(), " and ", o.document_tokens());
+    TORCH_CHECK(o.token_panel_bytes() > 0, "plan_loss(): argument 'token_panel_bytes' must be positive, but got ",
+                o.token_panel_bytes());
+    TORCH_CHECK(o.matryoshka_dims().empty(),
+                "plan_loss(): argument 'matryoshka' applies to the dot-product losses, not to 'maxsim'");
+  }
   TORCH_CHECK(o.batch() > 0, "plan_loss(): argument 'batch' must be positive, but got ", o.batch());
   TORCH_CHECK(o.width() > 0, "plan_loss(): argument 'width' must be positive, but got ", o.width());
   TORCH_CHECK(o.world() > 0, "plan_loss(): argument 'world' must be positive, but got ", o.world());
@@ -341,24 +351,29 @@ LossPlan plan_loss(const PlanOptions& o) {
   const int64_t e = c10::elementSize(detail::compute_dtype(o.dtype()));
   const int64_t f = c10::elementSize(detail::operand_dtype(o.dtype(), o.device()));
   const double unit = 2.0 * static_cast<double>(b) * static_cast<double>(B) * static_cast<double>(d);
-  // grouped_loss's buffer is [b x B g]: g blocks (its routing counts them so).
-  const int64_t blocks = loss == "grouped" ? o.group() : detail::logits_blocks(loss);
+  // grouped_loss's buffer is [b x B g]: g blocks (its routing counts them so);
+  // maxsim_loss's scores likewise.
+  const int64_t blocks = loss == "grouped" || loss == "maxsim" ? o.group() : detail::logits_blocks(loss);
   const int64_t tile = detail::tile_side(std::max<int64_t>(o.tile_size(), 0), o.tile_bytes(), e);
   const int64_t tile_bytes = std::min(tile, b) * std::min(tile, B) * e;
   PathCost mat{"materialised"}, tiled{"tiled"}, ring{"ring"};
   ring.available = W > 1;
   // The fused kernels where a walk in panels would take them (the switch, a
   // device that has them; the CPU's emulated stand-in for CUDA too).
-  p.fused = detail::panels_on(o.device().type()) && detail::fused_passes(o.device().type()) &&
-            !(o.device().is_cpu() && !detail::emulated_panel_kernels_installed());
-  p.old_gemms = count_costs(o, b, e, f, p.fused, mat, tiled, ring);
-  mat.logits_bytes = blocks * b * B * e;
-  tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
-  for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
-  const auto [budget, source] = planned_budget(o);
-  if (o.device().is_cuda()) p.panel_budget = budget, p.budget_source = source;
-  walk_costs(o, b, p.fused, budget, mat, tiled, ring);
-  scorer_costs(o, b, e, f, mat, tiled, ring);
+  if (loss == "maxsim") {
+    p.old_gemms = detail::maxsim_costs(o, b, mat, tiled, ring);  // MaxSim's own steps on every device
+  } else {
+    p.fused = detail::panels_on(o.device().type()) && detail::fused_passes(o.device().type()) &&
+              !(o.device().is_cpu() && !detail::emulated_panel_kernels_installed());
+    p.old_gemms = count_costs(o, b, e, f, p.fused, mat, tiled, ring);
+    mat.logits_bytes = blocks * b * B * e;
+    tiled.logits_bytes = ring.logits_bytes = 2 * tile_bytes;  // a tile and one temporary
+    for (auto* c : {&mat, &tiled, &ring}) c->gemm_flops = static_cast<double>(c->gemms) * unit;
+    const auto [budget, source] = planned_budget(o);
+    if (o.device().is_cuda()) p.panel_budget = budget, p.budget_source = source;
+    walk_costs(o, b, p.fused, budget, mat, tiled, ring);
+    scorer_costs(o, b, e, f, mat, tiled, ring);
+  }
   p.paths = {mat, tiled, ring};
 
   // The losses' own routing, on the largest rank (P logits blocks per block
@@ -374,10 +389,16 @@ LossPlan plan_loss(const PlanOptions& o) {
 std::string to_string(const LossPlan& p) {
   std::ostringstream os;
   const auto& o = p.options;
-  os << "plan: " << o.loss() << (o.loss() == "grouped" ? " (g = " + std::to_string(o.group()) + ")" : std::string())
+  const bool maxsim = o.loss() == "maxsim";
+  os << "plan: " << o.loss()
+     << (o.loss() == "grouped" || maxsim ? " (g = " + std::to_string(o.group()) + ")" : std::string())
      << ", B = " << o.batch() << " (" << p.rows_per_rank << " rows on the largest rank), d = " << o.width()
      << ", W = " << o.world() << ", " << o.dtype() << (o.device().is_cuda() ? " on CUDA" : "") << "\n";
-  if (const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width()); !prefixes.empty()) {
+  if (maxsim) {
+    os << "scorer: MaxSim, " << o.query_tokens() << " query tokens x " << o.document_tokens()
+       << " document tokens (token panels of " << mib(o.token_panel_bytes()) << "; GEMMs in units of one "
+       << "[b Lq x B g Ld x d] token product; workspace: the scores or a step's logits, and its token work)\n";
+  } else if (const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width()); !prefixes.empty()) {
     os << "scorer: Matryoshka prefixes";
     for (size_t i = 0; i < prefixes.size(); ++i) os << (i ? ", " : " ") << prefixes[i].dim;
     os << (shared_prefixes(o) ? " (one shared pass over the width: the slices' products accumulate in one buffer)\n"
@@ -385,12 +406,16 @@ std::string to_string(const LossPlan& p) {
   } else {
     os << "scorer: one dot product of the whole width\n";
   }
-  os << "steps: " << (o.device().is_cuda() ? "row panels of every column of a block" : "square tiles")
+  os << "steps: "
+     << (maxsim                   ? "queries x documents within the token panel budget"
+         : o.device().is_cuda() ? "row panels of every column of a block"
+                                : "square tiles")
      << " (each walked once forward, once backward); launches: GPU kernel launches of a forward + backward "
         "(estimate, "
      << (p.fused ? "the fused CUDA kernels" : "ATen forms") << ")\n";
   if (p.panel_budget > 0) os << "panel budget: " << mib(p.panel_budget) << ", for " << p.budget_source << "\n";
-  os << "| path | logits held | features held | GEMMs ([b x B x d] units) | GFLOP | sent fwd | sent bwd | steps "
+  os << "| path | logits held | features held | GEMMs (" << (maxsim ? "token products" : "[b x B x d] units")
+     << ") | GFLOP | sent fwd | sent bwd | steps "
         "(rows x cols) | workspace | launches |\n";
   os << "|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& c : p.paths) {
@@ -415,7 +440,12 @@ std::string to_json(const LossPlan& p) {
      << ", \"width\": " << o.width() << ", \"world\": " << o.world() << ", \"rows_per_rank\": " << p.rows_per_rank
      << ", \"chosen\": \"" << p.chosen << "\", \"old_gemms\": " << p.old_gemms
      << ", \"fused\": " << (p.fused ? "true" : "false") << ", \"panel_budget\": " << p.panel_budget
-     << ", \"budget_source\": \"" << p.budget_source << "\", \"matryoshka_dims\": [";
+     << ", \"budget_source\": \"" << p.budget_source << "\", ";
+  if (o.loss() == "maxsim") {
+    os << "\"query_tokens\": " << o.query_tokens() << ", \"document_tokens\": " << o.document_tokens()
+       << ", \"token_panel_bytes\": " << o.token_panel_bytes() << ", ";
+  }
+  os << "\"matryoshka_dims\": [";
   const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width());
   for (size_t i = 0; i < prefixes.size(); ++i) os << (i ? ", " : "") << prefixes[i].dim;
   os << "], \"paths\": [";

@@ -3,6 +3,7 @@
 // late interaction (maxsim_loss), each against a plain reference.
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <utility>
 
 #include "check/verify_cases.h"
@@ -102,34 +103,58 @@ torch::Tensor token_mask(const torch::Tensor& tokens /* [n, L, d] */) {
   return (tokens.select(2, 0).detach() > -0.7).logical_or(first.unsqueeze(0));
 }
 
-VerifyCase maxsim_case(std::string name, int64_t g, bool symmetric, bool normalize_scores, bool learnt_scale,
-                       int64_t panel_bytes) {
+// A maxsim_loss case: g documents per query, the loss's options as named,
+// on the memory path `memory` (its tiles of 2 or 3 rows: several steps).
+struct MaxSimCase {
+  int64_t g = 1;
+  bool symmetric = false, normalize_scores = false, learnt_scale = false;
+  double padding_score = -std::numeric_limits<double>::infinity();
+  int64_t panel_bytes = int64_t{16} << 20;
+  MemoryPathOptions memory;
+};
+
+VerifyCase maxsim_case(std::string name, const MaxSimCase& m) {
   using V = std::vector<torch::Tensor>;
   constexpr int64_t Lq = 3, Ld = 4;
   VerifyCase c;
   c.name = std::move(name);
   c.num_features = 2;
-  c.feature_widths = {Lq, g * Ld};
-  if (learnt_scale) c.scalars = {std::log(2.0)};
+  c.feature_widths = {Lq, m.g * Ld};
+  if (m.learnt_scale) c.scalars = {std::log(2.0)};
   const auto split = [](const V& x) {
     const int64_t width = x[0].size(1) / Lq;
     return std::make_pair(x[0].view({-1, Lq, width}), x[1].reshape({-1, Ld, width}));
   };
   c.distributed = [=](const V& x, const V& s, const CommunicatorPtr& comm) {
     auto [q, d] = split(x);
-    return maxsim_loss(q, d, learnt_scale ? std::make_optional(s[0]) : c10::nullopt,
-                       MaxSimLossOptions().temperature(0.5).symmetric(symmetric).normalize_scores(normalize_scores)
-                           .query_mask(token_mask(q)).document_mask(token_mask(d)).panel_bytes(panel_bytes)
-                           .comm(comm));
+    return maxsim_loss(q, d, m.learnt_scale ? std::make_optional(s[0]) : c10::nullopt,
+                       MaxSimLossOptions().temperature(0.5).symmetric(m.symmetric).normalize_scores(m.normalize_scores)
+                           .query_mask(token_mask(q)).document_mask(token_mask(d)).padding_score(m.padding_score)
+                           .panel_bytes(m.panel_bytes).memory(m.memory).comm(comm));
   };
   c.reference = [=](const V& x, const V& s) {
     auto [q, d] = split(x);
-    auto scores = reference::maxsim_scores(q, token_mask(q), d, token_mask(d));
-    if (normalize_scores) scores = scores / token_mask(q).sum(1, true).to(scores.scalar_type());
-    auto logits = learnt_scale ? scores * torch::clamp_max(s[0].exp(), 100.0) : scores / 0.5;
-    return reference::score_rows(logits, symmetric).mean();
+    auto scores = reference::maxsim_scores(q, token_mask(q), d, token_mask(d), m.padding_score);
+    if (m.normalize_scores) scores = scores / token_mask(q).sum(1, true).to(scores.scalar_type());
+    auto logits = m.learnt_scale ? scores * torch::clamp_max(s[0].exp(), 100.0) : scores / 0.5;
+    return reference::score_rows(logits, m.symmetric).mean();
   };
   return c;
+}
+
+// maxsim_loss on each memory path, hard negatives, the symmetric form, both
+// kinds of padding_score and both scales among them.
+void add_maxsim_cases(std::vector<VerifyCase>& cases) {
+  const auto tiles = [](int64_t side) { return MemoryPathOptions().path(MemoryPath::kTiled).tile_size(side); };
+  const double zero = 0.0;
+  cases.push_back(maxsim_case("maxsim", {}));
+  cases.push_back(maxsim_case("maxsim_hard_negatives_panels", {3, false, true, true, -INFINITY, 200}));
+  cases.push_back(maxsim_case("maxsim_symmetric_panels", {1, true, false, true, -INFINITY, 300}));
+  cases.push_back(maxsim_case("maxsim_tiled_hard_negatives", {3, false, true, true, -INFINITY, 200, tiles(2)}));
+  cases.push_back(maxsim_case("maxsim_tiled_symmetric_padding_zero", {1, true, false, false, zero, 300, tiles(3)}));
+  cases.push_back(
+      maxsim_case("maxsim_ring_hard_negatives_padding_zero", {3, false, false, true, zero, 200, tiles(2).ring(true)}));
+  cases.push_back(maxsim_case("maxsim_ring_symmetric", {1, true, true, true, -INFINITY, 16 << 20, tiles(3).ring(true)}));
 }
 
 }  // namespace
@@ -156,9 +181,7 @@ void add_scorer_cases(std::vector<VerifyCase>& cases) {
   };
   cases.push_back(grouped);
 
-  cases.push_back(maxsim_case("maxsim", 1, false, false, false, int64_t{16} << 20));
-  cases.push_back(maxsim_case("maxsim_hard_negatives_panels", 3, false, true, true, 200));
-  cases.push_back(maxsim_case("maxsim_symmetric_panels", 1, true, false, true, 300));
+  add_maxsim_cases(cases);
   // The gradient cache over token towers: each tower's 8 outputs as 2 tokens
   // of 4 (masked as above), MaxSim under the learnt scale.
   const auto tokens = [](const torch::Tensor& r) { return r.view({r.size(0), 2, 4}); };

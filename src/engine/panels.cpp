@@ -118,6 +118,13 @@ int64_t buffer_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t
   return std::min(std::max<int64_t>(fit, 256), std::max<int64_t>(rows, 1));
 }
 
+StepShape pair_step(int64_t rows, int64_t cols, int64_t pair_bytes, int64_t budget, int64_t cap) {
+  const int64_t per_pair = std::max<int64_t>(pair_bytes, 1), most = std::max<int64_t>(cap, 1);
+  const int64_t r = std::clamp<int64_t>(budget / per_pair, 1, std::min(most, std::max<int64_t>(rows, 1)));
+  const int64_t c = std::clamp<int64_t>(budget / (per_pair * r), 1, std::min(most, std::max<int64_t>(cols, 1)));
+  return {r, c};
+}
+
 int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size) {
   if (tile_size > 0) return tile_size;
   const double side = std::sqrt(static_cast<double>(tile_bytes) / static_cast<double>(element_size));
@@ -125,6 +132,7 @@ int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size) {
 }
 
 StepShape TileWalk::step(int64_t rows, int64_t cols) const {
+  if (pair_bytes > 0) return pair_step(rows, cols, pair_bytes, budget, tile);
   if (panels) return panel_shape(device, dtype, rows, cols, width, budget);
   return {tile, tile};
 }

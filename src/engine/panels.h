@@ -77,6 +77,12 @@ int64_t panel_workspace_bytes(c10::DeviceType device, c10::ScalarType dtype, con
 int64_t buffer_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t rows, int64_t cols, int64_t width,
                           int64_t budget);
 
+/// A step over `rows` x `cols` pairs whose work takes `pair_bytes` each (a
+/// scorer's beyond one dot product: MaxSim's token scores, engine/maxsim.h),
+/// within `budget` bytes: as many rows as one column's work for them fits, then
+/// as many columns as fit beside them, each at least 1 and at most `cap`.
+StepShape pair_step(int64_t rows, int64_t cols, int64_t pair_bytes, int64_t budget, int64_t cap);
+
 /// Side of a square logits tile: `tile_size` if positive, otherwise the largest
 /// side whose tile fits `tile_bytes` at `element_size`, at least 64.
 int64_t tile_side(int64_t tile_size, int64_t tile_bytes, int64_t element_size);
@@ -90,7 +96,10 @@ struct TileWalk {
   int64_t width = 0;
   int64_t tile = 64;    // side of a square tile (explicit or from tile_bytes)
   bool panels = false;  // panels instead of tiles
-  int64_t budget = 0;   // panels: the workspace budget
+  int64_t budget = 0;   // panels: the workspace budget; pair_bytes: the budget of a step's pairs
+  /// A scorer's bytes of work per (row, column) pair (MaxSim's token scores);
+  /// positive: steps of pair_step within `budget`, at most `tile` a side.
+  int64_t pair_bytes = 0;
 
   /// Each step's shape over a [rows x cols] block.
   StepShape step(int64_t rows, int64_t cols) const;

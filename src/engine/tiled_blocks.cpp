@@ -17,6 +17,7 @@ namespace {
 struct TiledState : BlockState {
   TileWalk walk;      // tiles (CPU) or panels (CUDA): engine/panels.h
   bool ring = false;  // k is this rank's block and blocks travel around the ring
+  std::shared_ptr<TileScorer> scorer;  // null: one dot product
 
   // Every rank's key block: g key rows per row of the layout.
   KeyBlocks key_blocks() const {
@@ -27,13 +28,14 @@ struct TiledState : BlockState {
 };
 
 // The logits of tile `t` of key block `block` (first global column col0):
-// qs rows times block rows, plus the bias, with the masked diagonal (if any)
-// at -inf.
+// qs rows times block rows (or the scorer's, `keep` as TileScorer::logits),
+// plus the bias, with the masked diagonal (if any) at -inf.
 torch::Tensor tile_logits(const TiledState& state, const torch::Tensor& qs /* [b, d] */,
-                          const torch::Tensor& block /* [n, d] */, const torch::Tensor& bias, const Tile& t,
-                          int64_t col0) {
-  auto s = gemm(qs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t(),
-                compute_dtype(qs.scalar_type()));  // [R, C]
+                          const torch::Tensor& block /* [n, d] */, const torch::Tensor& scale,
+                          const torch::Tensor& bias, const Tile& t, int64_t col0, bool keep) {
+  auto s = state.scorer ? state.scorer->logits(qs, block, scale, t, keep)
+                        : gemm(qs.narrow(0, t.r0, t.rows), block.narrow(0, t.c0, t.cols).t(),
+                               compute_dtype(qs.scalar_type()));  // [R, C]
   if (bias.defined()) s.add_(bias);
   if (state.spec.masked >= 0) tile_diagonal(s, t.r0, col0 + t.c0, state.spec.masked).fill_(-kInf);
   return s;
@@ -41,7 +43,9 @@ torch::Tensor tile_logits(const TiledState& state, const torch::Tensor& qs /* [b
 
 // CLIP / InfoNCE / grouped, tiled: the materialised block's forward statistics
 // and gradient (engine/block.h), one [tile x tile] block at a time; the label
-// structure is recomputed per tile from the labels (O(R + C) each).
+// structure is recomputed per tile from the labels (O(R + C) each). With a
+// TileScorer the steps' logits are its, and so is the step's backward from G
+// (MaxSim's, derived in engine/maxsim_tiles.h); everything else is shared.
 class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
@@ -51,24 +55,34 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const auto& L = state->layout;
     const int64_t b = q.size(0), g = state->spec.group, d = q.size(1);
     const torch::Tensor bias_t = bias.has_value() ? *bias : torch::Tensor();
-    auto qs = q * scale;  // [b, d]
+    const auto& scorer = state->scorer;
+    auto qs = scorer ? q : q * scale;  // [b, d]; a scorer applies the scale itself
     ForwardStats st(*state, b, compute_options(qs));
+    // A scorer's designated entries S_{i,pos(i)} are read off its steps (each
+    // lies in one), not scored again.
+    auto designated = scorer ? torch::empty({b}, compute_options(qs)) : torch::Tensor();
     const auto blocks = state->key_blocks();
     blocks.for_each(k, [&](int64_t, int64_t col0, const torch::Tensor& block) {
       for_each_tile(b, block.size(0), state->walk, [&](const Tile& t) {
-        auto s = tile_logits(*state, qs, block, bias_t, t, col0);
+        auto s = tile_logits(*state, qs, block, scale, bias_t, t, col0, /*keep=*/false);
+        if (scorer) {
+          const auto run = positives_in(t.r0, t.rows, col0 + t.c0, t.cols, L.offset, g);
+          if (run.n > 0) designated.narrow(0, t.r0 + run.row, run.n).copy_(run_view(s, run, g));
+        }
         auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
         // A panel of the only block spans its rows: their lse is final.
         st.add(s, P, t.r0, col0 + t.c0, /*whole_rows=*/!blocks.ring() && t.cols == block.size(0));
       });
     });
-    // The designated positives: every g-th row of this rank's own candidates
-    // (global column (off + i) g, inside k at that column less k's first).
-    const int64_t own0 = L.offset * g - (state->ring ? blocks.starts()[L.rank] : 0);
-    auto own = k.narrow(0, own0, b * g);                                  // [b g, d]
-    const auto c = compute_dtype(qs.scalar_type());
-    auto designated = (qs.to(c) * own.reshape({b, g, d}).select(1, 0).to(c)).sum(1);  // [b]
-    if (bias_t.defined()) designated = designated + bias_t;
+    if (!scorer) {
+      // The designated positives: every g-th row of this rank's own candidates
+      // (global column (off + i) g, inside k at that column less k's first).
+      const int64_t own0 = L.offset * g - (state->ring ? blocks.starts()[L.rank] : 0);
+      auto own = k.narrow(0, own0, b * g);  // [b g, d]
+      const auto c = compute_dtype(qs.scalar_type());
+      designated = (qs.to(c) * own.reshape({b, g, d}).select(1, 0).to(c)).sum(1);  // [b]
+      if (bias_t.defined()) designated = designated + bias_t;
+    }
     RowTerms rt;
     auto l = finish_forward(*state, st, designated, rt);
     ctx->save_for_backward({q, k, scale});
@@ -91,25 +105,27 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
     const bool want_dk = ctx->needs_input_grad(1);
     const bool want_bias = bias.defined() && ctx->needs_input_grad(3);
     const auto w = backward_weights(*state, grads[0], compute_dtype(q.scalar_type()));
-    auto qs = q * scale;  // [b, d]
+    const auto& scorer = state->scorer;
+    auto qs = scorer ? q : q * scale;  // [b, d]
     // The accumulators take their first product by assignment instead of a
     // zero fill (gemm_into_): A's rows at the first column step of the only
     // block (the ring sums A over blocks: zeros), a key block's dk rows at the
-    // first row step (none when this rank has no rows: zeros).
-    const bool one_block = !state->ring && k.size(0) > 0;
+    // first row step (none when this rank has no rows: zeros). A scorer adds
+    // to zeros (A is then dq itself: its scale is folded in).
+    const bool one_block = !scorer && !state->ring && k.size(0) > 0;
     auto A = one_block ? torch::empty(q.sizes(), compute_options(q))
                        : torch::zeros(q.sizes(), compute_options(q));  // [b, d]: sum_j G_ij k_j
-    auto g_sum = torch::zeros({}, compute_options(q));
+    auto g_sum = torch::zeros({}, compute_options(q));  // sum of G / c, or a scorer's dL/dscale
     auto dk = state->key_blocks().for_each_grad(k, want_dk, [&](int64_t, int64_t col0, const torch::Tensor& block) {
       // [n, d], summed in the compute dtype
       torch::Tensor dk_block;
-      if (want_dk) dk_block = b > 0 ? torch::empty(block.sizes(), compute_options(block))
-                                    : torch::zeros(block.sizes(), compute_options(block));
+      if (want_dk) dk_block = b > 0 && !scorer ? torch::empty(block.sizes(), compute_options(block))
+                                               : torch::zeros(block.sizes(), compute_options(block));
       for_each_tile(
           b, block.size(0), state->walk,
           [&](const Tile& t) {
             auto kt = block.narrow(0, t.c0, t.cols);            // [C, d]
-            auto s = tile_logits(*state, qs, block, bias, t, col0);  // [R, C], then in place G / c
+            auto s = tile_logits(*state, qs, block, scale, bias, t, col0, /*keep=*/true);  // [R, C], then G / c
             auto P = apply_labels(*state, s, t.r0, col0 + t.c0);
             // G in the keys' dtype with c folded in, for both GEMMs: one
             // kernel pass on the panel kernels (the bias's sum wants G / c:
@@ -121,16 +137,17 @@ class TiledClipBlock : public torch::autograd::Function<TiledClipBlock> {
               if (want_bias) g_sum.add_(s.sum());  // sum of G / c (c applied once at the end)
               G = scaled_operand(s, w.c, kt.scalar_type());
             }
+            if (scorer) return scorer->backward(G, qs, block, scale, t, A, dk_block, g_sum);
             gemm_into_(A.narrow(0, t.r0, t.rows), G, kt, one_block && t.c0 == 0);
             if (want_dk) gemm_into_(dk_block.narrow(0, t.c0, t.cols), G.t(), qs.narrow(0, t.r0, t.rows), t.r0 == 0);
           },
           /*columns_outer=*/true);
       return dk_block;
     });
-    auto dq = (A * scale).to(q.scalar_type());
+    auto dq = (scorer ? A : A * scale).to(q.scalar_type());
     if (dk.defined()) dk = dk.to(k.scalar_type());
     torch::Tensor ds;
-    if (ctx->needs_input_grad(2)) ds = (A * q).sum().reshape(scale.sizes());
+    if (ctx->needs_input_grad(2)) ds = (scorer ? g_sum : (A * q).sum()).reshape(scale.sizes());
     return {dq, dk, ds, want_bias ? g_sum.mul_(w.c) : torch::Tensor(), torch::Tensor()};
   }
 };
@@ -272,12 +289,13 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
 
 torch::Tensor tiled_clip_block(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
                                const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec,
-                               const TileWalk& walk, bool ring) {
+                               const TileWalk& walk, bool ring, std::shared_ptr<TileScorer> scorer) {
   auto state = c10::make_intrusive<TiledState>();
   state->layout = layout;
   state->spec = spec;
   state->walk = walk;
   state->ring = ring && layout.world > 1;
+  state->scorer = std::move(scorer);
   return TiledClipBlock::apply(q, k, scale, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, state);
 }
 

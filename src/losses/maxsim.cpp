@@ -1,9 +1,12 @@
 // The late-interaction front end (contrax/losses/maxsim.h): it checks its
 // arguments, agrees on rows, documents per query and the longest document
-// across ranks, gathers every rank's documents (with gradient, padded to the
-// longest), scores this rank's queries against them by MaxSim in bounded
+// across ranks, pads its documents to the longest, and takes the memory path
+// the prologue chose: materialised, it gathers every rank's documents (with
+// gradient), scores this rank's queries against them by MaxSim in bounded
 // panels (engine/maxsim.h) and hands the [b x B g] scores to the engine's
-// InfoNCE on a score block (engine/score_block.h).
+// InfoNCE on a score block (engine/score_block.h); tiled or ring, the
+// engine's tiled block walks them with MaxSim as its scorer
+// (engine/maxsim_tiles.h).
 #include "contrax/losses/maxsim.h"
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 #include <limits>
 
 #include "engine/maxsim.h"
+#include "engine/maxsim_tiles.h"
 #include "engine/score_block.h"
 
 namespace contrax {
@@ -76,6 +80,7 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
   check.positive(options.max_logit_scale(), "max_logit_scale");
   check.require(options.panel_bytes() > 0, "argument 'panel_bytes' must be positive, but got ",
                 options.panel_bytes());
+  detail::check_memory_path(check, options.memory());
   check.require(!options.symmetric() || g <= 1, "argument 'symmetric' needs one document per query, but got g = ", g,
                 " (hard negatives have no query of their own)");
 
@@ -96,7 +101,8 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
                 " on an earlier rank");
     if (gs > 0) group = gs;
   }
-  const auto p = detail::make_prologue(caller, comm, counts, counted, MemoryPathOptions(), group);
+  // The routing's measure: the [b x B g] scores, g blocks of [b x B].
+  const auto p = detail::make_prologue(caller, comm, counts, counted, options.memory(), group);
   auto q = queries.to(p.dtype);  // MaxSim computes in the compute dtype (engine/precision.h)
   auto d = documents.to(p.dtype);
   if (Ld < longest) {  // padded with invalid tokens to the longest document of any rank
@@ -112,6 +118,18 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
                                                                : torch::zeros({documents.size(0)}, d_mask.options());
     floor = torch::where(own_padding, options.padding_score(), -kInf).to(p.dtype);  // [b g]
   }
+  // Each query token's weight: its mask, over the query's token count with
+  // normalize_scores (every query has a valid token).
+  auto weight = q_mask.to(p.dtype);  // [b, Lq]
+  if (options.normalize_scores()) weight = weight / weight.sum(1, /*keepdim=*/true);
+  auto scale = logit_scale.has_value()
+                   ? detail::clamped_scale(*logit_scale, options.max_logit_scale()).to(p.dtype)
+                   : torch::scalar_tensor(1.0 / options.temperature(), q.options());
+  detail::BlockSpec spec;
+  spec.symmetric = options.symmetric();
+  spec.group = std::max<int64_t>(group, 1);
+  spec.reduction = options.reduction();
+  if (p.tiled) return detail::tiled_maxsim_loss(q, weight, d, d_mask, floor, scale, p, spec, options.panel_bytes());
   auto key_counts = counts;
   for (auto& c : key_counts) c *= group;
   torch::Tensor docs = d, docs_mask = d_mask;
@@ -122,15 +140,7 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
     docs_mask = detail::gather_rows(d_mask.to(torch::kUInt8), comm, key_counts, /*with_grad=*/false).to(torch::kBool);
     if (floor.defined()) floor = detail::gather_rows(floor.unsqueeze(1), comm, key_counts, false).squeeze(1);
   }
-  auto scores = detail::maxsim_scores(q, q_mask, docs, docs_mask, floor, options.panel_bytes(), p.layout);  // [b, B g]
-  if (options.normalize_scores()) scores = scores / q_mask.sum(1, /*keepdim=*/true).to(scores.scalar_type());
-  auto scale = logit_scale.has_value()
-                   ? detail::clamped_scale(*logit_scale, options.max_logit_scale()).to(p.dtype)
-                   : torch::scalar_tensor(1.0 / options.temperature(), scores.options());
-  detail::BlockSpec spec;
-  spec.symmetric = options.symmetric();
-  spec.group = std::max<int64_t>(group, 1);
-  spec.reduction = options.reduction();
+  auto scores = detail::maxsim_scores(q, weight, docs, docs_mask, floor, options.panel_bytes(), p.layout);  // [b, B g]
   return detail::score_block_loss(scores * scale, p, spec);
 }
 

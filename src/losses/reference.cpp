@@ -133,9 +133,10 @@ torch::Tensor matryoshka(const std::vector<int64_t>& dims, const std::vector<dou
 }
 
 torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
-                            const torch::Tensor& documents, const torch::Tensor& document_mask) {
+                            const torch::Tensor& documents, const torch::Tensor& document_mask,
+                            double padding_score) {
   auto t = torch::einsum("iqd,jsd->ijqs", {queries, documents});  // [n, m, Lq, Ld]
-  t = t.masked_fill(document_mask.logical_not().unsqueeze(0).unsqueeze(2), -std::numeric_limits<double>::infinity());
+  t = t.masked_fill(document_mask.logical_not().unsqueeze(0).unsqueeze(2), padding_score);
   auto best = std::get<0>(t.max(3));                                       // [n, m, Lq]
   return (best * query_mask.unsqueeze(1).to(best.scalar_type())).sum(2);  // [n, m]
 }

@@ -6,7 +6,9 @@
 #include "contrax/check/plan.h"
 #include "contrax/losses/grouped.h"
 #include "contrax/losses/losses.h"
+#include "contrax/losses/maxsim.h"
 #include "contrax/losses/siglip.h"
+#include "engine/panels.h"
 #include "engine/precision.h"
 #include "support/errors.h"
 #include "support/ranks.h"
@@ -92,11 +94,57 @@ TEST(LossPlan, RoutingAndErrors) {
   EXPECT_EQ(gp.paths[0].logits_bytes, int64_t{512} * 1024 * 4 * 4);
   EXPECT_NE(to_string(gp).find("plan: grouped (g = 4)"), std::string::npos) << to_string(gp);
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("triplet")),
-                       "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3 or siglip, but "
-                       "got 'triplet'");
+                       "plan_loss(): argument 'loss' must be clip, infonce, grouped, nt_xent, moco_v3, siglip or maxsim, "
+                       "but got 'triplet'");
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("clip").group(2)),
-                       "plan_loss(): argument 'group' applies to loss 'grouped' only, but loss is 'clip'");
+                       "plan_loss(): argument 'group' applies to losses 'grouped' and 'maxsim' only, but loss is 'clip'");
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("grouped").group(0)),
                        "plan_loss(): argument 'group' must be >= 1, but got 0");
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().batch(0)), "plan_loss(): argument 'batch' must be positive, but got 0");
+}
+
+// maxsim: each path's bytes against the counters of real calls (fp64, W = 2,
+// g = 2 documents per query, Lq = 3, Ld = 5, d = 6), and its steps against
+// the steps walked (both ranks, forward and backward: 4 walks of the plan's).
+TEST(LossPlan, MaxSimBytesAndStepsMatchRealCalls) {
+  const int64_t W = 2, b = 4, g = 2, Lq = 3, Ld = 5, d = 6, budget = 2000;
+  const std::vector<std::string> names{"materialised", "tiled", "ring"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto memory = i == 0 ? MemoryPathOptions().path(MemoryPath::kMaterialised)
+                               : MemoryPathOptions().path(MemoryPath::kTiled).tile_size(3).ring(i == 2);
+    auto plan = plan_loss(PlanOptions().loss("maxsim").group(g).batch(W * b).width(d).world(W).dtype(torch::kDouble)
+                              .query_tokens(Lq).document_tokens(Ld).token_panel_bytes(budget).memory(memory));
+    EXPECT_EQ(plan.chosen, names[i]);
+    const auto& path = plan.paths[i];
+    const int64_t steps = contrax::detail::steps_walked();
+    run_ranks(W, [&](const CommunicatorPtr& comm) {
+      auto q = torch::randn({b, Lq, d}, torch::kDouble).requires_grad_(true);
+      auto docs = torch::randn({b * g, Ld, d}, torch::kDouble).requires_grad_(true);
+      comm->reset_stats();
+      auto l = maxsim_loss(q, docs, c10::nullopt, MaxSimLossOptions().memory(memory).panel_bytes(budget).comm(comm));
+      auto st = comm->stats();
+      EXPECT_EQ(st.total_bytes_sent() - st.op("metadata").bytes_sent, path.bytes_sent_forward) << names[i];
+      comm->reset_stats();
+      l.backward();
+      EXPECT_EQ(comm->stats().total_bytes_sent(), path.bytes_sent_backward) << names[i];
+    });
+    if (i > 0) EXPECT_EQ(contrax::detail::steps_walked() - steps, 4 * path.panels) << names[i];
+  }
+  // The routing counts the [b x B g] scores; the plan's own errors.
+  EXPECT_EQ(plan_loss(PlanOptions().loss("maxsim").batch(8192)).chosen, "materialised");  // 256 MiB
+  EXPECT_EQ(plan_loss(PlanOptions().loss("maxsim").group(2).batch(8192)).chosen, "tiled");
+  auto p = plan_loss(PlanOptions().loss("maxsim").group(2).batch(4096).world(8).width(128));
+  EXPECT_NE(to_string(p).find("scorer: MaxSim, 32 query tokens x 256 document tokens"), std::string::npos)
+      << to_string(p);
+  EXPECT_NE(to_json(p).find("\"document_tokens\": 256"), std::string::npos) << to_json(p);
+  // The tiled path holds a step's logits, not the [b x B g] scores; the ring
+  // two blocks and two partials, not every rank's documents and their gradient.
+  EXPECT_LT(p.paths[1].logits_bytes * 100, p.paths[0].logits_bytes);
+  EXPECT_EQ(p.paths[2].feature_bytes * 4, p.paths[1].feature_bytes);
+  CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("maxsim").query_tokens(0)),
+                       "plan_loss(): arguments 'query_tokens' and 'document_tokens' must be positive, but got 0 and 256");
+  CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("maxsim").token_panel_bytes(0)),
+                       "plan_loss(): argument 'token_panel_bytes' must be positive, but got 0");
+  CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("maxsim").width(8).matryoshka_dims({4})),
+                       "plan_loss(): argument 'matryoshka' applies to the dot-product losses, not to 'maxsim'");
 }

@@ -72,10 +72,12 @@ TEST(BenchCli, GradCacheFlagErrors) {
 }
 
 TEST(BenchCli, PlanFlagErrorsAndGrouped) {
-  expect_flag_error("plan --loss clip --group 4", "flag '--group' applies to --loss grouped only, but --loss is 'clip'");
+  expect_flag_error("plan --loss clip --group 4",
+                    "flag '--group' applies to --loss grouped and maxsim only, but --loss is 'clip'");
   expect_flag_error("plan --loss grouped --group 0", "flag '--group' must be >= 1, but got 0");
   expect_flag_error("plan --loss triplet",
-                    "flag '--loss' must be clip, infonce, grouped, nt_xent, moco_v3 or siglip, but got 'triplet'");
+                    "flag '--loss' must be clip, infonce, grouped, nt_xent, moco_v3, siglip or maxsim, but got "
+                    "'triplet'");
   auto r = run_cli("plan --loss grouped --group 8 --batch 4096 --world 4");
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("plan: grouped (g = 8), B = 4096 (1024 rows on the largest rank)"), std::string::npos) << r.out;

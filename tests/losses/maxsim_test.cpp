@@ -1,9 +1,10 @@
 // maxsim_loss beyond verify's fp64 cases at W = 1..4 (tests/check/
-// loss_world_test.cpp: in-batch, hard negatives, symmetric, small panels):
-// ranks padding their documents to different lengths, ties broken at the
-// first maximum as the reference's torch.max, per-row and summed reductions,
-// fp32 within tolerance, memory bounded by the panel budget, every error
-// message.
+// loss_world_test.cpp: in-batch, hard negatives, symmetric, small panels, on
+// every memory path): on the materialised, tiled and ring paths, ranks
+// padding their documents to different lengths, ties broken at the first
+// maximum as the reference's torch.max, per-row and summed reductions, fp32
+// within tolerance; memory bounded by the panel budget, the tiled and ring
+// paths' below the materialised one's; every error message.
 
 #include <gtest/gtest.h>
 
@@ -22,6 +23,15 @@ using contrax::testing::run_ranks_collect_errors;
 namespace {
 
 auto f64() { return torch::TensorOptions().dtype(torch::kDouble); }
+
+// Every memory path: materialised, tiled (tiles of 2: several steps) and the ring.
+std::vector<MemoryPathOptions> every_path() {
+  const auto tiles = MemoryPathOptions().path(MemoryPath::kTiled).tile_size(2);
+  return {MemoryPathOptions().path(MemoryPath::kMaterialised), tiles, MemoryPathOptions(tiles).ring(true)};
+}
+std::string name_of(const MemoryPathOptions& m) {
+  return m.ring() ? "ring" : m.path() == MemoryPath::kTiled ? "tiled" : "materialised";
+}
 
 // Loss and gradients of the reference on the whole batch (documents padded
 // to one length).
@@ -52,16 +62,19 @@ void expect_two_ranks_match(const torch::Tensor& q, const torch::Tensor& docs, c
     loss.backward();
     auto total = loss.detach().clone();
     comm->all_reduce_sum(total);
-    EXPECT_NEAR(total.item<double>() / 2, want.loss.item<double>(), 1e-12);
-    EXPECT_LE((mine_q.grad() / 2 - want.dq.narrow(0, off, n)).abs().max().item<double>(), 1e-12);
-    EXPECT_LE((mine_d.grad() / 2 - want.dd.narrow(0, off, n).narrow(1, 0, L)).abs().max().item<double>(), 1e-12);
+    const auto path = name_of(options.memory());
+    EXPECT_NEAR(total.item<double>() / 2, want.loss.item<double>(), 1e-12) << path;
+    EXPECT_LE((mine_q.grad() / 2 - want.dq.narrow(0, off, n)).abs().max().item<double>(), 1e-12) << path;
+    EXPECT_LE((mine_d.grad() / 2 - want.dd.narrow(0, off, n).narrow(1, 0, L)).abs().max().item<double>(), 1e-12)
+        << path;
   });
 }
 
 }  // namespace
 
 // Rank 0 pads its documents to 5 tokens, rank 1 to 3: the loss pads to the
-// longest; loss and gradients equal the reference on the concatenated batch.
+// longest; loss and gradients equal the reference on the concatenated batch,
+// on every path (the ring's blocks carry their masks).
 TEST(MaxSim, RanksPadTheirDocumentsToDifferentLengths) {
   auto gen = at::detail::createCPUGenerator(3);
   const int64_t d = 4;
@@ -70,8 +83,10 @@ TEST(MaxSim, RanksPadTheirDocumentsToDifferentLengths) {
   dm.narrow(0, 3, 2).narrow(1, 3, 2).fill_(false);  // rank 1's documents: 3 tokens
   dm[0][4] = false;
   const auto want = reference_of(q, qm, docs, dm, 0.3, /*symmetric=*/true);
-  expect_two_ranks_match(q, docs, dm, {5, 3}, MaxSimLossOptions().temperature(0.3).symmetric(true).query_mask(qm),
-                         want);
+  for (const auto& m : every_path()) {
+    expect_two_ranks_match(q, docs, dm, {5, 3},
+                           MaxSimLossOptions().temperature(0.3).symmetric(true).query_mask(qm).memory(m), want);
+  }
 }
 
 // Equal token scores: the gradient goes to the first maximal document token,
@@ -83,13 +98,15 @@ TEST(MaxSim, TiesGoToTheFirstMaximumAndPanelsChangeNothing) {
   auto qm = torch::ones({4, 3}, torch::kBool), dm = torch::ones({4, 4}, torch::kBool);
   const auto want = reference_of(q, qm, d, dm, 1.0, false);
   EXPECT_EQ(want.dd.narrow(1, 2, 2).abs().max().item<double>(), 0.0);  // the control: ties go to tokens 0, 1
-  for (int64_t budget : {int64_t{16} << 20, int64_t{100}, int64_t{1}}) {
-    auto qq = q.clone().requires_grad_(true), dd = d.clone().requires_grad_(true);
-    auto loss = maxsim_loss(qq, dd, c10::nullopt, MaxSimLossOptions().panel_bytes(budget));
-    loss.backward();
-    EXPECT_NEAR(loss.item<double>(), want.loss.item<double>(), 1e-13) << budget;
-    EXPECT_LE((qq.grad() - want.dq).abs().max().item<double>(), 1e-13) << budget;
-    EXPECT_LE((dd.grad() - want.dd).abs().max().item<double>(), 1e-13) << budget;
+  for (const auto& m : every_path()) {
+    for (int64_t budget : {int64_t{16} << 20, int64_t{100}, int64_t{1}}) {
+      auto qq = q.clone().requires_grad_(true), dd = d.clone().requires_grad_(true);
+      auto loss = maxsim_loss(qq, dd, c10::nullopt, MaxSimLossOptions().panel_bytes(budget).memory(m));
+      loss.backward();
+      EXPECT_NEAR(loss.item<double>(), want.loss.item<double>(), 1e-13) << budget << " " << name_of(m);
+      EXPECT_LE((qq.grad() - want.dq).abs().max().item<double>(), 1e-13) << budget << " " << name_of(m);
+      EXPECT_LE((dd.grad() - want.dd).abs().max().item<double>(), 1e-13) << budget << " " << name_of(m);
+    }
   }
 }
 
@@ -112,8 +129,11 @@ TEST(MaxSim, PaddingScoreZeroIsTheMultipliedMask) {
   };
   auto want = reference::score_rows(torch::cat({scores(0, 3, 6), scores(3, 2, 4)}, 1) / 0.5, false).mean();
   want.backward();
-  expect_two_ranks_match(q, d, dm, {6, 4}, MaxSimLossOptions().temperature(0.5).padding_score(0.0).panel_bytes(100),
-                         {want.detach(), ref_q.grad(), ref_d.grad()});
+  for (const auto& m : every_path()) {
+    expect_two_ranks_match(q, d, dm, {6, 4},
+                           MaxSimLossOptions().temperature(0.5).padding_score(0.0).panel_bytes(100).memory(m),
+                           {want.detach(), ref_q.grad(), ref_d.grad()});
+  }
 }
 
 // kSum is B times kMean (one rank); kNone gives each query's loss; fp32
@@ -127,10 +147,13 @@ TEST(MaxSim, ReductionsAndReducedPrecision) {
   const auto o = MaxSimLossOptions().temperature(0.7).query_mask(qm).document_mask(dm);
   const auto rows =
       reference::score_rows(reference::maxsim_scores(q, qm, d, dm) / 0.7, false);  // [6]
-  EXPECT_LE((maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions(o).reduction(Reduction::kNone)) - rows)
-                .abs().max().item<double>(), 1e-12);
-  EXPECT_NEAR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions(o).reduction(Reduction::kSum)).item<double>(),
-              rows.sum().item<double>(), 1e-11);
+  for (const auto& m : every_path()) {
+    EXPECT_LE((maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions(o).reduction(Reduction::kNone).memory(m)) - rows)
+                  .abs().max().item<double>(), 1e-12) << name_of(m);
+    EXPECT_NEAR(
+        maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions(o).reduction(Reduction::kSum).memory(m)).item<double>(),
+        rows.sum().item<double>(), 1e-11) << name_of(m);
+  }
   auto q32 = q.to(torch::kFloat).requires_grad_(true);
   auto l32 = maxsim_loss(q32, d.to(torch::kFloat), c10::nullopt, o);
   l32.backward();
@@ -163,6 +186,53 @@ TEST(MaxSim, TokenScoresStayWithinThePanelBudget) {
   EXPECT_LT(scope.peak_above_start(), all_pairs / 4) << scope.peak_above_start();
 }
 
+// Tiled and ring: the [b x B g] scores are never held whole. One rank, 512
+// queries and as many documents (Lq = Ld = 2, d = 4, fp64): the scores take
+// 2 MiB, the features 32 KiB a tower; the tiled path's steps (tiles of 32)
+// hold under a quarter of the scores, the materialised path at least them.
+// Four and eight ranks, the documents much larger than the scores (16 a
+// rank, Ld = 64, d = 32: 256 KiB a rank's block): on the tiled path every
+// rank gathers every block and their gradient, so its peak grows with W; on
+// the ring it holds a constant number of blocks and gradient partials in
+// flight, whatever W.
+TEST(MaxSim, TiledAndRingHoldNeitherTheScoresNorEveryDocument) {
+  auto gen = at::detail::createCPUGenerator(9);
+  auto q = torch::randn({512, 2, 4}, gen, f64()), d = torch::randn({512, 2, 4}, gen, f64());
+  const int64_t scores = 512 * 512 * 8;
+  MemoryTracker::install();
+  const auto peak = [&](const MemoryPathOptions& m) {
+    auto qq = q.clone().requires_grad_(true), dd = d.clone().requires_grad_(true);
+    PeakScope scope;
+    maxsim_loss(qq, dd, c10::nullopt, MaxSimLossOptions().memory(m)).backward();
+    return scope.peak_above_start();
+  };
+  const auto tiles = MemoryPathOptions().path(MemoryPath::kTiled).tile_size(32);
+  EXPECT_GE(peak(MemoryPathOptions().path(MemoryPath::kMaterialised)), scores);
+  EXPECT_LT(peak(tiles), scores / 4) << peak(tiles);
+  // A rank's peak, the mean over W thread ranks of their summed peak.
+  const auto world_peak = [&](const MemoryPathOptions& m, int64_t W) {
+    std::vector<torch::Tensor> qs, ds;
+    for (int64_t r = 0; r < W; ++r) {
+      qs.push_back(torch::randn({16, 4, 32}, gen, f64()).requires_grad_(true));
+      ds.push_back(torch::randn({16, 64, 32}, gen, f64()).requires_grad_(true));
+    }
+    PeakScope scope;
+    run_ranks(W, [&](const CommunicatorPtr& comm) {
+      maxsim_loss(qs[comm->rank()], ds[comm->rank()], c10::nullopt, MaxSimLossOptions().memory(m).comm(comm))
+          .backward();
+    });
+    return scope.peak_above_start() / W;
+  };
+  // Steps of 2 x 2 pairs: their token work (and the copy of their documents) stays small beside a block.
+  const auto small = MemoryPathOptions(tiles).tile_size(2), ring = MemoryPathOptions(small).ring(true);
+  const int64_t gathered4 = world_peak(small, 4), gathered8 = world_peak(small, 8);
+  const int64_t ring4 = world_peak(ring, 4), ring8 = world_peak(ring, 8);
+  EXPECT_GE(gathered8, 2 * (int64_t{2} << 20)) << gathered8;  // every document and its gradient
+  EXPECT_GE(gathered8, gathered4 * 3 / 2) << gathered4 << " " << gathered8;
+  EXPECT_LE(ring8, ring4 * 5 / 4) << ring4 << " " << ring8;
+  EXPECT_LT(ring8, gathered8 * 3 / 4) << ring8 << " " << gathered8;
+}
+
 TEST(MaxSim, EveryBadArgumentIsNamed) {
   auto q = torch::randn({2, 3, 4}), d = torch::randn({2, 5, 4});
   CONTRAX_EXPECT_ERROR(maxsim_loss(torch::randn({2, 4}), d),
@@ -192,6 +262,8 @@ TEST(MaxSim, EveryBadArgumentIsNamed) {
                        "maxsim_loss(): argument 'padding_score' must be -inf or a finite number, but got nan");
   CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().panel_bytes(0)),
                        "maxsim_loss(): argument 'panel_bytes' must be positive, but got 0");
+  CONTRAX_EXPECT_ERROR(maxsim_loss(q, d, c10::nullopt, MaxSimLossOptions().tile_size(-1)),
+                       "maxsim_loss(): argument 'tile_size' must be >= 0");
   CONTRAX_EXPECT_ERROR(maxsim_loss(q, torch::randn({4, 5, 4}), c10::nullopt, MaxSimLossOptions().symmetric(true)),
                        "maxsim_loss(): argument 'symmetric' needs one document per query, but got g = 2");
   CONTRAX_EXPECT_ERROR(maxsim_loss(torch::randn({2, 0, 4}), d),

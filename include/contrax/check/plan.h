@@ -1,8 +1,8 @@
 // What a contrastive loss will cost before it runs: for a global batch B of
 // width d over W ranks, the bytes each memory path holds per rank, the GEMM
 // work, the bytes each rank sends forward and backward, and which path the
-// automatic routing of clip_loss / nt_xent_loss / moco_v3_loss picks (the same
-// rule the losses apply, from the largest rank's row count).
+// automatic routing of clip_loss / nt_xent_loss / moco_v3_loss / maxsim_loss
+// picks (the same rule the losses apply, from the largest rank's row count).
 #pragma once
 
 #include <torch/torch.h>
@@ -23,11 +23,18 @@ namespace contrax {
 ///   std::cout << contrax::to_string(p);
 struct PlanOptions : detail::WithMemoryPath<PlanOptions>, detail::WithMatryoshka<PlanOptions> {
   /// "clip" (symmetric), "infonce" (one direction), "grouped" (one direction,
-  /// `group` candidates per query: grouped_loss), "nt_xent", "moco_v3" or
-  /// "siglip".
+  /// `group` candidates per query: grouped_loss), "nt_xent", "moco_v3",
+  /// "siglip" or "maxsim" (maxsim_loss, one direction, `group` documents per
+  /// query, padding_score -inf: query_tokens x document_tokens of `width`).
   TORCH_ARG(std::string, loss) = "clip";
-  /// grouped only: candidates per query (its positive and group - 1 hard negatives).
+  /// grouped and maxsim only: candidates per query (its positive and group - 1 hard negatives).
   TORCH_ARG(int64_t, group) = 1;
+  /// maxsim only: tokens per query (Lq).
+  TORCH_ARG(int64_t, query_tokens) = 32;
+  /// maxsim only: tokens per document (Ld).
+  TORCH_ARG(int64_t, document_tokens) = 256;
+  /// maxsim only: the budget of one panel of token scores (MaxSimLossOptions::panel_bytes).
+  TORCH_ARG(int64_t, token_panel_bytes) = int64_t{16} << 20;
   /// Global batch B (rows per view); ranks hold ceil(B/W) or floor(B/W) rows.
   TORCH_ARG(int64_t, batch) = 8192;
   /// Feature width d (columns of each feature row).
@@ -60,7 +67,9 @@ struct PathCost {
   int64_t logits_bytes = 0;   ///< bytes of logits-sized buffers held at once
   int64_t feature_bytes = 0;  ///< bytes of gathered features and their gradient
   double gemm_flops = 0;      ///< floating-point operations (2 per multiply-add) of every GEMM, forward and backward
-  int64_t gemms = 0;          ///< GEMMs in units of one [b x B x d] product (grouped: g per [b x B g x d])
+  /// GEMMs in units of one [b x B x d] product (grouped: g per [b x B g x d]);
+  /// maxsim: of one token product [b Lq x B g Ld x d]
+  int64_t gemms = 0;
   /// Bytes this rank sends in the forward, on the bandwidth-optimal schedule (as CommStats counts them).
   int64_t bytes_sent_forward = 0;
   int64_t bytes_sent_backward = 0;  ///< bytes this rank sends in the backward, counted the same way

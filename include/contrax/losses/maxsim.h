@@ -10,7 +10,12 @@
 // other query. Exact across ranks with uneven batches: rank r returns
 // L_r = (W/B) sum_{i in r} l_i as every Contrax loss does. Memory: the token
 // scores exist only in panels of at most `panel_bytes`, never per pair of the
-// batch; the [b x B g] scores are held (the materialised path).
+// batch. The memory path (`memory()`, as every loss's) decides the rest:
+// materialised, every rank's documents are gathered and the [b x B g] scores
+// held; tiled, the documents are gathered but the scores are walked in steps
+// (online log-sum-exps, recomputed in the backward); ring, the documents
+// (tokens, masks, floors) travel between neighbours with their gradients
+// instead of being gathered, so a rank holds one or two ranks' documents.
 #pragma once
 
 #include <torch/torch.h>
@@ -23,8 +28,10 @@
 namespace contrax {
 
 /// Options for `maxsim_loss`. Defaults: temperature 1, sum over query tokens,
-/// one direction, mean, world 1, token-score panels of 16 MiB.
-struct MaxSimLossOptions {
+/// one direction, mean, world 1, token-score panels of 16 MiB, the automatic
+/// memory path (materialised while the [b x B g] scores of the largest rank
+/// take at most `max_logits_bytes`, else tiled; `ring(true)` for the ring).
+struct MaxSimLossOptions : detail::WithMemoryPath<MaxSimLossOptions> {
   /// Logits are score / temperature when no logit_scale is passed; > 0.
   TORCH_ARG(double, temperature) = 1.0;
   /// With a logit_scale: the scale exp(logit_scale) is clamped to at most this.
@@ -58,6 +65,9 @@ struct MaxSimLossOptions {
 ///
 ///   auto loss = contrax::maxsim_loss(q_tokens, d_tokens, c10::nullopt,
 ///       contrax::MaxSimLossOptions().temperature(0.02).query_mask(qm).document_mask(dm).comm(comm));
+///   // documents around the ring instead of gathered:
+///   auto ring = contrax::maxsim_loss(q_tokens, d_tokens, c10::nullopt,
+///       contrax::MaxSimLossOptions().document_mask(dm).ring(true).comm(comm));
 torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& documents,
                           const c10::optional<torch::Tensor>& logit_scale = c10::nullopt,
                           const MaxSimLossOptions& options = {});

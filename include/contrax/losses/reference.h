@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include "contrax/losses/losses.h"
@@ -69,8 +70,11 @@ torch::Tensor matryoshka(const std::vector<int64_t>& dims, const std::vector<dou
 /// once (einsum, [n, m, Lq, Ld]), invalid document tokens at -inf, the
 /// maximum over document tokens summed over valid query tokens. Masks: bool
 /// [n, Lq] and [m, Ld].
+/// `padding_score`: what a masked document token scores against every query
+/// token (-inf: it never counts; maxsim_loss's option of the same name).
 torch::Tensor maxsim_scores(const torch::Tensor& queries, const torch::Tensor& query_mask,
-                            const torch::Tensor& documents, const torch::Tensor& document_mask);
+                            const torch::Tensor& documents, const torch::Tensor& document_mask,
+                            double padding_score = -std::numeric_limits<double>::infinity());
 
 /// Per-query InfoNCE losses ([n]) of logits [n, n g] whose designated
 /// positive of row i is column i g; symmetric (g = 1): the mean with the

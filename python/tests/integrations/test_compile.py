@@ -58,7 +58,9 @@ def test_operators_pass_opcheck():
     q_tokens, d_tokens = _leaf(6, 3, 4, seed=6), _leaf(12, 5, 4, seed=7)
     d_mask = torch.arange(5) < torch.tensor([5, 3] * 6)[:, None]
     _opcheck(ops.maxsim_loss.default, (q_tokens, d_tokens, s, None, d_mask, 1.0, 100.0, True, False, "none",
-                                       0.0, 256, ""))
+                                       0.0, 256, "auto", 0, False, ""))
+    _opcheck(ops.maxsim_loss.default, (q_tokens, d_tokens, s, None, d_mask, 1.0, 100.0, True, False, "mean",
+                                       0.0, 256, "tiled", 2, False, ""))
     _opcheck(ops.gather_with_grad.default, (a, "", True))
     _opcheck(ops.gather_with_grad.default, (a, "", False))
     _opcheck(ops.grad_cache_inject.default, (a, torch.randn(6, 4, dtype=F64)))
