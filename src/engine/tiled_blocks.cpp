@@ -244,8 +244,7 @@ class TiledNtXentBlock : public torch::autograd::Function<TiledNtXentBlock> {
     NoAutocast no_autocast;
     const auto state = backward_state<TiledState>(ctx);
     const auto saved = ctx->get_saved_variables();
-    const auto& z = saved[0];
-    const auto& keys = saved[1];
+    const auto &z = saved[0], &keys = saved[1];
     auto lse = ctx->saved_data["lse"].toTensor();
     auto lse_all = ctx->saved_data["lse_all"].toTensor();
     const int64_t b = z.size(0) / 2;

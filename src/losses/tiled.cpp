@@ -11,7 +11,7 @@ namespace contrax {
 torch::Tensor tiled_info_nce(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
                              const c10::optional<torch::Tensor>& bias, const InfoNceOptions& options) {
   detail::NoAutocast no_autocast;
-  const char* caller = "tiled_info_nce";
+  constexpr const char* caller = "tiled_info_nce";
   detail::ArgChecker check(caller);
   check.features(q, "q").features(k, "k");
   if (check.error().empty()) {

@@ -25,9 +25,7 @@
 #include "support/ranks.h"
 
 using namespace contrax;
-using contrax::testing::rel_err;
-using contrax::testing::run_ranks;
-using contrax::testing::shard;
+using contrax::testing::rel_err, contrax::testing::run_ranks, contrax::testing::shard;
 
 namespace {
 

@@ -214,9 +214,8 @@ TEST(JobSecret, TheLauncherGivesEachOneNodeLaunchItsOwnSecret) {
                                              " launch --nnodes 2 --node-rank 1 --nproc 1 --master-addr 127.0.0.1 "
                                              "--master-port 1 -- true 2>&1");
   EXPECT_EQ(r.status, 0) << r.out;
-  EXPECT_NE(r.out.find("launch: warning: no CONTRAX_JOB_SECRET is set for this 2-node job, so anyone who reaches its "
-                       "rendezvous store can read its keys, stop it or join it as a rank; give every node the same "
-                       "secret (docs/reliability.md)"),
-            std::string::npos)
-      << r.out;
+  const std::string warning =
+      "launch: warning: no CONTRAX_JOB_SECRET is set for this 2-node job, so anyone who reaches its rendezvous store "
+      "can read its keys, stop it or join it as a rank; give every node the same secret (docs/reliability.md)";
+  EXPECT_NE(r.out.find(warning), std::string::npos) << r.out;
 }

@@ -21,6 +21,23 @@ using contrax::testing::run_ranks;
 using contrax::testing::run_ranks_collect_errors;
 using V = std::vector<torch::Tensor>;
 
+namespace {
+
+// One call of `loss` on a fresh copy of `a0` with its backward: the loss, the
+// copy's gradient, and in `peak` the bytes held above the call's start.
+template <class Loss>
+std::pair<torch::Tensor, torch::Tensor> measured(const torch::Tensor& a0, int64_t& peak, const Loss& loss) {
+  auto a = a0.clone().requires_grad_(true);
+  MemoryTracker::install();
+  PeakScope scope;
+  auto l = loss(a);
+  l.backward();
+  peak = scope.peak_above_start();
+  return {l.detach(), a.grad()};
+}
+
+}  // namespace
+
 TEST(Matryoshka, EveryBadOptionIsNamed) {
   auto x = torch::randn({4, 8}), s = torch::tensor(1.0);
   CONTRAX_EXPECT_ERROR(clip_loss(x, x, s, {}, ClipLossOptions().matryoshka_dims({4, 9})),
@@ -118,13 +135,8 @@ TEST(Matryoshka, TheSharedPassHoldsOneLogitsBuffer) {
   const auto a0 = torch::randn({B, 12}, opt), b0 = torch::randn({B, 12}, opt);
   const auto s = torch::tensor(1.0, opt);
   auto run = [&](ClipLossOptions o, int64_t& peak) {
-    auto a = a0.clone().requires_grad_(true);
-    MemoryTracker::install();
-    PeakScope scope;
-    auto l = clip_loss(a, b0, s, {}, o.matryoshka_dims({4, 8}));
-    l.backward();
-    peak = scope.peak_above_start();
-    return std::make_pair(l.detach(), a.grad());
+    return measured(a0, peak,
+                    [&](const torch::Tensor& a) { return clip_loss(a, b0, s, {}, o.matryoshka_dims({4, 8})); });
   };
   const int64_t block = B * B * 8;
   int64_t shared_peak = 0, loop_peak = 0;
@@ -181,13 +193,8 @@ TEST(Matryoshka, TheLoopCountsOneLogitsBlockPerPrefix) {
   const auto a0 = torch::randn({B, 12}, opt), b0 = torch::randn({B, 12}, opt);
   const auto s = torch::tensor(1.0, opt), bias = torch::tensor(-2.0, opt);
   auto run = [&](SigLipLossOptions o, int64_t& peak) {
-    auto a = a0.clone().requires_grad_(true);
-    MemoryTracker::install();
-    PeakScope scope;
-    auto l = siglip_loss(a, b0, s, bias, o.matryoshka_dims({4, 8}));
-    l.backward();
-    peak = scope.peak_above_start();
-    return std::make_pair(l.detach(), a.grad());
+    return measured(a0, peak,
+                    [&](const torch::Tensor& a) { return siglip_loss(a, b0, s, bias, o.matryoshka_dims({4, 8})); });
   };
   const int64_t block = B * B * 8;
   int64_t mat_peak = 0, auto_peak = 0;
