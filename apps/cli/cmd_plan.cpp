@@ -29,6 +29,27 @@ c10::ScalarType dtype_of(const std::string& s) {
   return c10::kFloat;
 }
 
+// Late interaction's shape: tokens per query and per document, and the
+// budget of one panel of token scores.
+void add_maxsim_flags(CLI::App& app, int64_t& query_tokens, int64_t& document_tokens, int64_t& token_panel) {
+  namespace cli = contrax::cli;
+  cli::add_int(app, "--query-tokens", query_tokens, "maxsim: tokens per query (Lq)", 1, int64_t{1} << 20);
+  cli::add_int(app, "--document-tokens", document_tokens, "maxsim: tokens per document (Ld)", 1, int64_t{1} << 20);
+  cli::add_int(app, "--token-panel-bytes", token_panel,
+               "maxsim: the budget of one panel of token scores (maxsim_loss's panel_bytes)", 1, int64_t{1} << 50);
+}
+
+// --matryoshka's widths (none when empty), each in [1, width] and given once.
+std::vector<int64_t> matryoshka_widths(const std::string& flag, int64_t width) {
+  namespace cli = contrax::cli;
+  const auto dims = flag.empty() ? std::vector<int64_t>() : cli::parse_int_list("--matryoshka", flag, 1, width);
+  for (const auto m : dims) {
+    cli::usage_check(std::count(dims.begin(), dims.end(), m) == 1, "flag '--matryoshka' must not repeat a width, but ",
+                     m, " appears more than once");
+  }
+  return dims;
+}
+
 int run_plan(const std::vector<std::string>& args) {
   namespace cli = contrax::cli;
   CLI::App app{"cost of each loss path (memory, GEMMs, bytes) and the automatic choice", "plan"};
@@ -48,10 +69,7 @@ int run_plan(const std::vector<std::string>& args) {
                int64_t{1} << 20);
   int64_t query_tokens = defaults.query_tokens(), document_tokens = defaults.document_tokens();
   int64_t token_panel = defaults.token_panel_bytes();
-  cli::add_int(app, "--query-tokens", query_tokens, "maxsim: tokens per query (Lq)", 1, int64_t{1} << 20);
-  cli::add_int(app, "--document-tokens", document_tokens, "maxsim: tokens per document (Ld)", 1, int64_t{1} << 20);
-  cli::add_int(app, "--token-panel-bytes", token_panel,
-               "maxsim: the budget of one panel of token scores (maxsim_loss's panel_bytes)", 1, int64_t{1} << 50);
+  add_maxsim_flags(app, query_tokens, document_tokens, token_panel);
   cli::add_int(app, "--batch", batch, "global batch B (rows per view)", 1, int64_t{1} << 40);
   cli::add_int(app, "--width", width, "feature width d", 1, int64_t{1} << 20);
   cli::add_int(app, "--world", world, "number of ranks W", 1, int64_t{1} << 20);
@@ -84,12 +102,7 @@ int run_plan(const std::vector<std::string>& args) {
                  "prefix runs the loss's block on its cut");
   app.add_flag("--json", json, "print one JSON object instead of the table");
   if (int st = cli::parse(app, args); st >= 0) return st;
-  const auto dims = matryoshka.empty() ? std::vector<int64_t>() : cli::parse_int_list("--matryoshka", matryoshka, 1,
-                                                                                         width);
-  for (const auto m : dims) {
-    cli::usage_check(std::count(dims.begin(), dims.end(), m) == 1, "flag '--matryoshka' must not repeat a width, but ",
-                     m, " appears more than once");
-  }
+  const auto dims = matryoshka_widths(matryoshka, width);
   cli::usage_check(group == 1 || loss == "grouped" || loss == "maxsim",
                    "flag '--group' applies to --loss grouped and maxsim only, but --loss is '", loss, "'");
   auto plan = contrax::plan_loss(contrax::PlanOptions()

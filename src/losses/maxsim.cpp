@@ -53,6 +53,26 @@ void check_tokens(detail::ArgChecker& check, const torch::Tensor& t, const char*
   check.require(t.size(1) >= 1, "argument '", name, "' must have at least one token per row, but got ", t.sizes());
 }
 
+// The materialised route: every rank's documents `d` [rows, Ld, width] (Ld
+// the longest of any rank's), their masks and floors gathered (the documents
+// with gradient), this rank's queries scored against them by MaxSim in
+// bounded panels, and InfoNCE over the [b x B g] scores.
+torch::Tensor gathered_maxsim_loss(const torch::Tensor& q, const torch::Tensor& weight, torch::Tensor d,
+                                   torch::Tensor d_mask, torch::Tensor floor, const torch::Tensor& scale,
+                                   const detail::Prologue& p, const detail::BlockSpec& spec,
+                                   const std::vector<int64_t>& key_counts, const MaxSimLossOptions& options) {
+  const auto& comm = options.comm();
+  if (p.layout.world > 1) {
+    const int64_t longest = d.size(1), width = d.size(2);
+    d = detail::gather_rows(d.reshape({d.size(0), longest * width}), comm, key_counts, /*with_grad=*/true)
+            .view({-1, longest, width});  // [B g, Ld, d]
+    d_mask = detail::gather_rows(d_mask.to(torch::kUInt8), comm, key_counts, /*with_grad=*/false).to(torch::kBool);
+    if (floor.defined()) floor = detail::gather_rows(floor.unsqueeze(1), comm, key_counts, false).squeeze(1);
+  }
+  auto scores = detail::maxsim_scores(q, weight, d, d_mask, floor, options.panel_bytes(), p.layout);  // [b, B g]
+  return detail::score_block_loss(scores * scale, p, spec);
+}
+
 }  // namespace
 
 torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& documents,
@@ -132,16 +152,7 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
   if (p.tiled) return detail::tiled_maxsim_loss(q, weight, d, d_mask, floor, scale, p, spec, options.panel_bytes());
   auto key_counts = counts;
   for (auto& c : key_counts) c *= group;
-  torch::Tensor docs = d, docs_mask = d_mask;
-  if (p.layout.world > 1) {
-    const int64_t width = d.size(2);
-    docs = detail::gather_rows(d.reshape({d.size(0), longest * width}), comm, key_counts, /*with_grad=*/true)
-               .view({-1, longest, width});  // [B g, Ld, d]
-    docs_mask = detail::gather_rows(d_mask.to(torch::kUInt8), comm, key_counts, /*with_grad=*/false).to(torch::kBool);
-    if (floor.defined()) floor = detail::gather_rows(floor.unsqueeze(1), comm, key_counts, false).squeeze(1);
-  }
-  auto scores = detail::maxsim_scores(q, weight, docs, docs_mask, floor, options.panel_bytes(), p.layout);  // [b, B g]
-  return detail::score_block_loss(scores * scale, p, spec);
+  return gathered_maxsim_loss(q, weight, d, d_mask, floor, scale, p, spec, key_counts, options);
 }
 
 }  // namespace contrax
