@@ -81,11 +81,7 @@ torch::Tensor tiled_maxsim_loss(const torch::Tensor& queries, const torch::Tenso
   std::vector<torch::Tensor> parts{documents.reshape({n, Ld * width}), document_mask.to(documents.scalar_type())};
   if (floor.defined()) parts.push_back(floor.unsqueeze(1));
   auto packed = torch::cat(parts, 1);  // [b g, Ld d + Ld (+ 1)], differentiable in the tokens
-  if (!p.ring) {
-    auto counts = p.layout.counts;
-    for (auto& c : counts) c *= spec.group;
-    packed = gather_rows(packed, p.layout.comm, counts, /*with_grad=*/true);  // [B g, ...]
-  }
+  if (!p.ring) packed = gather_rows(packed, p.layout.comm, p.layout.key_counts(spec.group), /*with_grad=*/true);
   auto walk = p.walk;
   walk.panels = false;  // MaxSim's steps are its token panels on every device
   walk.pair_bytes = maxsim_pair_bytes(Lq, Ld, width, documents.element_size());

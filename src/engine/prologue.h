@@ -41,6 +41,13 @@ struct EngineLayout {
   int64_t world = 1;
   int64_t offset = 0;  // off_r
   int64_t total = 0;   // B
+
+  /// Every rank's key rows when each row has `group` candidates: b_s g.
+  std::vector<int64_t> key_counts(int64_t group) const {
+    auto keys = counts;
+    for (auto& c : keys) c *= group;
+    return keys;
+  }
 };
 
 /// "<caller>(): double backward (create_graph=true) is not supported" unless

@@ -21,9 +21,7 @@ struct TiledState : BlockState {
 
   // Every rank's key block: g key rows per row of the layout.
   KeyBlocks key_blocks() const {
-    auto counts = layout.counts;
-    for (auto& c : counts) c *= spec.group;
-    return KeyBlocks(ring ? layout.comm : nullptr, std::move(counts), layout.rank);
+    return KeyBlocks(ring ? layout.comm : nullptr, layout.key_counts(spec.group), layout.rank);
   }
 };
 

@@ -83,8 +83,7 @@ torch::Tensor grouped_loss(const torch::Tensor& queries, const torch::Tensor& ca
   auto c_n = detail::prepare(candidates, p, normalize);  // [b g, d]
   auto scale = detail::clamped_scale(logit_scale, options.max_logit_scale()).to(p.dtype);
   const auto bias = logit_bias.has_value() ? logit_bias->to(p.dtype) : torch::Tensor();
-  auto key_counts = counts;
-  for (auto& c : key_counts) c *= g;
+  const auto key_counts = p.layout.key_counts(g);
   detail::BlockSpec spec;
   spec.group = g;
   spec.reduction = options.reduction();

@@ -60,9 +60,10 @@ void check_tokens(detail::ArgChecker& check, const torch::Tensor& t, const char*
 torch::Tensor gathered_maxsim_loss(const torch::Tensor& q, const torch::Tensor& weight, torch::Tensor d,
                                    torch::Tensor d_mask, torch::Tensor floor, const torch::Tensor& scale,
                                    const detail::Prologue& p, const detail::BlockSpec& spec,
-                                   const std::vector<int64_t>& key_counts, const MaxSimLossOptions& options) {
+                                   const MaxSimLossOptions& options) {
   const auto& comm = options.comm();
   if (p.layout.world > 1) {
+    const auto key_counts = p.layout.key_counts(spec.group);
     const int64_t longest = d.size(1), width = d.size(2);
     d = detail::gather_rows(d.reshape({d.size(0), longest * width}), comm, key_counts, /*with_grad=*/true)
             .view({-1, longest, width});  // [B g, Ld, d]
@@ -150,9 +151,7 @@ torch::Tensor maxsim_loss(const torch::Tensor& queries, const torch::Tensor& doc
   spec.group = std::max<int64_t>(group, 1);
   spec.reduction = options.reduction();
   if (p.tiled) return detail::tiled_maxsim_loss(q, weight, d, d_mask, floor, scale, p, spec, options.panel_bytes());
-  auto key_counts = counts;
-  for (auto& c : key_counts) c *= group;
-  return gathered_maxsim_loss(q, weight, d, d_mask, floor, scale, p, spec, key_counts, options);
+  return gathered_maxsim_loss(q, weight, d, d_mask, floor, scale, p, spec, options);
 }
 
 }  // namespace contrax
