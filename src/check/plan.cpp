@@ -294,10 +294,10 @@ bool shared_prefixes(const PlanOptions& o) {
 // once but the statistics once per prefix, and the ring's blocks once per
 // prefix (S/d of the bytes); each prefix keeps its normalised cut of the keys
 // for the backward. The shared pass (shared_prefixes) instead holds one
-// buffer and three panels of at most an eighth of its rows, and its GEMMs are
-// the single product's plus the backward's recomputed narrower prefixes
-// ((S - d)/d of a [b x B x d] product per block); it keeps the features, not
-// their cuts.
+// buffer and three panels' rows of at most a sixteenth of its rows each, and
+// its GEMMs are the single product's plus the backward's recomputed narrower
+// prefixes ((S - d)/d of a [b x B x d] product per block); it keeps the
+// features, not their cuts.
 void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
                   PathCost& ring) {
   const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width());
@@ -311,7 +311,9 @@ void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCos
   const bool shared = shared_prefixes(o);
   for (auto* c : {&mat, &tiled, &ring}) {
     const bool one_pass = shared && c == &mat;
-    c->gemm_flops *= share;
+    // The shared pass: the forward's product and the backward's two over the
+    // width once, plus the narrower prefixes recomputed ((S - d)/d of one).
+    c->gemm_flops *= one_pass ? 1.0 + (share - 1.0) / 3.0 : share;
     c->panels *= P;
     if (c->launches >= 0) c->launches *= P;
     const auto keys = walked_blocks(o, b, c == &ring);
@@ -319,8 +321,9 @@ void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCos
   }
   if (shared) {
     const auto keys = walked_blocks(o, b, false);
+    // The backward's gradient panel and its recomputed prefix's (twice the rows).
     const int64_t R = detail::prefix_panel_rows(o.device().type(), o.dtype(), b, keys.cols, d);
-    const int64_t panels = R * keys.cols * e;
+    const int64_t panels = (R + (P > 1 ? std::min(2 * R, std::max<int64_t>(b, 1)) : 0)) * keys.cols * e;
     mat.logits_bytes += panels;
     mat.workspace_bytes += panels;
   } else {

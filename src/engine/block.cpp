@@ -185,18 +185,24 @@ Weights backward_weights(const BlockState& state, const torch::Tensor& grad, c10
   return w;
 }
 
+torch::Tensor positive_targets(const BlockState& state, const Weights& w, const PositiveRun& run, int64_t r0,
+                               int64_t c0, const torch::TensorOptions& options) {
+  const bool sym = state.spec.symmetric;
+  if (!w.row.defined()) return torch::full({run.n}, sym ? 2.0 : 1.0, options);
+  auto y = w.row.narrow(0, r0 + run.row, run.n);
+  return sym ? y + w.col.narrow(0, c0 + run.col, run.n) : y;  // group 1: columns consecutive
+}
+
 void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor& t, int64_t r0, int64_t c0) {
   const int64_t g = state.spec.group;
-  const bool sym = state.spec.symmetric;
   const auto run = positives_in(r0, t.size(0), c0, t.size(1), state.layout.offset, g);
   if (run.n == 0) return;
   auto diag = run_view(t, run, g);
   if (!w.row.defined()) {
-    diag.sub_(sym ? 2.0 : 1.0);
+    diag.sub_(state.spec.symmetric ? 2.0 : 1.0);  // one launch, no vector of 1s and 2s
     return;
   }
-  diag.sub_(w.row.narrow(0, r0 + run.row, run.n));
-  if (sym) diag.sub_(w.col.narrow(0, c0 + run.col, run.n));  // group 1: columns consecutive
+  diag.sub_(positive_targets(state, w, run, r0, c0, t.options()));
 }
 
 namespace {
@@ -288,6 +294,11 @@ torch::Tensor nt_reduce(const torch::Tensor& l, const BlockState& state) {
 bool bound_fits(double M, c10::ScalarType t) {
   const double range = t == torch::kDouble ? 700.0 : 80.0;
   return bounded_shift_enabled() && M >= 0 && std::isfinite(M) && 2.0 * M <= range;
+}
+
+torch::Tensor shift_factors(double M, const torch::Tensor& lse, const torch::Tensor& w) {
+  auto f = (M - lse).exp_();
+  return w.defined() ? f.mul_(w) : f;
 }
 
 int64_t label_panel_rows(int64_t cols, const torch::Tensor& like) {

@@ -186,6 +186,9 @@ Weights backward_weights(const BlockState& state, const torch::Tensor& grad, c10
 /// The -Y terms of G / c on the designated positives of a tile (no
 /// multi-positive labels): w_i, plus w_j when symmetric (1 each unweighted).
 void subtract_positives(const BlockState& state, const Weights& w, torch::Tensor& t, int64_t r0, int64_t c0);
+/// Those terms as a vector, one per entry of `run` (positives_in(r0, ., c0, ...)).
+torch::Tensor positive_targets(const BlockState& state, const Weights& w, const PositiveRun& run, int64_t r0,
+                               int64_t c0, const torch::TensorOptions& options);
 
 /// S tile -> G (c folded in) in the operand dtype `op`, in one pass of the
 /// panel kernels, where the tile goes to them (kernel_masks; multi-positive
@@ -226,6 +229,10 @@ torch::Tensor nt_reduce(const torch::Tensor& l /* [2b] */, const BlockState& sta
 /// exact shift in dtype `t`: then E = exp(S - M) >= e^(-2M) must stay a normal
 /// number (fp32: down to e^-87; fp64: e^-708), with a margin.
 bool bound_fits(double M, c10::ScalarType t);
+
+/// exp(M - lse) (times w when defined): the factor that turns a buffer entry
+/// E = exp(S - M) into w exp(S - lse). At most e^(2M): every lse is >= -M.
+torch::Tensor shift_factors(double M, const torch::Tensor& lse, const torch::Tensor& w);
 
 /// Rows of a label sub-panel: its [R, cols] label structure stays near 1 MiB
 /// on the CPU (in cache), near 64 MiB off it (a GPU pays a launch per

@@ -119,6 +119,14 @@ void scale_rows_plus_cols_(torch::Tensor& t /* [R, C] */, const torch::Tensor& a
 void scaled_logits_out(torch::Tensor& t /* [R, C] */, const torch::Tensor& x /* [R, C] */,
                        const torch::Tensor& a /* [R] */, const torch::Tensor& b /* [C] */, double c);
 
+/// The same logits' row sums of exp(t_ij - shift) under a bound `shift` on
+/// all of them ([R], returned), and their column sums added into `col_sum`
+/// ([C], contiguous) where defined: the bounded forward's statistics
+/// (exp_rows_) without writing t. One pass.
+torch::Tensor scaled_exp_sums(const torch::Tensor& x /* [R, C] */, const torch::Tensor& a /* [R] */,
+                              const torch::Tensor& b /* [C] */, double c, double shift,
+                              const torch::Tensor& col_sum = {});
+
 /// The shared pass's backward over the raw products x ([R, C]) of one
 /// prefix and the gradient `g` (G / c, [R, C]) of their logits, in one pass:
 /// returned, per row, sum_j g_ij b_j x_ij (`gx`) and sum_j g_ij (`g`);
@@ -129,6 +137,18 @@ struct PrefixSums {
 };
 PrefixSums raw_products_grad_(torch::Tensor& x /* [R, C] */, const torch::Tensor& g, const torch::Tensor& a,
                               const torch::Tensor& b, const torch::Tensor& k, torch::Tensor& col_gx /* [C] */);
+
+/// scaled_logits_out, the bounded softmax gradient and raw_products_grad_ in
+/// one pass, reading x only: under a bound `shift` on every logit t_ij,
+/// g_ij = exp(t_ij - shift) (u_i + v_j) (u, v the shift's factors, [R] and
+/// [C]: engine/block.h's bounded form of G / c, without its -Y terms, which
+/// are the caller's), its sums returned and added into col_gx as
+/// raw_products_grad_'s, and h ([R, C]; x itself allowed when !add)
+/// <- [h +] k a_i b_j g_ij.
+PrefixSums bounded_raw_products_grad(const torch::Tensor& x /* [R, C] */, torch::Tensor& h /* [R, C] */,
+                                     const torch::Tensor& a, const torch::Tensor& b, double c, double shift,
+                                     const torch::Tensor& u, const torch::Tensor& v, const torch::Tensor& k, bool add,
+                                     torch::Tensor& col_gx /* [C] */);
 
 /// Whether `tile_lse`/`softmax_grad_` use the fused CPU kernels where they
 /// apply (default true; the CONTRAX_FUSED_KERNELS=0 environment variable turns

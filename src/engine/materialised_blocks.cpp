@@ -28,13 +28,6 @@ c10::intrusive_ptr<BlockState> single_backward_state(AutogradContext* ctx) {
   return state;
 }
 
-// exp(M - lse) (times w when defined): the factor that turns a buffer entry
-// E = exp(S - M) into w exp(S - lse). At most e^(2M): every lse is >= -M.
-torch::Tensor shift_factors(double M, const torch::Tensor& lse, const torch::Tensor& w) {
-  auto f = (M - lse).exp_();
-  return w.defined() ? f.mul_(w) : f;
-}
-
 // Rows per panel of a [b x cols] logits buffer for features like `features`
 // (buffer_panel_rows, engine/panels.h).
 int64_t panel_rows(int64_t b, int64_t cols, const torch::Tensor& features) {

@@ -51,6 +51,48 @@ void for_label_panels(const BlockState& state, torch::Tensor& T, int64_t r0, Fn 
   }
 }
 
+// One panel of the backward (engine/prefix_block.h): the raw products Xg
+// (rows [r0, r0 + n) of prefix p) turned into H_p, added into the buffer's
+// rows Hg (or, for the widest prefix, Hg = Xg itself, in place); returns the
+// row sums of raw_products_grad_, whose column sums go into cg.
+//
+// The general form: the logits in the panel T, their gradient G_p / c there
+// (labels applied), then H_p.
+PrefixSums general_panel(const BlockState& state, const RowTerms& rt, const Weights& w, torch::Tensor& Xg,
+                         torch::Tensor& Hg, torch::Tensor Tg, const torch::Tensor& a, const torch::Tensor& b,
+                         double c, const torch::Tensor& k, bool add, torch::Tensor& cg, int64_t r0) {
+  scaled_logits_out(Tg, Xg, a, b, c);
+  for_label_panels(state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
+    tile_gradient(state, rt, w, Tc, Pl, row, 0);  // G_p / c
+  });
+  auto sums = raw_products_grad_(Xg, Tg, a, b, k, cg);  // Xg <- H_p
+  if (add) Hg.add_(Xg);
+  return sums;
+}
+
+// The bounded form without labels: one pass from the products with the
+// shift's factors fa, fb, then the -Y terms of the designated positives
+// taken out of each result: with y their targets, at (i, j) = (i, pos(i)),
+// G_ij loses y_i, so sum_j G b x loses y_i b_j x_ij, sum_j G loses y_i,
+// column j's sum_i G a x loses y_i a_i x_ij, and H_ij loses k a_i b_j y_i.
+PrefixSums bounded_panel(const BlockState& state, const Weights& w, const torch::Tensor& Xg, torch::Tensor& Hg,
+                         const torch::Tensor& a, const torch::Tensor& b, double c, const torch::Tensor& fa,
+                         const torch::Tensor& fb, const torch::Tensor& k, bool add, torch::Tensor& cg, int64_t r0) {
+  const int64_t g = state.spec.group;
+  const auto run = positives_in(r0, Xg.size(0), 0, Xg.size(1), state.layout.offset, g);
+  const auto xd = run.n > 0 ? run_view(Xg, run, g).clone() : torch::Tensor();  // Xg may be Hg
+  auto sums = bounded_raw_products_grad(Xg, Hg, a, b, c, *state.shift, fa, fb, k, add, cg);
+  if (run.n == 0) return sums;
+  const auto cols = [&](const torch::Tensor& v) { return v.slice(0, run.col, run.col + (run.n - 1) * g + 1, g); };
+  const auto y = positive_targets(state, w, run, r0, 0, Xg.options());
+  const auto ay = a.narrow(0, run.row, run.n) * y, by = cols(b) * y;
+  sums.gx.narrow(0, run.row, run.n).sub_(by * xd);
+  sums.g.narrow(0, run.row, run.n).sub_(y);
+  cols(cg).sub_(ay * xd);
+  run_view(Hg, run, g).sub_(ay * cols(b) * k);
+  return sums;
+}
+
 class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
@@ -64,7 +106,6 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     const double c = has_bias ? bias->item<double>() : 0.0;
     auto aq = iq * scale;                         // [P, b]: s / ||q_p||
     auto X = logits_buffer(b, N, q.options());    // [b, N]: the raw products, X_P once done
-    auto T = torch::empty({panel_rows_of(b, N, q), N}, q.options());
     // Bounded (as the materialised block, engine/materialised_blocks.cpp):
     // every prefix's logits are cosines times s plus c, |S| <= M = s + |c|;
     // where 2M is within the dtype's exponent range M is every softmax's
@@ -72,6 +113,12 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     // rank's column sums. Multi-positive labels need S itself.
     const double M = scale.item<double>() + std::abs(c);
     const bool bounded = !state->multi() && bound_fits(M, q.scalar_type());
+    if (bounded) state->shift = M;
+    // Bounded without labels: every pass below reads the products and writes
+    // no logits (scaled_exp_sums here, scaled_bounded_grad_out in backward).
+    const bool fast = bounded && !state->labeled();
+    const int64_t R = panel_rows_of(b, N, q);
+    auto T = fast ? torch::Tensor() : torch::empty({R, N}, q.options());  // the general form's logits
     const bool sym = state->spec.symmetric;
     std::deque<ForwardStats> st;
     std::vector<torch::Tensor> col_sum;  // bounded and symmetric: [P] of [N]
@@ -83,15 +130,27 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     // Each slice's product over the whole buffer (a GEMM per panel of a
     // 64-wide slice runs at half the speed of one over all rows), then the
     // prefix's statistics panel by panel.
-    const int64_t R = T.size(0);
     int64_t m0 = 0;
     for (int64_t p = 0; p < P; ++p) {
       const int64_t m = state->dims[p];
       if (b > 0) gemm_into_(X, q.narrow(1, m0, m - m0), k_all.narrow(1, m0, m - m0).t(), p == 0);
       m0 = m;
+      if (fast) {  // the statistics from the products, no logits written
+        const auto run = positives_in(0, b, 0, N, state->layout.offset, g);
+        if (run.n > 0) {
+          const auto ik_pos = ik[p].slice(0, run.col, run.col + (run.n - 1) * g + 1, g);
+          designated[p].narrow(0, run.row, run.n).copy_(run_view(X, run, g) * aq[p].narrow(0, run.row, run.n) * ik_pos + c);
+        }
+      }
       for (int64_t r0 = 0; r0 < b; r0 += R) {
         const int64_t n = std::min(R, b - r0);
         if (p == 0) count_steps(1);
+        if (fast) {
+          const auto sums = scaled_exp_sums(X.narrow(0, r0, n), aq[p].narrow(0, r0, n), ik[p], c, M,
+                                            sym ? col_sum[p] : torch::Tensor());
+          st[p].lse_row.narrow(0, r0, n).copy_(sums.log_().add_(M));
+          continue;
+        }
         auto Tg = T.narrow(0, 0, n);
         scaled_logits_out(Tg, X.narrow(0, r0, n), aq[p].narrow(0, r0, n), ik[p], c);
         designated[p].narrow(0, r0, n).copy_(run_view(Tg, positives_in(r0, n, 0, N, state->layout.offset, g), g));
@@ -151,36 +210,47 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     auto diq = torch::empty({P, b}, opt), col_gx = torch::zeros({P, N}, opt);
     auto ds = torch::zeros({}, opt), dbias = torch::zeros({}, opt);
     std::vector<torch::Tensor> kp;  // [P] of 0-dim: c w_p
-    auto T = torch::empty({panel_rows_of(b, N, q), N}, opt);
-    const int64_t R = T.size(0);
-    // Prefix by prefix, from the widest: its raw products (X_P kept, the
-    // narrower recomputed into the same buffer), turned panel by panel into
-    // their gradient H_p, whose products with the prefix's columns add into
-    // dq and dk: whole-buffer GEMMs (a GEMM per panel of a narrow slice runs
-    // at a third of the speed on the CPU measured, docs/scorers.md).
+    const int64_t R = panel_rows_of(b, N, q);
+    const bool fast = state->shift && !state->labeled();
+    auto T = fast ? torch::Tensor() : torch::empty({R, N}, opt);  // the general form's logits
+    // A narrower prefix's products, recomputed panel by panel: twice the
+    // rows (a narrow GEMM of 256 rows ran at 0.75 the speed of one of 512).
+    auto Y = P > 1 ? torch::empty({std::min(2 * R, std::max<int64_t>(b, 1)), N}, opt) : torch::Tensor();
+    // Prefix by prefix, from the widest, the buffer accumulating H_(>=p)
+    // (engine/prefix_block.h): the narrower prefixes recomputed into Y.
     for (int64_t p = P - 1; p >= 0; --p) {
-      const int64_t m = state->dims[p];
-      if (p < P - 1 && b > 0) gemm_out(X, q.narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+      const int64_t m = state->dims[p], lo = p > 0 ? state->dims[p - 1] : 0;
       kp.insert(kp.begin(), w.c * state->weights[p]);
       const RowTerms rt{lse_row[p], lse_col.defined() ? lse_col[p] : torch::Tensor(), get("inv_n_row"),
                         get("inv_n_col")};
       auto cg = col_gx[p];
-      for (int64_t r0 = 0; r0 < b; r0 += R) {
-        const int64_t n = std::min(R, b - r0);
-        auto Xg = X.narrow(0, r0, n), Tg = T.narrow(0, 0, n);
-        auto a = aq[p].narrow(0, r0, n);
-        scaled_logits_out(Tg, Xg, a, ik[p], c);
-        for_label_panels(*state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
-          tile_gradient(*state, rt, w, Tc, Pl, row, 0);  // G_p / c
-        });
-        const auto sums = raw_products_grad_(Xg, Tg, a, ik[p], kp.front(), cg);  // Xg <- H_p
-        diq[p].narrow(0, r0, n).copy_(sums.gx * (kp.front() * scale));
-        ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * kp.front());
-        dbias.add_(sums.g.sum() * kp.front());
+      // Bounded and unlabelled (the forward's `fast`): the shift's factors,
+      // as in the materialised block's backward.
+      torch::Tensor fa, fb;
+      if (fast) {
+        fa = shift_factors(*state->shift, rt.lse_row, w.row);
+        fb = rt.lse_col.defined() ? shift_factors(*state->shift, rt.lse_col, w.col) : torch::zeros({N}, opt);
       }
-      const bool first = p == P - 1;
-      gemm_into_(dq.narrow(1, 0, m), X, k_all.narrow(1, 0, m), first);
-      gemm_into_(dk.narrow(1, 0, m), X.t(), q.narrow(1, 0, m), first);
+      const int64_t RY = p == P - 1 ? std::max<int64_t>(b, 1) : Y.size(0);
+      for (int64_t y0 = 0; y0 < b; y0 += RY) {
+        const int64_t ny = std::min(RY, b - y0);
+        auto Yg = p == P - 1 ? X.narrow(0, y0, ny) : Y.narrow(0, 0, ny);
+        if (p < P - 1) gemm_out(Yg, q.narrow(0, y0, ny).narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+        for (int64_t r0 = y0; r0 < y0 + ny; r0 += R) {
+          const int64_t n = std::min(R, y0 + ny - r0);
+          auto Xg = Yg.narrow(0, r0 - y0, n), Hg = X.narrow(0, r0, n);
+          auto a = aq[p].narrow(0, r0, n);
+          const auto sums = fa.defined() ? bounded_panel(*state, w, Xg, Hg, a, ik[p], c, fa.narrow(0, r0, n), fb,
+                                                         kp.front(), p < P - 1, cg, r0)
+                                         : general_panel(*state, rt, w, Xg, Hg, T.narrow(0, 0, n), a, ik[p], c,
+                                                         kp.front(), p < P - 1, cg, r0);
+          diq[p].narrow(0, r0, n).copy_(sums.gx * (kp.front() * scale));
+          ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * kp.front());
+          dbias.add_(sums.g.sum() * kp.front());
+        }
+      }
+      gemm_out(dq.narrow(1, lo, m - lo), X, k_all.narrow(1, lo, m - lo));
+      gemm_out(dk.narrow(1, lo, m - lo), X.t(), q.narrow(1, lo, m - lo));
     }
     auto dik = col_gx * torch::stack(kp).unsqueeze(1);  // [P, N]
     const bool want_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(5);

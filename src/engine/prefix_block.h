@@ -26,16 +26,23 @@
 //   ds = sum_p sum_ij G_p,ij iq_p,i ik_p,j X_p,ij,   dc = sum_p sum_ij G_p,ij,
 // and, X_p depending on the first m_p columns only,
 //   dy_q[:, :m_p] += H_p y_k[:, :m_p],   dy_k[:, :m_p] += H_p^T y_q[:, :m_p].
-// The prefixes are walked from the widest down: X_P is the kept buffer, each
-// narrower X_p is recomputed into it (sum_(p<P) m_p / d of a GEMM), turned
-// panel by panel into H_p (the sums above taken in the same pass), and its
-// two products run over the whole buffer. The GEMMs come to 3 sum_p m_p / d
-// of one product, as a loop over prefixes; the memory to one buffer and one
-// panel instead of P buffers. (Summing the H_p of the prefixes that contain
-// each slice would save a third of the GEMM work, but needs the H_p beside
-// X_p, i.e. panels, and on the CPU measured the GEMMs of a panel of a
-// narrow slice ran at a third of the speed of whole-buffer ones:
-// docs/scorers.md.) The inverse norms' gradients reach y through autograd
+// Since slice k's columns [m_(k-1), m_k) lie in every prefix p >= k, their
+// gradient is dy_q[:, slice k] = H_(>=k) y_k[:, slice k] (likewise dy_k),
+// with H_(>=k) = sum_(p >= k) H_p. So the prefixes are walked from the widest
+// down, the buffer accumulating H_(>=p): X_P (kept) is turned into H_P in
+// place; each narrower X_p is recomputed a panel at a time beside it, turned
+// into H_p there (the sums above taken in the same pass) and added in; after
+// prefix p the buffer is H_(>=p), and two GEMMs over slice p's columns alone
+// give dq and dk there. The GEMMs come to 3 + (sum_(p<P) m_p) / d products
+// of the whole width (the forward's one, the backward's two, the recomputed
+// prefixes), against 3 sum_p m_p / d for a loop over prefixes; the memory to
+// one buffer and two panels instead of P buffers. Where the logits are
+// bounded (|S_p| <= s + |c| =: M, every softmax's exact shift, as in the
+// materialised block) and no labels apply, no logits are written: the
+// forward's statistics and the backward's G_p come from the products in one
+// pass each, one exponential per entry (scaled_exp_sums,
+// scaled_bounded_grad_out). Timings: docs/benchmarks.md.
+// The inverse norms' gradients reach y through autograd
 // (the norms are computed outside this function).
 #pragma once
 

@@ -277,7 +277,9 @@ TEST(LseKernels, ExpRowsAndScaleMatchTheAtenForm) {
 
 // Matryoshka's shared-pass kernels (engine/prefix_block.h) against their
 // ATen form: the scaled logits (through a strided panel) and the backward's
-// sums, on a tile wide enough to be split by columns across two threads.
+// sums, on a tile wide enough to be split by columns across two threads;
+// and, under a bound, the statistics and the gradient without the logits
+// written.
 TEST(LseKernels, PrefixKernelsMatchTheAtenForm) {
   for_each_isa_and_thread_count(11, [&] {
     for (auto dt : {torch::kFloat, torch::kDouble}) {
@@ -294,12 +296,24 @@ TEST(LseKernels, PrefixKernelsMatchTheAtenForm) {
         contrax::detail::scaled_logits_out(t, x, a, b, -1.5);
         auto h = x.clone(), col = torch::zeros({1021}, opt);
         const auto sums = contrax::detail::raw_products_grad_(h, g, a, b, k, col);
-        out[fused] = {t, h, col, sums.gx, sums.g};
+        // Under the bound 4 of |a b x - 1.5|: the statistics, and the
+        // gradient's sums and H added into h2 (in place into h3).
+        auto col_e = torch::full({1021}, 0.5, opt), col_b = torch::zeros({1021}, opt);
+        const auto rows_e = contrax::detail::scaled_exp_sums(x, a, b, -1.5, 4.0, col_e);
+        auto h2 = torch::ones({300, 1021}, opt), h3 = x.clone(), col_h3 = torch::zeros({1021}, opt);
+        const auto u = a * 0.5, v = b - 0.25;
+        const auto bs = contrax::detail::bounded_raw_products_grad(x, h2, a, b, -1.5, 4.0, u, v, k, true, col_b);
+        contrax::detail::bounded_raw_products_grad(h3, h3, a, b, -1.5, 4.0, u, v, k, false, col_h3);
+        out[fused] = {t, h, col, sums.gx, sums.g, rows_e, col_e, h2, h3, col_b, bs.gx, bs.g};
       }
       const auto x64 = x.to(torch::kDouble), g64 = g.to(torch::kDouble);
       const auto a64 = a.to(torch::kDouble).unsqueeze(1), b64 = b.to(torch::kDouble).unsqueeze(0);
+      const auto e64 = (a64 * b64 * x64 - 1.5 - 4.0).exp(), ge = e64 * (a64 * 0.5 + b64 - 0.25);
       const std::vector<torch::Tensor> want{a64 * b64 * x64 - 1.5, 0.75 * a64 * b64 * g64,
-                                            (g64 * x64 * a64).sum(0), (g64 * x64 * b64).sum(1), g64.sum(1)};
+                                            (g64 * x64 * a64).sum(0), (g64 * x64 * b64).sum(1), g64.sum(1),
+                                            e64.sum(1), e64.sum(0) + 0.5, 1.0 + 0.75 * a64 * b64 * ge,
+                                            0.75 * a64 * b64 * ge, (ge * x64 * a64).sum(0), (ge * x64 * b64).sum(1),
+                                            ge.sum(1)};
       for (size_t i = 0; i < want.size(); ++i) {
         const double scale = std::max(1.0, want[i].abs().max().item<double>());
         EXPECT_LE(max_abs_diff(out[1][i], want[i]) / scale, tol) << "output " << i << " dtype " << dt;
@@ -311,8 +325,8 @@ TEST(LseKernels, PrefixKernelsMatchTheAtenForm) {
 
 // The bounded shift (a known bound of the logits as every softmax's shift: one
 // exponential per logit forward, none backward) against the general path on
-// the same inputs, fp64: CLIP symmetric and one-directional with a bias,
-// per-row weights and duplicate masking, grouped candidates, NT-Xent (mean
+// the same inputs, fp64: CLIP symmetric (also with Matryoshka prefixes) and
+// one-directional with a bias, per-row weights and duplicate masking, grouped candidates, NT-Xent (mean
 // and per-example), MoCo v3; values and every gradient.
 TEST(LseKernels, BoundedShiftEqualsTheGeneralPath) {
   Restore restore;
@@ -329,6 +343,12 @@ TEST(LseKernels, BoundedShiftEqualsTheGeneralPath) {
            [&](auto& a, auto& b, auto& s, auto& bias) {
              return contrax::clip_loss(a, b, s, bias,
                                        contrax::ClipLossOptions().normalize(true).path(MemoryPath::kMaterialised));
+           }},
+          {"clip_matryoshka",  // the shared pass (engine/prefix_block.h)
+           [&](auto& a, auto& b, auto& s, auto& bias) {
+             return contrax::clip_loss(
+                 a, b, s, bias,
+                 contrax::ClipLossOptions().matryoshka_dims({2, 5}).path(MemoryPath::kMaterialised));
            }},
           {"clip_raw_weighted",
            [&](auto& a, auto& b, auto& s, auto& bias) {

@@ -293,6 +293,33 @@ void scaled_impl(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, cons
 }
 
 template <typename T>
+void scaled_exp_impl(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b, T c, T shift,
+                     T* row_sum, T* col_sum) {
+  for (int64_t i = 0; i < R; ++i) {
+    const T* xi = x + i * ldx;
+    T s = T(0);
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      const vf va = splat(a[i]), vc = splat(c), vsh = splat(shift);
+      vf vs{};
+      for (; j + kLanes <= C; j += kLanes) {
+        prefetch_r(xi + j);
+        const vf e = vexp(va * load(b + j) * load(xi + j) + vc - vsh);
+        vs += e;
+        if (col_sum) store(col_sum + j, load(col_sum + j) + e);
+      }
+      s = hsum(vs);
+    }
+    for (; j < C; ++j) {
+      const T e = math::exp_of(a[i] * b[j] * xi[j] + c - shift);
+      s += e;
+      if (col_sum) col_sum[j] += e;
+    }
+    row_sum[i] = s;
+  }
+}
+
+template <typename T>
 void raw_grad_impl(T* x, int64_t ldx, const T* g, int64_t ldg, int64_t R, int64_t C, const T* a, const T* b, T k,
                    T* row_gx, T* row_g, T* col_gx) {
   for (int64_t i = 0; i < R; ++i) {
@@ -326,6 +353,42 @@ void raw_grad_impl(T* x, int64_t ldx, const T* g, int64_t ldg, int64_t R, int64_
   }
 }
 
+template <typename T>
+void bounded_raw_grad_impl(const T* x, int64_t ldx, T* h, int64_t ldh, int64_t R, int64_t C, const T* a,
+                           const T* b, T c, T shift, const T* u, const T* v, T k, bool add, T* row_gx, T* row_g,
+                           T* col_gx) {
+  for (int64_t i = 0; i < R; ++i) {
+    const T* xi = x + i * ldx;
+    T* hi = h + i * ldh;
+    T gx = T(0), gs = T(0);
+    int64_t j = 0;
+    if constexpr (std::is_same_v<T, float>) {
+      const vf va = splat(a[i]), vka = splat(k * a[i]), vc = splat(c - shift), vu = splat(u[i]);
+      vf vgx{}, vgs{};
+      for (; j + kLanes <= C; j += kLanes) {
+        prefetch_r(xi + j);
+        prefetch_w(hi + j);
+        const vf vb = load(b + j), vx = load(xi + j);
+        const vf vg = vexp(va * vb * vx + vc) * (vu + load(v + j)), gxv = vg * vx;
+        store(hi + j, add ? load(hi + j) + vka * vb * vg : vka * vb * vg);
+        vgx += gxv * vb;
+        vgs += vg;
+        store(col_gx + j, load(col_gx + j) + va * gxv);
+      }
+      gx = hsum(vgx), gs = hsum(vgs);
+    }
+    for (; j < C; ++j) {
+      const T xij = xi[j], g = math::exp_of(a[i] * b[j] * xij + c - shift) * (u[i] + v[j]);
+      hi[j] = add ? hi[j] + k * a[i] * b[j] * g : k * a[i] * b[j] * g;
+      gx += g * xij * b[j];
+      gs += g;
+      col_gx[j] += a[i] * g * xij;
+    }
+    row_gx[i] = gx;
+    row_g[i] = gs;
+  }
+}
+
 void exp_f(const float* x, float* y, int64_t n) {
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) store(y + j, vexp(load(x + j)));
@@ -341,9 +404,11 @@ void exp_f(const float* x, float* y, int64_t n) {
 
 const Table& table() {
   static const Table t{{stats_impl<float>, grad_impl<float>, exp_rows_impl<float>, scale_impl<float>,
-                        scaled_impl<float>, raw_grad_impl<float>},
+                        scaled_impl<float>, scaled_exp_impl<float>, raw_grad_impl<float>,
+                        bounded_raw_grad_impl<float>},
                        {stats_impl<double>, grad_impl<double>, exp_rows_impl<double>, scale_impl<double>,
-                        scaled_impl<double>, raw_grad_impl<double>},
+                        scaled_impl<double>, scaled_exp_impl<double>, raw_grad_impl<double>,
+                        bounded_raw_grad_impl<double>},
                        exp_f};
   return t;
 }

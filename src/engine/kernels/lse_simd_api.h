@@ -33,12 +33,24 @@ struct Kernels {
   // products x of one prefix (row stride ldx), whose logits are
   // t_ij = a_i b_j x_ij + c. scaled: t (row stride ldt) <- those logits.
   void (*scaled)(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b, T c, T* t, int64_t ldt);
+  // scaled_exp: under a bound `shift` on every t_ij, row_sum[i] =
+  // sum_j exp(t_ij - shift) and, where col_sum is non-null, col_sum[j] +=
+  // sum_i of them; t itself is not written.
+  void (*scaled_exp)(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, const T* b, T c, T shift,
+                     T* row_sum, T* col_sum);
   // With g the tile's gradient (row stride ldg), in place over x:
   // x_ij <- k a_i b_j g_ij (the raw products' gradient), after
   // row_gx[i] = sum_j g_ij b_j x_ij, row_g[i] = sum_j g_ij and
   // col_gx[j] += sum_i g_ij a_i x_ij are taken from the old x.
   void (*raw_grad)(T* x, int64_t ldx, const T* g, int64_t ldg, int64_t R, int64_t C, const T* a, const T* b, T k,
                    T* row_gx, T* row_g, T* col_gx);
+  // The two above in one pass under a bound: g_ij = exp(t_ij - shift)
+  // (u_i + v_j) (scaled's gradient, no -Y terms) taken from x, its sums as
+  // raw_grad's, and h_ij (row stride ldh; x itself allowed when !add)
+  // <- [h_ij +] k a_i b_j g_ij; x is only read.
+  void (*bounded_raw_grad)(const T* x, int64_t ldx, T* h, int64_t ldh, int64_t R, int64_t C, const T* a,
+                           const T* b, T c, T shift, const T* u, const T* v, T k, bool add, T* row_gx, T* row_g,
+                           T* col_gx);
 };
 
 struct Table {
