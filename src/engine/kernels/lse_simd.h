@@ -319,57 +319,39 @@ void scaled_exp_impl(const T* x, int64_t ldx, int64_t R, int64_t C, const T* a, 
   }
 }
 
+// A vector of a float row, prefetching ahead; for double (whose rows go
+// element by element, never through a vector) a zero vector, so that code
+// generic in T compiles.
 template <typename T>
-void raw_grad_impl(T* x, int64_t ldx, const T* g, int64_t ldg, int64_t R, int64_t C, const T* a, const T* b, T k,
-                   T* row_gx, T* row_g, T* col_gx) {
-  for (int64_t i = 0; i < R; ++i) {
-    const T* gi = g + i * ldg;
-    T* xi = x + i * ldx;
-    T gx = T(0), gs = T(0);
-    int64_t j = 0;
-    if constexpr (std::is_same_v<T, float>) {
-      const vf va = splat(a[i]), vka = splat(k * a[i]);
-      vf vgx{}, vgs{};
-      for (; j + kLanes <= C; j += kLanes) {
-        prefetch_r(gi + j);
-        prefetch_w(xi + j);
-        const vf vg = load(gi + j), vb = load(b + j), gxv = vg * load(xi + j);
-        store(xi + j, vka * vb * vg);
-        vgx += gxv * vb;
-        vgs += vg;
-        store(col_gx + j, load(col_gx + j) + va * gxv);
-      }
-      gx = hsum(vgx), gs = hsum(vgs);
-    }
-    for (; j < C; ++j) {
-      const T gxj = gi[j] * xi[j];
-      xi[j] = k * a[i] * b[j] * gi[j];
-      gx += gxj * b[j];
-      gs += gi[j];
-      col_gx[j] += a[i] * gxj;
-    }
-    row_gx[i] = gx;
-    row_g[i] = gs;
+vf load_lanes(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    prefetch_r(p);
+    return load(p);
+  } else {
+    return vf{};
   }
 }
 
-template <typename T>
-void bounded_raw_grad_impl(const T* x, int64_t ldx, T* h, int64_t ldh, int64_t R, int64_t C, const T* a,
-                           const T* b, T c, T shift, const T* u, const T* v, T k, bool add, T* row_gx, T* row_g,
-                           T* col_gx) {
+// The raw products' gradient pass of raw_grad and bounded_raw_grad: each
+// entry's gradient g_ij (grad_v on a vector of x and b, float only; grad_s
+// on one entry), the
+// sums sum_j g b x, sum_j g and col_gx_j += sum_i g a x from x, and
+// h_ij <- [h_ij +] k a_i b_j g_ij (h may be x when !add).
+template <typename T, typename GradV, typename GradS>
+void raw_grad_rows(const T* x, int64_t ldx, T* h, int64_t ldh, int64_t R, int64_t C, const T* a, const T* b, T k,
+                   bool add, T* row_gx, T* row_g, T* col_gx, GradV grad_v, GradS grad_s) {
   for (int64_t i = 0; i < R; ++i) {
     const T* xi = x + i * ldx;
     T* hi = h + i * ldh;
     T gx = T(0), gs = T(0);
     int64_t j = 0;
     if constexpr (std::is_same_v<T, float>) {
-      const vf va = splat(a[i]), vka = splat(k * a[i]), vc = splat(c - shift), vu = splat(u[i]);
+      const vf va = splat(a[i]), vka = splat(k * a[i]);
       vf vgx{}, vgs{};
       for (; j + kLanes <= C; j += kLanes) {
         prefetch_r(xi + j);
         prefetch_w(hi + j);
-        const vf vb = load(b + j), vx = load(xi + j);
-        const vf vg = vexp(va * vb * vx + vc) * (vu + load(v + j)), gxv = vg * vx;
+        const vf vb = load(b + j), vx = load(xi + j), vg = grad_v(i, j, vx, vb), gxv = vg * vx;
         store(hi + j, add ? load(hi + j) + vka * vb * vg : vka * vb * vg);
         vgx += gxv * vb;
         vgs += vg;
@@ -378,7 +360,7 @@ void bounded_raw_grad_impl(const T* x, int64_t ldx, T* h, int64_t ldh, int64_t R
       gx = hsum(vgx), gs = hsum(vgs);
     }
     for (; j < C; ++j) {
-      const T xij = xi[j], g = math::exp_of(a[i] * b[j] * xij + c - shift) * (u[i] + v[j]);
+      const T xij = xi[j], g = grad_s(i, j, xij);
       hi[j] = add ? hi[j] + k * a[i] * b[j] * g : k * a[i] * b[j] * g;
       gx += g * xij * b[j];
       gs += g;
@@ -387,6 +369,27 @@ void bounded_raw_grad_impl(const T* x, int64_t ldx, T* h, int64_t ldh, int64_t R
     row_gx[i] = gx;
     row_g[i] = gs;
   }
+}
+
+template <typename T>
+void raw_grad_impl(T* x, int64_t ldx, const T* g, int64_t ldg, int64_t R, int64_t C, const T* a, const T* b, T k,
+                   T* row_gx, T* row_g, T* col_gx) {
+  raw_grad_rows(
+      x, ldx, x, ldx, R, C, a, b, k, false, row_gx, row_g, col_gx,
+      [&](int64_t i, int64_t j, vf, vf) { return load_lanes(g + i * ldg + j); },
+      [&](int64_t i, int64_t j, T) { return g[i * ldg + j]; });
+}
+
+template <typename T>
+void bounded_raw_grad_impl(const T* x, int64_t ldx, T* h, int64_t ldh, int64_t R, int64_t C, const T* a,
+                           const T* b, T c, T shift, const T* u, const T* v, T k, bool add, T* row_gx, T* row_g,
+                           T* col_gx) {
+  raw_grad_rows(
+      x, ldx, h, ldh, R, C, a, b, k, add, row_gx, row_g, col_gx,
+      [&](int64_t i, int64_t j, vf vx, vf vb) {
+        return vexp(splat(a[i]) * vb * vx + splat(c - shift)) * (splat(u[i]) + load_lanes(v + j));
+      },
+      [&](int64_t i, int64_t j, T xij) { return math::exp_of(a[i] * b[j] * xij + c - shift) * (u[i] + v[j]); });
 }
 
 void exp_f(const float* x, float* y, int64_t n) {
