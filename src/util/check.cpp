@@ -5,16 +5,21 @@
 
 namespace contrax::detail {
 
-ArgChecker& ArgChecker::features(const torch::Tensor& t, const char* name) {
-  if (!error_.empty()) return *this;
+bool ArgChecker::floating(const torch::Tensor& t, const char* name, int64_t dim, const char* shape) {
+  if (!error_.empty()) return false;
   if (!t.defined()) {
     fail(name, "is undefined");
-  } else if (t.dim() != 2) {
-    fail(name, "must be a 2-D tensor [rows, width], but got shape ", t.sizes());
-  } else if (t.size(1) == 0) {
-    fail(name, "must have a width of at least 1 (features [rows, width]), but got shape ", t.sizes());
+  } else if (t.dim() != dim) {
+    fail(name, "must be a ", shape, ", but got shape ", t.sizes());
   } else if (!c10::isFloatingType(t.scalar_type())) {
     fail(name, "must be a floating-point tensor, but got dtype ", t.scalar_type());
+  }
+  return error_.empty();
+}
+
+ArgChecker& ArgChecker::features(const torch::Tensor& t, const char* name) {
+  if (floating(t, name, 2, "2-D tensor [rows, width]") && t.size(1) == 0) {
+    fail(name, "must have a width of at least 1 (features [rows, width]), but got shape ", t.sizes());
   }
   return *this;
 }
@@ -65,14 +70,7 @@ int64_t ArgChecker::rows_per_query(int64_t queries, int64_t rows, const char* na
 }
 
 ArgChecker& ArgChecker::scalar(const torch::Tensor& t, const char* name) {
-  if (!error_.empty()) return *this;
-  if (!t.defined()) {
-    fail(name, "is undefined");
-  } else if (t.dim() != 0) {
-    fail(name, "must be a 0-dim tensor, but got shape ", t.sizes());
-  } else if (!c10::isFloatingType(t.scalar_type())) {
-    fail(name, "must be a floating-point tensor, but got dtype ", t.scalar_type());
-  }
+  floating(t, name, 0, "0-dim tensor");
   return *this;
 }
 

@@ -50,6 +50,9 @@ class ArgChecker {
   void throw_if_failed() const { TORCH_CHECK(error_.empty(), error_); }
 
  private:
+  // Defined, `dim` dimensions (`shape` names them in the error) and a
+  // floating dtype: what features() and scalar() share. False once failed.
+  bool floating(const torch::Tensor& t, const char* name, int64_t dim, const char* shape);
   // The message "<caller>(): argument '<name>' <msg>" of a failed check.
   template <typename... Args>
   void fail(const char* name, const Args&... msg) { error_ = c10::str(caller_, "(): argument '", name, "' ", msg...); }
