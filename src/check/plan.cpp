@@ -106,9 +106,10 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, bool 
     ring.bytes_sent_forward = gather + lse;                                 // W-1 hops of a block
     ring.bytes_sent_backward = gather + partials;                           // blocks again, with partials
     // B_all in the operand dtype; dB_all is its fp32 product, then cast (both
-    // held for a moment). The ring: two blocks (operands), two partials (fp32).
+    // held for a moment). The ring: two messages of a block (operands) and a
+    // partial (fp32), the visit's contribution and the rank's own gradient.
     mat.feature_bytes = tiled.feature_bytes = B * d * (f + e);
-    ring.feature_bytes = 2 * b * d * (f + e);
+    ring.feature_bytes = 2 * b * d * (f + e) + 2 * b * d * e;
     old_gemms = sym ? 6 : 3;
   } else if (loss == "grouped") {
     // One direction over [B g] candidates: S = Q C_all^T, dQ = G C_all, dC_all =
@@ -122,7 +123,7 @@ int64_t count_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, bool 
     ring.bytes_sent_forward = cgather;
     ring.bytes_sent_backward = cgather + g * partials;
     mat.feature_bytes = tiled.feature_bytes = B * g * d * (f + e);
-    ring.feature_bytes = 2 * b * g * d * (f + e);
+    ring.feature_bytes = 2 * b * g * d * (f + e) + 2 * b * g * d * e;
     old_gemms = 3 * g;
   } else if (loss == "nt_xent") {
     // Materialised: S = Z_r Z_all^T ([2b x 2B]: 4 units), dZ_r = G Z_all (4

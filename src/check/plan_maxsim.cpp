@@ -17,8 +17,9 @@
 // * Held: materialised, the [b x N] scores and one panel of token work;
 //   tiled and ring, one step's [R x C] logits and its token work (pair_step
 //   within token_panel_bytes, engine/panels.h), besides the documents: every
-//   rank's and their gradient (gathered), or two blocks and two partials
-//   (ring).
+//   rank's and their gradient (gathered), or two messages of a block and
+//   a partial, the visit's contribution and the rank's own gradient (ring,
+//   comm/collectives.cpp).
 #include "check/plan_maxsim.h"
 
 #include <algorithm>
@@ -66,7 +67,7 @@ int64_t maxsim_costs(const PlanOptions& o, int64_t b, PathCost& mat, PathCost& t
   ring.bytes_sent_backward = 2 * (W - 1) * n * P * e;
   mat.feature_bytes = N * Ld * (2 * d * e + 1);
   tiled.feature_bytes = 2 * N * P * e;
-  ring.feature_bytes = 4 * n * P * e;
+  ring.feature_bytes = 6 * n * P * e;  // two messages of a block and a partial, a contribution, its own
   // The materialised scores, walked in panels of Lq Ld e a pair (the
   // backward's, of Lq max(Ld, d) e, are held at the peak).
   const int64_t budget = o.token_panel_bytes(), pair = maxsim_pair_bytes(Lq, Ld, d, e);

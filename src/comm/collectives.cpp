@@ -234,7 +234,15 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
   // rank o - 1, makes one last hop home. Step t therefore sends the block in
   // hand (t <= W-2, needed by rank+1 at step t+1) and the finished partial of
   // the previous step's block (t >= 2); step W sends only that partial.
+  //
+  // From step 2 on, the message received at step t brings both the next block
+  // and the partial of the block visited at step t: the visit's contribution
+  // is added into that partial in place, and the message leaves as it is at
+  // step t + 1 (its partial alone once no block goes on). So no message is
+  // copied, and a rank holds two messages (the one leaving, whose block it
+  // visits, and the one arriving), the contribution and its own gradient.
   torch::Tensor cur = local, own, partial;
+  torch::Tensor held, held_partial;  // the next message, built in place (undefined: build it)
   auto rows_shape = [&](int64_t rows) {
     auto shape = local.sizes().vec();
     shape[0] = rows;
@@ -257,44 +265,51 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
       // for owner r-1-(t-1) = r-t, which is the block this rank visits now.
       recv_block_rows = send_block ? count(r - t - 1) : 0;
       recv_partial_rows = send_partial ? count(r - t) : 0;
-      if (packed) {
-        const int64_t n =
-            per_row * (recv_partial_rows * partial.element_size() + recv_block_rows * local.element_size());
-        pending = comm->ring_exchange_async(as_bytes(partial, send_block ? cur : torch::Tensor()), {n}, 1, stat_name);
+      torch::Tensor message;
+      if (held.defined()) {
+        message = send_block ? held : held_partial;
+      } else if (packed) {
+        message = as_bytes(partial, send_block ? cur : torch::Tensor());
       } else {
-        std::vector<torch::Tensor> parts;
-        if (send_block) parts.push_back(cur);
-        if (send_partial) parts.push_back(partial);
-        auto message = parts.size() == 1 ? parts[0] : torch::cat(parts, 0);
-        pending = comm->ring_exchange_async(message, rows_shape(recv_block_rows + recv_partial_rows), 1, stat_name);
+        message = send_block && send_partial ? torch::cat({cur, partial}, 0) : send_block ? cur : partial;
       }
+      const int64_t n =
+          per_row * (recv_partial_rows * (packed ? partial.element_size() : 1) +
+                     recv_block_rows * (packed ? local.element_size() : 1));
+      pending = comm->ring_exchange_async(message, packed ? std::vector<int64_t>{n}
+                                                          : rows_shape(recv_block_rows + recv_partial_rows),
+                                          1, stat_name);
     }
     torch::Tensor contribution;
     if (t < W) {
       contribution = visit((r - t + W) % W, cur);
       TORCH_INTERNAL_ASSERT(contribution.sizes() == cur.sizes(), "ring visit returned a gradient of the wrong shape");
     }
-    torch::Tensor received, partial_in;
+    torch::Tensor received, partial_in, partial_part;
     if (pending.valid() && packed) {
-      auto bytes = pending.wait();
-      const int64_t partial_bytes = bytes.numel() - per_row * recv_block_rows * local.element_size();
-      partial_in = from_bytes(bytes.narrow(0, 0, partial_bytes), partial.scalar_type(), rows_shape(recv_partial_rows));
-      received = from_bytes(bytes.narrow(0, partial_bytes, bytes.numel() - partial_bytes), local.scalar_type(),
-                            rows_shape(recv_block_rows));
+      received = pending.wait();  // bytes: [partial ; block]
+      const int64_t partial_bytes = received.numel() - per_row * recv_block_rows * local.element_size();
+      partial_part = received.narrow(0, 0, partial_bytes);
+      partial_in = from_bytes(partial_part, partial.scalar_type(), rows_shape(recv_partial_rows));
+      cur = send_block ? from_bytes(received.narrow(0, partial_bytes, received.numel() - partial_bytes),
+                                    local.scalar_type(), rows_shape(recv_block_rows))
+                       : cur;
     } else if (pending.valid()) {
-      received = pending.wait();
-      partial_in = received.narrow(0, recv_block_rows, recv_partial_rows);
+      received = pending.wait();  // rows: [block ; partial]
+      partial_part = partial_in = received.narrow(0, recv_block_rows, recv_partial_rows);
+      if (send_block) cur = received.narrow(0, 0, recv_block_rows);
     }
+    held = held_partial = torch::Tensor();
     if (t == 0) {
       own = contribution;
     } else if (t == 1) {
       partial = contribution;
     } else if (t < W) {
-      partial = contribution + partial_in;
+      partial = partial_in.add_(contribution);  // in the message, which goes on as it is
+      held = received, held_partial = partial_part;
     } else {
       own = own + partial_in;
     }
-    if (send_block) cur = received.narrow(0, 0, recv_block_rows);
   }
   return own;
 }

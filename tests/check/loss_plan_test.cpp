@@ -138,9 +138,11 @@ TEST(LossPlan, MaxSimBytesAndStepsMatchRealCalls) {
       << to_string(p);
   EXPECT_NE(to_json(p).find("\"document_tokens\": 256"), std::string::npos) << to_json(p);
   // The tiled path holds a step's logits, not the [b x B g] scores; the ring
-  // two blocks and two partials, not every rank's documents and their gradient.
+  // two messages of a block and a partial, a contribution and its own
+  // gradient (6 blocks' bytes), not every rank's documents and their gradient
+  // (2 W = 16).
   EXPECT_LT(p.paths[1].logits_bytes * 100, p.paths[0].logits_bytes);
-  EXPECT_EQ(p.paths[2].feature_bytes * 4, p.paths[1].feature_bytes);
+  EXPECT_EQ(p.paths[2].feature_bytes * 16, p.paths[1].feature_bytes * 6);
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("maxsim").query_tokens(0)),
                        "plan_loss(): arguments 'query_tokens' and 'document_tokens' must be positive, but got 0 and 256");
   CONTRAX_EXPECT_ERROR(plan_loss(PlanOptions().loss("maxsim").token_panel_bytes(0)),

@@ -177,30 +177,44 @@ TEST(Gather, DoubleBackwardIsAnExplicitError) {
 
 // ---------------------------------------------------------------------------
 // The ring driver on its own: every block visited once, gradients summed home,
-// and its traffic: 3(W-1) blocks against gather + reduce-scatter's 2(W-1).
-
+// and its traffic: 3(W-1) blocks against gather + reduce-scatter's 2(W-1). At
+// W = 2, 3 and 5 (one rank empty), and with a gradient wider than its block
+// (fp32 blocks, fp64 partials: the packed messages); the partials are summed
+// inside the received messages, which must leave the blocks they carry as
+// they were (each visit checks its block).
 TEST(Ring, GradientsReturnToOwnersAndBytes) {
-  const int64_t W = 3;
-  const std::vector<int64_t> counts = {2, 3, 1};
-  run_ranks(W, [&](const CommunicatorPtr& comm) {
-    const int64_t r = comm->rank();
-    auto local = torch::full({counts[r], 4}, static_cast<double>(r), torch::kFloat64);
-    comm->reset_stats();
-    std::vector<int64_t> seen;
-    auto grad = contrax::detail::ring_for_each_block_grad(comm, counts, local, [&](int64_t owner, const torch::Tensor& block) {
-      seen.push_back(owner);
-      EXPECT_EQ(block.size(0), counts[owner]);
-      EXPECT_EQ(block.min().item<double>(), static_cast<double>(owner));
-      return torch::full_like(block, static_cast<double>(r + 1));  // contribution of visitor r
-    });
-    EXPECT_EQ(seen, (std::vector<int64_t>{r, (r + 2) % 3, (r + 1) % 3}));
-    // Every rank contributed its rank+1: 1 + 2 + 3.
-    EXPECT_TRUE(torch::allclose(grad, torch::full_like(local, 6.0)));
-    // Sent: own block and the next two blocks' partials (W-1 blocks and W-1 partials).
-    int64_t bytes = 0;
-    for (int64_t t = 0; t <= W - 2; ++t) bytes += counts[(r - t + W) % W] * 4 * 8;      // blocks
-    for (int64_t t = 2; t <= W; ++t) bytes += counts[(r - t + 1 + W) % W] * 4 * 8;  // partials
-    EXPECT_EQ(comm->stats().op("ring").bytes_sent, bytes);
-  });
+  const std::vector<int64_t> all_counts = {2, 3, 1, 0, 4};
+  for (int64_t W : {2, 3, 5}) {
+    for (bool packed : {false, true}) {
+      SCOPED_TRACE(std::to_string(W) + (packed ? " packed" : ""));
+      const std::vector<int64_t> counts(all_counts.begin(), all_counts.begin() + W);
+      const auto block_dtype = packed ? torch::kFloat32 : torch::kFloat64;
+      const int64_t block_bytes = packed ? 4 : 8;
+      run_ranks(W, [&](const CommunicatorPtr& comm) {
+        const int64_t r = comm->rank();
+        auto local = torch::full({counts[r], 4}, static_cast<double>(r), block_dtype);
+        comm->reset_stats();
+        std::vector<int64_t> seen;
+        auto grad = contrax::detail::ring_for_each_block_grad(
+            comm, counts, local, [&](int64_t owner, const torch::Tensor& block) {
+              seen.push_back(owner);
+              EXPECT_EQ(block.size(0), counts[owner]);
+              EXPECT_TRUE(torch::equal(block, torch::full_like(block, static_cast<double>(owner))));
+              // contribution of visitor r
+              return torch::full(block.sizes(), static_cast<double>(r + 1), torch::kFloat64);
+            });
+        std::vector<int64_t> order;
+        for (int64_t t = 0; t < W; ++t) order.push_back((r - t + W) % W);
+        EXPECT_EQ(seen, order);
+        // Every rank contributed its rank+1: 1 + 2 + ... + W.
+        EXPECT_TRUE(torch::equal(grad, torch::full({counts[r], 4}, W * (W + 1) / 2.0, torch::kFloat64)));
+        // Sent: own block and the next blocks' partials (W-1 blocks and W-1 partials).
+        int64_t bytes = 0;
+        for (int64_t t = 0; t <= W - 2; ++t) bytes += counts[(r - t + W) % W] * 4 * block_bytes;  // blocks
+        for (int64_t t = 2; t <= W; ++t) bytes += counts[(r - t + 1 + W) % W] * 4 * 8;            // partials
+        EXPECT_EQ(comm->stats().op("ring").bytes_sent, bytes);
+      });
+    }
+  }
 }
 
