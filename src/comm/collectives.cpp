@@ -219,6 +219,24 @@ torch::Tensor from_bytes(const torch::Tensor& bytes, c10::ScalarType dtype, c10:
 
 }  // namespace
 
+// Schedule (identical on every rank, so the exchanges match): at step t rank r
+// holds the key block of owner r - t. The partial gradient of block o starts
+// at rank o + 1, picks up each holder's contribution and, after the visit at
+// rank o - 1, makes one last hop home. Step t therefore sends the block in
+// hand (t <= W-2, needed by rank+1 at step t+1) and the finished partial of
+// the previous step's block (t >= 2); step W sends only that partial.
+//
+// From step 2 on, the message received at step t brings both the next block
+// and the partial of the block visited at step t: the visit's contribution
+// is added into that partial in place, and the message leaves as it is at
+// step t + 1 (its partial alone once no block goes on). So no message is
+// copied, and a rank holds two messages (the one leaving, whose block it
+// visits, and the one arriving), the contribution and its own gradient.
+//
+// A gradient wider than its block (bf16 keys, fp32 gradient sums: the
+// engine's reduced operands) travels in its own dtype (`packed`): the message
+// is then the partial's bytes followed by the block's (the partial first, so
+// that the block's bytes start at a multiple of its element size).
 torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::vector<int64_t>& counts,
                                        const torch::Tensor& local,
                                        const std::function<torch::Tensor(int64_t, const torch::Tensor&)>& visit,
@@ -228,19 +246,6 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
   TORCH_INTERNAL_ASSERT(static_cast<int64_t>(counts.size()) == W);
   const int64_t r = comm->rank();
   auto count = [&](int64_t s) { return counts[((s % W) + W) % W]; };
-  // Schedule (identical on every rank, so the exchanges match): at step t rank r
-  // holds the key block of owner r - t. The partial gradient of block o starts
-  // at rank o + 1, picks up each holder's contribution and, after the visit at
-  // rank o - 1, makes one last hop home. Step t therefore sends the block in
-  // hand (t <= W-2, needed by rank+1 at step t+1) and the finished partial of
-  // the previous step's block (t >= 2); step W sends only that partial.
-  //
-  // From step 2 on, the message received at step t brings both the next block
-  // and the partial of the block visited at step t: the visit's contribution
-  // is added into that partial in place, and the message leaves as it is at
-  // step t + 1 (its partial alone once no block goes on). So no message is
-  // copied, and a rank holds two messages (the one leaving, whose block it
-  // visits, and the one arriving), the contribution and its own gradient.
   torch::Tensor cur = local, own, partial;
   torch::Tensor held, held_partial;  // the next message, built in place (undefined: build it)
   auto rows_shape = [&](int64_t rows) {
@@ -253,10 +258,6 @@ torch::Tensor ring_for_each_block_grad(const CommunicatorPtr& comm, const std::v
   for (int64_t t = 0; t <= W; ++t) {
     const bool send_block = t <= W - 2;
     const bool send_partial = t >= 2;
-    // A gradient wider than its block (bf16 keys, fp32 gradient sums: the
-    // engine's reduced operands) travels in its own dtype: the message is then
-    // the partial's bytes followed by the block's (the partial first, so that
-    // the block's bytes start at a multiple of its element size).
     const bool packed = send_partial && partial.scalar_type() != local.scalar_type();
     Communicator::Pending pending;
     int64_t recv_block_rows = 0, recv_partial_rows = 0;

@@ -51,6 +51,43 @@ void for_label_panels(const BlockState& state, torch::Tensor& T, int64_t r0, Fn 
   }
 }
 
+// One prefix's statistics from X, its raw products ([b, N]), whose logits
+// are a_i ik_j X_ij + c: the row log-sum-exps into st (bounded: this rank's
+// column sums of exp(S - M) into col_sum, where defined) and the designated
+// logits into `designated`, panel by panel (`count`: each a step of the
+// walk). Bounded (shift M) without labels from the products in one pass,
+// no logits written; otherwise through the logits panel T, labels applied.
+void prefix_statistics(const BlockState& state, const torch::Tensor& X, const torch::Tensor& a,
+                       const torch::Tensor& ik, double c, const std::optional<double>& M, int64_t R, torch::Tensor& T,
+                       ForwardStats& st, torch::Tensor designated, const torch::Tensor& col_sum, bool count) {
+  const int64_t b = X.size(0), N = X.size(1), g = state.spec.group, offset = state.layout.offset;
+  const bool fast = M && !state.labeled();
+  if (fast) {
+    const auto run = positives_in(0, b, 0, N, offset, g);
+    if (run.n > 0) {
+      const auto ik_pos = ik.slice(0, run.col, run.col + (run.n - 1) * g + 1, g);
+      designated.narrow(0, run.row, run.n).copy_(run_view(X, run, g) * a.narrow(0, run.row, run.n) * ik_pos + c);
+    }
+  }
+  for (int64_t r0 = 0; r0 < b; r0 += R) {
+    const int64_t n = std::min(R, b - r0);
+    if (count) count_steps(1);
+    if (fast) {
+      const auto sums = scaled_exp_sums(X.narrow(0, r0, n), a.narrow(0, r0, n), ik, c, *M, col_sum);
+      st.lse_row.narrow(0, r0, n).copy_(sums.log_().add_(*M));
+      continue;
+    }
+    auto Tg = T.narrow(0, 0, n);
+    scaled_logits_out(Tg, X.narrow(0, r0, n), a.narrow(0, r0, n), ik, c);
+    designated.narrow(0, r0, n).copy_(run_view(Tg, positives_in(r0, n, 0, N, offset, g), g));
+    for_label_panels(state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
+      if (!M) return st.add(Tc, Pl, row, 0, /*whole_rows=*/true);
+      const auto sums = exp_rows_(Tc, *M, col_sum);
+      st.lse_row.narrow(0, row, Tc.size(0)).copy_(sums.log_().add_(*M));
+    });
+  }
+}
+
 // One panel of the backward (engine/prefix_block.h): the raw products Xg
 // (rows [r0, r0 + n) of prefix p) turned into H_p, added into the buffer's
 // rows Hg (or, for the widest prefix, Hg = Xg itself, in place); returns the
@@ -101,7 +138,6 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
                                const c10::optional<torch::Tensor>& bias /* [] */,
                                const c10::intrusive_ptr<PrefixState>& state) {
     const int64_t b = q.size(0), N = k_all.size(0), P = static_cast<int64_t>(state->dims.size());
-    const int64_t g = state->spec.group;
     const bool has_bias = bias.has_value() && bias->defined();
     const double c = has_bias ? bias->item<double>() : 0.0;
     auto aq = iq * scale;                         // [P, b]: s / ||q_p||
@@ -114,11 +150,10 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     const double M = scale.item<double>() + std::abs(c);
     const bool bounded = !state->multi() && bound_fits(M, q.scalar_type());
     if (bounded) state->shift = M;
-    // Bounded without labels: every pass below reads the products and writes
-    // no logits (scaled_exp_sums here, scaled_bounded_grad_out in backward).
-    const bool fast = bounded && !state->labeled();
+    // Bounded without labels, the passes read the products and write no
+    // logits (prefix_statistics; bounded_panel in backward).
     const int64_t R = panel_rows_of(b, N, q);
-    auto T = fast ? torch::Tensor() : torch::empty({R, N}, q.options());  // the general form's logits
+    auto T = bounded && !state->labeled() ? torch::Tensor() : torch::empty({R, N}, q.options());
     const bool sym = state->spec.symmetric;
     std::deque<ForwardStats> st;
     std::vector<torch::Tensor> col_sum;  // bounded and symmetric: [P] of [N]
@@ -135,31 +170,8 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
       const int64_t m = state->dims[p];
       if (b > 0) gemm_into_(X, q.narrow(1, m0, m - m0), k_all.narrow(1, m0, m - m0).t(), p == 0);
       m0 = m;
-      if (fast) {  // the statistics from the products, no logits written
-        const auto run = positives_in(0, b, 0, N, state->layout.offset, g);
-        if (run.n > 0) {
-          const auto ik_pos = ik[p].slice(0, run.col, run.col + (run.n - 1) * g + 1, g);
-          designated[p].narrow(0, run.row, run.n).copy_(run_view(X, run, g) * aq[p].narrow(0, run.row, run.n) * ik_pos + c);
-        }
-      }
-      for (int64_t r0 = 0; r0 < b; r0 += R) {
-        const int64_t n = std::min(R, b - r0);
-        if (p == 0) count_steps(1);
-        if (fast) {
-          const auto sums = scaled_exp_sums(X.narrow(0, r0, n), aq[p].narrow(0, r0, n), ik[p], c, M,
-                                            sym ? col_sum[p] : torch::Tensor());
-          st[p].lse_row.narrow(0, r0, n).copy_(sums.log_().add_(M));
-          continue;
-        }
-        auto Tg = T.narrow(0, 0, n);
-        scaled_logits_out(Tg, X.narrow(0, r0, n), aq[p].narrow(0, r0, n), ik[p], c);
-        designated[p].narrow(0, r0, n).copy_(run_view(Tg, positives_in(r0, n, 0, N, state->layout.offset, g), g));
-        for_label_panels(*state, Tg, r0, [&](torch::Tensor& Tc, const torch::Tensor& Pl, int64_t row) {
-          if (!bounded) return st[p].add(Tc, Pl, row, 0, /*whole_rows=*/true);
-          const auto sums = exp_rows_(Tc, M, sym ? col_sum[p] : torch::Tensor());
-          st[p].lse_row.narrow(0, row, Tc.size(0)).copy_(sums.log_().add_(M));
-        });
-      }
+      prefix_statistics(*state, X, aq[p], ik[p], c, state->shift, R, T, st[p], designated[p],
+                        bounded && sym ? col_sum[p] : torch::Tensor(), /*count=*/p == 0);
       if (bounded && sym) st[p].lse_col = col_sum[p].log_().add_(M);  // this rank's column partials
     }
     torch::Tensor l;  // [b]: sum_p w_p l_p
@@ -224,7 +236,7 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
       const RowTerms rt{lse_row[p], lse_col.defined() ? lse_col[p] : torch::Tensor(), get("inv_n_row"),
                         get("inv_n_col")};
       auto cg = col_gx[p];
-      // Bounded and unlabelled (the forward's `fast`): the shift's factors,
+      // Bounded and unlabelled (as prefix_statistics): the shift's factors,
       // as in the materialised block's backward.
       torch::Tensor fa, fb;
       if (fast) {
