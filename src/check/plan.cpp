@@ -295,8 +295,8 @@ bool shared_prefixes(const PlanOptions& o) {
 // once but the statistics once per prefix, and the ring's blocks once per
 // prefix (S/d of the bytes); each prefix keeps its normalised cut of the keys
 // for the backward. The shared pass (shared_prefixes) instead holds one
-// buffer and three panels' rows of at most a sixteenth of its rows each, and
-// its GEMMs are the single product's plus the backward's recomputed narrower
+// buffer, a logits panel and a recomputed prefix's panel (prefix_panel_rows,
+// prefix_recompute_rows: at most three sixteenths of its rows), and its GEMMs are the single product's plus the backward's recomputed narrower
 // prefixes ((S - d)/d of a [b x B x d] product per block); it keeps the
 // features, not their cuts.
 void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
@@ -322,9 +322,9 @@ void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCos
   }
   if (shared) {
     const auto keys = walked_blocks(o, b, false);
-    // The backward's gradient panel and its recomputed prefix's (twice the rows).
+    // The logits panel and the backward's panel of a recomputed prefix.
     const int64_t R = detail::prefix_panel_rows(o.device().type(), o.dtype(), b, keys.cols, d);
-    const int64_t panels = (R + (P > 1 ? std::min(2 * R, std::max<int64_t>(b, 1)) : 0)) * keys.cols * e;
+    const int64_t panels = (R + (P > 1 ? detail::prefix_recompute_rows(R, b) : 0)) * keys.cols * e;
     mat.logits_bytes += panels;
     mat.workspace_bytes += panels;
   } else {

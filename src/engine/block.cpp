@@ -36,6 +36,11 @@ torch::Tensor run_view(const torch::Tensor& t, const PositiveRun& p, int64_t g) 
                       t.storage_offset() + p.row * t.stride(0) + p.col * t.stride(1));
 }
 
+torch::Tensor run_cols(const torch::Tensor& v, const PositiveRun& p, int64_t g) {
+  if (p.n == 0) return v.narrow(0, 0, 0);
+  return v.slice(0, p.col, p.col + (p.n - 1) * g + 1, g);
+}
+
 std::optional<panels::Masks> kernel_masks(const BlockState& state, const torch::Tensor& t, int64_t r0, int64_t c0) {
   if (!state.by_index.has_value()) state.by_index = panel_kernels_take(t);
   if (!*state.by_index) return std::nullopt;

@@ -117,6 +117,9 @@ PositiveRun positives_in(int64_t r0, int64_t R, int64_t c0, int64_t C, int64_t o
 /// The run as a 1-D view of the 2-D tile `t` (any row stride, unit column
 /// stride or not): writable in place.
 torch::Tensor run_view(const torch::Tensor& t, const PositiveRun& p, int64_t g);
+/// The run's columns picked from a per-column vector `v` ([C]): a 1-D view,
+/// writable in place.
+torch::Tensor run_cols(const torch::Tensor& v, const PositiveRun& p, int64_t g);
 
 /// Label structure of a tile (local rows [r0, r0+R), global columns
 /// [c0, c0+C)): kMaskDuplicates masks the duplicates of `t` in place and

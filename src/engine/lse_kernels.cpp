@@ -146,6 +146,17 @@ void for_column_parts(int64_t C, int64_t parts, Fn fn) {
   });
 }
 
+// The prefix passes' column split (their column sums shared, each part's
+// row sums partial, then summed): fn(c0, c, row_gx, row_g) over the column
+// ranges [c0, c0 + c), in parallel.
+template <typename T, typename Fn>
+PrefixSums column_split_sums(const torch::Tensor& x, Fn fn) {
+  const int64_t R = x.size(0), parts = std::max<int64_t>(column_parts(x), 1);
+  auto pgx = torch::zeros({parts, R}, x.options()), pg = torch::zeros({parts, R}, x.options());  // [parts, R]
+  for_column_parts(x.size(1), parts, [&](int64_t p, int64_t c0, int64_t c) { fn(c0, c, ptr<T>(pgx[p]), ptr<T>(pg[p])); });
+  return {pgx.sum(0), pg.sum(0)};
+}
+
 // One fused pass pair over a tile: row log-sum-exps returned when `rows`;
 // column state [cm, cs, csh] (running, offset to the tile's first column)
 // updated when non-null.
@@ -415,28 +426,24 @@ torch::Tensor scaled_exp_sums(const torch::Tensor& x, const torch::Tensor& a, co
   auto sums = torch::zeros({R}, x.options());  // [R]
   if (R == 0 || C == 0) return sums;
   auto av = vec(a, x), bv = vec(b, x);
-  // Rows split in one contiguous range per thread, each streaming its rows
-  // and adding its columns into a private [C] row of `parts` (in cache),
-  // summed afterwards (splitting by columns instead measured 1.4x slower).
-  const int64_t parts = col_sum.defined() ? std::min<int64_t>(at::get_num_threads(), R) : 0;
+  const int64_t parts = col_sum.defined() ? column_parts(x) : 0;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scaled_exp_sums", [&] {
     const auto& k = kernels_for<scalar_t>();
     const scalar_t* px = x.data_ptr<scalar_t>();
     const auto cs = static_cast<scalar_t>(c), sh = static_cast<scalar_t>(shift);
-    scalar_t *pa = ptr<scalar_t>(av), *pb = ptr<scalar_t>(bv), *ps = ptr<scalar_t>(sums);
+    scalar_t *pa = ptr<scalar_t>(av), *pb = ptr<scalar_t>(bv), *pc = ptr<scalar_t>(col_sum);
     if (parts > 0) {
-      auto pc = torch::zeros({parts, C}, x.options());  // [parts, C]
-      const int64_t per = (R + parts - 1) / parts;
-      at::parallel_for(0, parts, 1, [&](int64_t p0, int64_t p1) {
-        for (int64_t p = p0; p < p1; ++p) {
-          const int64_t r0 = p * per, n = std::min(per, R - r0);
-          if (n > 0) k.scaled_exp(px + r0 * ldx, ldx, n, C, pa + r0, pb, cs, sh, ps + r0, ptr<scalar_t>(pc[p]));
-        }
+      // The column sums are shared: split by columns, each part's row sums partial.
+      auto ps = torch::zeros({parts, R}, x.options());  // [parts, R]
+      for_column_parts(C, parts, [&](int64_t p, int64_t c0, int64_t cn) {
+        k.scaled_exp(px + c0, ldx, R, cn, pa, pb + c0, cs, sh, ptr<scalar_t>(ps[p]), pc + c0);
       });
-      col_sum.add_(pc.sum(0));
+      sums = ps.sum(0);
+    } else if (col_sum.defined()) {
+      k.scaled_exp(px, ldx, R, C, pa, pb, cs, sh, ptr<scalar_t>(sums), pc);
     } else {
       for_row_ranges(x, [&](int64_t r0, int64_t r1) {
-        k.scaled_exp(px + r0 * ldx, ldx, r1 - r0, C, pa + r0, pb, cs, sh, ps + r0, nullptr);
+        k.scaled_exp(px + r0 * ldx, ldx, r1 - r0, C, pa + r0, pb, cs, sh, ptr<scalar_t>(sums) + r0, nullptr);
       });
     }
   });
@@ -459,17 +466,13 @@ PrefixSums raw_products_grad_(torch::Tensor& x, const torch::Tensor& g, const to
   if (R == 0 || C == 0) return out;
   auto av = vec(a, x), bv = vec(b, x);
   const int64_t ldx = row_stride(x), ldg = row_stride(g);
-  // The column sums are shared: split by columns, each part's row sums partial.
-  const int64_t parts = std::max<int64_t>(column_parts(x), 1);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "raw_products_grad_", [&] {
     const auto& kt = kernels_for<scalar_t>();
     const auto kv = k.item<scalar_t>();
-    auto pgx = torch::zeros({parts, R}, x.options()), pg = torch::zeros({parts, R}, x.options());  // [parts, R]
-    for_column_parts(C, parts, [&](int64_t p, int64_t c0, int64_t c) {
+    out = column_split_sums<scalar_t>(x, [&](int64_t c0, int64_t c, scalar_t* row_gx, scalar_t* row_g) {
       kt.raw_grad(x.data_ptr<scalar_t>() + c0, ldx, g.data_ptr<scalar_t>() + c0, ldg, R, c, ptr<scalar_t>(av),
-                  ptr<scalar_t>(bv) + c0, kv, ptr<scalar_t>(pgx[p]), ptr<scalar_t>(pg[p]), ptr<scalar_t>(col_gx) + c0);
+                  ptr<scalar_t>(bv) + c0, kv, row_gx, row_g, ptr<scalar_t>(col_gx) + c0);
     });
-    out = {pgx.sum(0), pg.sum(0)};
   });
   return out;
 }
@@ -496,19 +499,15 @@ PrefixSums bounded_raw_products_grad(const torch::Tensor& x, torch::Tensor& h, c
   if (R == 0 || C == 0) return out;
   auto av = vec(a, x), bv = vec(b, x), uv = vec(u, x), vv = vec(v, x);
   const int64_t ldx = row_stride(x), ldh = row_stride(h);
-  // The column sums are shared: split by columns, each part's row sums partial.
-  const int64_t parts = std::max<int64_t>(column_parts(x), 1);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "bounded_raw_products_grad", [&] {
     const auto& kt = kernels_for<scalar_t>();
     const auto kv = k.item<scalar_t>();
     const auto cs = static_cast<scalar_t>(c), sh = static_cast<scalar_t>(shift);
-    auto pgx = torch::zeros({parts, R}, x.options()), pg = torch::zeros({parts, R}, x.options());  // [parts, R]
-    for_column_parts(C, parts, [&](int64_t p, int64_t c0, int64_t cn) {
+    out = column_split_sums<scalar_t>(x, [&](int64_t c0, int64_t cn, scalar_t* row_gx, scalar_t* row_g) {
       kt.bounded_raw_grad(x.data_ptr<scalar_t>() + c0, ldx, h.data_ptr<scalar_t>() + c0, ldh, R, cn, ptr<scalar_t>(av),
-                          ptr<scalar_t>(bv) + c0, cs, sh, ptr<scalar_t>(uv), ptr<scalar_t>(vv) + c0, kv, add,
-                          ptr<scalar_t>(pgx[p]), ptr<scalar_t>(pg[p]), ptr<scalar_t>(col_gx) + c0);
+                          ptr<scalar_t>(bv) + c0, cs, sh, ptr<scalar_t>(uv), ptr<scalar_t>(vv) + c0, kv, add, row_gx,
+                          row_g, ptr<scalar_t>(col_gx) + c0);
     });
-    out = {pgx.sum(0), pg.sum(0)};
   });
   return out;
 }

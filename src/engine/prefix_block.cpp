@@ -18,6 +18,10 @@ namespace {
 struct PrefixState : BlockState {
   std::vector<int64_t> dims;     // m_1 < ... < m_P = d
   std::vector<double> weights;   // w_p
+
+  // Bounded (`shift`, set by the forward) without labels: every pass reads
+  // the raw products and writes no logits.
+  bool fused() const { return shift && !labeled(); }
 };
 
 }  // namespace
@@ -26,6 +30,8 @@ int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t
   const int64_t rows = buffer_panel_rows(device, dtype, b, N, d, 0);
   return std::max<int64_t>(1, std::min(rows, (b + 15) / 16));
 }
+
+int64_t prefix_recompute_rows(int64_t R, int64_t b) { return std::min(2 * R, std::max<int64_t>(b, 1)); }
 
 namespace {
 
@@ -55,18 +61,19 @@ void for_label_panels(const BlockState& state, torch::Tensor& T, int64_t r0, Fn 
 // are a_i ik_j X_ij + c: the row log-sum-exps into st (bounded: this rank's
 // column sums of exp(S - M) into col_sum, where defined) and the designated
 // logits into `designated`, panel by panel (`count`: each a step of the
-// walk). Bounded (shift M) without labels from the products in one pass,
-// no logits written; otherwise through the logits panel T, labels applied.
-void prefix_statistics(const BlockState& state, const torch::Tensor& X, const torch::Tensor& a,
-                       const torch::Tensor& ik, double c, const std::optional<double>& M, int64_t R, torch::Tensor& T,
-                       ForwardStats& st, torch::Tensor designated, const torch::Tensor& col_sum, bool count) {
+// walk). Bounded (shift M) without labels (state.fused()) from the products
+// in one pass, no logits written; otherwise through the logits panel T,
+// labels applied.
+void prefix_statistics(const PrefixState& state, const torch::Tensor& X, const torch::Tensor& a,
+                       const torch::Tensor& ik, double c, int64_t R, torch::Tensor& T, ForwardStats& st,
+                       torch::Tensor designated, const torch::Tensor& col_sum, bool count) {
   const int64_t b = X.size(0), N = X.size(1), g = state.spec.group, offset = state.layout.offset;
-  const bool fast = M && !state.labeled();
+  const auto& M = state.shift;
+  const bool fast = state.fused();
   if (fast) {
     const auto run = positives_in(0, b, 0, N, offset, g);
     if (run.n > 0) {
-      const auto ik_pos = ik.slice(0, run.col, run.col + (run.n - 1) * g + 1, g);
-      designated.narrow(0, run.row, run.n).copy_(run_view(X, run, g) * a.narrow(0, run.row, run.n) * ik_pos + c);
+      designated.narrow(0, run.row, run.n).copy_(run_view(X, run, g) * a.narrow(0, run.row, run.n) * run_cols(ik, run, g) + c);
     }
   }
   for (int64_t r0 = 0; r0 < b; r0 += R) {
@@ -112,7 +119,7 @@ PrefixSums general_panel(const BlockState& state, const RowTerms& rt, const Weig
 // taken out of each result: with y their targets, at (i, j) = (i, pos(i)),
 // G_ij loses y_i, so sum_j G b x loses y_i b_j x_ij, sum_j G loses y_i,
 // column j's sum_i G a x loses y_i a_i x_ij, and H_ij loses k a_i b_j y_i.
-PrefixSums bounded_panel(const BlockState& state, const Weights& w, const torch::Tensor& Xg, torch::Tensor& Hg,
+PrefixSums bounded_panel(const PrefixState& state, const Weights& w, const torch::Tensor& Xg, torch::Tensor& Hg,
                          const torch::Tensor& a, const torch::Tensor& b, double c, const torch::Tensor& fa,
                          const torch::Tensor& fb, const torch::Tensor& k, bool add, torch::Tensor& cg, int64_t r0) {
   const int64_t g = state.spec.group;
@@ -120,13 +127,12 @@ PrefixSums bounded_panel(const BlockState& state, const Weights& w, const torch:
   const auto xd = run.n > 0 ? run_view(Xg, run, g).clone() : torch::Tensor();  // Xg may be Hg
   auto sums = bounded_raw_products_grad(Xg, Hg, a, b, c, *state.shift, fa, fb, k, add, cg);
   if (run.n == 0) return sums;
-  const auto cols = [&](const torch::Tensor& v) { return v.slice(0, run.col, run.col + (run.n - 1) * g + 1, g); };
   const auto y = positive_targets(state, w, run, r0, 0, Xg.options());
-  const auto ay = a.narrow(0, run.row, run.n) * y, by = cols(b) * y;
-  sums.gx.narrow(0, run.row, run.n).sub_(by * xd);
+  const auto bd = run_cols(b, run, g), ay = a.narrow(0, run.row, run.n) * y;
+  sums.gx.narrow(0, run.row, run.n).sub_(bd * y * xd);
   sums.g.narrow(0, run.row, run.n).sub_(y);
-  cols(cg).sub_(ay * xd);
-  run_view(Hg, run, g).sub_(ay * cols(b) * k);
+  run_cols(cg, run, g).sub_(ay * xd);
+  run_view(Hg, run, g).sub_(ay * bd * k);
   return sums;
 }
 
@@ -153,7 +159,7 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     // Bounded without labels, the passes read the products and write no
     // logits (prefix_statistics; bounded_panel in backward).
     const int64_t R = panel_rows_of(b, N, q);
-    auto T = bounded && !state->labeled() ? torch::Tensor() : torch::empty({R, N}, q.options());
+    auto T = state->fused() ? torch::Tensor() : torch::empty({R, N}, q.options());
     const bool sym = state->spec.symmetric;
     std::deque<ForwardStats> st;
     std::vector<torch::Tensor> col_sum;  // bounded and symmetric: [P] of [N]
@@ -170,7 +176,7 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
       const int64_t m = state->dims[p];
       if (b > 0) gemm_into_(X, q.narrow(1, m0, m - m0), k_all.narrow(1, m0, m - m0).t(), p == 0);
       m0 = m;
-      prefix_statistics(*state, X, aq[p], ik[p], c, state->shift, R, T, st[p], designated[p],
+      prefix_statistics(*state, X, aq[p], ik[p], c, R, T, st[p], designated[p],
                         bounded && sym ? col_sum[p] : torch::Tensor(), /*count=*/p == 0);
       if (bounded && sym) st[p].lse_col = col_sum[p].log_().add_(M);  // this rank's column partials
     }
@@ -223,11 +229,10 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     auto ds = torch::zeros({}, opt), dbias = torch::zeros({}, opt);
     std::vector<torch::Tensor> kp;  // [P] of 0-dim: c w_p
     const int64_t R = panel_rows_of(b, N, q);
-    const bool fast = state->shift && !state->labeled();
+    const bool fast = state->fused();
     auto T = fast ? torch::Tensor() : torch::empty({R, N}, opt);  // the general form's logits
-    // A narrower prefix's products, recomputed panel by panel: twice the
-    // rows (a narrow GEMM of 256 rows ran at 0.75 the speed of one of 512).
-    auto Y = P > 1 ? torch::empty({std::min(2 * R, std::max<int64_t>(b, 1)), N}, opt) : torch::Tensor();
+    // A narrower prefix's products, recomputed panel by panel.
+    auto Y = P > 1 ? torch::empty({prefix_recompute_rows(R, b), N}, opt) : torch::Tensor();
     // Prefix by prefix, from the widest, the buffer accumulating H_(>=p)
     // (engine/prefix_block.h): the narrower prefixes recomputed into Y.
     for (int64_t p = P - 1; p >= 0; --p) {
