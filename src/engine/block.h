@@ -1,5 +1,5 @@
 // The InfoNCE-family block on one rank, as both of its forms compute it (the
-// materialised one, engine/materialised_blocks.h, and the tiled one,
+// materialised one, engine/materialised_blocks.cpp, and the tiled one,
 // engine/tiled_blocks.h): the state an autograd call keeps besides tensors,
 // the label structure and designated positives of a tile, the forward
 // statistics and per-row losses, and the gradient of a tile. Internal to the
@@ -226,7 +226,7 @@ torch::Tensor gather_view_lse(const torch::Tensor& lse /* [2b] */, const EngineL
 /// Per-row NT-Xent losses [2b] -> what the loss returns.
 torch::Tensor nt_reduce(const torch::Tensor& l /* [2b] */, const BlockState& state);
 
-// ---- shared by the materialised blocks (engine/materialised_blocks.h, engine/prefix_block.h)
+// ---- shared by the materialised blocks (engine/materialised_blocks.cpp, engine/prefix_block.h)
 
 /// Whether a known bound M of the logits (|S| <= M) can be every softmax's
 /// exact shift in dtype `t`: then E = exp(S - M) >= e^(-2M) must stay a normal

@@ -3,7 +3,7 @@
 // tiled InfoNCE core) makes once its front end has run the shared prologue
 // (engine/prologue.h: row counts, layout, routing) and gathered what it needs.
 // They run the block on the path the prologue chose: materialised
-// (engine/materialised_blocks.h) or tiled (engine/tiled_blocks.h). Internal
+// (engine/materialised_blocks.cpp) or tiled (engine/tiled_blocks.h). Internal
 // (src/engine/); the public API is contrax/losses/losses.h, grouped.h and
 // tiled.h. Two ideas make it cheaper than gathering both towers with gradient,
 // both exact (docs/engine.md):

@@ -1,8 +1,10 @@
-// The materialised blocks (see engine/materialised_blocks.h): CLIP / InfoNCE /
-// grouped and NT-Xent, each one autograd function whose logits buffer is the
-// only [b x N] tensor, masked in place, kept, and turned into G / c in place
-// by the backward.
-#include "engine/materialised_blocks.h"
+// The engine's seam (engine/engine.h) and its materialised blocks: CLIP /
+// InfoNCE / grouped and NT-Xent, each one autograd function whose logits
+// buffer (engine/workspace.h) is the only [b x N] tensor, masked in place,
+// kept, and turned into G / c in place by the backward (the derivation:
+// engine/block.h). Where the prologue chose the tiled path the seam hands the
+// block to engine/tiled_blocks.h instead.
+#include "engine/engine.h"
 
 #include <algorithm>
 #include <array>
@@ -11,6 +13,7 @@
 
 #include "engine/block.h"
 #include "engine/panels.h"
+#include "engine/tiled_blocks.h"
 #include "engine/workspace.h"
 
 namespace contrax::detail {
@@ -313,19 +316,22 @@ class NtXentBlock : public torch::autograd::Function<NtXentBlock> {
 
 }  // namespace
 
-torch::Tensor materialised_clip_block(const torch::Tensor& q, const torch::Tensor& k_all, const torch::Tensor& scale,
-                                      const torch::Tensor& bias, const EngineLayout& layout, const BlockSpec& spec) {
+torch::Tensor clip_block_loss(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& scale,
+                              const torch::Tensor& bias, const Prologue& p, const BlockSpec& spec) {
+  TORCH_INTERNAL_ASSERT(spec.group >= 1 && (!spec.symmetric || spec.group == 1));
+  if (p.tiled) return tiled_clip_block(q, k, scale, bias, p.layout, spec, p.walk, p.ring);
   TORCH_INTERNAL_ASSERT(spec.masked < 0, "the materialised block masks no diagonal");
   auto state = c10::make_intrusive<BlockState>();
-  state->layout = layout;
+  state->layout = p.layout;
   state->spec = spec;
-  return ClipBlock::apply(q, k_all, scale, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, state);
+  return ClipBlock::apply(q, k, scale, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt, state);
 }
 
-torch::Tensor materialised_nt_xent_block(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
-                                         const EngineLayout& layout, Reduction reduction, bool unit_rows) {
+torch::Tensor nt_xent_block_loss(const torch::Tensor& z, const torch::Tensor& z_all, double inv_temperature,
+                                 const Prologue& p, Reduction reduction, bool unit_rows) {
+  if (p.tiled) return tiled_nt_xent_block(z, z_all, inv_temperature, p.layout, p.walk, reduction, p.ring);
   auto state = c10::make_intrusive<BlockState>();
-  state->layout = layout;
+  state->layout = p.layout;
   state->reduction = reduction;
   state->inv_temperature = inv_temperature;
   // Unit rows: |S| <= 1/T (in fp32 usable for T >= 0.025).
