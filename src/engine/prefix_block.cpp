@@ -136,6 +136,31 @@ PrefixSums bounded_panel(const PrefixState& state, const Weights& w, const torch
   return sums;
 }
 
+// Each prefix's terms in the backward: its row terms, c w_p and, bounded
+// and unlabelled (as prefix_statistics), the shift's factors as in the
+// materialised block's backward.
+struct PrefixTerms {
+  std::vector<RowTerms> rt;
+  std::vector<torch::Tensor> k, fa, fb;  // [P] each; k: 0-dim c w_p
+};
+
+PrefixTerms prefix_terms(const PrefixState& state, const Weights& w, const torch::Tensor& lse_row /* [P, b] */,
+                         const torch::Tensor& lse_col /* [P, N] or undefined */, const torch::Tensor& inv_n_row,
+                         const torch::Tensor& inv_n_col, int64_t N) {
+  PrefixTerms t;
+  for (size_t p = 0; p < state.dims.size(); ++p) {
+    const auto i = static_cast<int64_t>(p);
+    t.rt.push_back({lse_row[i], lse_col.defined() ? lse_col[i] : torch::Tensor(), inv_n_row, inv_n_col});
+    t.k.push_back(w.c * state.weights[p]);
+    if (!state.fused()) continue;
+    const auto& rt = t.rt.back();
+    t.fa.push_back(shift_factors(*state.shift, rt.lse_row, w.row));
+    t.fb.push_back(rt.lse_col.defined() ? shift_factors(*state.shift, rt.lse_col, w.col)
+                                        : torch::zeros({N}, lse_row.options()));
+  }
+  return t;
+}
+
 class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& q /* [b, d] */,
@@ -227,49 +252,44 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     auto dq = torch::empty({b, d}, opt), dk = torch::empty({N, d}, opt);
     auto diq = torch::empty({P, b}, opt), col_gx = torch::zeros({P, N}, opt);
     auto ds = torch::zeros({}, opt), dbias = torch::zeros({}, opt);
-    std::vector<torch::Tensor> kp;  // [P] of 0-dim: c w_p
     const int64_t R = panel_rows_of(b, N, q);
     const bool fast = state->fused();
+    const auto t = prefix_terms(*state, w, lse_row, lse_col, get("inv_n_row"), get("inv_n_col"), N);
     auto T = fast ? torch::Tensor() : torch::empty({R, N}, opt);  // the general form's logits
-    // A narrower prefix's products, recomputed panel by panel.
-    auto Y = P > 1 ? torch::empty({prefix_recompute_rows(R, b), N}, opt) : torch::Tensor();
-    // Prefix by prefix, from the widest, the buffer accumulating H_(>=p)
-    // (engine/prefix_block.h): the narrower prefixes recomputed into Y.
-    for (int64_t p = P - 1; p >= 0; --p) {
-      const int64_t m = state->dims[p], lo = p > 0 ? state->dims[p - 1] : 0;
-      kp.insert(kp.begin(), w.c * state->weights[p]);
-      const RowTerms rt{lse_row[p], lse_col.defined() ? lse_col[p] : torch::Tensor(), get("inv_n_row"),
-                        get("inv_n_col")};
-      auto cg = col_gx[p];
-      // Bounded and unlabelled (as prefix_statistics): the shift's factors,
-      // as in the materialised block's backward.
-      torch::Tensor fa, fb;
-      if (fast) {
-        fa = shift_factors(*state->shift, rt.lse_row, w.row);
-        fb = rt.lse_col.defined() ? shift_factors(*state->shift, rt.lse_col, w.col) : torch::zeros({N}, opt);
-      }
-      const int64_t RY = p == P - 1 ? std::max<int64_t>(b, 1) : Y.size(0);
-      for (int64_t y0 = 0; y0 < b; y0 += RY) {
-        const int64_t ny = std::min(RY, b - y0);
-        auto Yg = p == P - 1 ? X.narrow(0, y0, ny) : Y.narrow(0, 0, ny);
-        if (p < P - 1) gemm_out(Yg, q.narrow(0, y0, ny).narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+    // Row panels of RY rows; in each, the prefixes from the widest, the
+    // buffer's rows accumulating H_(>=p) (engine/prefix_block.h), each
+    // narrower prefix's products recomputed into Y, and after prefix p the
+    // two GEMMs of slice p on those rows while they are fresh in the cache
+    // (dk's accumulated over the panels).
+    const int64_t RY = P > 1 ? prefix_recompute_rows(R, b) : std::max<int64_t>(b, 1);
+    auto Y = P > 1 ? torch::empty({RY, N}, opt) : torch::Tensor();
+    if (b == 0) dk.zero_();
+    for (int64_t y0 = 0; y0 < b; y0 += RY) {
+      const int64_t ny = std::min(RY, b - y0);
+      auto Hy = X.narrow(0, y0, ny);
+      const auto qy = q.narrow(0, y0, ny);
+      for (int64_t p = P - 1; p >= 0; --p) {
+        const int64_t m = state->dims[p], lo = p > 0 ? state->dims[p - 1] : 0;
+        auto Yg = p == P - 1 ? Hy : Y.narrow(0, 0, ny);
+        if (p < P - 1) gemm_out(Yg, qy.narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+        auto cg = col_gx[p];
         for (int64_t r0 = y0; r0 < y0 + ny; r0 += R) {
           const int64_t n = std::min(R, y0 + ny - r0);
           auto Xg = Yg.narrow(0, r0 - y0, n), Hg = X.narrow(0, r0, n);
           auto a = aq[p].narrow(0, r0, n);
-          const auto sums = fa.defined() ? bounded_panel(*state, w, Xg, Hg, a, ik[p], c, fa.narrow(0, r0, n), fb,
-                                                         kp.front(), p < P - 1, cg, r0)
-                                         : general_panel(*state, rt, w, Xg, Hg, T.narrow(0, 0, n), a, ik[p], c,
-                                                         kp.front(), p < P - 1, cg, r0);
-          diq[p].narrow(0, r0, n).copy_(sums.gx * (kp.front() * scale));
-          ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * kp.front());
-          dbias.add_(sums.g.sum() * kp.front());
+          const auto sums = fast ? bounded_panel(*state, w, Xg, Hg, a, ik[p], c, t.fa[p].narrow(0, r0, n), t.fb[p],
+                                                 t.k[p], p < P - 1, cg, r0)
+                                 : general_panel(*state, t.rt[p], w, Xg, Hg, T.narrow(0, 0, n), a, ik[p], c, t.k[p],
+                                                 p < P - 1, cg, r0);
+          diq[p].narrow(0, r0, n).copy_(sums.gx * (t.k[p] * scale));
+          ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * t.k[p]);
+          dbias.add_(sums.g.sum() * t.k[p]);
         }
+        gemm_out(dq.narrow(0, y0, ny).narrow(1, lo, m - lo), Hy, k_all.narrow(1, lo, m - lo));
+        gemm_into_(dk.narrow(1, lo, m - lo), Hy.t(), qy.narrow(1, lo, m - lo), /*first=*/y0 == 0);
       }
-      gemm_out(dq.narrow(1, lo, m - lo), X, k_all.narrow(1, lo, m - lo));
-      gemm_out(dk.narrow(1, lo, m - lo), X.t(), q.narrow(1, lo, m - lo));
     }
-    auto dik = col_gx * torch::stack(kp).unsqueeze(1);  // [P, N]
+    auto dik = col_gx * torch::stack(t.k).unsqueeze(1);  // [P, N]
     const bool want_bias = ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(5);
     return {dq, dk, diq, dik, ctx->needs_input_grad(4) ? ds.reshape(scale.sizes()) : torch::Tensor(),
             want_bias ? dbias : torch::Tensor(), torch::Tensor()};
