@@ -295,10 +295,11 @@ bool shared_prefixes(const PlanOptions& o) {
 // once but the statistics once per prefix, and the ring's blocks once per
 // prefix (S/d of the bytes); each prefix keeps its normalised cut of the keys
 // for the backward. The shared pass (shared_prefixes) instead holds one
-// buffer, a logits panel and a recomputed prefix's panel (prefix_panel_rows,
-// prefix_recompute_rows: at most three sixteenths of its rows), and its GEMMs are the single product's plus the backward's recomputed narrower
-// prefixes ((S - d)/d of a [b x B x d] product per block); it keeps the
-// features, not their cuts.
+// buffer, a logits panel and the P - 1 narrower prefixes' recomputed panels
+// (prefix_panel_rows, prefix_recompute_rows), and its GEMMs are the single
+// product's three plus the backward's recomputation of the second widest
+// prefix (m_(P-1)/d of a [b x B x d] product per block, the narrower ones on
+// the way); it keeps the features, not their cuts.
 void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCost& mat, PathCost& tiled,
                   PathCost& ring) {
   const auto prefixes = detail::matryoshka_prefixes(o.matryoshka(), o.width());
@@ -307,14 +308,15 @@ void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCos
   int64_t S = 0;
   for (const auto& x : prefixes) S += x.dim;
   const double share = static_cast<double>(S) / static_cast<double>(d);
+  const double recomputed = P > 1 ? static_cast<double>(prefixes[P - 2].dim) / static_cast<double>(d) : 0.0;
   const int64_t stats = statistics_bytes(o, b, e);
   const auto scaled = [&](int64_t bytes) { return static_cast<int64_t>(static_cast<double>(bytes) * share); };
   const bool shared = shared_prefixes(o);
   for (auto* c : {&mat, &tiled, &ring}) {
     const bool one_pass = shared && c == &mat;
     // The shared pass: the forward's product and the backward's two over the
-    // width once, plus the narrower prefixes recomputed ((S - d)/d of one).
-    c->gemm_flops *= one_pass ? 1.0 + (share - 1.0) / 3.0 : share;
+    // width once, plus the narrower prefixes recomputed (m_(P-1)/d of one).
+    c->gemm_flops *= one_pass ? 1.0 + recomputed / 3.0 : share;
     c->panels *= P;
     if (c->launches >= 0) c->launches *= P;
     const auto keys = walked_blocks(o, b, c == &ring);
@@ -322,9 +324,9 @@ void scorer_costs(const PlanOptions& o, int64_t b, int64_t e, int64_t f, PathCos
   }
   if (shared) {
     const auto keys = walked_blocks(o, b, false);
-    // The logits panel and the backward's panel of a recomputed prefix.
+    // The logits panel and the backward's panels of the recomputed prefixes.
     const int64_t R = detail::prefix_panel_rows(o.device().type(), o.dtype(), b, keys.cols, d);
-    const int64_t panels = (R + (P > 1 ? detail::prefix_recompute_rows(R, b) : 0)) * keys.cols * e;
+    const int64_t panels = (R + (P - 1) * detail::prefix_recompute_rows(R, b, P)) * keys.cols * e;
     mat.logits_bytes += panels;
     mat.workspace_bytes += panels;
   } else {

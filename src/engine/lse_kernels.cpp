@@ -17,6 +17,13 @@
 #include "engine/panel_kernels.h"
 #include "util/env.h"
 
+// With LibTorch's OpenMP backend, at::parallel_for is a `#pragma omp
+// parallel` inlined here: without -fopenmp it runs every split on one thread
+// (CMakeLists.txt links OpenMP into every layer).
+#if AT_PARALLEL_OPENMP && !defined(_OPENMP)
+#error "src/engine/lse_kernels.cpp needs -fopenmp: at::parallel_for would run its splits on one thread"
+#endif
+
 namespace contrax::detail {
 
 namespace {

@@ -31,7 +31,10 @@ int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t
   return std::max<int64_t>(1, std::min(rows, (b + 15) / 16));
 }
 
-int64_t prefix_recompute_rows(int64_t R, int64_t b) { return std::min(2 * R, std::max<int64_t>(b, 1)); }
+int64_t prefix_recompute_rows(int64_t R, int64_t b, int64_t P) {
+  const int64_t rows = std::min(R, std::max<int64_t>(b, 1));
+  return P > 4 ? std::max<int64_t>(1, std::min(rows, 3 * R / (P - 1))) : rows;
+}
 
 namespace {
 
@@ -256,22 +259,30 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     const bool fast = state->fused();
     const auto t = prefix_terms(*state, w, lse_row, lse_col, get("inv_n_row"), get("inv_n_col"), N);
     auto T = fast ? torch::Tensor() : torch::empty({R, N}, opt);  // the general form's logits
-    // Row panels of RY rows; in each, the prefixes from the widest, the
-    // buffer's rows accumulating H_(>=p) (engine/prefix_block.h), each
-    // narrower prefix's products recomputed into Y, and after prefix p the
-    // two GEMMs of slice p on those rows while they are fresh in the cache
-    // (dk's accumulated over the panels).
-    const int64_t RY = P > 1 ? prefix_recompute_rows(R, b) : std::max<int64_t>(b, 1);
-    auto Y = P > 1 ? torch::empty({RY, N}, opt) : torch::Tensor();
+    // Row panels of RY rows. In each, the narrower prefixes' products are
+    // recomputed as the forward built them, from the narrowest, each the
+    // previous one plus its slice's product (sum_(p<P-1) of the slices' widths
+    // = m_(P-1) columns of GEMM, not sum_(p<P) m_p), into P - 1 panels; then
+    // the prefixes from the widest, the buffer's rows accumulating H_(>=p)
+    // (engine/prefix_block.h), and after prefix p the two GEMMs of slice p on
+    // those rows while they are fresh in the cache (dk's accumulated over the
+    // panels).
+    const int64_t RY = P > 1 ? prefix_recompute_rows(R, b, P) : std::max<int64_t>(b, 1);
+    auto Y = P > 1 ? torch::empty({P - 1, RY, N}, opt) : torch::Tensor();
     if (b == 0) dk.zero_();
     for (int64_t y0 = 0; y0 < b; y0 += RY) {
       const int64_t ny = std::min(RY, b - y0);
       auto Hy = X.narrow(0, y0, ny);
       const auto qy = q.narrow(0, y0, ny);
+      for (int64_t p = 0; p + 1 < P; ++p) {
+        const int64_t m = state->dims[p], lo = p > 0 ? state->dims[p - 1] : 0;
+        auto Yp = Y[p].narrow(0, 0, ny);
+        if (p > 0) Yp.copy_(Y[p - 1].narrow(0, 0, ny));
+        gemm_into_(Yp, qy.narrow(1, lo, m - lo), k_all.narrow(1, lo, m - lo).t(), /*first=*/p == 0);
+      }
       for (int64_t p = P - 1; p >= 0; --p) {
         const int64_t m = state->dims[p], lo = p > 0 ? state->dims[p - 1] : 0;
-        auto Yg = p == P - 1 ? Hy : Y.narrow(0, 0, ny);
-        if (p < P - 1) gemm_out(Yg, qy.narrow(1, 0, m), k_all.narrow(1, 0, m).t());
+        auto Yg = p == P - 1 ? Hy : Y[p].narrow(0, 0, ny);
         auto cg = col_gx[p];
         for (int64_t r0 = y0; r0 < y0 + ny; r0 += R) {
           const int64_t n = std::min(R, y0 + ny - r0);

@@ -28,20 +28,23 @@
 //   dy_q[:, :m_p] += H_p y_k[:, :m_p],   dy_k[:, :m_p] += H_p^T y_q[:, :m_p].
 // Since slice k's columns [m_(k-1), m_k) lie in every prefix p >= k, their
 // gradient is dy_q[:, slice k] = H_(>=k) y_k[:, slice k] (likewise dy_k),
-// with H_(>=k) = sum_(p >= k) H_p. So the prefixes are walked from the widest
-// down, the buffer accumulating H_(>=p): X_P (kept) is turned into H_P in
-// place; each narrower X_p is recomputed a panel at a time beside it, turned
-// into H_p there (the sums above taken in the same pass) and added in; after
-// prefix p the buffer is H_(>=p), and two GEMMs over slice p's columns alone
-// give dq and dk there. The GEMMs come to 3 + (sum_(p<P) m_p) / d products
-// of the whole width (the forward's one, the backward's two, the recomputed
-// prefixes), against 3 sum_p m_p / d for a loop over prefixes; the memory to
-// one buffer and two panels instead of P buffers. Where the logits are
-// bounded (|S_p| <= s + |c| =: M, every softmax's exact shift, as in the
+// with H_(>=k) = sum_(p >= k) H_p. So the backward walks row panels; in
+// each, the narrower prefixes' products are recomputed as the forward built
+// them (X_1, then each the previous plus its slice's product, into P - 1
+// panels: m_(P-1) columns of GEMM), and the prefixes are walked from the
+// widest down, the buffer's rows accumulating H_(>=p): X_P (kept) is turned
+// into H_P in place, each narrower X_p into H_p (the sums above taken in the
+// same pass) and added in; after prefix p the rows hold H_(>=p), and two
+// GEMMs over slice p's columns alone give dq there and dk's share of those
+// rows. The GEMMs come to 3 + m_(P-1) / d products of the whole width (the
+// forward's one, the backward's two, the recomputation), against
+// 3 sum_p m_p / d for a loop over prefixes; the memory to one buffer and P
+// panels instead of P buffers. Where the logits are bounded
+// (|S_p| <= s + |c| =: M, every softmax's exact shift, as in the
 // materialised block) and no labels apply, no logits are written: the
 // forward's statistics and the backward's G_p come from the products in one
 // pass each, one exponential per entry (scaled_exp_sums,
-// scaled_bounded_grad_out). Timings: docs/benchmarks.md.
+// bounded_raw_products_grad). Timings: docs/benchmarks.md.
 // The inverse norms' gradients reach y through autograd
 // (the norms are computed outside this function).
 #pragma once
@@ -72,12 +75,14 @@ bool prefix_pass_takes(const Prologue& p, const torch::Tensor& features);
 /// buffer_panel_rows (about 8 MiB on the CPU) and at most a sixteenth of the
 /// rows, so that it holds at most 1/16 of the buffer.
 int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t b, int64_t N, int64_t d);
-/// Rows of the backward's panel of a recomputed narrower prefix, given the
-/// logits panel's `R`: twice them, at most b (none is held with one prefix,
-/// P = 1). A narrow GEMM of 256 rows ran at 0.8 the speed of one of 512 on
-/// the CPU measured (torch.mm of the three narrower prefixes of 768 at
-/// B = 4,096: 66.6 against 53.6 ms).
-int64_t prefix_recompute_rows(int64_t R, int64_t b);
+/// Rows of the backward's row panels (each of the P - 1 recomputed narrower
+/// prefixes holds one), given the logits panel's `R` and the prefixes' count
+/// P: R, at most b (256 at b = 4,096), and fewer beyond four prefixes, so
+/// that the P - 1 panels hold at most 3 R rows together. The slices' GEMMs over panels of 256 and of 1,024 rows took
+/// about the same time on the CPU measured (torch.mm over the slices of
+/// 64/128/256/768 at B = 4,096, 2 threads: 150.6 and 150.3 ms for dq, 165.0
+/// and 157.8 for dk).
+int64_t prefix_recompute_rows(int64_t R, int64_t b, int64_t P);
 
 /// sum_p w_p clip_block_loss(q[:, :m_p] / ||.||, k_all[:, :m_p] / ||.||, ...)
 /// (engine/engine.h), the rows normalised as `prepare` does, in one shared

@@ -127,7 +127,7 @@ TEST(Matryoshka, ReducedPrecisionStaysWithinTheLossesTolerances) {
 }
 
 // CLIP's prefixes share one pass (engine/prefix_block.h): one logits buffer
-// and panels of an eighth of its rows, where the loop held one buffer per
+// and panels of a sixteenth of its rows each, where the loop held one buffer per
 // prefix; the same loss and gradients as the loop of the tiled path.
 TEST(Matryoshka, TheSharedPassHoldsOneLogitsBuffer) {
   auto opt = torch::TensorOptions().dtype(torch::kDouble);
@@ -143,7 +143,7 @@ TEST(Matryoshka, TheSharedPassHoldsOneLogitsBuffer) {
   const auto shared = run(ClipLossOptions().path(MemoryPath::kMaterialised), shared_peak);
   const auto loop = run(ClipLossOptions().path(MemoryPath::kTiled).tile_bytes(2048), loop_peak);
   EXPECT_GE(shared_peak, block);
-  // The buffer, three panels of an eighth of its rows, and the features'
+  // The buffer, two panels of a sixteenth of its rows, and the features'
   // cuts and gradients (each d / B of a block); the loop held three buffers.
   EXPECT_LT(shared_peak, 2 * block);
   EXPECT_LE((shared.first - loop.first).abs().item<double>(), 1e-12);
@@ -155,6 +155,30 @@ TEST(Matryoshka, TheSharedPassHoldsOneLogitsBuffer) {
   CONTRAX_EXPECT_ERROR(twice.backward(),
                        "clip_loss(): backward ran twice through the same graph; the Matryoshka prefixes' shared pass "
                        "turns its buffer into the gradient in place");
+}
+
+// Nine prefixes: the backward's P - 1 recomputed panels shrink (three
+// logits panels' rows together, engine/prefix_block.h), so its row panels are
+// many and the last one short; the shared pass still equals the loop, and
+// still holds less than two buffers.
+TEST(Matryoshka, ManyPrefixesShareThePassInSmallerPanels) {
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  const int64_t B = 256;
+  const auto a0 = torch::randn({B, 12}, opt), b0 = torch::randn({B, 12}, opt);
+  const auto s = torch::tensor(2.0, opt);
+  const std::vector<int64_t> dims{1, 2, 3, 4, 5, 6, 8, 10};
+  const std::vector<double> weights{1, 2, 0.5, 1, 1, 3, 1, 0.25};
+  auto run = [&](ClipLossOptions o, int64_t& peak) {
+    return measured(a0, peak, [&](const torch::Tensor& a) {
+      return clip_loss(a, b0, s, {}, o.matryoshka_dims(dims).matryoshka_weights(weights));
+    });
+  };
+  int64_t shared_peak = 0, loop_peak = 0;
+  const auto shared = run(ClipLossOptions().path(MemoryPath::kMaterialised), shared_peak);
+  const auto loop = run(ClipLossOptions().path(MemoryPath::kTiled).tile_bytes(2048), loop_peak);
+  EXPECT_LT(shared_peak, 2 * B * B * 8);
+  EXPECT_LE((shared.first - loop.first).abs().item<double>(), 1e-12);
+  EXPECT_LE((shared.second - loop.second).abs().max().item<double>(), 1e-12);
 }
 
 // Features of any magnitude: rows of 1e20 (whose products and squares
