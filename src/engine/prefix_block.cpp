@@ -33,7 +33,7 @@ int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t
 
 int64_t prefix_recompute_rows(int64_t R, int64_t b, int64_t P) {
   const int64_t rows = std::min(R, std::max<int64_t>(b, 1));
-  return P > 4 ? std::max<int64_t>(1, std::min(rows, 3 * R / (P - 1))) : rows;
+  return P > 1 ? std::max<int64_t>(1, std::min(rows, 3 * R / (P - 1))) : rows;
 }
 
 namespace {
