@@ -76,7 +76,8 @@ void prefix_statistics(const PrefixState& state, const torch::Tensor& X, const t
   if (fast) {
     const auto run = positives_in(0, b, 0, N, offset, g);
     if (run.n > 0) {
-      designated.narrow(0, run.row, run.n).copy_(run_view(X, run, g) * a.narrow(0, run.row, run.n) * run_cols(ik, run, g) + c);
+      designated.narrow(0, run.row, run.n)
+          .copy_(run_view(X, run, g) * a.narrow(0, run.row, run.n) * run_cols(ik, run, g) + c);
     }
   }
   for (int64_t r0 = 0; r0 < b; r0 += R) {
@@ -259,45 +260,41 @@ class PrefixClipBlock : public torch::autograd::Function<PrefixClipBlock> {
     const bool fast = state->fused();
     const auto t = prefix_terms(*state, w, lse_row, lse_col, get("inv_n_row"), get("inv_n_col"), N);
     auto T = fast ? torch::Tensor() : torch::empty({R, N}, opt);  // the general form's logits
-    // Row panels of RY rows. In each, the narrower prefixes' products are
-    // recomputed as the forward built them, from the narrowest, each the
-    // previous one plus its slice's product (sum_(p<P-1) of the slices' widths
-    // = m_(P-1) columns of GEMM, not sum_(p<P) m_p), into P - 1 panels; then
-    // the prefixes from the widest, the buffer's rows accumulating H_(>=p)
-    // (engine/prefix_block.h), and after prefix p the two GEMMs of slice p on
-    // those rows while they are fresh in the cache (dk's accumulated over the
-    // panels).
-    const int64_t RY = P > 1 ? prefix_recompute_rows(R, b, P) : std::max<int64_t>(b, 1);
+    // Row panels of RY <= R rows. In each, the narrower prefixes' products
+    // are recomputed as the forward built them, from the narrowest, each the
+    // previous one plus its slice's product (m_(P-1) columns of GEMM, not
+    // sum_(p<P) m_p), into P - 1 panels; then the prefixes from the widest,
+    // the buffer's rows accumulating H_(>=p) (engine/prefix_block.h). Slice
+    // p's two GEMMs come right after prefix p: they need the rows at
+    // H_(>=p), which the next narrower prefix's pass adds to (dk's
+    // accumulated over the panels).
+    const int64_t RY = prefix_recompute_rows(R, b, P);
     auto Y = P > 1 ? torch::empty({P - 1, RY, N}, opt) : torch::Tensor();
     if (b == 0) dk.zero_();
-    for (int64_t y0 = 0; y0 < b; y0 += RY) {
-      const int64_t ny = std::min(RY, b - y0);
-      auto Hy = X.narrow(0, y0, ny);
-      const auto qy = q.narrow(0, y0, ny);
+    for (int64_t r0 = 0; r0 < b; r0 += RY) {
+      const int64_t n = std::min(RY, b - r0);
+      auto Hg = X.narrow(0, r0, n);
+      const auto qg = q.narrow(0, r0, n);
       for (int64_t p = 0; p + 1 < P; ++p) {
         const int64_t m = state->dims[p], lo = p > 0 ? state->dims[p - 1] : 0;
-        auto Yp = Y[p].narrow(0, 0, ny);
-        if (p > 0) Yp.copy_(Y[p - 1].narrow(0, 0, ny));
-        gemm_into_(Yp, qy.narrow(1, lo, m - lo), k_all.narrow(1, lo, m - lo).t(), /*first=*/p == 0);
+        auto Yp = Y[p].narrow(0, 0, n);
+        if (p > 0) Yp.copy_(Y[p - 1].narrow(0, 0, n));
+        gemm_into_(Yp, qg.narrow(1, lo, m - lo), k_all.narrow(1, lo, m - lo).t(), /*first=*/p == 0);
       }
       for (int64_t p = P - 1; p >= 0; --p) {
         const int64_t m = state->dims[p], lo = p > 0 ? state->dims[p - 1] : 0;
-        auto Yg = p == P - 1 ? Hy : Y[p].narrow(0, 0, ny);
+        auto Xg = p == P - 1 ? Hg : Y[p].narrow(0, 0, n);
         auto cg = col_gx[p];
-        for (int64_t r0 = y0; r0 < y0 + ny; r0 += R) {
-          const int64_t n = std::min(R, y0 + ny - r0);
-          auto Xg = Yg.narrow(0, r0 - y0, n), Hg = X.narrow(0, r0, n);
-          auto a = aq[p].narrow(0, r0, n);
-          const auto sums = fast ? bounded_panel(*state, w, Xg, Hg, a, ik[p], c, t.fa[p].narrow(0, r0, n), t.fb[p],
-                                                 t.k[p], p < P - 1, cg, r0)
-                                 : general_panel(*state, t.rt[p], w, Xg, Hg, T.narrow(0, 0, n), a, ik[p], c, t.k[p],
-                                                 p < P - 1, cg, r0);
-          diq[p].narrow(0, r0, n).copy_(sums.gx * (t.k[p] * scale));
-          ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * t.k[p]);
-          dbias.add_(sums.g.sum() * t.k[p]);
-        }
-        gemm_out(dq.narrow(0, y0, ny).narrow(1, lo, m - lo), Hy, k_all.narrow(1, lo, m - lo));
-        gemm_into_(dk.narrow(1, lo, m - lo), Hy.t(), qy.narrow(1, lo, m - lo), /*first=*/y0 == 0);
+        auto a = aq[p].narrow(0, r0, n);
+        const auto sums = fast ? bounded_panel(*state, w, Xg, Hg, a, ik[p], c, t.fa[p].narrow(0, r0, n), t.fb[p],
+                                               t.k[p], p < P - 1, cg, r0)
+                               : general_panel(*state, t.rt[p], w, Xg, Hg, T.narrow(0, 0, n), a, ik[p], c, t.k[p],
+                                               p < P - 1, cg, r0);
+        diq[p].narrow(0, r0, n).copy_(sums.gx * (t.k[p] * scale));
+        ds.add_((sums.gx * iq[p].narrow(0, r0, n)).sum() * t.k[p]);
+        dbias.add_(sums.g.sum() * t.k[p]);
+        gemm_out(dq.narrow(0, r0, n).narrow(1, lo, m - lo), Hg, k_all.narrow(1, lo, m - lo));
+        gemm_into_(dk.narrow(1, lo, m - lo), Hg.t(), qg.narrow(1, lo, m - lo), /*first=*/r0 == 0);
       }
     }
     auto dik = col_gx * torch::stack(t.k).unsqueeze(1);  // [P, N]

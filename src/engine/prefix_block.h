@@ -78,10 +78,10 @@ int64_t prefix_panel_rows(c10::DeviceType device, c10::ScalarType dtype, int64_t
 /// Rows of the backward's row panels (each of the P - 1 recomputed narrower
 /// prefixes holds one), given the logits panel's `R` and the prefixes' count
 /// P: R, at most b (256 at b = 4,096), and fewer beyond four prefixes, so
-/// that the P - 1 panels hold at most 3 R rows together. The slices' GEMMs over panels of 256 and of 1,024 rows took
-/// about the same time on the CPU measured (torch.mm over the slices of
-/// 64/128/256/768 at B = 4,096, 2 threads: 150.6 and 150.3 ms for dq, 165.0
-/// and 157.8 for dk).
+/// that the P - 1 panels hold at most 3 R rows together. The slices' GEMMs
+/// over panels of 256 and of 1,024 rows took about the same time on the CPU
+/// measured (torch.mm over the slices of 64/128/256/768 at B = 4,096, 2
+/// threads: 150.6 and 150.3 ms for dq, 165.0 and 157.8 for dk).
 int64_t prefix_recompute_rows(int64_t R, int64_t b, int64_t P);
 
 /// sum_p w_p clip_block_loss(q[:, :m_p] / ||.||, k_all[:, :m_p] / ||.||, ...)
