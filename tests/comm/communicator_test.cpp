@@ -23,6 +23,7 @@
 
 #include "contrax/comm/communicator.h"
 #include "contrax/comm/detail/c10d.h"
+#include "contrax/launch/launcher.h"
 #include "comm/sigpipe.h"
 #include "support/errors.h"
 #include "support/ranks.h"
@@ -300,7 +301,7 @@ INSTANTIATE_TEST_SUITE_P(Worlds, CommunicatorWorld, ::testing::Values(1, 2, 3, 4
 TEST(Communicator, RendezvousOverTcp) {
   // The torchrun path: a TCP store on the rank-0 host (threads stand in for
   // processes; the launcher test covers real processes).
-  const int64_t port = 29000 + (::getpid() % 2000);
+  const int64_t port = contrax::find_free_port();
   std::vector<std::thread> ts;
   std::vector<double> got(2, -1);
   for (int64_t r = 0; r < 2; ++r) {
@@ -326,9 +327,6 @@ using Ms = std::chrono::milliseconds;
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
-
-// A port per test and process, away from the ones other tests pick.
-int64_t test_port(int64_t k) { return 31000 + (::getpid() * 7 + k * 131) % 4000; }
 
 // "ADDR:PORT" of every listening TCP socket on `port`, from /proc/net/tcp{,6}.
 std::vector<std::string> listeners(int64_t port) {
@@ -372,7 +370,7 @@ std::future<std::string> tcp_rank(int64_t rank, int64_t world, int64_t port, Ms 
 TEST(Communicator, StoreListensOnLoopbackOnlyNotOnEveryInterface) {
   // Before: the TCPStore server listened on [::] and 0.0.0.0, reachable from
   // the network through the machine's address.
-  const int64_t port = test_port(1);
+  const int64_t port = contrax::find_free_port();
   std::promise<void> release;
   std::shared_future<void> go = release.get_future().share();
   auto r0 = tcp_rank(0, 2, port, Ms(20000), go);
@@ -394,7 +392,7 @@ TEST(Communicator, MissingPeerOverTcpIsReportedOnceWithinTheTimeoutNamingIt) {
   // Before: rank 0 alone waited for the store's workers and then for Gloo:
   // twice the timeout, with no rank named.
   const auto start = std::chrono::steady_clock::now();
-  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(0).world_size(3).master_port(test_port(2)).timeout(
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(0).world_size(3).master_port(contrax::find_free_port()).timeout(
                            Ms(1500))),
                        "Communicator::create(): rank 0 of 3: rendezvous timed out after 1500 ms; ranks 1, 2 never "
                        "arrived (not started, failed before connecting, or given another MASTER_ADDR/MASTER_PORT)");
@@ -403,7 +401,7 @@ TEST(Communicator, MissingPeerOverTcpIsReportedOnceWithinTheTimeoutNamingIt) {
   EXPECT_LT(took, 2.9) << "must not wait twice the timeout";
   // A non-zero rank whose rank 0 never listens.
   const auto start1 = std::chrono::steady_clock::now();
-  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(1).world_size(2).master_port(test_port(3)).timeout(
+  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(1).world_size(2).master_port(contrax::find_free_port()).timeout(
                            Ms(1500))),
                        "Communicator::create(): rank 1 could not reach the rendezvous store of rank 0 at MASTER_ADDR "
                        "127.0.0.1:");
@@ -412,7 +410,7 @@ TEST(Communicator, MissingPeerOverTcpIsReportedOnceWithinTheTimeoutNamingIt) {
 
 TEST(Communicator, WorldSizeMismatchIsNamedQuickly) {
   // Before: Gloo's "address.cc:45 sizeof(impl_) == bytes.size(). 136 vs 272".
-  const int64_t port = test_port(4);
+  const int64_t port = contrax::find_free_port();
   std::promise<void> release;
   std::shared_future<void> go = release.get_future().share();
   release.set_value();
@@ -431,7 +429,7 @@ TEST(Communicator, WorldSizeMismatchIsNamedQuickly) {
 }
 
 TEST(Communicator, DuplicateRankIsNamed) {
-  const int64_t port = test_port(5);
+  const int64_t port = contrax::find_free_port();
   std::promise<void> release;
   std::shared_future<void> go = release.get_future().share();
   release.set_value();
@@ -447,7 +445,7 @@ TEST(Communicator, DuplicateRankIsNamed) {
 }
 
 TEST(Communicator, SecondRankZeroIsToldThePortIsInUse) {
-  const int64_t port = test_port(8);
+  const int64_t port = contrax::find_free_port();
   std::promise<void> release;
   std::shared_future<void> go = release.get_future().share();
   auto first = tcp_rank(0, 2, port, Ms(4000), go);  // waits for a rank 1 that never comes
@@ -465,13 +463,13 @@ TEST(Communicator, UnresolvableOrForeignMasterAddrIsNamedAtOnce) {
   // Before: an unresolvable MASTER_ADDR waited out the whole timeout.
   const auto start = std::chrono::steady_clock::now();
   CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(1).world_size(2).master_addr(
-                           "no-such-host.invalid").master_port(test_port(6)).timeout(Ms(20000))),
+                           "no-such-host.invalid").master_port(contrax::find_free_port()).timeout(Ms(20000))),
                        "Communicator::create(): rank 1 cannot resolve MASTER_ADDR 'no-such-host.invalid': ");
   EXPECT_LT(seconds_since(start), 10.0);
   // 192.0.2.1 (TEST-NET-1) is no address of this machine: rank 0 cannot host
   // the store there. Nothing is sent; the bind fails locally.
   CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().rank(0).world_size(2).master_addr("192.0.2.1")
-                                                .master_port(test_port(7)).timeout(Ms(20000))),
+                                                .master_port(contrax::find_free_port()).timeout(Ms(20000))),
                        "rank 0 cannot listen on MASTER_ADDR 192.0.2.1 (192.0.2.1): it is not an address of this machine");
 }
 

@@ -30,8 +30,6 @@ using Ms = std::chrono::milliseconds;
 
 namespace {
 
-int64_t port_for(int64_t k) { return 35000 + (::getpid() * 11 + k * 173) % 4000; }
-
 // Rank `rank` of 2 over TCP on a thread: "" and the all-reduce's sum (3)
 // when the job came up, else its error.
 std::future<std::string> rank_of(int64_t rank, int64_t port, const std::string& secret, Ms timeout,
@@ -93,7 +91,7 @@ std::string attack(c10d::TCPStore& s) {
 
 TEST(JobSecret, WithoutOneAStrangerStopsJoinsAndReadsAJob) {
   // c10d's own behaviour, which the secret exists to change.
-  const int64_t port = port_for(1);
+  const int64_t port = contrax::find_free_port();
   auto r0 = rank_of(0, port, "", Ms(4000));
   auto s = stranger(port);
   std::this_thread::sleep_for(Ms(300));  // rank 0 has announced itself
@@ -108,7 +106,7 @@ TEST(JobSecret, WithoutOneAStrangerStopsJoinsAndReadsAJob) {
 }
 
 TEST(JobSecret, WithOneAStrangerCanNeitherStopNorJoinNorReadIt) {
-  const int64_t port = port_for(2);
+  const int64_t port = contrax::find_free_port();
   const std::string secret = "a secret only this job's ranks know";
   auto r0 = rank_of(0, port, secret, Ms(20000));
   auto s = stranger(port);
@@ -121,7 +119,7 @@ TEST(JobSecret, WithOneAStrangerCanNeitherStopNorJoinNorReadIt) {
 }
 
 TEST(JobSecret, ARankOfAnotherJobIsToldSoWithinSeconds) {
-  const int64_t port = port_for(3);
+  const int64_t port = contrax::find_free_port();
   const auto start = std::chrono::steady_clock::now();
   auto r0 = rank_of(0, port, "job A", Ms(8000));
   std::this_thread::sleep_for(Ms(200));
@@ -151,7 +149,7 @@ TEST(JobSecret, TheStoreWarnsWhenItListensBeyondLoopback) {
   for (const std::string secret : {"", "s"}) {
     std::vector<std::string> seen;
     std::mutex m;
-    const int64_t port = port_for(secret.empty() ? 4 : 5);
+    const int64_t port = contrax::find_free_port("0.0.0.0");
     auto rank = [&](int64_t r) {
       return std::async(std::launch::async, [&, r] {
         Capture capture;
