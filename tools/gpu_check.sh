@@ -14,7 +14,7 @@
 #   1. no hidden host synchronisation in any loss (sync-debug mode "error"),
 #   2. `contrax verify` on CUDA in fp64, fp32, bf16 and fp16 against the fp64
 #      reference, and two ranks on the one GPU over Gloo,
-#   3. the CUDA cases of device_test, precision_test and grad_cache_test,
+#   3. device_test (its CUDA cases and its CPU ones), precision_test and grad_cache_test,
 #      and the engine's CUDA panel kernels (opt-in, CONTRAX_FUSED_KERNELS=1)
 #      against the ATen path (cuda_panels_test) and in `contrax verify` fp64,
 #   4. `contrax train --device cuda` stopped at step 50 and resumed, its curve
@@ -143,6 +143,9 @@ no_gpu() {  # no_gpu WHAT-WAS-BUILT
   exit 3
 }
 has_gpu() { [ "$gpus" -gt 0 ] 2>/dev/null; }
+# The filter of the cases of tests/LAYER/NAME.cpp in its layer's program
+# (tests/CMakeLists.txt writes them at configure time), as one argument.
+file_cases() { awk -v n="$2" '$1 == n { print "--gtest_filter=" $2 }' "$BUILD/tests/test_filters/$1.txt"; }
 
 # compute-sanitizer: the bundle's (unpacked into the report folder), PyPI's
 # where installed in the interpreter's environment, or the PATH's; empty when
@@ -174,12 +177,13 @@ quick_checks() {
   done
   step "contrax verify, CUDA, two ranks on one GPU over Gloo, fp64" \
     "$BUILD/contrax" verify --device cuda --backend gloo --nproc 2 --dtype fp64
-  step "device_test (the CUDA cases)" "$BUILD/tests/device_test" --gtest_filter='*cuda*:*Cuda*:*CUDA*'
-  step "precision_test" "$BUILD/tests/precision_test"
-  step "grad_cache_test" "$BUILD/tests/grad_cache_test"
+  step "device_test (its CPU and CUDA cases)" "$BUILD/tests/check_tests" "$(file_cases check device_test)"
+  step "precision_test" "$BUILD/tests/check_tests" "$(file_cases check precision_test)"
+  step "grad_cache_test" "$BUILD/tests/parallel_tests" "$(file_cases parallel grad_cache_test)"
   # The fused kernels' exactness: each of these steps must pass for the verdict.
   local before=$failures exact=1
-  step "the CUDA panel kernels against the ATen path (cuda_panels_test)" "$BUILD/tests/cuda_panels_test"
+  step "the CUDA panel kernels against the ATen path (cuda_panels_test)" \
+    "$BUILD/tests/losses_tests" "$(file_cases losses cuda_panels_test)"
   step "contrax verify, CUDA, one process, fp64, with the CUDA panel kernels (CONTRAX_FUSED_KERNELS=1)" \
     env CONTRAX_FUSED_KERNELS=1 "$BUILD/contrax" verify --device cuda --nproc 1 --dtype fp64
   local san
@@ -187,7 +191,8 @@ quick_checks() {
   if [ -n "$san" ]; then
     for tool in memcheck racecheck synccheck; do
       step "compute-sanitizer --tool $tool on the CUDA panel kernels (cuda_panels_test)" \
-        "$san" --tool "$tool" --error-exitcode 1 --target-processes all "$BUILD/tests/cuda_panels_test"
+        "$san" --tool "$tool" --error-exitcode 1 --target-processes all "$BUILD/tests/losses_tests" \
+        "$(file_cases losses cuda_panels_test)"
     done
   else
     exact=0
@@ -231,7 +236,7 @@ if [ $QUICK = 1 ]; then
   if [ -z "${CONTRAX_GPU_CHECK_BUILD:-}" ]; then
     step "build against $PY's torch, every core (tools/setup.sh, CONTRAX_TORCH=python, the offline bundle where apt cannot reach a mirror)" \
       env CONTRAX_TORCH=python CONTRAX_PYTHON="$PY" CONTRAX_BUILD_DIR="$BUILD" CONTRAX_BUNDLE="$BUNDLE" \
-      CONTRAX_TARGETS="contrax_cli contrax_python device_test precision_test grad_cache_test cuda_panels_test" bash tools/setup.sh
+      CONTRAX_TARGETS="contrax_cli contrax_python check_tests parallel_tests losses_tests" bash tools/setup.sh
   fi
   quick_checks
   say "report: $REPORT ($failures failed step(s))"

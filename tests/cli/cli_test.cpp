@@ -38,8 +38,6 @@ namespace fs = std::filesystem;
 using namespace contrax::testing;  // run_cli and its kin, read_file, scratch_dir, kTinyTrain
 using Json = nlohmann::json;
 
-const std::string kTiny = kTinyTrain;
-
 }  // namespace
 
 TEST(Cli, HelpOnEverySubcommandExitsZeroQuicklyAndStartsNothing) {
@@ -96,8 +94,9 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
       {"train --recipe byol", "flag '--recipe' must be simclr, moco-v3 or retrieval, but got 'byol'"},
       {"train --batch-size 0", "flag '--batch-size' must be >= 1, but got 0"},
       {"train --batch-size 9223372036854775807", "flag '--batch-size' must be <= 1048576, but got 9223372036854775807"},
-      {"train --batch-size 9223372036854775808", "flag '--batch-size' must be an integer in [1, 1048576], but got "
-                                                 "'9223372036854775808'"},
+      {"train --batch-size 9223372036854775808",
+       "flag '--batch-size' must be an integer in [1, 1048576], but got "
+       "'9223372036854775808'"},
       {"train --epochs 9223372036854775807", "flag '--epochs' must be <= 1048576"},
       {"train --max-steps 0", "flag '--max-steps' must be -1 (none) or >= 1, but got 0"},
       {"train --chunk-size -1", "flag '--chunk-size' must be >= 0, but got -1"},
@@ -113,8 +112,8 @@ TEST(Cli, BadValuesExitTwoNamingTheFlag) {
       // Issue 29, item 5: a temperature whose logits overflow the computation
       // dtype is refused naming the bound (1e-30 was accepted and the run
       // stopped at step 1 with a hint to lower --lr).
-      {kTiny + " --temperature 1e-30", "flag '--temperature' must be >= 1e-08 with --dtype float"},
-      {kTiny + " --dtype double --temperature 1e-80", "flag '--temperature' must be >= 1e-76 with --dtype double"},
+      {kTinyTrain + " --temperature 1e-30", "flag '--temperature' must be >= 1e-08 with --dtype float"},
+      {kTinyTrain + " --dtype double --temperature 1e-80", "flag '--temperature' must be >= 1e-76 with --dtype double"},
       {"train retrieval --nproc 1 --temperature 1e-9", "flag '--temperature' must be >= 1e-08 with --dtype float"},
       {"train --timeout 9223372036854775807", "flag '--timeout' must be <= 86400"},
       {"train --timeout 0", "flag '--timeout' must be >= 1, but got 0"},
@@ -252,7 +251,7 @@ TEST(Cli, VerifyRefusesAReferenceThatDoesNotFit) {
 
 TEST(Cli, PlotDrawsCurvesAndSaysWhatIsMissing) {
   const std::string d = scratch_dir("plot") + "/run";
-  ASSERT_EQ(run_cli(kTiny + " --run-dir " + d).status, 0);
+  ASSERT_EQ(run_cli(kTinyTrain + " --run-dir " + d).status, 0);
   auto r = run_cli("plot " + d);
   ASSERT_EQ(r.status, 0) << r.out;
   const std::string png = read_file(d + "/curves.png");

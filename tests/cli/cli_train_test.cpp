@@ -38,13 +38,12 @@
 namespace {
 
 namespace fs = std::filesystem;
+using contrax::testing::kTinyTrain;
 using contrax::testing::read_file;
-using contrax::testing::run_shell;
 using contrax::testing::run_cli;
 using contrax::testing::run_cli_stdout;
+using contrax::testing::run_shell;
 using Json = nlohmann::json;
-
-const std::string kTiny = contrax::testing::kTinyTrain;
 
 std::string temp_dir(const std::string& name) { return contrax::testing::scratch_dir(name); }
 
@@ -249,7 +248,7 @@ TEST(Cli, RecipesAreWordsAfterTrainAndRecipeIsTheirAlias) {
 
 TEST(Cli, SecondTrainIntoARunDirIsRefusedAndTheRunStaysByteIdentical) {
   const std::string d = temp_dir("refuse") + "/run";
-  auto first = run_cli(kTiny + " --run-dir " + d);
+  auto first = run_cli(kTinyTrain + " --run-dir " + d);
   ASSERT_EQ(first.status, 0) << first.out;
   for (const char* f : {"checkpoint.pt", "metrics.jsonl", "config.json", "train.log", "results.json"}) {
     EXPECT_TRUE(fs::exists(d + "/" + f)) << f;
@@ -257,33 +256,33 @@ TEST(Cli, SecondTrainIntoARunDirIsRefusedAndTheRunStaysByteIdentical) {
   // train.log holds what the console showed.
   EXPECT_NE(read_file(d + "/train.log").find("step 3/3"), std::string::npos) << read_file(d + "/train.log");
   const auto before = snapshot(d);
-  auto again = run_cli(kTiny + " --run-dir " + d);
+  auto again = run_cli(kTinyTrain + " --run-dir " + d);
   EXPECT_EQ(again.status, 2) << again.out;
   EXPECT_NE(again.out.find("run directory '" + d + "' already holds a run"), std::string::npos) << again.out;
   EXPECT_NE(again.out.find("--resume"), std::string::npos) << again.out;
   EXPECT_NE(again.out.find("--overwrite"), std::string::npos) << again.out;
   EXPECT_EQ(snapshot(d), before) << "a refused run changed the first run's files";
   // --resume without a checkpoint names the path and leaves no directory behind.
-  auto none = run_cli(kTiny + " --resume --run-dir " + d + "/missing");
+  auto none = run_cli(kTinyTrain + " --resume --run-dir " + d + "/missing");
   EXPECT_EQ(none.status, 2) << none.out;
   EXPECT_NE(none.out.find("no checkpoint " + d + "/missing/checkpoint.pt"), std::string::npos) << none.out;
   EXPECT_FALSE(fs::exists(d + "/missing"));
   // --overwrite replaces it.
-  auto over = run_cli(kTiny + " --overwrite --max-steps 2 --run-dir " + d);
+  auto over = run_cli(kTinyTrain + " --overwrite --max-steps 2 --run-dir " + d);
   ASSERT_EQ(over.status, 0) << over.out;
   EXPECT_EQ(parse_lines(d + "/metrics.jsonl").size(), 2u);
 }
 
 TEST(Cli, ResumeAutoStartsFreshThenReEvaluatesAFinishedRun) {
   const std::string d = temp_dir("auto") + "/run";
-  auto fresh = run_cli(kTiny + " --json --resume auto --run-dir " + d);
+  auto fresh = run_cli(kTinyTrain + " --json --resume auto --run-dir " + d);
   ASSERT_EQ(fresh.status, 0) << fresh.out;
   Json s = last_json_object(fresh.out);
   EXPECT_EQ(s["steps"], 3);
   EXPECT_EQ(s["steps_run"], 3);
   EXPECT_EQ(s["start_step"], 0);
   const auto ckpt = snapshot(d)["checkpoint.pt"];
-  auto again = run_cli(kTiny + " --json --resume auto --run-dir " + d);
+  auto again = run_cli(kTinyTrain + " --json --resume auto --run-dir " + d);
   ASSERT_EQ(again.status, 0) << again.out;
   s = last_json_object(again.out);
   EXPECT_EQ(s["steps"], 3);
@@ -307,7 +306,7 @@ TEST(Cli, ASecondRunWhileTheFirstHoldsTheLockIsRefused) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
   ASSERT_EQ(::write(fd, "4242\n", 5), 5);
-  auto r = run_cli(kTiny + " --run-dir " + d);
+  auto r = run_cli(kTinyTrain + " --run-dir " + d);
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("run directory '" + d + "' is in use by another run (pid 4242)"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(d + "/metrics.jsonl"));
@@ -315,14 +314,14 @@ TEST(Cli, ASecondRunWhileTheFirstHoldsTheLockIsRefused) {
   // Released (the holder ended): the run goes ahead; a stale temporary of a
   // killed writer is removed at the start.
   { std::ofstream(d + "/checkpoint.pt.tmp.999999999") << "partial"; }
-  r = run_cli(kTiny + " --run-dir " + d);
+  r = run_cli(kTinyTrain + " --run-dir " + d);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_FALSE(fs::exists(d + "/checkpoint.pt.tmp.999999999"));
 }
 
 TEST(Cli, MetricsAndSummaryAreStrictJsonCountedFromOne) {
   const std::string d = temp_dir("json") + "/run";
-  auto r = run_cli_stdout(kTiny + " --train-limit 160 --json --run-dir " + d);  // 64 + 64 + 32: a short last batch
+  auto r = run_cli_stdout(kTinyTrain + " --train-limit 160 --json --run-dir " + d);  // 64 + 64 + 32: a short last batch
   ASSERT_EQ(r.status, 0) << r.out;
   Json s = Json::parse(r.out);  // stdout is the summary alone
   EXPECT_EQ(s["recipe"], "simclr");
@@ -388,11 +387,11 @@ TEST(Cli, ProgressIsOneLiveLineOnATerminalAndPlainLinesInAPipe) {
 
 TEST(Cli, DivergenceStopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
   const std::string d = temp_dir("diverge") + "/run";
-  auto half = run_cli(kTiny + " --max-steps 6 --stop-at-step 2 --run-dir " + d);
+  auto half = run_cli(kTinyTrain + " --max-steps 6 --stop-at-step 2 --run-dir " + d);
   ASSERT_EQ(half.status, 0) << half.out;
   const auto good = snapshot(d)["checkpoint.pt"];
   ASSERT_FALSE(good.empty());
-  auto bad = run_cli(kTiny + " --max-steps 6 --lr 1e30 --temperature 0.001 --resume --run-dir " + d);
+  auto bad = run_cli(kTinyTrain + " --max-steps 6 --lr 1e30 --temperature 0.001 --resume --run-dir " + d);
   EXPECT_EQ(bad.status, 1) << bad.out;
   EXPECT_NE(bad.out.find("training diverged at step "), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("is not finite"), std::string::npos) << bad.out;
@@ -412,7 +411,7 @@ TEST(Cli, DivergenceStopsNamingTheStepAndKeepsTheLastGoodCheckpoint) {
 
 TEST(Cli, SkippedNonFiniteStepsGiveStrictJsonWithNullAndAFlag) {
   const std::string d = temp_dir("lr1e30") + "/run";
-  auto r = run_cli_stdout(kTiny + " --max-steps 4 --lr 1e30 --skip-nonfinite 10 --json --run-dir " + d);
+  auto r = run_cli_stdout(kTinyTrain + " --max-steps 4 --lr 1e30 --skip-nonfinite 10 --json --run-dir " + d);
   ASSERT_EQ(r.status, 0) << r.out;
   Json s = Json::parse(r.out);
   EXPECT_GE(s["skipped_steps"].get<int64_t>(), 1);
@@ -433,9 +432,9 @@ TEST(Cli, AFailedMetricsWriteStopsTheRunWithTheCause) {
   // RLIMIT_FSIZE of 8 KiB (SIGXFSZ ignored, so writes fail with EFBIG): the
   // metrics file outgrows it after a few dozen steps, long before the end.
   const std::string d = temp_dir("fsize") + "/run";
-  const std::string cmd = "bash -c \"trap '' XFSZ; ulimit -f 8; exec " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
-                          " --log-every 0 --train-limit 64 --max-steps 400 --checkpoint-every 0 --run-dir " + d +
-                          "\" 2>&1";
+  const std::string cmd =
+      "bash -c \"trap '' XFSZ; ulimit -f 8; exec " + std::string(CONTRAX_CLI_PATH) + " " + kTinyTrain +
+      " --log-every 0 --train-limit 64 --max-steps 400 --checkpoint-every 0 --run-dir " + d + "\" 2>&1";
   const auto r = contrax::testing::run_shell(cmd);
   const std::string& out = r.out;
   ASSERT_NE(r.status, -1) << out;  // exited, not killed by a signal
@@ -524,7 +523,7 @@ TEST(Cli, MaxRestartsResumesAWorkerThatFailedOnceAndTheCurveEqualsAnUninterrupte
 
 TEST(Cli, FaultInjectionVariableIsCheckedAndSkippedAfterARestart) {
   const std::string d = temp_dir("fault") + "/run";
-  auto bad = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2:x " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
+  auto bad = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2:x " + std::string(CONTRAX_CLI_PATH) + " " + kTinyTrain +
                        " --run-dir " + d + " 2>&1");
   EXPECT_EQ(bad.status, 1) << bad.out;
   EXPECT_NE(bad.out.find("environment variable 'CONTRAX_FAULT_EXIT_AT_STEP' must be <step>[:<rank>] with step >= 1 "
@@ -532,15 +531,16 @@ TEST(Cli, FaultInjectionVariableIsCheckedAndSkippedAfterARestart) {
             std::string::npos)
       << bad.out;
   // Rank 0 by default; not in a restarted attempt.
-  auto once = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 " + std::string(CONTRAX_CLI_PATH) + " " + kTiny +
+  auto once = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 " + std::string(CONTRAX_CLI_PATH) + " " + kTinyTrain +
                         " --overwrite --run-dir " + d + " 2>&1");
   EXPECT_EQ(once.status, 1) << once.out;
   EXPECT_NE(once.out.find("rank 0 failed before step 2"), std::string::npos) << once.out;
   // A worker of a restarted attempt (as the launcher starts one: its
   // environment; `contrax train` itself runs even one process under its own
   // launcher, which numbers the attempts).
-  auto restarted = run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 TORCHELASTIC_RESTART_COUNT=1 WORLD_SIZE=1 RANK=0 " +
-                             std::string(CONTRAX_CLI_PATH) + " " + kTiny + " --overwrite --run-dir " + d + " 2>&1");
+  auto restarted =
+      run_shell("CONTRAX_FAULT_EXIT_AT_STEP=2 TORCHELASTIC_RESTART_COUNT=1 WORLD_SIZE=1 RANK=0 " +
+                std::string(CONTRAX_CLI_PATH) + " " + kTinyTrain + " --overwrite --run-dir " + d + " 2>&1");
   EXPECT_EQ(restarted.status, 0) << restarted.out;
 }
 
@@ -556,11 +556,11 @@ TEST(Cli, TrainOnCudaRunsThereOrSaysWhyNot) {
             std::string::npos)
       << retrieval.out;
   if (torch::cuda::is_available()) {
-    auto r = run_cli(kTiny + std::string(" --device cuda --run-dir ") + d);
+    auto r = run_cli(kTinyTrain + std::string(" --device cuda --run-dir ") + d);
     ASSERT_EQ(r.status, 0) << r.out;
     EXPECT_EQ(Json::parse(read_file(d + "/config.json"))["settings"]["device"], "cuda");
     const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
-    auto many = run_cli(kTiny + std::string(" --device cuda --overwrite --run-dir ") + d + " --nproc " +
+    auto many = run_cli(kTinyTrain + std::string(" --device cuda --overwrite --run-dir ") + d + " --nproc " +
                         std::to_string(gpus + 1));
     EXPECT_EQ(many.status, 2) << many.out;
     EXPECT_NE(many.out.find("flag '--device' is 'cuda' (each process on its own GPU, NCCL between them), which "
@@ -569,7 +569,7 @@ TEST(Cli, TrainOnCudaRunsThereOrSaysWhyNot) {
         << many.out;
     return;
   }
-  auto r = run_cli(kTiny + std::string(" --device cuda --run-dir ") + d);
+  auto r = run_cli(kTinyTrain + std::string(" --device cuda --run-dir ") + d);
   EXPECT_EQ(r.status, 2) << r.out;
   const std::string why =
       at::Context::hasCUDART() ? "no CUDA device is visible" : "this LibTorch was built without CUDA";

@@ -42,15 +42,14 @@
 namespace fs = std::filesystem;
 namespace ct = contrax::train;
 using Clock = std::chrono::steady_clock;
+using contrax::testing::kCli;
+using contrax::testing::kFastTrain;
 using contrax::testing::read_file;
 
 namespace {
 
-const std::string kCli = CONTRAX_CLI_PATH;
 const char* kData = "/usr/share/datasets/fashion-mnist";
 // Small and quick: 8 steps of 64 on 512 examples, one thread per process.
-const std::string kFast =
-    "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --log-every 1 --threads 1";
 
 bool have_data() { return fs::exists(std::string(kData) + "/train-images-idx3-ubyte.gz"); }
 
@@ -59,9 +58,9 @@ bool have_data() { return fs::exists(std::string(kData) + "/train-images-idx3-ub
 
 // tests/support's temporary directory, with tmpfs mounts inside it that are
 // unmounted before it is removed.
-struct TempDir : contrax::testing::TempDir {
-  TempDir() : contrax::testing::TempDir("contrax_fault") {}
-  ~TempDir() {
+struct MountDir : contrax::testing::TempDir {
+  MountDir() : contrax::testing::TempDir("contrax_fault") {}
+  ~MountDir() {
     for (const auto& m : mounts) std::system(("umount -l '" + m + "' 2>/dev/null").c_str());
   }
   // A tmpfs of `bytes` at `sub`; false when mounting is not permitted here.
@@ -78,7 +77,7 @@ struct TempDir : contrax::testing::TempDir {
   std::vector<std::string> mounts;
 };
 
-struct Proc {
+struct Job {
   pid_t pid = -1;
   std::string out_path;
   Clock::time_point start;
@@ -86,8 +85,8 @@ struct Proc {
 
 // Starts `sh -c "exec ENV contrax ARGS"` with stdout+stderr to a file, in its
 // own process group (so a test can stop it and everything it started).
-Proc spawn(const std::string& env_and_args, const std::string& out_path) {
-  Proc p;
+Job start_job(const std::string& env_and_args, const std::string& out_path) {
+  Job p;
   p.out_path = out_path;
   p.start = Clock::now();
   std::fflush(nullptr);
@@ -108,7 +107,7 @@ struct Done {
   std::string output;
 };
 
-Done wait_for(const Proc& p, std::chrono::seconds limit = std::chrono::seconds(240)) {
+Done wait_job(const Job& p, std::chrono::seconds limit = std::chrono::seconds(240)) {
   Done d;
   int st = 0;
   const auto deadline = Clock::now() + limit;
@@ -132,10 +131,10 @@ Done wait_for(const Proc& p, std::chrono::seconds limit = std::chrono::seconds(2
 
 Done run(const std::string& env_and_args, const std::string& dir, std::chrono::seconds limit = std::chrono::seconds(240)) {
   static int n = 0;
-  return wait_for(spawn(env_and_args, dir + "/out" + std::to_string(n++) + ".txt"), limit);
+  return wait_job(start_job(env_and_args, dir + "/out" + std::to_string(n++) + ".txt"), limit);
 }
 
-std::string cli(const std::string& args) { return kCli + " " + args; }
+std::string tool(const std::string& args) { return kCli + " " + args; }
 
 int64_t file_size(const std::string& p) {
   struct stat st {};
@@ -179,10 +178,10 @@ int rank_of(pid_t pid) {
 // the ephemeral range can be any connection's local port at that moment).
 int free_port() { return static_cast<int>(contrax::find_free_port()); }
 
-// `contrax train` with kFast, ARGS and --run-dir RD, which must succeed: the
+// `contrax train` with kFastTrain, ARGS and --run-dir RD, which must succeed: the
 // run a fault test builds on.
 ::testing::AssertionResult trains(const std::string& dir, const std::string& args, const std::string& rd) {
-  auto d = run(cli("train " + kFast + " " + args + " --run-dir " + rd), dir);
+  auto d = run(tool("train " + kFastTrain + " " + args + " --run-dir " + rd), dir);
   if (d.exited && d.status == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << d.output;
 }
@@ -194,7 +193,7 @@ void report(const std::string& what, const Done& d) {
 
 // A run directory below a regular file (mkdir fails with ENOTDIR), and the
 // run that `d` refused it in, naming it and the cause.
-std::string unwritable_run_dir(const TempDir& t) {
+std::string unwritable_run_dir(const MountDir& t) {
   std::ofstream(t.path + "/file") << "not a directory";
   return t.path + "/file/run";
 }
@@ -208,14 +207,15 @@ void expect_unwritable(const Done& d, const std::string& rd) {
 // Item 1: `--resume` with another --dtype (before: heap corruption, SIGSEGV on rank 1).
 TEST(Fault, ResumeWithAnotherDtypeIsRefusedAndTheCheckpointKept) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const std::string rd = t.path + "/run";
   ASSERT_TRUE(trains(t.path, "--nproc 2 --max-steps 4 --stop-at-step 2", rd));
   ASSERT_EQ(checkpoint_step(rd), 2);
   const auto before = file_size(ct::checkpoint_path(rd));
   for (const std::string dtype : {"double"}) {
-    auto d = run(cli("train " + kFast + " --nproc 2 --max-steps 4 --resume --dtype " + dtype + " --run-dir " + rd),
-                 t.path);
+    auto d =
+        run(tool("train " + kFastTrain + " --nproc 2 --max-steps 4 --resume --dtype " + dtype + " --run-dir " + rd),
+            t.path);
     report("resume float checkpoint with --dtype double", d);
     EXPECT_TRUE(d.exited) << "signal " << d.status << "\n" << d.output;
     EXPECT_EQ(d.status, 1) << d.output;
@@ -229,7 +229,7 @@ TEST(Fault, ResumeWithAnotherDtypeIsRefusedAndTheCheckpointKept) {
   // And the reverse direction.
   const std::string rd2 = t.path + "/run2";
   ASSERT_TRUE(trains(t.path, "--nproc 1 --max-steps 4 --stop-at-step 1 --dtype double", rd2));
-  auto d = run(cli("train " + kFast + " --nproc 1 --max-steps 4 --resume --run-dir " + rd2), t.path);
+  auto d = run(tool("train " + kFastTrain + " --nproc 1 --max-steps 4 --resume --run-dir " + rd2), t.path);
   report("resume double checkpoint with --dtype float", d);
   EXPECT_TRUE(d.exited && d.status == 1) << d.output;
   EXPECT_NE(d.output.find("was written with --dtype double; this run has --dtype float"), std::string::npos)
@@ -240,7 +240,7 @@ TEST(Fault, ResumeWithAnotherDtypeIsRefusedAndTheCheckpointKept) {
 // archive writer's destructor, a partial checkpoint.pt.tmp.PID left).
 TEST(Fault, FullDiskDuringCheckpointIsAClearErrorAndThePreviousOneStaysLoadable) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   // The size of one checkpoint of this model, measured on a normal disk.
   const std::string probe = t.path + "/probe";
   ASSERT_TRUE(trains(t.path, "--nproc 1 --max-steps 2", probe));
@@ -258,7 +258,8 @@ TEST(Fault, FullDiskDuringCheckpointIsAClearErrorAndThePreviousOneStaysLoadable)
     // fails with EFBIG instead of killing the process.
     env = "sh -c \"trap '' XFSZ; ulimit -f " + std::to_string(room / 512) + "; exec \\\"\\$0\\\" \\\"\\$@\\\"\" ";
   }
-  auto d = run(env + cli("train " + kFast + " --nproc 2 --max-steps 6 --checkpoint-every 2 --run-dir " + rd), t.path);
+  auto d =
+      run(env + tool("train " + kFastTrain + " --nproc 2 --max-steps 6 --checkpoint-every 2 --run-dir " + rd), t.path);
   report(std::string("checkpoint on a full disk (") + (tmpfs ? "tmpfs" : "RLIMIT_FSIZE") + ")", d);
   std::cout << "disk-full injection: " << (tmpfs ? "tmpfs of " + std::to_string(room) + " bytes" : "RLIMIT_FSIZE")
             << "\n";
@@ -281,13 +282,14 @@ TEST(Fault, FullDiskDuringCheckpointIsAClearErrorAndThePreviousOneStaysLoadable)
 // blamed rank 1 and lines interleaved mid-line.
 TEST(Fault, LauncherBlamesTheRankThatFailedFirst) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const std::string rd = unwritable_run_dir(t);  // mkdir fails on rank 0 only
   // Under an outside launcher rank 0 prepares the run directory, so it fails
   // for a reason of its own while rank 1 waits for it and then loses it.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    auto d = run(cli("launch --nproc 2 -- " + cli("train " + kFast + " --max-steps 4 --timeout 20 --run-dir " + rd)),
-                 t.path);
+    auto d =
+        run(tool("launch --nproc 2 -- " + tool("train " + kFastTrain + " --max-steps 4 --timeout 20 --run-dir " + rd)),
+            t.path);
     report("unwritable run directory on rank 0 (attempt " + std::to_string(attempt) + ")", d);
     expect_unwritable(d, rd);
     EXPECT_NE(d.output.find("rank 0 exited with status 1: "), std::string::npos) << d.output;
@@ -299,9 +301,9 @@ TEST(Fault, LauncherBlamesTheRankThatFailedFirst) {
 // before any worker starts.
 TEST(Fault, UnwritableRunDirectoryIsNamedBeforeAnyWorkerStarts) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const std::string rd = unwritable_run_dir(t);
-  auto d = run(cli("train " + kFast + " --nproc 2 --max-steps 4 --timeout 20 --run-dir " + rd), t.path);
+  auto d = run(tool("train " + kFastTrain + " --nproc 2 --max-steps 4 --timeout 20 --run-dir " + rd), t.path);
   report("unwritable run directory, train --nproc 2", d);
   expect_unwritable(d, rd);
   EXPECT_EQ(d.output.find("rank "), std::string::npos) << d.output;
@@ -310,11 +312,12 @@ TEST(Fault, UnwritableRunDirectoryIsNamedBeforeAnyWorkerStarts) {
 // Item 7: the rendezvous store listens on MASTER_ADDR (127.0.0.1) only.
 TEST(Fault, StoreOfASingleNodeRunListensOnLoopbackOnly) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const int port = free_port();
   const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
-  auto r0 = spawn(env + cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 30 --run-dir " + t.path + "/run"),
-                  t.path + "/r0.txt");
+  auto r0 = start_job(
+      env + tool("train " + kFastTrain + " --nproc 1 --max-steps 3 --timeout 30 --run-dir " + t.path + "/run"),
+      t.path + "/r0.txt");
   // Rank 1 not started yet: rank 0 waits in the rendezvous with its store up.
   std::string listening;
   for (int i = 0; i < 600 && listening.empty(); ++i) {
@@ -342,10 +345,11 @@ TEST(Fault, StoreOfASingleNodeRunListensOnLoopbackOnly) {
   }
   std::cout << "FAULT store listeners on port " << port << ": " << listening << "\nss -ltn:\n" << ss_out;
   EXPECT_EQ(listening, "/proc/net/tcp 0100007F;") << "the store must listen on 127.0.0.1 only";
-  auto r1 = spawn("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " +
-                      cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 30 --run-dir " + t.path + "/run"),
-                  t.path + "/r1.txt");
-  auto d0 = wait_for(r0), d1 = wait_for(r1);
+  auto r1 =
+      start_job("RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " +
+                    tool("train " + kFastTrain + " --nproc 1 --max-steps 3 --timeout 30 --run-dir " + t.path + "/run"),
+                t.path + "/r1.txt");
+  auto d0 = wait_job(r0), d1 = wait_job(r1);
   EXPECT_TRUE(d0.exited && d0.status == 0) << d0.output;
   EXPECT_TRUE(d1.exited && d1.status == 0) << d1.output;
 }
@@ -354,9 +358,9 @@ TEST(Fault, StoreOfASingleNodeRunListensOnLoopbackOnly) {
 // (before: after twice --timeout), naming it.
 TEST(Fault, MissingPeerIsReportedWithinTheTimeout) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " ";
-  auto d = run(env + cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 6 --run-dir " + t.path + "/run"),
+  auto d = run(env + tool("train " + kFastTrain + " --nproc 1 --max-steps 3 --timeout 6 --run-dir " + t.path + "/run"),
                t.path);
   report("rank 1 never starts, --timeout 6", d);
   EXPECT_TRUE(d.exited && d.status == 1) << d.output;
@@ -368,15 +372,17 @@ TEST(Fault, MissingPeerIsReportedWithinTheTimeout) {
 // Item 9: WORLD_SIZE 2 on one rank and 3 on the other.
 TEST(Fault, WorldSizeMismatchIsNamed) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const std::string port = std::to_string(free_port());
-  auto a = spawn("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
-                     cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 60 --run-dir " + t.path + "/run"),
-                 t.path + "/a.txt");
-  auto b = spawn("RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
-                     cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 60 --run-dir " + t.path + "/run"),
-                 t.path + "/b.txt");
-  auto da = wait_for(a), db = wait_for(b);
+  auto a =
+      start_job("RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
+                    tool("train " + kFastTrain + " --nproc 1 --max-steps 3 --timeout 60 --run-dir " + t.path + "/run"),
+                t.path + "/a.txt");
+  auto b =
+      start_job("RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " +
+                    tool("train " + kFastTrain + " --nproc 1 --max-steps 3 --timeout 60 --run-dir " + t.path + "/run"),
+                t.path + "/b.txt");
+  auto da = wait_job(a), db = wait_job(b);
   report("WORLD_SIZE 2 vs 3 (rank 0)", da);
   report("WORLD_SIZE 2 vs 3 (rank 1)", db);
   for (const auto& d : {da, db}) {
@@ -391,9 +397,9 @@ TEST(Fault, WorldSizeMismatchIsNamed) {
 // "resolve").
 TEST(Fault, UnresolvableMasterAddrIsNamedAtOnce) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   auto d = run("RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid MASTER_PORT=29999 " +
-                   cli("train " + kFast + " --nproc 1 --max-steps 3 --timeout 60 --run-dir " + t.path + "/run"),
+                   tool("train " + kFastTrain + " --nproc 1 --max-steps 3 --timeout 60 --run-dir " + t.path + "/run"),
                t.path);
   report("MASTER_ADDR no-such-host.invalid, --timeout 60", d);
   EXPECT_TRUE(d.exited && d.status == 1) << d.output;
@@ -407,10 +413,11 @@ TEST(Fault, UnresolvableMasterAddrIsNamedAtOnce) {
 // 60 s grace.
 TEST(Fault, StoppedPeerIsReportedWithinTimeoutPlusSeconds) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const std::string rd = t.path + "/run";
-  auto p = spawn(cli("train " + kFast + " --nproc 2 --max-steps 400 --checkpoint-every 2 --timeout 3 --run-dir " + rd),
-                 t.path + "/out.txt");
+  auto p = start_job(
+      tool("train " + kFastTrain + " --nproc 2 --max-steps 400 --checkpoint-every 2 --timeout 3 --run-dir " + rd),
+      t.path + "/out.txt");
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   while (contrax::testing::count_lines(rd + "/metrics.jsonl") < 4 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -422,7 +429,7 @@ TEST(Fault, StoppedPeerIsReportedWithinTimeoutPlusSeconds) {
   ASSERT_GT(victim, 0);
   const auto stopped_at = Clock::now();
   ::kill(victim, SIGSTOP);
-  auto d = wait_for(p);
+  auto d = wait_job(p);
   const double after_stop = std::chrono::duration<double>(Clock::now() - stopped_at).count();
   d.seconds = after_stop;
   report("rank 1 SIGSTOPped mid-run, --timeout 3 (seconds from the stop)", d);
@@ -444,18 +451,18 @@ TEST(Fault, StoppedPeerIsReportedWithinTimeoutPlusSeconds) {
 // MASTER_PORT from SLURM_JOB_ID).
 TEST(Fault, SlurmVariablesStartATwoProcessRun) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const int job = 100 + free_port() % 800;
-  std::vector<Proc> ps;
+  std::vector<Job> ps;
   for (int r = 0; r < 2; ++r) {
     const std::string env = "SLURM_NTASKS=2 SLURM_PROCID=" + std::to_string(r) + " SLURM_LOCALID=" +
                             std::to_string(r) + " SLURM_STEP_ID=0 SLURM_JOB_ID=" + std::to_string(job) +
                             " SLURM_JOB_NODELIST='localhost,other[01-02]' ";
-    ps.push_back(spawn("env -u WORLD_SIZE -u RANK -u MASTER_ADDR -u MASTER_PORT " + env +
-                           cli("train " + kFast + " --max-steps 2 --timeout 60 --run-dir " + t.path + "/run"),
-                       t.path + "/s" + std::to_string(r) + ".txt"));
+    ps.push_back(start_job("env -u WORLD_SIZE -u RANK -u MASTER_ADDR -u MASTER_PORT " + env +
+                               tool("train " + kFastTrain + " --max-steps 2 --timeout 60 --run-dir " + t.path + "/run"),
+                           t.path + "/s" + std::to_string(r) + ".txt"));
   }
-  auto d0 = wait_for(ps[0]), d1 = wait_for(ps[1]);
+  auto d0 = wait_job(ps[0]), d1 = wait_job(ps[1]);
   report("SLURM_* by hand, 2 tasks (rank 0)", d0);
   EXPECT_TRUE(d0.exited && d0.status == 0) << d0.output;
   EXPECT_TRUE(d1.exited && d1.status == 0) << d1.output;
@@ -466,13 +473,13 @@ TEST(Fault, SlurmVariablesStartATwoProcessRun) {
 // Item 11: partial temporaries of killed writers are removed when a run starts.
 TEST(Fault, StaleCheckpointTemporariesAreRemovedAtStart) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   const std::string rd = t.path + "/run";
   ASSERT_TRUE(trains(t.path, "--nproc 1 --max-steps 4 --stop-at-step 2", rd));
   // What a writer killed mid-write leaves (pid 999999999 does not run).
   std::ofstream(rd + "/checkpoint.pt.tmp.999999999") << "partial";
   std::ofstream(rd + "/metrics.jsonl.tmp.999999999") << "partial";
-  auto d = run(cli("train " + kFast + " --nproc 1 --max-steps 4 --resume --run-dir " + rd), t.path);
+  auto d = run(tool("train " + kFastTrain + " --nproc 1 --max-steps 4 --resume --run-dir " + rd), t.path);
   EXPECT_TRUE(d.exited && d.status == 0) << d.output;
   EXPECT_FALSE(has_temporaries(rd));
   EXPECT_EQ(checkpoint_step(rd), 4);
@@ -480,7 +487,7 @@ TEST(Fault, StaleCheckpointTemporariesAreRemovedAtStart) {
 
 TEST(Fault, MissingTestSplitIsFoundBeforeTraining) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   // A data directory with the train split only.
   const std::string data = t.path + "/data";
   fs::create_directories(data);
@@ -489,8 +496,8 @@ TEST(Fault, MissingTestSplitIsFoundBeforeTraining) {
   }
   const std::string rd = t.path + "/run";
   const auto t0 = Clock::now();
-  auto d = run(cli("train --train-limit 512 --batch-size 64 --max-steps 4 --no-verify --threads 1 --nproc 1 --data " +
-                   data + " --run-dir " + rd),
+  auto d = run(tool("train --train-limit 512 --batch-size 64 --max-steps 4 --no-verify --threads 1 --nproc 1 --data " +
+                    data + " --run-dir " + rd),
                t.path);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   report("missing test split", d);
@@ -526,10 +533,10 @@ struct BusyPort {
 
 // SIGTERM `delay` after the start of `env_and_args`; what came of it.
 Done terminate_after(const std::string& env_and_args, const std::string& out, double delay) {
-  Proc p = spawn(env_and_args, out);
+  Job p = start_job(env_and_args, out);
   std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   ::kill(p.pid, SIGTERM);
-  return wait_for(p, std::chrono::seconds(90));
+  return wait_job(p, std::chrono::seconds(90));
 }
 
 // The lines of `text` that are not empty.
@@ -564,14 +571,14 @@ bool ended_by_sigterm(const Done& d, const std::string& line) {
 // ends within 2 s of the signal, status 143, with one line saying why.
 TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   int k = 0;
   for (const double delay : {0.5, 1.0, 2.0, 5.0}) {
     const std::string tag = " (SIGTERM after " + std::to_string(delay).substr(0, 3) + " s)";
     const std::string run_dir = t.path + "/run" + std::to_string(++k);
     // The tool's own launcher: at 5 s it may be training, then it stops at a
     // step boundary with a checkpoint.
-    auto train = terminate_after(cli("train " + kFast + " --nproc 2 --max-steps 100000 --run-dir " + run_dir),
+    auto train = terminate_after(tool("train " + kFastTrain + " --nproc 2 --max-steps 100000 --run-dir " + run_dir),
                                  t.path + "/train" + std::to_string(k) + ".txt", delay);
     report("contrax train --nproc 2" + tag, train);
     EXPECT_LT(train.seconds - delay, 2.0) << train.output;
@@ -583,8 +590,9 @@ TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
     EXPECT_EQ(train.output.find("error"), std::string::npos) << train.output;
     // A rank started by hand (a scheduler, torchrun) whose peer never comes.
     const std::string env = "RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " ";
-    auto rank = terminate_after(env + cli("train " + kFast + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "h"),
-                                t.path + "/rank" + std::to_string(k) + ".txt", delay);
+    auto rank =
+        terminate_after(env + tool("train " + kFastTrain + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "h"),
+                        t.path + "/rank" + std::to_string(k) + ".txt", delay);
     report("a hand-started rank 1 without rank 0" + tag, rank);
     EXPECT_LT(rank.seconds - delay, 2.0) << rank.output;
     EXPECT_TRUE(!rank.exited && ended_by_sigterm(rank, "contrax train: rank 1: stopped by signal 15 (Terminated)"))
@@ -595,8 +603,8 @@ TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
     BusyPort busy;
     ASSERT_TRUE(busy.ok) << "cannot hold a port";
     const int port = busy.port;
-    auto launch = terminate_after(cli("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli +
-                                      " train " + kFast + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "l"),
+    auto launch = terminate_after(tool("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli +
+                                       " train " + kFastTrain + " --nproc 1 --max-steps 3 --run-dir " + run_dir + "l"),
                                   t.path + "/launch" + std::to_string(k) + ".txt", delay);
     report("contrax launch with MASTER_PORT in use" + tag, launch);
     EXPECT_LT(launch.seconds - delay, 2.0) << launch.output;
@@ -621,12 +629,12 @@ TEST(Fault, SigtermDuringStartUpEndsWithinTwoSeconds) {
 // rank 0 has said why (before: about 12 s, rank 1 waiting for the store).
 TEST(Fault, PortInUseEndsTheLaunchAtOnce) {
   REQUIRE_DATA();
-  TempDir t;
+  MountDir t;
   BusyPort busy;
   ASSERT_TRUE(busy.ok) << "cannot hold a port";
   const int port = busy.port;
-  auto d = run(cli("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli + " train " + kFast +
-                   " --nproc 1 --max-steps 3 --run-dir " + t.path + "/run"),
+  auto d = run(tool("launch --nproc 2 --master-port " + std::to_string(port) + " -- " + kCli + " train " + kFastTrain +
+                    " --nproc 1 --max-steps 3 --run-dir " + t.path + "/run"),
                t.path, std::chrono::seconds(90));
   report("contrax launch with MASTER_PORT in use, no signal", d);
   EXPECT_TRUE(d.exited && d.status == 1) << d.output;

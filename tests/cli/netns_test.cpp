@@ -41,10 +41,6 @@ using namespace contrax::testing;
 
 namespace {
 
-const std::string kCli = CONTRAX_CLI_PATH;
-const std::string kFast =
-    "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --log-every 1 --threads 1";
-
 bool sh(const std::string& cmd) { return std::system((cmd + " > /dev/null 2>&1").c_str()) == 0; }
 
 std::string slurp(const std::string& p) { return read_file(p); }
@@ -66,7 +62,7 @@ TEST(TwoNamespaces, LossCurveEqualsSingleNodeAndACutLinkStopsBothSides) {
   const int port = 29600 + ::getpid() % 300;
 
   // The reference: both ranks on one node (loopback).
-  const std::string args = kFast + " --dtype double --max-steps 5 --timeout 30";
+  const std::string args = kFastTrain + " --dtype double --max-steps 5 --timeout 30";
   auto single = spawn(kCli + " train " + args + " --nproc 2 --run-dir " + t.path + "/single", t.path + "/single.txt");
   ASSERT_EQ(wait_for(single, std::chrono::seconds(300)), 0) << slurp(t.path + "/single.txt");
 
@@ -84,7 +80,7 @@ TEST(TwoNamespaces, LossCurveEqualsSingleNodeAndACutLinkStopsBothSides) {
   std::cout << "\n";
 
   // Cut the link mid-run.
-  const std::string cut_args = kFast + " --max-steps 2000 --checkpoint-every 2 --timeout 3";
+  const std::string cut_args = kFastTrain + " --max-steps 2000 --checkpoint-every 2 --timeout 3";
   const std::string rd = t.path + "/cut";
   auto c0 = spawn(node_cmd(net, 0, port + 1, cut_args + " --run-dir " + rd), t.path + "/c0.txt");
   auto c1 = spawn(node_cmd(net, 1, port + 1, cut_args + " --run-dir " + t.path + "/cut1"), t.path + "/c1.txt");

@@ -21,14 +21,14 @@
 #include "support/cli.h"
 #include "support/processes.h"
 
+using contrax::testing::kCli;
+using contrax::testing::kFastTrain;
 using contrax::testing::read_file;
 
 namespace {
 
-const std::string kCli = CONTRAX_CLI_PATH;
 // Small and quick: one thread per process, no evaluation.
-const std::string kFast =
-    "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --no-plot --log-every 1 --threads 1";
+const std::string kFast = kFastTrain + " --no-plot";
 
 // The launcher's worker whose RANK is `rank` (from /proc), or -1.
 pid_t worker_of(pid_t launcher, int rank) {

@@ -26,11 +26,11 @@
 #include "support/processes.h"
 
 namespace fs = std::filesystem;
+using contrax::testing::kCli;
 using contrax::testing::read_file;
 
 namespace {
 
-const std::string kCli = CONTRAX_CLI_PATH;
 // Three steps, no evaluation; each case adds its --nproc and --threads.
 const std::string kRun =
     "train --train-limit 512 --batch-size 64 --max-steps 3 --warmup-steps 1 --no-eval --no-verify --no-plot";

@@ -29,8 +29,6 @@ using namespace contrax::testing;
 
 namespace {
 
-const std::string kCli = CONTRAX_CLI_PATH;
-
 std::string torchrun() { return std::string(CONTRAX_TEST_PYTHON) + " -m torch.distributed.run"; }
 
 // Why torchrun cannot run here ("" when it can).
@@ -57,7 +55,7 @@ std::string train_flags(const std::string& run_dir, const std::string& extra = "
          extra + " --run-dir " + run_dir;
 }
 
-int free_port() { return 29700 + ::getpid() % 250; }
+int torchrun_port() { return 29700 + ::getpid() % 250; }
 
 }  // namespace
 
@@ -103,7 +101,7 @@ TEST(Torchrun, TwoNodesWithTheC10dRendezvousEqualOneNode) {
   const auto want = losses_of(t.path + "/single/metrics.jsonl");
   ASSERT_EQ(want.size(), 12u);
 
-  const std::string endpoint = TwoNodes::address(0) + ":" + std::to_string(free_port());
+  const std::string endpoint = TwoNodes::address(0) + ":" + std::to_string(torchrun_port());
   std::vector<Proc> nodes;
   for (int k = 0; k < 2; ++k) {
     nodes.push_back(spawn("ip netns exec " + net.ns(k) + " " + torchrun() +

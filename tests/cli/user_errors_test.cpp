@@ -16,11 +16,10 @@
 #include "support/processes.h"
 
 namespace fs = std::filesystem;
+using contrax::testing::kTinyTrain;
 using contrax::testing::run_cli;
 
 namespace {
-
-const std::string kTiny = contrax::testing::kTinyTrain;
 
 void put_u32(std::string& s, uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) s.push_back(static_cast<char>((v >> shift) & 0xff));
@@ -115,9 +114,9 @@ TEST(UserErrors, AnEmptyTestSplitIsFoundBeforeTraining) {
 TEST(UserErrors, ACorruptCheckpointOrADirectoryInItsPlaceIsSaidPlainly) {
   CONTRAX_REQUIRE_FASHION_MNIST();
   const std::string d = run_dir("bad_checkpoint");
-  ASSERT_EQ(run_cli(kTiny + " --run-dir " + d).status, 0);
+  ASSERT_EQ(run_cli(kTinyTrain + " --run-dir " + d).status, 0);
   std::ofstream(d + "/checkpoint.pt", std::ios::trunc) << "garbage\n";
-  auto r = run_cli(kTiny + " --resume --run-dir " + d);
+  auto r = run_cli(kTinyTrain + " --resume --run-dir " + d);
   EXPECT_EQ(r.status, 1) << r.out;
   // The safetensors reader (since round five) says what is wrong with the
   // header, once, without repeating the path.
@@ -130,7 +129,7 @@ TEST(UserErrors, ACorruptCheckpointOrADirectoryInItsPlaceIsSaidPlainly) {
   EXPECT_EQ(r.out.find("If you are seeing this error"), std::string::npos) << r.out;
   fs::remove(d + "/checkpoint.pt");
   fs::create_directory(d + "/checkpoint.pt");
-  r = run_cli(kTiny + " --resume --run-dir " + d);
+  r = run_cli(kTinyTrain + " --resume --run-dir " + d);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("Checkpoint::load(): '" + d + "/checkpoint.pt' is a directory, not a checkpoint file"),
             std::string::npos)
@@ -147,7 +146,7 @@ TEST(UserErrors, AFailedFirstCheckpointDoesNotClaimAPreviousOne) {
   const std::string d = run_dir("first_write");
   std::string cmd = "trap '' XFSZ; ulimit -f 1024; exec ";
   cmd += CONTRAX_CLI_PATH;
-  cmd += " " + kTiny + " --run-dir " + d + " 2>&1";
+  cmd += " " + kTinyTrain + " --run-dir " + d + " 2>&1";
   const auto r = contrax::testing::run_shell(cmd);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("File too large"), std::string::npos) << r.out;
@@ -160,7 +159,7 @@ TEST(UserErrors, AFailedFirstCheckpointDoesNotClaimAPreviousOne) {
 // Before: "training diverged at step 2/6: the loss is not finite (loss -nan, ...".
 TEST(UserErrors, ADivergedLossIsNanNotMinusNan) {
   CONTRAX_REQUIRE_FASHION_MNIST();
-  const auto r = run_cli(kTiny + " --max-steps 6 --lr 1e30 --temperature 0.001 --run-dir " + run_dir("nan"));
+  const auto r = run_cli(kTinyTrain + " --max-steps 6 --lr 1e30 --temperature 0.001 --run-dir " + run_dir("nan"));
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("training diverged at step "), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("-nan"), std::string::npos) << r.out;
@@ -171,8 +170,8 @@ TEST(UserErrors, ADivergedLossIsNanNotMinusNan) {
 TEST(UserErrors, ResumingAFinishedRunSaysItIsFinished) {
   CONTRAX_REQUIRE_FASHION_MNIST();
   const std::string d = run_dir("finished");
-  ASSERT_EQ(run_cli(kTiny + " --run-dir " + d).status, 0);
-  const auto r = run_cli(kTiny + " --resume auto --run-dir " + d);
+  ASSERT_EQ(run_cli(kTinyTrain + " --run-dir " + d).status, 0);
+  const auto r = run_cli(kTinyTrain + " --resume auto --run-dir " + d);
   EXPECT_EQ(r.status, 0) << r.out;
   EXPECT_NE(r.out.find("nothing to train: the run in " + d + " had already finished (3 of 3 steps)"),
             std::string::npos)
@@ -188,7 +187,7 @@ TEST(UserErrors, NegativeToleranceAndEmptyRunDirAreRefusedByName) {
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("flag '--tol' must be >= 0, but got -1"), std::string::npos) << r.out;
   const std::string cwd = contrax::testing::scratch_dir("empty_run_dir");
-  r = contrax::testing::run_cli_in(cwd, kTiny + " --run-dir ''");
+  r = contrax::testing::run_cli_in(cwd, kTinyTrain + " --run-dir ''");
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.out.find("flag '--run-dir' must name a directory, but got an empty string"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(cwd + "/runs")) << "it trained into runs/RECIPE";

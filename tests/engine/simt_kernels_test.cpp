@@ -26,6 +26,8 @@ namespace {
 
 // The emulated kernels run on the calling thread; ATen's small reference
 // operations on one thread too (its pool's spinning costs more than they do).
+// The environment is the whole engine program's (engine_tests): loss_math's
+// small ATen references run on one thread as well.
 class OneThread : public ::testing::Environment {
  public:
   void SetUp() override { at::set_num_threads(1); }

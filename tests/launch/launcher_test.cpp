@@ -366,7 +366,7 @@ TEST(Launcher, InLaunchedWorkerAndSelfExecutable) {
   }
   const fs::path self = contrax::self_executable();
   EXPECT_TRUE(self.is_absolute());
-  EXPECT_EQ(self.filename().string(), "launcher_test");
+  EXPECT_EQ(self.filename().string(), "launch_tests");
 }
 
 // ---- issue 14 item 10 and issue 13 item 4: blame, whole lines, logs, restarts ----

@@ -50,13 +50,13 @@ struct TwoTowerImpl : torch::nn::Cloneable<TwoTowerImpl> {
 };
 TORCH_MODULE(TwoTower);
 
-struct Batch {
+struct TowerBatch {
   torch::Tensor xa, xb, ids;  // [B, 6], [B, 5], [B]
 };
 
-Batch make_batch(int64_t B, int64_t seed) {
+TowerBatch make_tower_batch(int64_t B, int64_t seed) {
   torch::manual_seed(seed);
-  Batch b;
+  TowerBatch b;
   b.xa = torch::randn({B, 6}, torch::kDouble);
   b.xb = torch::randn({B, 5}, torch::kDouble);
   b.ids = torch::arange(B, torch::kDouble) + 1000.0 * static_cast<double>(seed);
@@ -82,14 +82,14 @@ std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
 
 // Thread ranks share torch's global generator and default-dtype state: build
 // models and data under one lock.
-std::mutex& init_mutex() {
+std::mutex& model_mutex() {
   static std::mutex m;
   return m;
 }
 
 // The single-process reference: `steps` SGD steps of the CLIP loss on the
 // whole batch; returns the gradients of the last step.
-std::vector<torch::Tensor> reference_grads(const TwoTower& init, const std::vector<Batch>& batches) {
+std::vector<torch::Tensor> reference_grads(const TwoTower& init, const std::vector<TowerBatch>& batches) {
   auto m = copy_of(init);
   torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
   std::vector<torch::Tensor> g;
@@ -117,14 +117,14 @@ void expect_grads_match(const std::vector<torch::Tensor>& got, const std::vector
 void run_data_parallel(int64_t W, const std::vector<int64_t>& counts) {
   const int64_t B = std::accumulate(counts.begin(), counts.end(), int64_t{0});
   auto init = make_model(7);
-  std::vector<Batch> batches{make_batch(B, 1), make_batch(B, 2)};
+  std::vector<TowerBatch> batches{make_tower_batch(B, 1), make_tower_batch(B, 2)};
   auto want = reference_grads(init, batches);
   auto want_first = reference_grads(init, {batches[0]});
 
   run_ranks(W, [&](const CommunicatorPtr& comm) {
     TwoTower m{nullptr};
     {
-      std::lock_guard<std::mutex> lock(init_mutex());
+      std::lock_guard<std::mutex> lock(model_mutex());
       m = copy_of(init);
       // Every rank but 0 starts from other weights: construction must
       // broadcast rank 0's.
@@ -172,7 +172,7 @@ TEST(DataParallel, NoSyncAccumulatesLocallyAndReducesOnce) {
   const std::vector<int64_t> counts{6, 4};
   const int64_t B = 10;
   auto init = make_model(3);
-  auto batch = make_batch(B, 5);
+  auto batch = make_tower_batch(B, 5);
   auto ref = copy_of(init);
   {
     auto [fa, fb] = ref->forward(batch.xa, batch.xb, batch.ids);
@@ -183,7 +183,7 @@ TEST(DataParallel, NoSyncAccumulatesLocallyAndReducesOnce) {
   run_ranks(W, [&](const CommunicatorPtr& comm) {
     TwoTower m{nullptr};
     {
-      std::lock_guard<std::mutex> lock(init_mutex());
+      std::lock_guard<std::mutex> lock(model_mutex());
       m = copy_of(init);
     }
     // Tiny buckets: one per parameter, so that "reduced once" is visible as
@@ -236,7 +236,7 @@ void expect_all_ranks_fail(int64_t W, const std::function<Small(int64_t rank)>& 
   auto errors = run_ranks_collect_errors(W, [&](const CommunicatorPtr& comm) {
     Small m{nullptr};
     {
-      std::lock_guard<std::mutex> lock(init_mutex());
+      std::lock_guard<std::mutex> lock(model_mutex());
       m = make(comm->rank());
     }
     DataParallel dp(m, comm);
@@ -274,7 +274,7 @@ TEST(DataParallel, ArgumentErrors) {
   run_ranks(2, [&](const CommunicatorPtr& comm) {
     Small m{nullptr};
     {
-      std::lock_guard<std::mutex> lock(init_mutex());
+      std::lock_guard<std::mutex> lock(model_mutex());
       m = Small(3, 2);
     }
     DataParallel dp(m, comm, DataParallelOptions().find_unused_parameters(true));
@@ -288,14 +288,14 @@ TEST(DataParallel, ArgumentErrors) {
 // the graph search, and the used ones are still averaged correctly.
 TEST(DataParallel, FindUnusedParameters) {
   auto init = make_model(11);
-  auto batch = make_batch(6, 9);
+  auto batch = make_tower_batch(6, 9);
   auto ref = copy_of(init);
   ref->a2(torch::tanh(ref->a1(batch.xa))).pow(2).sum().div(6).backward();
   auto want = grads_of(*ref);
   run_ranks(2, [&](const CommunicatorPtr& comm) {
     TwoTower m{nullptr};
     {
-      std::lock_guard<std::mutex> lock(init_mutex());
+      std::lock_guard<std::mutex> lock(model_mutex());
       m = copy_of(init);
     }
     DataParallel dp(m, comm, DataParallelOptions().find_unused_parameters(true));

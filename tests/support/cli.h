@@ -24,6 +24,14 @@ inline const std::string kTinyTrain =
     "train --nproc 1 --threads 1 --train-limit 256 --batch-size 64 --max-steps 3 --warmup-steps 1 --log-every 1 "
     "--no-eval --no-verify --no-plot";
 
+/// The tool's path (the build's `contrax`).
+inline const std::string kCli = CONTRAX_CLI_PATH;
+
+/// `contrax train`'s flags for short multi-process runs of the fault tests:
+/// a small subset, one thread a rank, no evaluation or exactness check.
+inline const std::string kFastTrain =
+    "--train-limit 512 --batch-size 64 --warmup-steps 2 --no-eval --no-verify --log-every 1 --threads 1";
+
 /// `contrax ARGS 2>&1` (ARGS is passed to the shell as it is).
 CliRun run_cli(const std::string& args);
 
