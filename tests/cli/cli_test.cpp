@@ -50,17 +50,23 @@ TEST(Cli, HelpOnEverySubcommandExitsZeroQuicklyAndStartsNothing) {
   for (const std::string cmd :
        {"train", "verify", "launch", "plot", "bench-losses", "bench-tiled", "bench-grad-cache"}) {
     // Help anywhere, also after other flags and next to a bad value.
+    double least_cpu = 1e9;
     for (const std::string args : {cmd + " -h", cmd + " --help", cmd + " --nproc 2 --help", cmd + " --width x -h"}) {
       auto r = run_cli_in(d, args);
       EXPECT_EQ(r.status, 0) << args << "\n" << r.out;
       EXPECT_NE(r.out.find("Usage:"), std::string::npos) << args << "\n" << r.out;
       // CPU time, which a loaded machine (others building on 2 cores)
-      // does not inflate the way it does wall time.
-      EXPECT_LT(r.cpu_seconds, start_cpu + 0.5) << args << " (the tool's start-up alone: " << start_cpu << " s)";
+      // inflates less than wall time, but does: 1.14 s against a start-up
+      // of 0.62 s for one help beside the Python suites (2026-11-30). Each
+      // help within twice the start-up and a second; the least of the
+      // command's four within half a second of it.
+      EXPECT_LT(r.cpu_seconds, 2 * start_cpu + 1.0) << args << " (the tool's start-up alone: " << start_cpu << " s)";
+      least_cpu = std::min(least_cpu, r.cpu_seconds);
       // Wall time only catches a help that waits (on a rendezvous, a
       // peer): 16 s were seen for a plain help under load 5 on 2 cores.
       EXPECT_LT(r.seconds, 60.0) << args;
     }
+    EXPECT_LT(least_cpu, start_cpu + 0.5) << cmd << "'s help (the tool's start-up alone: " << start_cpu << " s)";
   }
   // Nothing was started: no run directory, no file at all.
   EXPECT_TRUE(fs::is_empty(d)) << "help created files in " << d;
