@@ -9,7 +9,6 @@
 #include <ATen/Context.h>
 #include <unistd.h>
 #include <ATen/detail/CUDAHooksInterface.h>
-#include <torch/cuda.h>
 
 #include <fstream>
 #include <iostream>
@@ -55,6 +54,10 @@ bool reported_variable(const std::string& name) {
 }
 
 cli::Json collect() {
+  // First: the CUDA side loads LibTorch's CUDA libraries, which must come
+  // before anything asks ATen for its CUDA hooks (blas_library's
+  // at::show_config does; src/util/cuda_side.h).
+  const auto devices = contrax::cuda_devices();
   cli::Json j;
   j["contrax"] = contrax::version();
   j["libtorch"] = contrax::torch_version();
@@ -65,12 +68,12 @@ cli::Json collect() {
   j["intra_op_threads"] = at::get_num_threads();
   j["fused_kernels_isa"] = contrax::fused_kernels_isa();
   const bool cuda_built = at::detail::getCUDAHooks().hasCUDART() || at::globalContext().hasCUDA();
-  const auto devices = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
   j["cuda_build"] = cuda_built;
   j["cuda_runtime"] = cuda_built ? at::detail::getCUDAHooks().versionCUDART() : 0;
   j["cuda_devices"] = devices;
   j["gloo"] = contrax::built_with_gloo();
   j["nccl"] = contrax::built_with_nccl();
+  j["cuda_side"] = contrax::cuda_side();
   const char* master = std::getenv("MASTER_ADDR");
   j["gloo_interface"] = contrax::gloo_binding(master != nullptr && *master != '\0' ? master : "127.0.0.1");
   cli::Json vars = cli::Json::object();
@@ -110,6 +113,7 @@ int run_env(const std::vector<std::string>& args) {
                           std::to_string(j["cuda_devices"].get<int64_t>()) + " device(s) visible"
                     : std::string("not built in"))
             << "\n"
+            << "CUDA side          " << j["cuda_side"].get<std::string>() << "\n"
             << "c10d backends      gloo " << yes(j["gloo"].get<bool>()) << ", nccl " << yes(j["nccl"].get<bool>())
             << "\n"
             << "Gloo binds to      " << j["gloo_interface"].get<std::string>() << "\n"

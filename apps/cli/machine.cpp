@@ -1,18 +1,18 @@
 // What this machine lets a subcommand's flags ask for (machine.h).
 #include "cli/machine.h"
 
-#include <torch/cuda.h>
 #include <ATen/Context.h>
 
 #include <algorithm>
 #include <thread>
 
+#include "contrax/check/build_info.h"
 #include "contrax/launch/launcher.h"
 
 namespace contrax::cli {
 
 std::string cuda_unavailable_reason() {
-  if (torch::cuda::is_available()) return "";
+  if (contrax::cuda_devices() > 0) return "";  // loads the CUDA side (util/cuda_side.h)
   if (!at::Context::hasCUDART()) return "this LibTorch was built without CUDA (a CPU-only build)";
   return "no CUDA device is visible (torch::cuda::is_available() is false: no GPU, no driver, or "
          "CUDA_VISIBLE_DEVICES hides them)";
@@ -26,7 +26,7 @@ void check_cuda_device(const std::string& device, int64_t nproc, const std::stri
   }
   if (!one_gpu_per_rank.empty() && !in_launched_worker()) {
     // NCCL refuses two ranks on one GPU; say so before any process starts.
-    const auto gpus = static_cast<int64_t>(torch::cuda::device_count());
+    const auto gpus = contrax::cuda_devices();
     usage_check(nproc <= gpus, one_gpu_per_rank, ", which needs one GPU per rank, but --nproc is ", nproc,
                 " and this machine has ", gpus, " GPU", gpus == 1 ? "" : "s", hint);
   }

@@ -4,6 +4,7 @@
 #include <torch/version.h>
 
 #include "engine/lse_kernels.h"
+#include "util/cuda_side.h"
 
 #ifndef CONTRAX_VERSION
 #define CONTRAX_VERSION "unknown"
@@ -33,12 +34,10 @@ bool built_with_gloo() {
 #endif
 }
 
-bool built_with_nccl() {
-#ifdef USE_C10D_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
+bool built_with_nccl() { return detail::cuda_side_function("nccl_backend") != nullptr; }
+
+int64_t cuda_devices() { return detail::cuda_device_count(); }
+
+std::string cuda_side() { return detail::cuda_side_origin(); }
 
 }  // namespace contrax

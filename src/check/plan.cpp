@@ -5,8 +5,6 @@
 // own choice.
 #include "contrax/check/plan.h"
 
-#include <torch/cuda.h>
-
 #include <iomanip>
 #include <sstream>
 #include <utility>
@@ -18,6 +16,7 @@
 #include "engine/prefix_block.h"
 #include "engine/prologue.h"
 #include "util/check.h"
+#include "util/cuda_side.h"
 
 namespace contrax {
 
@@ -69,7 +68,7 @@ std::pair<int64_t, std::string> planned_budget(const PlanOptions& o) {
     return {detail::default_panel_bytes(o.gpu_memory()),
             c10::str("a GPU of ", static_cast<double>(o.gpu_memory()) / 1e9, " GB (--gpu-memory)")};
   }
-  if (torch::cuda::device_count() > 0) return {detail::panel_budget(o.device()), "this machine's GPU"};
+  if (detail::cuda_device_count() > 0) return {detail::panel_budget(o.device()), "this machine's GPU"};
   return {detail::default_panel_bytes(kReferenceGpuMemory),
           "an 80 GB GPU (A100, H100), assumed: none is visible here; --gpu-memory to plan for another"};
 }

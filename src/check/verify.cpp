@@ -16,6 +16,7 @@
 #include "contrax/parallel/grad_cache.h"
 #include "contrax/util/memory.h"
 #include "check/verify_cases.h"
+#include "util/cuda_side.h"
 
 namespace contrax {
 
@@ -323,7 +324,7 @@ Share checked_share(const VerifyOptions& o, int64_t W, int64_t r) {
   const auto memory = verify_memory_problem(sh.total, o.width(), "verify(): option 'rows'", "option 'width'");
   TORCH_CHECK_VALUE(memory.empty(), memory);
   const torch::Device dev = o.device();
-  const int64_t n_cuda = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+  const int64_t n_cuda = dev.is_cpu() ? 0 : detail::cuda_device_count();
   TORCH_CHECK(dev.is_cpu() || (dev.is_cuda() && dev.index() < n_cuda && n_cuda > 0),
               "verify(): option 'device' must be the CPU or an available CUDA device, but got ", dev.str(),
               " (this process sees ", n_cuda, " CUDA device", n_cuda == 1 ? "" : "s", ")");

@@ -16,6 +16,7 @@
 #include "comm/process_group.h"
 #include "comm/rendezvous.h"
 #include "comm/sigpipe.h"
+#include "util/cuda_side.h"
 #include "contrax/launch/launcher.h"
 
 namespace contrax {
@@ -69,6 +70,13 @@ bool ran_staged(const detail::CommunicatorImpl& impl, torch::Tensor& t, Run run)
   run(staged);
   t.copy_(staged);
   return true;
+}
+
+// Whether a device binding needs the CUDA devices counted: only then is the
+// CUDA side loaded (util/cuda_side.h), so that a CPU job never loads
+// LibTorch's CUDA libraries.
+bool wants_cuda(const torch::Device& device, const std::string& backend) {
+  return device.is_cuda() || backend == "nccl";
 }
 
 // The backend `create` builds: "auto" is NCCL for a CUDA device, else Gloo.
@@ -164,7 +172,7 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
   detail::DevicePlace place;
   place.requested = o.device();
   place.world_size = o.world_size();
-  place.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
+  place.cuda_devices = wants_cuda(o.device(), backend) ? detail::cuda_device_count() : 0;
   place.backend = backend;
   auto impl = std::make_unique<detail::CommunicatorImpl>();
   impl->rank = o.rank();
@@ -174,12 +182,11 @@ std::shared_ptr<Communicator> Communicator::create(const CommunicatorOptions& o)
   impl->device = detail::bind_device(place, "Communicator::create()");
   detail::make_current(impl->device);
   if (o.world_size() > 1) {
-#ifdef USE_C10D_NCCL
     // Before any rendezvous: NCCL cannot start without a GPU, and its own
     // error would come only after the peers have gathered.
-    TORCH_CHECK(backend != "nccl" || torch::cuda::is_available(), "Communicator::create(): backend 'nccl' needs a "
+    if (backend == "nccl") detail::nccl_backend_or_error();
+    TORCH_CHECK(backend != "nccl" || place.cuda_devices > 0, "Communicator::create(): backend 'nccl' needs a "
                 "CUDA device, but this machine has none; use backend 'gloo'");
-#endif
     if (backend == "mpi") {
       detail::make_mpi_process_group(*impl);
     } else {
@@ -200,8 +207,8 @@ std::shared_ptr<Communicator> Communicator::from_env(const CommunicatorOptions& 
   place.world_size = env.options.world_size();
   place.local_rank = env.local_rank;
   place.local_world_size = env.local_world_size;
-  place.cuda_devices = static_cast<int64_t>(torch::cuda::device_count());
   place.backend = checked_backend(env.options);
+  place.cuda_devices = wants_cuda(base.device(), place.backend) ? detail::cuda_device_count() : 0;
   env.options.device(detail::bind_device(place, "Communicator::from_env()"));
   auto comm = create(env.options);
   comm->impl_->local_rank = env.local_rank;

@@ -3,9 +3,6 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#ifdef USE_C10D_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 // LibTorch may be built with MPI (Debian's 2.6 defines USE_C10D_MPI) while
 // the MPI headers are not installed; MPI is then simply unavailable here.
 #if defined(USE_C10D_MPI) && __has_include(<mpi.h>)
@@ -28,6 +25,7 @@
 #include "comm/gloo_binding.h"
 #include "comm/sigpipe.h"
 #include "contrax/util/tasks.h"
+#include "util/cuda_side.h"
 
 namespace contrax::detail {
 
@@ -70,7 +68,6 @@ void make_gloo(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::
   impl.backend = "gloo";
 }
 
-#ifdef USE_C10D_NCCL
 // Refuses, on every rank, a job in which two ranks hold one GPU, before any
 // NCCL communicator exists: NCCL would fail only at the first collective,
 // on the ranks that share, while the others wait for them until the timeout.
@@ -92,22 +89,12 @@ void refuse_shared_gpus(const CommunicatorOptions& o, const c10::intrusive_ptr<c
   const auto error = shared_gpu_error(keys);
   TORCH_CHECK(error.empty(), "Communicator::create(): ", error);
 }
-#endif
 
 void make_nccl(CommunicatorImpl& impl, const CommunicatorOptions& o, const c10::intrusive_ptr<c10d::Store>& store) {
-#ifdef USE_C10D_NCCL
-  auto opts = c10d::ProcessGroupNCCL::Options::create();
-  opts->timeout = o.timeout();
-  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, static_cast<int>(o.rank()),
-                                                         static_cast<int>(o.world_size()), opts);
+  auto nccl = nccl_backend_or_error()(store, static_cast<int>(o.rank()), static_cast<int>(o.world_size()), o.timeout());
   impl.group = wrap_backend(store, o.rank(), o.world_size(), c10d::ProcessGroup::BackendType::NCCL, nccl);
   impl.backend = "nccl";
   impl.stage_device = nccl_stage_device(impl.device);
-#else
-  TORCH_CHECK(false,
-              "Communicator::create(): backend 'nccl' was requested (or implied by a CUDA device), but this "
-              "LibTorch was built without NCCL; use backend 'gloo'");
-#endif
 }
 
 // How long the attempt took, said as it happened: a cause that came at once
@@ -129,13 +116,20 @@ std::string failure_context(const std::string& cause, std::chrono::steady_clock:
 
 }  // namespace
 
+NcclBackendFn nccl_backend_or_error() {
+  const auto make = reinterpret_cast<NcclBackendFn>(cuda_side_function("nccl_backend"));
+  TORCH_CHECK(make != nullptr,
+              "Communicator::create(): backend 'nccl' was requested (or implied by a CUDA device), "
+              "but this build has no NCCL (the CUDA side: ",
+              cuda_side_origin(), "); use backend 'gloo'");
+  return make;
+}
+
 void make_process_group(CommunicatorImpl& impl, const std::string& backend, const CommunicatorOptions& o,
                         const c10::intrusive_ptr<c10d::Store>& store) {
-#ifdef USE_C10D_NCCL
   // Outside the try below: this refusal is the user's set-up, not a peer
   // that never arrived.
   if (backend == "nccl") refuse_shared_gpus(o, store, nccl_stage_device(impl.device));
-#endif
   const auto start = std::chrono::steady_clock::now();
   std::string cause;
   try {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <atomic>
 
-#include "engine/cuda_kernels_built.h"  // generated: CONTRAX_CUDA_KERNELS_BUILT
+#include "util/cuda_side.h"
 
 namespace contrax::detail {
 
@@ -82,9 +82,10 @@ std::optional<PanelDevice> panel_device(const torch::TensorOptions& options) {
     if (k == nullptr) return std::nullopt;
     return PanelDevice{k, emulated().sm_count.load(std::memory_order_relaxed), nullptr};
   }
-#if CONTRAX_CUDA_KERNELS_BUILT
-  if (options.device().is_cuda()) return cuda_panel_device(options.device());
-#endif
+  if (options.device().is_cuda()) {
+    static const auto cuda = reinterpret_cast<CudaPanelDeviceFn>(cuda_side_function("panel_device"));
+    if (cuda != nullptr) return cuda(options.device());
+  }
   return std::nullopt;
 }
 

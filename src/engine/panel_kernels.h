@@ -41,7 +41,7 @@ struct PanelDevice {
 };
 
 /// The panel kernels of tensors like `options`: the CUDA build's for a CUDA
-/// device (where built), the emulated ones for the CPU while installed;
+/// device (where built, from the CUDA side), the emulated ones for the CPU while installed;
 /// nothing otherwise. No switch is consulted here (engine/lse_kernels.h's
 /// cuda_fused_kernels_enabled decides whether they are used).
 std::optional<PanelDevice> panel_device(const torch::TensorOptions& options);
@@ -53,8 +53,10 @@ void set_emulated_panel_kernels(const PanelKernels* kernels, int sm_count);
 bool emulated_panel_kernels_installed();
 
 /// The CUDA build's kernels on `device` (engine/cuda_panels.cpp; only in
-/// builds with CONTRAX_CUDA_KERNELS).
+/// builds with CONTRAX_CUDA_KERNELS, and in the CUDA side, util/cuda_side.h:
+/// panel_device finds it there as the entry "panel_device").
 PanelDevice cuda_panel_device(const c10::Device& device);
+using CudaPanelDeviceFn = PanelDevice (*)(const c10::Device&);
 
 /// Multi-positive labels' running sums (panels::Masks::multi, engine/block.h),
 /// added into by the log-sum-exp kernels: each row's sum_j P_ij x_ij (`row`)

@@ -219,6 +219,39 @@ TEST(Cli, EnvPrintsWhatABugReportNeedsAsTextAndJson) {
   }
 }
 
+// The tool links LibTorch's CPU libraries only: its CUDA side
+// (libcontrax_cuda.so, and with it LibTorch's CUDA libraries, src/util/cuda_side.h)
+// loads when CUDA or NCCL is asked for, so that a start that needs no GPU
+// (--help, a usage error, every rank of a CPU job) takes half the time. The
+// dynamic loader's own log (LD_DEBUG=files, inherited by the ranks) says
+// what each process loaded.
+TEST(Cli, LoadsLibTorchsCudaLibrariesOnlyWhenCudaIsAskedFor) {
+  const bool cuda_build = contrax::cuda_side() == "linked in";  // this test program links the side's objects
+  const std::string cli = std::string("LD_DEBUG=files ") + CONTRAX_CLI_PATH;
+  for (const std::string args : {"--help", "train --batch-size 0", "verify --nproc 2 --rows 3,2 --case nt_xent"}) {
+    const auto r = run_shell(cli + " " + args + " 2>&1 >/dev/null");
+    EXPECT_NE(r.out.find("file=libtorch_cpu.so"), std::string::npos) << args << "\n" << r.out.substr(0, 2000);
+    EXPECT_EQ(r.out.find("libtorch_cuda"), std::string::npos) << args;
+    EXPECT_EQ(r.out.find("libcontrax_cuda"), std::string::npos) << args;
+  }
+  const auto loads = run_shell(cli + " env --json 2>&1 >/dev/null");
+  auto env = run_shell(std::string(CONTRAX_CLI_PATH) + " env --json 2>/dev/null");
+  ASSERT_EQ(env.status, 0) << env.out;
+  const auto j = Json::parse(env.out);
+  const auto side = j["cuda_side"].get<std::string>();
+  if (!cuda_build) {
+    EXPECT_EQ(side, "none (this LibTorch is a CPU-only build)");
+    EXPECT_FALSE(j["cuda_build"].get<bool>());
+    return;
+  }
+  EXPECT_EQ(side, fs::path(CONTRAX_CLI_PATH).parent_path().string() + "/libcontrax_cuda.so");
+  EXPECT_NE(loads.out.find("file=libcontrax_cuda.so"), std::string::npos) << loads.out.substr(0, 2000);
+  EXPECT_NE(loads.out.find("file=libtorch_cuda.so"), std::string::npos);
+  EXPECT_TRUE(j["cuda_build"].get<bool>()) << env.out;  // ATen's CUDA hooks read after the load
+  EXPECT_TRUE(j["nccl"].get<bool>()) << env.out;
+  // `--device cuda` loads it too: VerifyOnCudaRunsThereOrSaysWhyNot.
+}
+
 // Issue 29, item 2: when every rank fails on the same bad input, the
 // launcher used to SIGTERM the rank that had recorded its failure first
 // (because its peer exited first) and report that rank's signal: exit 143,

@@ -25,6 +25,7 @@
 #include "contrax/comm/detail/c10d.h"
 #include "contrax/launch/launcher.h"
 #include "comm/sigpipe.h"
+#include "util/cuda_side.h"
 #include "support/errors.h"
 #include "support/ranks.h"
 
@@ -83,17 +84,21 @@ TEST(Communicator, CreateErrorsNameTheArgument) {
                        "argument 'master_port' must be in [1, 65535], but got 70000");
   CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).timeout(std::chrono::milliseconds(0))),
                        "argument 'timeout' must be positive");
-#ifdef USE_C10D_NCCL
-  // A CUDA build: NCCL is there, and refused at once where there is no GPU.
-  if (!torch::cuda::is_available()) {
-    CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store(
-                             "/tmp/contrax_nccl_probe_" + std::to_string(::getpid()))),
-                         "backend 'nccl' needs a CUDA device, but this machine has none; use backend 'gloo'");
+  const auto nccl = [] {
+    return Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store(
+        "/tmp/contrax_nccl_probe_" + std::to_string(::getpid())));
+  };
+  if (contrax::detail::cuda_side_function("nccl_backend") != nullptr) {
+    // A CUDA build: NCCL is there, and refused at once where there is no GPU.
+    if (contrax::detail::cuda_device_count() == 0) {
+      CONTRAX_EXPECT_ERROR(nccl(), "backend 'nccl' needs a CUDA device, but this machine has none; use backend 'gloo'");
+    }
+  } else {
+    CONTRAX_EXPECT_ERROR(nccl(),
+                         "backend 'nccl' was requested (or implied by a CUDA device), but this build has no "
+                         "NCCL (the CUDA side: " +
+                             contrax::detail::cuda_side_origin() + "); use backend 'gloo'");
   }
-#else
-  CONTRAX_EXPECT_ERROR(Communicator::create(CommunicatorOptions().world_size(2).backend("nccl").file_store("/tmp/contrax_nccl_probe_" + std::to_string(::getpid()))),
-                       "without NCCL");
-#endif
 }
 
 TEST(Communicator, PeerThatNeverArrivesTimesOut) {
