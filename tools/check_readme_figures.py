@@ -6,7 +6,12 @@ each row to a section of docs/benchmarks.md. For every row, each number in
 its "measured" cell (``421 ms``, ``5.943e-15``, ``1.43x``, ``65,440 MiB``)
 must appear in that section, and the section must name the command that made
 it (a code span or block running ``contrax``, ``tools/``, ``python`` or
-``bash``). Run by CTest (``readme_figures``):
+``bash``). A paragraph of prose that links a section of docs/benchmarks.md
+vouches for its figures the same way: each number with a unit (``19.3
+minutes``, ``0.44 s``, ``1.56x``, ``175 MB``) must appear in that section with
+the unit (minutes written ``min``), unless the README says it is rounded
+(``about 20 minutes``). Run by CTest (``readme_figures``, and
+``readme_figures_check`` that shows it can fail):
 
   python3 tools/check_readme_figures.py README.md docs/benchmarks.md
 
@@ -16,6 +21,8 @@ import re
 import sys
 
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?x?")
+_UNIT_FIGURE = re.compile(r"(?<![\w.])(about |under |at most )?(\d[\d,]*(?:\.\d+)?)(x\b| ?(?:minutes?|min|ms|s|MiB|GiB|MB|GB)\b)")
+_LINK = re.compile(r"docs/benchmarks\.md#([\w\-]+)")
 _COMMAND = re.compile(r"`[^`]*\b(contrax|tools/|python|bash|sh tools)[^`]*`|```")
 
 
@@ -57,6 +64,33 @@ def measured_rows(readme):
     return rows
 
 
+def prose_figures(readme):
+    """(figure as the section must hold it, anchor) of each figure with a unit
+    in a paragraph of prose (not a table, not code) that links a section."""
+    out, fenced = [], False
+    paragraphs, lines = [], []
+    for line in readme.splitlines() + [""]:
+        if line.startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or line.startswith("|") or not line.strip():
+            if lines:
+                paragraphs.append(" ".join(lines))
+            lines = []
+        else:
+            lines.append(line)
+    for text in paragraphs:
+        anchors = _LINK.findall(text)
+        if len(anchors) != 1:
+            continue  # no section, or several: which one vouches is not said
+        for rounded, number, unit in _UNIT_FIGURE.findall(text.replace("*", "")):
+            if not rounded:
+                unit = unit.strip()
+                out.append((number + ("x" if unit == "x" else " " + ("min" if unit.startswith("min") else unit)),
+                            anchors[0]))
+    return out
+
+
 def main(readme_path, benchmarks_path):
     readme, bench = open(readme_path).read(), open(benchmarks_path).read()
     found = sections(bench)
@@ -75,9 +109,15 @@ def main(readme_path, benchmarks_path):
                 continue  # single digits ("W = 2"): words, not figures
             if figure.rstrip(",.") not in text:
                 problems.append("row '%s': %s is not in section #%s" % (what, figure.rstrip(",."), anchor))
+    for figure, anchor in prose_figures(readme):
+        if anchor not in found:
+            problems.append("the prose's link to #%s leads to no section of docs/benchmarks.md" % anchor)
+        elif figure not in found[anchor].replace("\n", " "):
+            problems.append("the prose's %s is not in section #%s" % (figure, anchor))
     for p in problems:
         print("readme_figures: " + p)
-    print("readme_figures: %d rows, %s" % (len(rows), "every figure found" if not problems else "%d missing" % len(problems)))
+    print("readme_figures: %d rows and %d figures of prose, %s" %
+          (len(rows), len(prose_figures(readme)), "every figure found" if not problems else "%d missing" % len(problems)))
     return 1 if problems else 0
 
 
