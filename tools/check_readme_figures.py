@@ -21,7 +21,8 @@ import re
 import sys
 
 _NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:e-?\d+)?x?")
-_UNIT_FIGURE = re.compile(r"(?<![\w.])(about |under |at most )?(\d[\d,]*(?:\.\d+)?)(x\b| ?(?:minutes?|min|ms|s|MiB|GiB|MB|GB)\b)")
+_UNIT_FIGURE = re.compile(r"(?<![\w.])(about |under |at most )?(\d[\d,]*(?:\.\d+)?)"
+                          r"(x\b| ?(?:minutes?|min|ms|s|MiB|GiB|MB|GB)\b)")
 _LINK = re.compile(r"docs/benchmarks\.md#([\w\-]+)")
 _COMMAND = re.compile(r"`[^`]*\b(contrax|tools/|python|bash|sh tools)[^`]*`|```")
 
@@ -80,14 +81,15 @@ def prose_figures(readme):
         else:
             lines.append(line)
     for text in paragraphs:
-        anchors = _LINK.findall(text)
+        anchors = set(_LINK.findall(text))
         if len(anchors) != 1:
             continue  # no section, or several: which one vouches is not said
+        anchor = anchors.pop()
         for rounded, number, unit in _UNIT_FIGURE.findall(text.replace("*", "")):
             if not rounded:
                 unit = unit.strip()
-                out.append((number + ("x" if unit == "x" else " " + ("min" if unit.startswith("min") else unit)),
-                            anchors[0]))
+                unit = "x" if unit == "x" else " " + ("min" if unit.startswith("min") else unit)
+                out.append((number + unit, anchor))
     return out
 
 
@@ -109,7 +111,8 @@ def main(readme_path, benchmarks_path):
                 continue  # single digits ("W = 2"): words, not figures
             if figure.rstrip(",.") not in text:
                 problems.append("row '%s': %s is not in section #%s" % (what, figure.rstrip(",."), anchor))
-    for figure, anchor in prose_figures(readme):
+    prose = prose_figures(readme)
+    for figure, anchor in prose:
         if anchor not in found:
             problems.append("the prose's link to #%s leads to no section of docs/benchmarks.md" % anchor)
         elif figure not in found[anchor].replace("\n", " "):
@@ -117,7 +120,7 @@ def main(readme_path, benchmarks_path):
     for p in problems:
         print("readme_figures: " + p)
     print("readme_figures: %d rows and %d figures of prose, %s" %
-          (len(rows), len(prose_figures(readme)), "every figure found" if not problems else "%d missing" % len(problems)))
+          (len(rows), len(prose), "every figure found" if not problems else "%d missing" % len(problems)))
     return 1 if problems else 0
 
 

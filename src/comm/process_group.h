@@ -19,13 +19,13 @@ namespace contrax::detail {
 void make_process_group(CommunicatorImpl& impl, const std::string& backend, const CommunicatorOptions& o,
                         const c10::intrusive_ptr<c10d::Store>& store);
 
-/// Fills `impl`'s group with MPI's own (no store: MPI has its own launcher);
-/// an error where the build has no MPI.
 /// The CUDA side's NCCL backend (comm/nccl_backend.h); an error naming the
 /// reason where there is none (a CPU-only LibTorch, one without NCCL, the
 /// CUDA side not found).
 NcclBackendFn nccl_backend_or_error();
 
+/// Fills `impl`'s group with MPI's own (no store: MPI has its own launcher);
+/// an error where the build has no MPI.
 void make_mpi_process_group(CommunicatorImpl& impl);
 
 /// A backend's name as Contrax spells it ("gloo", "nccl", "mpi", "auto"):

@@ -5,6 +5,8 @@
 #include <dlfcn.h>
 #include <torch/cuda.h>
 
+#include <cstring>
+
 #include "util/cuda_side_built.h"  // generated: CONTRAX_CUDA_SIDE_BUILT
 
 // Defined where the side's objects are linked in (the Python module, the test
@@ -70,9 +72,8 @@ const Side& side() {
 }  // namespace
 
 void* cuda_side_function(const char* name) {
-  const std::string wanted = name;
   for (const CudaSideEntry* e = side().entries; e != nullptr && e->name != nullptr; ++e) {
-    if (wanted == e->name) return e->function;
+    if (std::strcmp(name, e->name) == 0) return e->function;
   }
   return nullptr;
 }

@@ -10,7 +10,7 @@
 //
 // The side is a table of named entries (CudaSideEntry) that the layers look
 // up by name, each casting the entry to the function type its header gives
-// (engine/cuda_panels.h, comm/nccl_backend.h): util, the lowest layer, knows
+// (engine/panel_kernels.h, comm/nccl_backend.h): util, the lowest layer, knows
 // no engine or communicator type.
 #pragma once
 
